@@ -1,0 +1,24 @@
+"""pgdrain: a serverless batch drain runner for PostgreSQL job queues."""
+
+from pgdrain.budget import Budget
+from pgdrain.drain import DrainResult, drain
+from pgdrain.enqueue import build_job, enqueue, enqueue_many
+from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
+from pgdrain.registry import Job, Registry
+from pgdrain.settings import Settings
+
+__all__ = [
+    "BadInput",
+    "Budget",
+    "ConfigError",
+    "DatabaseUnavailable",
+    "DrainResult",
+    "Job",
+    "PgdrainError",
+    "Registry",
+    "Settings",
+    "build_job",
+    "drain",
+    "enqueue",
+    "enqueue_many",
+]

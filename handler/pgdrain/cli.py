@@ -1,0 +1,298 @@
+"""The `pgdrain` command. Exit codes: 0 ok, 1 failure, 2 bad input (one line, nothing written)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import psycopg
+
+from pgdrain import db, embedded, enqueue, queue
+from pgdrain.budget import Budget
+from pgdrain.drain import DrainResult, drain
+from pgdrain.errors import BadInput, PgdrainError
+from pgdrain.migrate import migrate
+from pgdrain.registry import load_registry
+from pgdrain.settings import Settings, parse_queues
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+DEFAULT_CLI_BUDGET_SECONDS = 60.0
+STATUSES = ("queued", "running", "done", "failed")
+
+log = logging.getLogger("pgdrain")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"pgdrain: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, not negative")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pgdrain", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    commands.add_parser("migrate", help="apply pending schema migrations")
+
+    p = commands.add_parser("enqueue", help="enqueue jobs")
+    p.add_argument("kind")
+    p.add_argument("--payload", default="{}", help="JSON (default {})")
+    p.add_argument("--queue", default="default")
+    p.add_argument("--delay", type=_non_negative_float, default=0.0, help="seconds")
+    p.add_argument("--priority", type=_int, default=0, help="smaller runs first")
+    p.add_argument("--max-attempts", type=_int, default=5)
+    p.add_argument("--recovery-policy", choices=("auto", "manual"), default="auto")
+    p.add_argument("--key", help="idempotency key")
+    p.add_argument("--count", type=_positive_int, default=1)
+
+    p = commands.add_parser("drain", help="drain ready jobs until none is left or time is up")
+    p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
+    p.add_argument("--queues", help="comma-separated (default PGDRAIN_QUEUES)")
+    p.add_argument("--concurrency", type=_positive_int)
+    p.add_argument("--batch-size", type=_positive_int)
+    p.add_argument("--json", action="store_true")
+
+    p = commands.add_parser("stats", help="counts per queue and status")
+    p.add_argument("--json", action="store_true")
+
+    p = commands.add_parser("jobs", help="list recent jobs")
+    p.add_argument("--status", action="append", choices=STATUSES)
+    p.add_argument("--limit", type=_positive_int, default=20)
+
+    p = commands.add_parser("retry", help="put failed jobs back in the queue")
+    p.add_argument("ids", nargs="+", type=_positive_int)
+
+    p = commands.add_parser("purge", help="delete done/failed jobs older than N days")
+    p.add_argument("--older-than-days", type=_non_negative_float, default=7.0)
+
+    p = commands.add_parser("demo", help="migrate, enqueue demo jobs, drain them, print stats")
+    p.add_argument("--count", type=_positive_int, default=300)
+    p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="pgdrain: %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # Job modules (PGDRAIN_JOBS) are found from the current directory, as `python -m` does.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    command: Callable[[argparse.Namespace, Settings], int] = COMMANDS[args.command]
+    try:
+        settings = Settings.from_env(os.environ)
+        return command(args, settings)
+    except BadInput as exc:
+        print(f"pgdrain: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except PgdrainError as exc:
+        print(f"pgdrain: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except psycopg.Error as exc:
+        print(f"pgdrain: database error: {db.describe(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def resolve_conninfo(settings: Settings) -> str:
+    """DATABASE_URL, else the embedded PostgreSQL (exported as DATABASE_URL for job code)."""
+    if settings.database_url:
+        return settings.database_url
+    if settings.db_secret_arn:
+        from pgdrain.secrets import conninfo_from_secret
+
+        return conninfo_from_secret(settings.db_secret_arn)
+    url = embedded.start()
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+def _connect(settings: Settings) -> queue.Connection:
+    return db.connect(resolve_conninfo(settings), settings, Budget.seconds(settings.connect_timeout))
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        result = migrate(conn)
+    if result.applied:
+        print("applied: " + ", ".join(result.applied))
+    else:
+        print("nothing to apply: the schema is up to date")
+    return EXIT_OK
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except (json.JSONDecodeError, UnicodeError) as exc:
+        raise BadInput(f"--payload is not valid JSON: {exc}") from None
+    if args.key is not None and args.count > 1:
+        raise BadInput("--key names one job; it cannot be combined with --count > 1")
+    job = enqueue.build_job(
+        args.kind,
+        payload,
+        queue_name=args.queue,
+        delay=args.delay,
+        priority=args.priority,
+        max_attempts=args.max_attempts,
+        recovery_policy=args.recovery_policy,
+        idempotency_key=args.key,
+    )
+    with _connect(settings) as conn, conn.transaction():
+        if args.count == 1:
+            job_id, created = queue.insert_job(conn, job)
+            print(f"enqueued job {job_id}" if created else f"job {job_id} exists (same key)")
+        else:
+            ids = queue.insert_jobs(conn, [job] * args.count)
+            print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
+    return EXIT_OK
+
+
+def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
+    changes: dict[str, Any] = {}
+    if getattr(args, "queues", None):
+        changes["queues"] = parse_queues(args.queues, "--queues")
+    if getattr(args, "concurrency", None):
+        changes["concurrency"] = args.concurrency
+    if getattr(args, "batch_size", None):
+        changes["batch_size"] = args.batch_size
+    return dataclasses.replace(settings, **changes)
+
+
+def _run_drain(settings: Settings, budget_seconds: float) -> DrainResult:
+    conninfo = resolve_conninfo(settings)
+    registry = load_registry(settings.jobs_module)
+    return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
+
+
+def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
+    settings = _drain_settings(args, settings)
+    result = _run_drain(settings, args.budget)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(format_result(result))
+    return EXIT_FAILURE if result.stop_reason == "error" else EXIT_OK
+
+
+def format_result(result: DrainResult) -> str:
+    line = (
+        f"claimed {result.claimed}, done {result.done}, retried {result.retried}, "
+        f"failed {result.failed}, lease lost {result.lease_lost}, reclaimed {result.reclaimed}, "
+        f"released {result.released}; stopped: {result.stop_reason} after {result.elapsed_s}s"
+    )
+    return line + (f" ({result.error})" if result.error else "")
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        rows = queue.stats(conn)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows]))
+        return EXIT_OK
+    print(format_stats(rows))
+    return EXIT_OK
+
+
+def format_stats(rows: Sequence[queue.QueueStats]) -> str:
+    header = f"{'queue':<16}{'queued':>8}{'ready':>8}{'running':>9}{'done':>8}{'failed':>8}"
+    header += f"{'oldest ready':>14}{'expired':>9}"
+    lines = [header]
+    for r in rows:
+        lines.append(
+            f"{r.queue:<16}{r.queued:>8}{r.ready:>8}{r.running:>9}{r.done:>8}{r.failed:>8}"
+            f"{r.oldest_ready_age_s:>13.1f}s{r.expired_leases:>9}"
+        )
+    if not rows:
+        lines.append("(no jobs)")
+    return "\n".join(lines)
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        rows = queue.list_jobs(conn, args.status or list(STATUSES), args.limit)
+    for r in rows:
+        error = f"  {r.last_error}" if r.last_error else ""
+        print(
+            f"{r.id:>8} {r.queue:<12} {r.kind:<14} {r.status:<8} "
+            f"attempt {r.attempts}/{r.max_attempts} reclaims {r.reclaim_count}{error}"
+        )
+    return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        retried = queue.retry_failed(conn, args.ids)
+    missing = sorted(set(args.ids) - set(retried))
+    print(f"queued again: {retried or 'none'}")
+    if missing:
+        print(f"pgdrain: error: not failed (or unknown): {missing}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        deleted = queue.purge_finished(conn, args.older_than_days)
+    print(f"deleted {deleted} finished jobs")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from pgdrain import demo
+
+    return demo.run(settings, resolve_conninfo(settings), count=args.count, budget=args.budget)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "migrate": cmd_migrate,
+    "enqueue": cmd_enqueue,
+    "drain": cmd_drain,
+    "stats": cmd_stats,
+    "jobs": cmd_jobs,
+    "retry": cmd_retry,
+    "purge": cmd_purge,
+    "demo": cmd_demo,
+}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,362 @@
+"""One drain run: reclaim expired leases, claim batches until nothing is ready, run the job
+functions on a worker pool, heartbeat every lease/3, and stop in time for the deadline.
+
+Only this thread talks to the database, and every statement autocommits: no transaction is
+open while a job runs, and no session state is used, so the same SQL works through PgBouncer
+in transaction mode. Workers never touch the database; their outcomes come back on a queue."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_mod
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+import psycopg
+
+from pgdrain import db, queue, retry
+from pgdrain.budget import Budget
+from pgdrain.errors import DatabaseUnavailable, PgdrainError, UnknownJobKind
+from pgdrain.pool import Outcome, WorkerPool
+from pgdrain.registry import Job, Registry
+from pgdrain.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HEARTBEATS_PER_LEASE = 3
+MAX_ERROR_LENGTH = 2000
+# Stop waiting for running jobs this long before the deadline, so the run can still answer.
+FINAL_MARGIN_SECONDS = 0.5
+
+T = TypeVar("T")
+
+# Called with a counter name ("claimed", "done", ...) and how much it grew, as the run goes:
+# a Lambda timeout kills the process, so progress must leave it before the end.
+Observer = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    lease_lost: int = 0
+    reclaimed: int = 0
+    released: int = 0
+    abandoned: int = 0  # still running when the run had to return; reclaimable at the deadline
+    stop_reason: str = "empty"  # empty | budget | error
+    more_ready: bool = False  # ready jobs were left (only looked at when the budget ran out)
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Attempt:
+    claimed: queue.ClaimedJob
+    lost: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def held(self) -> queue.Held:
+        return queue.Held(self.claimed.id, self.claimed.attempt_token)
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def drain(
+    settings: Settings,
+    budget: Budget,
+    registry: Registry,
+    conninfo: str,
+    *,
+    queues: Sequence[str] | None = None,
+    worker_id: str | None = None,
+    observer: Observer | None = None,
+) -> DrainResult:
+    """Run until no job is ready and none is running, or until the budget is spent."""
+    run = _Run(
+        settings=settings,
+        budget=budget,
+        registry=registry,
+        conninfo=conninfo,
+        queues=tuple(queues or settings.queues),
+        worker_id=worker_id or default_worker_id(),
+        observer=observer,
+    )
+    return run.execute()
+
+
+class _Run:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        budget: Budget,
+        registry: Registry,
+        conninfo: str,
+        queues: tuple[str, ...],
+        worker_id: str,
+        observer: Observer | None,
+    ) -> None:
+        self.settings = settings
+        self.budget = budget
+        self.registry = registry
+        self.conninfo = conninfo
+        self.queues = queues
+        self.worker_id = worker_id
+        self.observer = observer
+        self.counts: dict[str, int] = dict.fromkeys(
+            ("claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"), 0
+        )
+        self.conn: psycopg.Connection[Any] | None = None
+        self.buffer: deque[_Attempt] = deque()  # claimed, not started
+        self.running: dict[int, _Attempt] = {}
+        self.lost_ids: set[int] = set()
+        self.started = time.monotonic()
+
+    # -- the run -------------------------------------------------------------------------
+
+    def execute(self) -> DrainResult:
+        stop_reason, error, more_ready = "empty", None, False
+        pool: WorkerPool[_Attempt] = WorkerPool(self.settings.concurrency, self._run_job)
+        try:
+            self.conn = db.connect(self.conninfo, self.settings, self.budget)
+            self._reclaim()
+            stop_reason = self._loop(pool)
+            if stop_reason == "budget":
+                more_ready = self._db(queue.has_ready, self.queues)
+        except (PgdrainError, psycopg.Error) as exc:
+            stop_reason, error = "error", _one_line(exc)
+            log.error("drain stopped: %s", error, extra={"worker": self.worker_id})
+        finally:
+            pool.close()
+            if self.conn is not None:
+                self.conn.close()
+        result = DrainResult(
+            **self.counts,
+            abandoned=len(self.running),
+            stop_reason=stop_reason,
+            more_ready=more_ready,
+            error=error,
+            elapsed_s=round(time.monotonic() - self.started, 3),
+        )
+        log.info("drain finished", extra={"summary": result.as_dict()})
+        return result
+
+    def _loop(self, pool: WorkerPool[_Attempt]) -> str:
+        interval = self.settings.lease_seconds / HEARTBEATS_PER_LEASE
+        next_heartbeat = time.monotonic() + interval
+        stopping = False
+        while True:
+            if not stopping and self.budget.exhausted(self.settings.reserve_seconds):
+                stopping = True
+                log.info("budget below reserve: no more claims", extra=self._where())
+            if stopping and self.buffer:
+                self._release_buffer()
+
+            while not stopping and len(self.running) < self.settings.concurrency:
+                if not self.buffer and not self._claim():
+                    break
+                attempt = self.buffer.popleft()
+                self.running[attempt.claimed.id] = attempt
+                pool.submit(attempt)
+
+            if not self.running and not self.buffer:
+                return "budget" if stopping else "empty"
+            if stopping and self.budget.remaining() <= FINAL_MARGIN_SECONDS:
+                log.warning(
+                    "deadline reached with jobs still running; their leases end now",
+                    extra={"running": sorted(self.running)},
+                )
+                return "budget"
+
+            wait = max(0.0, next_heartbeat - time.monotonic())
+            if stopping:
+                wait = min(wait, max(0.0, self.budget.remaining() - FINAL_MARGIN_SECONDS))
+            self._collect(pool, wait)
+
+            if time.monotonic() >= next_heartbeat:
+                self._heartbeat()
+                next_heartbeat = time.monotonic() + interval
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _cap(self) -> float | None:
+        """The longest a lease may run: to the run's deadline, never past it."""
+        return self.budget.remaining() if self.settings.cap_lease_at_deadline else None
+
+    def _reclaim(self) -> None:
+        reclaimed = self._db(queue.reclaim_expired, self.settings.reclaim_limit)
+        for job in reclaimed:
+            log.warning(
+                "reclaimed a job whose lease expired",
+                extra={"job_id": job.id, "status": job.status, "reclaims": job.reclaim_count},
+            )
+        self._count("reclaimed", len(reclaimed))
+
+    def _claim(self) -> bool:
+        claimed = self._db(
+            queue.claim_batch,
+            self.queues,
+            self.settings.batch_size,
+            self.worker_id,
+            self.settings.lease_seconds,
+            self._cap(),
+        )
+        self.buffer.extend(_Attempt(c) for c in claimed)
+        self._count("claimed", len(claimed))
+        return bool(claimed)
+
+    def _run_job(self, attempt: _Attempt) -> None:
+        """In a worker thread: look up the function and call it. No database access here."""
+        claimed = attempt.claimed
+        function = self.registry.function_for(claimed.kind)
+        function(
+            Job(
+                id=claimed.id,
+                kind=claimed.kind,
+                queue=claimed.queue,
+                payload=claimed.payload,
+                attempt=claimed.attempt,
+                max_attempts=claimed.max_attempts,
+                attempt_token=claimed.attempt_token,
+                _remaining=self.budget.remaining,
+                _lease_lost=attempt.lost,
+            )
+        )
+
+    def _collect(self, pool: WorkerPool[_Attempt], wait: float) -> None:
+        """Wait up to `wait` seconds for an outcome, take all that are ready, record them."""
+        outcomes: list[Outcome[_Attempt]] = []
+        try:
+            first = pool.outcomes.get(timeout=wait) if wait > 0 else pool.outcomes.get_nowait()
+            outcomes.append(first)
+        except queue_mod.Empty:
+            return
+        while True:
+            try:
+                outcomes.append(pool.outcomes.get_nowait())
+            except queue_mod.Empty:
+                break
+        succeeded = []
+        for outcome in outcomes:
+            self.running.pop(outcome.item.claimed.id, None)
+            if outcome.error is None:
+                succeeded.append(outcome.item)
+            else:
+                self._fail(outcome.item, outcome.error)
+        if succeeded:
+            result = self._db(queue.complete_many, [a.held for a in succeeded])
+            self._count("done", len(result.applied))
+            for job_id in result.lost:
+                self._lease_lost(job_id, "its result was not recorded")
+
+    def _fail(self, attempt: _Attempt, error: BaseException) -> None:
+        claimed = attempt.claimed
+        message = _error_text(error)
+        permanent = isinstance(error, UnknownJobKind)
+        delay = 0.0 if permanent else retry.backoff_seconds(claimed.attempt)
+        if permanent:
+            message = f"{message} (not retried: register the kind, then `pgdrain retry`)"
+        outcome = self._db(queue.fail, attempt.held, message, delay, permanent)
+        if isinstance(outcome, queue.LeaseLost):
+            self._lease_lost(claimed.id, "its failure was not recorded")
+            return
+        final = outcome.status == "failed"
+        self._count("failed" if final else "retried", 1)
+        log.warning(
+            "job failed" if final else "job will be retried",
+            extra={
+                "job_id": claimed.id,
+                "kind": claimed.kind,
+                "attempt": claimed.attempt,
+                "max_attempts": claimed.max_attempts,
+                "error_type": type(error).__name__,
+                "retry_in_s": None if final else round(delay, 1),
+            },
+        )
+
+    def _heartbeat(self) -> None:
+        if not self.settings.heartbeat:
+            return
+        held = [a.held for a in (*self.running.values(), *self.buffer)]
+        if not held:
+            return
+        result = self._db(queue.extend_leases, held, self.settings.lease_seconds, self._cap())
+        if not result.lost:
+            return
+        for attempt in list(self.buffer):
+            if attempt.claimed.id in result.lost:
+                self.buffer.remove(attempt)  # never start a job we no longer own
+        for job_id in result.lost:
+            if job_id in self.running:
+                self.running[job_id].lost.set()
+            self._lease_lost(job_id, "found by the heartbeat")
+
+    def _release_buffer(self) -> None:
+        held = [a.held for a in self.buffer]
+        self.buffer.clear()
+        result = self._db(queue.release_many, held)
+        self._count("released", len(result.applied))
+        for job_id in result.lost:
+            self._lease_lost(job_id, "while releasing it")
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _lease_lost(self, job_id: int, how: str) -> None:
+        log.warning(
+            "lease lost: another attempt may own this job; %s",
+            how,
+            extra={"job_id": job_id, "worker": self.worker_id},
+        )
+        if job_id not in self.lost_ids:
+            self.lost_ids.add(job_id)
+            self._count("lease_lost", 1)
+
+    def _count(self, name: str, n: int) -> None:
+        if n:
+            self.counts[name] += n
+            if self.observer is not None:
+                self.observer(name, n)
+
+    def _where(self) -> dict[str, Any]:
+        return {"worker": self.worker_id, "remaining_s": round(self.budget.remaining(), 2)}
+
+    def _db(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a queue operation; if the connection broke (a restart, a failover), reconnect
+        within the budget and try once more. Every statement is fenced or idempotent, so a
+        repeat cannot overwrite another attempt's work."""
+        assert self.conn is not None
+        try:
+            return operation(self.conn, *args, **kwargs)
+        except psycopg.OperationalError as exc:
+            if not self.conn.closed and not self.conn.broken:
+                raise
+            log.warning("database connection lost; reconnecting", extra={"reason": _one_line(exc)})
+            self.conn = db.connect(self.conninfo, self.settings, self.budget)
+            return operation(self.conn, *args, **kwargs)
+
+
+def _error_text(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text[:MAX_ERROR_LENGTH]
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, psycopg.Error):
+        return db.describe(exc)
+    if isinstance(exc, DatabaseUnavailable):
+        return str(exc)
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,140 @@
+"""The application's side: put jobs in the queue inside the caller's own transaction, so a job
+is enqueued together with the data it belongs to (and not at all if that rolls back)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from pgdrain import queue as queue_ops
+from pgdrain.errors import BadInput
+from pgdrain.settings import QUEUE_NAME
+
+MAX_PAYLOAD_BYTES = 256 * 1024  # jobs carry ids, not blobs
+MAX_KIND_LENGTH = 200
+MAX_KEY_LENGTH = 500
+RECOVERY_POLICIES = ("auto", "manual")
+INT32_MAX = 2**31 - 1
+
+
+def build_job(
+    kind: str,
+    payload: Any = None,
+    *,
+    queue_name: str = "default",
+    run_at: dt.datetime | None = None,
+    delay: float = 0.0,
+    priority: int = 0,
+    max_attempts: int = 5,
+    recovery_policy: str = "auto",
+    idempotency_key: str | None = None,
+) -> queue_ops.NewJob:
+    """Validate one job's fields; raises BadInput with a one-line reason."""
+    if not isinstance(kind, str) or not kind.strip():
+        raise BadInput("job kind must be a non-empty string")
+    if len(kind) > MAX_KIND_LENGTH or not _is_clean_text(kind):
+        raise BadInput(
+            f"job kind must be at most {MAX_KIND_LENGTH} characters of UTF-8 text without NUL"
+        )
+    if not isinstance(queue_name, str) or not QUEUE_NAME.match(queue_name):
+        raise BadInput(f"queue {queue_name!r} is not a plain queue name")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay):
+        raise BadInput("delay must be a finite number of seconds")
+    if delay < 0:
+        raise BadInput(f"delay must not be negative (got {delay})")
+    if run_at is not None and (run_at.tzinfo is None or delay):
+        raise BadInput("run_at must be timezone-aware, and not combined with delay")
+    _check_int("priority", priority, -INT32_MAX, INT32_MAX)
+    _check_int("max_attempts", max_attempts, 1, 1000)
+    if recovery_policy not in RECOVERY_POLICIES:
+        raise BadInput(f"recovery_policy must be one of {RECOVERY_POLICIES}")
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str)
+        or not idempotency_key
+        or len(idempotency_key) > MAX_KEY_LENGTH
+        or not _is_clean_text(idempotency_key)
+    ):
+        raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters, without NUL")
+    _check_payload(payload)
+    return queue_ops.NewJob(
+        kind=kind,
+        payload=payload,
+        queue=queue_name,
+        priority=priority,
+        run_at=run_at,
+        delay_seconds=float(delay),
+        max_attempts=max_attempts,
+        recovery_policy=recovery_policy,
+        idempotency_key=idempotency_key,
+    )
+
+
+def enqueue(
+    conn: queue_ops.Connection,
+    kind: str,
+    payload: Any = None,
+    *,
+    queue: str = "default",
+    run_at: dt.datetime | None = None,
+    delay: float = 0.0,
+    priority: int = 0,
+    max_attempts: int = 5,
+    recovery_policy: str = "auto",
+    idempotency_key: str | None = None,
+) -> int:
+    """Enqueue one job on `conn`, in whatever transaction the caller has open; the caller
+    commits. Returns the job id; a repeated idempotency_key returns the existing job's id."""
+    job = build_job(
+        kind,
+        payload,
+        queue_name=queue,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        recovery_policy=recovery_policy,
+        idempotency_key=idempotency_key,
+    )
+    job_id, _created = queue_ops.insert_job(conn, job)
+    return job_id
+
+
+def enqueue_many(conn: queue_ops.Connection, jobs: Iterable[queue_ops.NewJob]) -> list[int]:
+    """Enqueue many jobs (built with build_job) in one statement; returns the ids created."""
+    return queue_ops.insert_jobs(conn, list(jobs))
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(f"{name} must be a whole number")
+    if not low <= value <= high:
+        raise BadInput(f"{name} must be from {low} to {high} (got {value})")
+
+
+def _check_payload(payload: Any) -> None:
+    try:
+        encoded = json.dumps(payload, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"payload is not JSON-serialisable: {exc}") from None
+    if len(encoded) > MAX_PAYLOAD_BYTES:
+        raise BadInput(
+            f"payload is {len(encoded)} bytes; the limit is {MAX_PAYLOAD_BYTES} "
+            "(store the data in a table and pass its id)"
+        )
+    if "\\u0000" in encoded.decode("utf-8"):
+        raise BadInput("payload contains a NUL character, which PostgreSQL jsonb cannot store")
+
+
+def _is_clean_text(text: str) -> bool:
+    """Storable in a PostgreSQL text column: valid UTF-8 (no lone surrogates, which is how
+    Python carries undecodable command-line bytes) and no NUL."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

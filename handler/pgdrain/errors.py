@@ -1,0 +1,32 @@
+"""pgdrain's exceptions. Every error a user can cause derives from PgdrainError;
+driver errors are translated into these in one place (pgdrain.db)."""
+
+from __future__ import annotations
+
+
+class PgdrainError(Exception):
+    """Base class: a problem pgdrain can describe in one line."""
+
+
+class BadInput(PgdrainError):
+    """An argument, payload, event or setting is invalid. Nothing was written. (Exit code 2.)"""
+
+
+class ConfigError(BadInput):
+    """An environment setting is invalid; the message names the variable."""
+
+
+class BadEvent(BadInput):
+    """A Lambda event pgdrain does not understand; no database work was done."""
+
+
+class DatabaseUnavailable(PgdrainError):
+    """The database could not be reached within the time budget."""
+
+
+class AuthenticationFailed(DatabaseUnavailable):
+    """The database refused the credentials."""
+
+
+class UnknownJobKind(PgdrainError):
+    """A claimed job's kind has no registered function."""

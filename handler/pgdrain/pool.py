@@ -1,0 +1,54 @@
+"""A fixed set of daemon threads that run job functions and report each outcome on a queue.
+
+Daemon threads, unlike concurrent.futures' workers, do not hold the process open at exit: a job
+still running when the budget is spent must not keep a CLI drain (or a Lambda handler) alive.
+Its lease ends at the run's deadline, so the job is reclaimable then."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    item: T
+    error: BaseException | None
+
+
+class WorkerPool(Generic[T]):
+    def __init__(self, size: int, run: Callable[[T], object], name: str = "pgdrain-job") -> None:
+        self._run = run
+        self._tasks: queue.SimpleQueue[T | None] = queue.SimpleQueue()
+        self.outcomes: queue.SimpleQueue[Outcome[T]] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, item: T) -> None:
+        self._tasks.put(item)
+
+    def close(self) -> None:
+        """Ask idle workers to exit; a worker still running a job exits after it."""
+        for _ in self._threads:
+            self._tasks.put(None)
+
+    def _work(self) -> None:
+        while True:
+            item = self._tasks.get()
+            if item is None:
+                return
+            try:
+                self._run(item)
+            except BaseException as exc:  # reported to the runner, which records the failure
+                self.outcomes.put(Outcome(item, exc))
+            else:
+                self.outcomes.put(Outcome(item, None))

@@ -1,0 +1,285 @@
+"""The only module that executes queue SQL. Each function runs one named statement from
+sql/queries.sql and returns frozen dataclasses; a fenced statement that matched no row comes
+back as an explicit lease-lost outcome, never swallowed and never retried as an overwrite."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgdrain.sql import query
+
+Connection = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    queue: str
+    kind: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    attempt_token: uuid.UUID
+    lease_expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Held:
+    """A job this run holds: the id and the token that proves the lease is still ours."""
+
+    id: int
+    token: uuid.UUID
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """The result of a fenced statement over several jobs."""
+
+    applied: frozenset[int]
+    lost: frozenset[int]  # the fence matched nothing: another attempt owns these now
+
+
+@dataclass(frozen=True)
+class Failed:
+    id: int
+    status: str  # 'queued' (will retry at run_at) or 'failed' (for good)
+    attempt: int
+    run_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class LeaseLost:
+    id: int
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    id: int
+    status: str  # 'queued' or 'failed'
+    reclaim_count: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    queue: str
+    queued: int
+    ready: int
+    running: int
+    done: int
+    failed: int
+    oldest_ready_age_s: float
+    expired_leases: int
+
+
+@dataclass(frozen=True)
+class NewJob:
+    kind: str
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    run_at: dt.datetime | None = None
+    delay_seconds: float = 0.0
+    max_attempts: int = 5
+    recovery_policy: str = "auto"
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: int
+    queue: str
+    kind: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    reclaim_count: int
+    run_at: dt.datetime
+    lease_expires_at: dt.datetime | None
+    last_error: str | None
+
+
+def _new_job_params(job: NewJob) -> dict[str, Any]:
+    return {
+        "queue": job.queue,
+        "kind": job.kind,
+        "payload": Jsonb({} if job.payload is None else job.payload),
+        "priority": job.priority,
+        "run_at": job.run_at,
+        "delay_seconds": job.delay_seconds,
+        "max_attempts": job.max_attempts,
+        "recovery_policy": job.recovery_policy,
+        "idempotency_key": job.idempotency_key,
+    }
+
+
+def insert_job(conn: Connection, job: NewJob) -> tuple[int, bool]:
+    """Insert one job in the caller's transaction. Returns (id, created); a repeated
+    idempotency key returns the existing job's id and created=False."""
+    row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
+    if row is not None:
+        return int(row[0]), True
+    existing = conn.execute(
+        query("job_find_by_key"), {"idempotency_key": job.idempotency_key}
+    ).fetchone()
+    if existing is None:  # the other insert rolled back between our two statements
+        return insert_job(conn, job)
+    return int(existing[0]), False
+
+
+def insert_jobs(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
+    """Insert many jobs in one statement; returns the ids created (known keys are skipped)."""
+    if not jobs:
+        return []
+    params = {
+        "queues": [j.queue for j in jobs],
+        "kinds": [j.kind for j in jobs],
+        "payloads": [Jsonb({} if j.payload is None else j.payload) for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "run_ats": [j.run_at for j in jobs],
+        "delays": [float(j.delay_seconds) for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "recovery_policies": [j.recovery_policy for j in jobs],
+        "idempotency_keys": [j.idempotency_key for j in jobs],
+    }
+    return [int(r[0]) for r in conn.execute(query("job_insert_many"), params).fetchall()]
+
+
+def claim_batch(
+    conn: Connection,
+    queues: Sequence[str],
+    limit: int,
+    worker: str,
+    lease_seconds: float,
+    cap_seconds: float | None,
+) -> list[ClaimedJob]:
+    """Claim up to `limit` ready jobs. cap_seconds bounds every lease to the run's deadline
+    (None leaves it uncapped: only tests do that, to show what the cap prevents)."""
+    rows = conn.execute(
+        query("job_claim_batch"),
+        {
+            "queues": list(queues),
+            "limit": limit,
+            "worker": worker,
+            "lease_seconds": lease_seconds,
+            "cap_seconds": cap_seconds,
+        },
+    ).fetchall()
+    return [
+        ClaimedJob(
+            id=r[0],
+            queue=r[1],
+            kind=r[2],
+            payload=r[3],
+            attempt=r[4],
+            max_attempts=r[5],
+            attempt_token=r[6],
+            lease_expires_at=r[7],
+        )
+        for r in rows
+    ]
+
+
+def _fenced_many(conn: Connection, name: str, held: Sequence[Held], **extra: Any) -> Fenced:
+    if not held:
+        return Fenced(frozenset(), frozenset())
+    params = {"ids": [h.id for h in held], "tokens": [h.token for h in held], **extra}
+    applied = frozenset(int(r[0]) for r in conn.execute(query(name), params).fetchall())
+    return Fenced(applied, frozenset(h.id for h in held) - applied)
+
+
+def extend_leases(
+    conn: Connection, held: Sequence[Held], lease_seconds: float, cap_seconds: float | None
+) -> Fenced:
+    """Heartbeat: extend every lease still ours in one statement."""
+    return _fenced_many(
+        conn, "job_extend_leases", held, lease_seconds=lease_seconds, cap_seconds=cap_seconds
+    )
+
+
+def complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
+    return _fenced_many(conn, "job_complete_many", held)
+
+
+def complete(conn: Connection, job: Held) -> bool:
+    """Mark one job done; False means the lease was lost and nothing was written."""
+    return job.id in complete_many(conn, [job]).applied
+
+
+def release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
+    return _fenced_many(conn, "job_release_many", held)
+
+
+def fail(
+    conn: Connection, job: Held, error: str, delay_seconds: float, final: bool = False
+) -> Failed | LeaseLost:
+    """Record a failed attempt: retry after delay_seconds, or `failed` when attempts are spent
+    (or at once when `final`: the job can never succeed as it is)."""
+    row = conn.execute(
+        query("job_fail"),
+        {
+            "id": job.id,
+            "token": job.token,
+            "error": error,
+            "delay_seconds": delay_seconds,
+            "final": final,
+        },
+    ).fetchone()
+    if row is None:
+        return LeaseLost(job.id)
+    return Failed(id=row[0], status=row[1], attempt=row[2], run_at=row[3])
+
+
+def reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
+    rows = conn.execute(query("job_reclaim_expired"), {"limit": limit}).fetchall()
+    return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in rows]
+
+
+def retry_failed(conn: Connection, ids: Sequence[int]) -> list[int]:
+    rows = conn.execute(query("job_retry"), {"ids": list(ids)}).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def purge_finished(conn: Connection, older_than_days: float, batch: int = 5000) -> int:
+    """Delete done/failed jobs in batches (each its own short statement); returns the count."""
+    total = 0
+    while True:
+        cur = conn.execute(query("job_purge_finished"), {"days": older_than_days, "limit": batch})
+        total += cur.rowcount
+        if cur.rowcount < batch:
+            return total
+
+
+def stats(conn: Connection) -> list[QueueStats]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("queue_stats")).fetchall()
+    return [QueueStats(**row) for row in rows]
+
+
+def has_ready(conn: Connection, queues: Sequence[str]) -> bool:
+    row = conn.execute(query("queue_has_ready"), {"queues": list(queues)}).fetchone()
+    return bool(row and row[0])
+
+
+def list_jobs(conn: Connection, statuses: Sequence[str], limit: int) -> list[JobRow]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            query("job_list"), {"statuses": list(statuses), "limit": limit}
+        ).fetchall()
+    return [JobRow(**row) for row in rows]
+
+
+def debounce_kick(conn: Connection, queues: Sequence[str], window_seconds: float) -> list[str]:
+    """The queues whose last kick is older than the window, now marked as kicked."""
+    rows = conn.execute(
+        query("kick_debounce"), {"queues": list(queues), "window_seconds": window_seconds}
+    ).fetchall()
+    return sorted(str(r[0]) for r in rows)

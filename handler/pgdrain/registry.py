@@ -1,0 +1,88 @@
+"""Job kinds: a Registry maps a kind to the function that runs it, and the Job handed to it."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgdrain.errors import ConfigError, UnknownJobKind
+
+JobFunction = Callable[["Job"], object]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a job function receives. Frozen: the function reads it, the runner owns it."""
+
+    id: int
+    kind: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    attempt_token: uuid.UUID
+    _remaining: Callable[[], float] = field(repr=False, compare=False)
+    _lease_lost: threading.Event = field(repr=False, compare=False)
+
+    def remaining(self) -> float:
+        """Seconds left of the run's budget."""
+        return self._remaining()
+
+    def lease_lost(self) -> bool:
+        """True once a heartbeat found this attempt's lease gone: another attempt may own the
+        job now, and nothing this one returns will be recorded. Long jobs should stop."""
+        return self._lease_lost.is_set()
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._functions: dict[str, JobFunction] = {}
+
+    def job(self, kind: str) -> Callable[[JobFunction], JobFunction]:
+        """Decorator: register `fn` as the function for `kind`."""
+        if not kind or not kind.strip():
+            raise ValueError("a job kind must not be empty")
+
+        def register(fn: JobFunction) -> JobFunction:
+            if kind in self._functions:
+                raise ValueError(f"job kind {kind!r} is registered twice")
+            self._functions[kind] = fn
+            return fn
+
+        return register
+
+    def function_for(self, kind: str) -> JobFunction:
+        try:
+            return self._functions[kind]
+        except KeyError:
+            raise UnknownJobKind(f"no function is registered for job kind {kind!r}") from None
+
+    def kinds(self) -> list[str]:
+        return sorted(self._functions)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._functions
+
+
+def load_registry(module_name: str) -> Registry:
+    """Import the module named by PGDRAIN_JOBS and return the Registry it defines (the first
+    module attribute that is one; by convention `jobs`)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(
+                f"PGDRAIN_JOBS: module {module_name!r} was not found on the Python path"
+            ) from None
+        raise
+    preferred = getattr(module, "jobs", None)
+    if isinstance(preferred, Registry):
+        return preferred
+    for value in vars(module).values():
+        if isinstance(value, Registry):
+            return value
+    raise ConfigError(f"PGDRAIN_JOBS: module {module_name!r} defines no pgdrain.Registry")

@@ -1,0 +1,158 @@
+"""Settings from the environment, validated once at start with messages naming the variable."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pgdrain.errors import ConfigError
+
+DEFAULT_QUEUES = ("default",)
+DEFAULT_JOBS_MODULE = "jobs"
+DEFAULT_BATCH_SIZE = 10
+DEFAULT_CONCURRENCY = 4
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_RESERVE_SECONDS = 3.0
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 20.0  # an Aurora Serverless v2 resume takes about 15 s
+DEFAULT_RECLAIM_LIMIT = 500
+DEFAULT_MAX_CHAIN = 10  # Lambda stops pure Lambda->Lambda loops at about 16 hops
+DEFAULT_KICK_DEBOUNCE_SECONDS = 2.0
+
+POOLER_MODES = ("session", "transaction")
+QUEUE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+# Every variable Settings reads; template.yaml must declare each one (a unit test checks).
+ENV_VARIABLES = (
+    "DATABASE_URL",
+    "PGDRAIN_DB_SECRET_ARN",
+    "PGDRAIN_QUEUES",
+    "PGDRAIN_JOBS",
+    "PGDRAIN_BATCH_SIZE",
+    "PGDRAIN_CONCURRENCY",
+    "PGDRAIN_LEASE_SECONDS",
+    "PGDRAIN_RESERVE_SECONDS",
+    "PGDRAIN_POOLER",
+    "PGDRAIN_CONNECT_TIMEOUT",
+    "PGDRAIN_RECLAIM_LIMIT",
+    "PGDRAIN_MAX_CHAIN",
+    "PGDRAIN_KICK_DEBOUNCE_SECONDS",
+    "PGDRAIN_FUNCTION_NAME",
+)
+
+
+def check_queue_name(name: str, source: str = "queue") -> str:
+    if not QUEUE_NAME.match(name):
+        raise ConfigError(
+            f"{source}: {name!r} is not a queue name (letters, digits, '_', '.', '-'; "
+            "starting with a letter or '_'; at most 63 characters)"
+        )
+    return name
+
+
+def parse_queues(raw: str, source: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not names:
+        raise ConfigError(f"{source} names no queue")
+    return tuple(dict.fromkeys(check_queue_name(n, source) for n in names))
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None = field(default=None, repr=False)  # holds a password
+    db_secret_arn: str | None = None
+    queues: tuple[str, ...] = DEFAULT_QUEUES
+    jobs_module: str = DEFAULT_JOBS_MODULE
+    batch_size: int = DEFAULT_BATCH_SIZE
+    concurrency: int = DEFAULT_CONCURRENCY
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    reserve_seconds: float = DEFAULT_RESERVE_SECONDS
+    pooler: str = "session"
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS
+    reclaim_limit: int = DEFAULT_RECLAIM_LIMIT
+    max_chain: int = DEFAULT_MAX_CHAIN
+    kick_debounce_seconds: float = DEFAULT_KICK_DEBOUNCE_SECONDS
+    function_name: str | None = None
+    # Safety switches, on in every real run. Tests turn one off to show the failure it prevents.
+    heartbeat: bool = True
+    cap_lease_at_deadline: bool = True
+
+    def __post_init__(self) -> None:
+        _require(1 <= self.batch_size <= 1000, "PGDRAIN_BATCH_SIZE", "from 1 to 1000")
+        _require(1 <= self.concurrency <= 256, "PGDRAIN_CONCURRENCY", "from 1 to 256")
+        _require(1 <= self.lease_seconds <= 86400, "PGDRAIN_LEASE_SECONDS", "from 1 to 86400")
+        _require(0 <= self.reserve_seconds <= 600, "PGDRAIN_RESERVE_SECONDS", "from 0 to 600")
+        _require(self.pooler in POOLER_MODES, "PGDRAIN_POOLER", "'session' or 'transaction'")
+        _require(0.5 <= self.connect_timeout <= 120, "PGDRAIN_CONNECT_TIMEOUT", "from 0.5 to 120")
+        _require(1 <= self.reclaim_limit <= 100000, "PGDRAIN_RECLAIM_LIMIT", "from 1 to 100000")
+        _require(0 <= self.max_chain <= 15, "PGDRAIN_MAX_CHAIN", "from 0 to 15")
+        _require(
+            0 <= self.kick_debounce_seconds <= 3600,
+            "PGDRAIN_KICK_DEBOUNCE_SECONDS",
+            "from 0 to 3600",
+        )
+        if not self.queues:
+            raise ConfigError("PGDRAIN_QUEUES names no queue")
+        for name in self.queues:
+            check_queue_name(name, "PGDRAIN_QUEUES")
+        if not MODULE_NAME.match(self.jobs_module):
+            raise ConfigError(f"PGDRAIN_JOBS: {self.jobs_module!r} is not a module name")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        def text(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        kwargs: dict[str, object] = {
+            "database_url": text("DATABASE_URL"),
+            "db_secret_arn": text("PGDRAIN_DB_SECRET_ARN"),
+            "function_name": text("PGDRAIN_FUNCTION_NAME"),
+        }
+        if (raw := text("PGDRAIN_QUEUES")) is not None:
+            kwargs["queues"] = parse_queues(raw, "PGDRAIN_QUEUES")
+        if (raw := text("PGDRAIN_JOBS")) is not None:
+            kwargs["jobs_module"] = raw
+        if (raw := text("PGDRAIN_POOLER")) is not None:
+            kwargs["pooler"] = raw.lower()
+        for name, attr in (
+            ("PGDRAIN_BATCH_SIZE", "batch_size"),
+            ("PGDRAIN_CONCURRENCY", "concurrency"),
+            ("PGDRAIN_RECLAIM_LIMIT", "reclaim_limit"),
+            ("PGDRAIN_MAX_CHAIN", "max_chain"),
+        ):
+            if (raw := text(name)) is not None:
+                kwargs[attr] = _integer(name, raw)
+        for name, attr in (
+            ("PGDRAIN_LEASE_SECONDS", "lease_seconds"),
+            ("PGDRAIN_RESERVE_SECONDS", "reserve_seconds"),
+            ("PGDRAIN_CONNECT_TIMEOUT", "connect_timeout"),
+            ("PGDRAIN_KICK_DEBOUNCE_SECONDS", "kick_debounce_seconds"),
+        ):
+            if (raw := text(name)) is not None:
+                kwargs[attr] = _seconds(name, raw)
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def _require(ok: bool, variable: str, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{variable} must be {expected}")
+
+
+def _integer(variable: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{variable}={raw!r} is not a whole number") from None
+
+
+def _seconds(variable: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{variable}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{variable}={raw!r} is not a finite number of seconds")
+    return value

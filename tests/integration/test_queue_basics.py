@@ -1,0 +1,138 @@
+"""The queue operations one by one, on a real database."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+
+from helpers.fixtures import job_row
+from pgdrain import enqueue, queue
+
+Conn = psycopg.Connection[Any]
+
+
+def _claim(conn: Conn, limit: int = 10, lease: float = 30.0) -> list[queue.ClaimedJob]:
+    return queue.claim_batch(conn, ["default"], limit, "test-worker", lease, None)
+
+
+def test_a_job_goes_queued_running_done(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop", {"x": 1})
+    [claimed] = _claim(conn)
+    assert (claimed.id, claimed.attempt, claimed.payload) == (job_id, 1, {"x": 1})
+    row = job_row(conn, job_id)
+    assert row["status"] == "running" and row["attempt_token"] == claimed.attempt_token
+    assert queue.complete(conn, queue.Held(claimed.id, claimed.attempt_token))
+    row = job_row(conn, job_id)
+    assert row["status"] == "done" and row["attempt_token"] is None
+    assert row["finished_at"] is not None
+
+
+def test_claim_respects_priority_then_run_at_then_id(conn: Conn) -> None:
+    low = enqueue(conn, "noop", priority=5)
+    high = enqueue(conn, "noop", priority=-1)
+    later = enqueue(conn, "noop", priority=5)
+    assert [c.id for c in _claim(conn)] == [high, low, later]
+
+
+def test_a_delayed_job_is_not_ready(conn: Conn) -> None:
+    enqueue(conn, "noop", delay=60)
+    assert _claim(conn) == []
+
+
+def test_claim_takes_only_its_queues(conn: Conn) -> None:
+    enqueue(conn, "noop", queue="emails")
+    assert _claim(conn) == []
+    assert len(queue.claim_batch(conn, ["emails"], 10, "w", 30, None)) == 1
+
+
+def test_the_lease_is_capped_at_the_deadline(conn: Conn) -> None:
+    enqueue(conn, "noop")
+    [claimed] = queue.claim_batch(conn, ["default"], 1, "w", 600.0, 5.0)
+    row = conn.execute(
+        "SELECT extract(epoch FROM lease_expires_at - now()) FROM pgdrain.jobs WHERE id = %s",
+        (claimed.id,),
+    ).fetchone()
+    assert row is not None and 3.0 < row[0] <= 5.0
+
+
+def test_fail_retries_with_the_given_delay_then_fails_at_max_attempts(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop", max_attempts=2)
+    [first] = _claim(conn)
+    outcome = queue.fail(conn, queue.Held(job_id, first.attempt_token), "boom", 0.0)
+    assert isinstance(outcome, queue.Failed) and outcome.status == "queued"
+    [second] = _claim(conn)
+    assert second.attempt == 2
+    outcome = queue.fail(conn, queue.Held(job_id, second.attempt_token), "boom again", 0.0)
+    assert isinstance(outcome, queue.Failed) and outcome.status == "failed"
+    assert job_row(conn, job_id)["last_error"] == "boom again"
+
+
+def test_release_gives_the_attempt_back(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop")
+    [claimed] = _claim(conn)
+    result = queue.release_many(conn, [queue.Held(job_id, claimed.attempt_token)])
+    assert result.applied == {job_id}
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("queued", 0)
+
+
+def test_a_repeated_idempotency_key_returns_the_same_job(conn: Conn) -> None:
+    first = enqueue(conn, "noop", idempotency_key="order-42")
+    second = enqueue(conn, "noop", {"other": True}, idempotency_key="order-42")
+    assert first == second
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (1,)
+
+
+def test_enqueue_joins_the_callers_transaction(conn: Conn) -> None:
+    with conn.transaction(force_rollback=True):
+        enqueue(conn, "noop")
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+
+
+def test_enqueue_many_is_one_statement_for_the_whole_list(conn: Conn) -> None:
+    jobs = [enqueue_job(i) for i in range(1000)]
+    ids = queue.insert_jobs(conn, jobs)
+    assert len(ids) == 1000
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (1000,)
+
+
+def enqueue_job(i: int) -> queue.NewJob:
+    from pgdrain import build_job
+
+    return build_job("noop", {"i": i})
+
+
+def test_reclaim_requeues_an_expired_lease_and_counts_it(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop")
+    _claim(conn, lease=1)
+    conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
+    [reclaimed] = queue.reclaim_expired(conn, 10)
+    assert (reclaimed.id, reclaimed.status, reclaimed.reclaim_count) == (job_id, "queued", 1)
+    assert "lease expired" in job_row(conn, job_id)["last_error"]
+
+
+def test_reclaim_fails_a_manual_job_instead_of_retrying_it(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop", recovery_policy="manual")
+    _claim(conn, lease=1)
+    conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
+    [reclaimed] = queue.reclaim_expired(conn, 10)
+    assert reclaimed.status == "failed"
+
+
+def test_stats_counts_per_queue_and_status(conn: Conn) -> None:
+    enqueue(conn, "noop")
+    enqueue(conn, "noop", delay=60)
+    enqueue(conn, "noop", queue="emails")
+    stats = {s.queue: s for s in queue.stats(conn)}
+    assert (stats["default"].queued, stats["default"].ready) == (2, 1)
+    assert stats["emails"].queued == 1
+
+
+def test_the_fence_refuses_a_stale_token(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop")
+    _claim(conn)
+    stale = queue.Held(job_id, uuid.uuid4())
+    assert not queue.complete(conn, stale)
+    assert job_row(conn, job_id)["status"] == "running"

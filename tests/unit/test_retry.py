@@ -1,0 +1,48 @@
+import pytest
+
+from pgdrain.retry import RetryPolicy, backoff_seconds, is_final
+
+
+def test_backoff_doubles_from_the_base_without_jitter() -> None:
+    policy = RetryPolicy(base_seconds=10, cap_seconds=3600, jitter=0)
+    assert [backoff_seconds(a, policy) for a in (1, 2, 3, 4)] == [10, 20, 40, 80]
+
+
+def test_backoff_is_capped_even_at_absurd_attempts() -> None:
+    policy = RetryPolicy(base_seconds=10, cap_seconds=60, jitter=0.25)
+    for attempt in (7, 50, 10_000):
+        for r in (0.0, 0.5, 0.999):
+            assert backoff_seconds(attempt, policy, rand=lambda r=r: r) <= 60
+
+
+@pytest.mark.parametrize("r", [0.0, 0.25, 0.5, 0.75, 0.999999])
+def test_jitter_stays_within_its_fraction(r: float) -> None:
+    policy = RetryPolicy(base_seconds=10, cap_seconds=3600, jitter=0.25)
+    delay = backoff_seconds(3, policy, rand=lambda: r)
+    assert 30 <= delay <= 50  # 40 ± 25 %
+
+
+def test_jitter_spreads_jobs_that_failed_together() -> None:
+    policy = RetryPolicy(jitter=0.25)
+    assert backoff_seconds(2, policy, rand=lambda: 0.0) < backoff_seconds(
+        2, policy, rand=lambda: 0.99
+    )
+
+
+def test_the_last_attempt_is_final() -> None:
+    assert not is_final(1, 5)
+    assert not is_final(4, 5)
+    assert is_final(5, 5)
+    assert is_final(6, 5)  # a reclaimed job can have spent more
+
+
+def test_attempts_count_from_one() -> None:
+    with pytest.raises(ValueError):
+        backoff_seconds(0)
+
+
+def test_policy_validates_itself() -> None:
+    with pytest.raises(ValueError, match="cap_seconds"):
+        RetryPolicy(base_seconds=10, cap_seconds=5)
+    with pytest.raises(ValueError, match="jitter"):
+        RetryPolicy(jitter=2)
