@@ -13,9 +13,10 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgdrain import db, embedded, enqueue, queue
+from pgdrain import db, embedded, queue
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
+from pgdrain.enqueue import build_job
 from pgdrain.errors import BadInput, PgdrainError
 from pgdrain.migrate import migrate
 from pgdrain.registry import load_registry
@@ -146,7 +147,9 @@ def resolve_conninfo(settings: Settings) -> str:
 
 
 def _connect(settings: Settings) -> queue.Connection:
-    return db.connect(resolve_conninfo(settings), settings, Budget.seconds(settings.connect_timeout))
+    return db.connect(
+        resolve_conninfo(settings), settings, Budget.seconds(settings.connect_timeout)
+    )
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -166,7 +169,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         raise BadInput(f"--payload is not valid JSON: {exc}") from None
     if args.key is not None and args.count > 1:
         raise BadInput("--key names one job; it cannot be combined with --count > 1")
-    job = enqueue.build_job(
+    job = build_job(
         args.kind,
         payload,
         queue_name=args.queue,

@@ -94,4 +94,4 @@ def _sqlstate_from_diag(exc: psycopg.Error) -> str | None:
 def describe(exc: BaseException) -> str:
     """The first line of a driver error, without libpq's multi-line detail."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
+    return lines[0] if lines else type(exc).__name__

@@ -22,7 +22,7 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
     """Start (or reuse) the embedded server and return a connection URI for its `postgres`
     database. keep_running leaves it up after this process exits, for the next CLI command."""
     try:
-        import pgserver
+        from pgserver.postgres_server import get_server
     except ImportError:
         raise ConfigError(
             "DATABASE_URL is not set and the embedded PostgreSQL (pgserver, CPython 3.9-3.12) "
@@ -33,5 +33,5 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
     with warnings.catch_warnings():
         # pgserver asks platformdirs for XDG_RUNTIME_DIR, which containers rarely set.
         warnings.simplefilter("ignore")
-        server = pgserver.get_server(folder, cleanup_mode=None if keep_running else "stop")
+        server = get_server(folder, cleanup_mode=None if keep_running else "stop")
     return str(server.get_uri())

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import LiteralString, cast
+from typing import LiteralString
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -32,7 +32,7 @@ def _queries() -> dict[str, str]:
 def query(name: str) -> LiteralString:
     """The statement named `name`. The text comes from our own packaged file, never from input,
     which is why it may be passed to psycopg as a literal query."""
-    return cast(LiteralString, _queries()[name])
+    return _queries()[name]  # type checkers see str; the text is our own packaged file
 
 
 def query_names() -> list[str]:

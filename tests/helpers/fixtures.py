@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgdrain.sql import query
 
@@ -43,3 +49,44 @@ def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
         row = cur.execute("SELECT * FROM pgdrain.jobs WHERE id = %s", (job_id,)).fetchone()
     assert row is not None, f"job {job_id} does not exist"
     return row
+
+
+@pytest.fixture
+def ledger_url(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The test's database with public.ledger, exported for the job kinds of helpers.test_jobs."""
+    from helpers import test_jobs
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(test_jobs.LEDGER_TABLE)
+    monkeypatch.setenv(test_jobs.LEDGER_URL_VARIABLE, db_url)
+    yield db_url
+    test_jobs.close_connections()
+
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+HANDLER_DIR = TESTS_DIR.parent / "handler"
+
+
+def drain_process(url: str, *args: str) -> subprocess.Popen[str]:
+    """Start helpers.drain_process in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": f"{TESTS_DIR}{os.pathsep}{HANDLER_DIR}"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "helpers.drain_process", url, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finished_result(process: subprocess.Popen[str], timeout: float = 60.0) -> dict[str, Any]:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, f"drain process failed ({process.returncode}): {err}"
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def db_now(conn: psycopg.Connection[Any]) -> Any:
+    row = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]

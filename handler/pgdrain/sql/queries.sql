@@ -93,9 +93,11 @@ WHERE j.id = held.id
 RETURNING j.id;
 
 -- name: job_complete_many
--- Mark finished jobs done. A job not returned had lost its lease: its result is not recorded.
+-- Mark finished jobs done, keeping the accepted attempt's token in completed_token. A job not
+-- returned had lost its lease: its result is not recorded.
 UPDATE pgdrain.jobs AS j
 SET status = 'done',
+    completed_token = held.token,
     lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
     last_error = NULL,
     finished_at = now(),
