@@ -24,7 +24,7 @@ import psycopg
 from pgdrain import db, queue, retry
 from pgdrain.budget import Budget
 from pgdrain.errors import DatabaseUnavailable, PgdrainError, UnknownJobKind
-from pgdrain.pool import Outcome, WorkerPool
+from pgdrain.pool import WorkerPool
 from pgdrain.registry import Job, Registry
 from pgdrain.settings import Settings
 
@@ -34,6 +34,9 @@ HEARTBEATS_PER_LEASE = 3
 MAX_ERROR_LENGTH = 2000
 # Stop waiting for running jobs this long before the deadline, so the run can still answer.
 FINAL_MARGIN_SECONDS = 0.5
+# A finished job is recorded as done with the next claim, or at the latest after this long:
+# one commit for many jobs, without holding results back from the database.
+COMPLETION_FLUSH_SECONDS = 0.1
 
 T = TypeVar("T")
 
@@ -123,6 +126,8 @@ class _Run:
         self.conn: psycopg.Connection[Any] | None = None
         self.buffer: deque[_Attempt] = deque()  # claimed, not started
         self.running: dict[int, _Attempt] = {}
+        self.finished: list[_Attempt] = []  # returned, not yet recorded as done
+        self.first_finished_at = 0.0
         self.lost_ids: set[int] = set()
         self.started = time.monotonic()
 
@@ -167,31 +172,37 @@ class _Run:
                 self._release_buffer()
 
             while not stopping and len(self.running) < self.settings.concurrency:
-                if not self.buffer and not self._claim():
+                if not self.buffer and not self._complete_and_claim():
                     break
                 attempt = self.buffer.popleft()
                 self.running[attempt.claimed.id] = attempt
                 pool.submit(attempt)
 
             if not self.running and not self.buffer:
+                self._flush_completions()
                 return "budget" if stopping else "empty"
             if stopping and self.budget.remaining() <= FINAL_MARGIN_SECONDS:
+                self._flush_completions()
                 log.warning(
                     "deadline reached with jobs still running; their leases end now",
                     extra={"running": sorted(self.running)},
                 )
                 return "budget"
 
-            wait = max(0.0, next_heartbeat - time.monotonic())
+            now = time.monotonic()
+            wake_at = next_heartbeat
+            if self.finished:
+                wake_at = min(wake_at, self.first_finished_at + COMPLETION_FLUSH_SECONDS)
             if stopping:
-                wait = min(wait, max(0.0, self.budget.remaining() - FINAL_MARGIN_SECONDS))
-            self._collect(pool, wait)
+                wake_at = min(wake_at, now + self.budget.remaining() - FINAL_MARGIN_SECONDS)
+            self._collect(pool, max(0.0, wake_at - now))
 
-            if time.monotonic() >= next_heartbeat:
+            now = time.monotonic()
+            if self.finished and now >= self.first_finished_at + COMPLETION_FLUSH_SECONDS:
+                self._flush_completions()
+            if now >= next_heartbeat:
                 self._heartbeat()
-                next_heartbeat = time.monotonic() + interval
-
-    # -- steps ---------------------------------------------------------------------------
+                next_heartbeat = now + interval
 
     def _cap(self) -> float | None:
         """The longest a lease may run: to the run's deadline, never past it."""
@@ -206,18 +217,32 @@ class _Run:
             )
         self._count("reclaimed", len(reclaimed))
 
-    def _claim(self) -> bool:
-        claimed = self._db(
-            queue.claim_batch,
+    def _complete_and_claim(self) -> bool:
+        """One round trip: record the finished jobs, claim the next batch into the buffer."""
+        finished, self.finished = self.finished, []
+        result, claimed = self._db(
+            queue.complete_and_claim,
+            [a.held for a in finished],
             self.queues,
             self.settings.batch_size,
             self.worker_id,
             self.settings.lease_seconds,
             self._cap(),
         )
+        self._record_completions(result)
         self.buffer.extend(_Attempt(c) for c in claimed)
         self._count("claimed", len(claimed))
         return bool(claimed)
+
+    def _flush_completions(self) -> None:
+        if self.finished:
+            finished, self.finished = self.finished, []
+            self._record_completions(self._db(queue.complete_many, [a.held for a in finished]))
+
+    def _record_completions(self, result: queue.Fenced) -> None:
+        self._count("done", len(result.applied))
+        for job_id in result.lost:
+            self._lease_lost(job_id, "its result was not recorded")
 
     def _run_job(self, attempt: _Attempt) -> None:
         """In a worker thread: look up the function and call it. No database access here."""
@@ -238,30 +263,25 @@ class _Run:
         )
 
     def _collect(self, pool: WorkerPool[_Attempt], wait: float) -> None:
-        """Wait up to `wait` seconds for an outcome, take all that are ready, record them."""
-        outcomes: list[Outcome[_Attempt]] = []
+        """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait
+        in self.finished for the next round trip (at most COMPLETION_FLUSH_SECONDS); failures
+        are recorded at once."""
         try:
-            first = pool.outcomes.get(timeout=wait) if wait > 0 else pool.outcomes.get_nowait()
-            outcomes.append(first)
+            outcome = pool.outcomes.get(timeout=wait) if wait > 0 else pool.outcomes.get_nowait()
         except queue_mod.Empty:
             return
         while True:
-            try:
-                outcomes.append(pool.outcomes.get_nowait())
-            except queue_mod.Empty:
-                break
-        succeeded = []
-        for outcome in outcomes:
             self.running.pop(outcome.item.claimed.id, None)
             if outcome.error is None:
-                succeeded.append(outcome.item)
+                if not self.finished:
+                    self.first_finished_at = time.monotonic()
+                self.finished.append(outcome.item)
             else:
                 self._fail(outcome.item, outcome.error)
-        if succeeded:
-            result = self._db(queue.complete_many, [a.held for a in succeeded])
-            self._count("done", len(result.applied))
-            for job_id in result.lost:
-                self._lease_lost(job_id, "its result was not recorded")
+            try:
+                outcome = pool.outcomes.get_nowait()
+            except queue_mod.Empty:
+                return
 
     def _fail(self, attempt: _Attempt, error: BaseException) -> None:
         claimed = attempt.claimed

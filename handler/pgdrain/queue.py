@@ -153,6 +153,49 @@ def insert_jobs(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
     return [int(r[0]) for r in conn.execute(query("job_insert_many"), params).fetchall()]
 
 
+def complete_and_claim(
+    conn: Connection,
+    finished: Sequence[Held],
+    queues: Sequence[str],
+    limit: int,
+    worker: str,
+    lease_seconds: float,
+    cap_seconds: float | None,
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit).
+    cap_seconds bounds every new lease to the run's deadline (None leaves it uncapped: only
+    tests do that, to show what the cap prevents)."""
+    rows = conn.execute(
+        query("job_complete_and_claim"),
+        {
+            "done_ids": [h.id for h in finished],
+            "done_tokens": [h.token for h in finished],
+            "queues": list(queues),
+            "limit": limit,
+            "worker": worker,
+            "lease_seconds": lease_seconds,
+            "cap_seconds": cap_seconds,
+        },
+    ).fetchall()
+    completed = frozenset(int(r[1]) for r in rows if r[0])
+    claimed = [
+        ClaimedJob(
+            id=r[1],
+            queue=r[2],
+            kind=r[3],
+            payload=r[4],
+            attempt=r[5],
+            max_attempts=r[6],
+            attempt_token=r[7],
+            lease_expires_at=r[8],
+        )
+        for r in rows
+        if not r[0]
+    ]
+    lost = frozenset(h.id for h in finished) - completed
+    return Fenced(completed, lost), claimed
+
+
 def claim_batch(
     conn: Connection,
     queues: Sequence[str],
@@ -161,31 +204,13 @@ def claim_batch(
     lease_seconds: float,
     cap_seconds: float | None,
 ) -> list[ClaimedJob]:
-    """Claim up to `limit` ready jobs. cap_seconds bounds every lease to the run's deadline
-    (None leaves it uncapped: only tests do that, to show what the cap prevents)."""
-    rows = conn.execute(
-        query("job_claim_batch"),
-        {
-            "queues": list(queues),
-            "limit": limit,
-            "worker": worker,
-            "lease_seconds": lease_seconds,
-            "cap_seconds": cap_seconds,
-        },
-    ).fetchall()
-    return [
-        ClaimedJob(
-            id=r[0],
-            queue=r[1],
-            kind=r[2],
-            payload=r[3],
-            attempt=r[4],
-            max_attempts=r[5],
-            attempt_token=r[6],
-            lease_expires_at=r[7],
-        )
-        for r in rows
-    ]
+    """Claim up to `limit` ready jobs."""
+    return complete_and_claim(conn, [], queues, limit, worker, lease_seconds, cap_seconds)[1]
+
+
+def complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
+    """Mark finished jobs done (claiming nothing)."""
+    return _fenced_many(conn, "job_complete_many", held)
 
 
 def _fenced_many(conn: Connection, name: str, held: Sequence[Held], **extra: Any) -> Fenced:
@@ -203,10 +228,6 @@ def extend_leases(
     return _fenced_many(
         conn, "job_extend_leases", held, lease_seconds=lease_seconds, cap_seconds=cap_seconds
     )
-
-
-def complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
-    return _fenced_many(conn, "job_complete_many", held)
 
 
 def complete(conn: Connection, job: Held) -> bool:
@@ -267,6 +288,20 @@ def stats(conn: Connection) -> list[QueueStats]:
 def has_ready(conn: Connection, queues: Sequence[str]) -> bool:
     row = conn.execute(query("queue_has_ready"), {"queues": list(queues)}).fetchone()
     return bool(row and row[0])
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    ready: int
+    oldest_ready_age_s: float
+
+
+def depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
+    """How many jobs are ready in these queues, and how long the oldest has waited."""
+    row = conn.execute(query("queue_depth"), {"queues": list(queues)}).fetchone()
+    if row is None:
+        return QueueDepth(0, 0.0)
+    return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
 
 
 def list_jobs(conn: Connection, statuses: Sequence[str], limit: int) -> list[JobRow]:

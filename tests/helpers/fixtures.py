@@ -41,7 +41,7 @@ def without_line(statement: str, fragment: str) -> str:
 
 def unfenced(name: str) -> str:
     """The named statement without its attempt_token fence."""
-    return without_line(query(name), "attempt_token = ")
+    return without_line(query(name), "AND j.attempt_token = ")
 
 
 def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:

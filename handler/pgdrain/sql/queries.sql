@@ -47,19 +47,56 @@ FROM unnest(
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
--- name: job_claim_batch
--- Take up to %(limit)s ready jobs in priority order. SKIP LOCKED lets concurrent drains pass
--- each other; the lease never reaches past the run's deadline (cap_seconds, NULL = no cap),
--- measured on the database's clock.
-WITH ready AS (
-    SELECT id
-    FROM pgdrain.jobs
-    WHERE status = 'queued'
-      AND queue = ANY(%(queues)s::text[])
-      AND run_at <= now()
-    ORDER BY priority, run_at, id
+-- name: job_extend_leases
+-- Heartbeat for every job a run holds, in one statement. A job not returned has lost its lease.
+UPDATE pgdrain.jobs AS j
+SET lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
+                                     make_interval(secs => %(cap_seconds)s)),
+    heartbeat_at = now(),
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
+WHERE j.id = held.id
+  AND j.status = 'running'
+  AND j.attempt_token = held.token
+RETURNING j.id;
+
+-- name: job_complete_and_claim
+-- The drain's one round trip: mark the jobs this run finished done, then claim up to
+-- %(limit)s ready jobs in priority order. SKIP LOCKED lets concurrent drains pass each other.
+-- A finished job not returned as completed had lost its lease: its result is not recorded,
+-- and completed_token keeps the token of the attempt whose result was. A claimed lease never
+-- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
+-- clock. One statement, so one commit, for both.
+WITH completed AS (
+    UPDATE pgdrain.jobs AS j
+    SET status = 'done',
+        completed_token = held.token,
+        lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+        last_error = NULL,
+        finished_at = now(),
+        updated_at = now()
+    FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS held(id, token)
+    WHERE j.id = held.id
+      AND j.status = 'running'
+      AND j.attempt_token = held.token
+    RETURNING j.id
+), ready AS (
+    -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
+    -- (`queue = ANY(...)` would sort every ready row first).
+    SELECT candidate.id
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at
+        FROM pgdrain.jobs
+        WHERE status = 'queued'
+          AND queue = q.name
+          AND run_at <= now()
+        ORDER BY priority, run_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS candidate
+    ORDER BY candidate.priority, candidate.run_at, candidate.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE pgdrain.jobs AS j
     SET status = 'running',
@@ -75,26 +112,19 @@ WITH ready AS (
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.attempt_token, j.lease_expires_at
 )
-SELECT id, queue, kind, payload, attempts, max_attempts, attempt_token, lease_expires_at
-FROM claimed
-ORDER BY priority, run_at, id;
-
--- name: job_extend_leases
--- Heartbeat for every job a run holds, in one statement. A job not returned has lost its lease.
-UPDATE pgdrain.jobs AS j
-SET lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
-                                     make_interval(secs => %(cap_seconds)s)),
-    heartbeat_at = now(),
-    updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
-WHERE j.id = held.id
-  AND j.status = 'running'
-  AND j.attempt_token = held.token
-RETURNING j.id;
+SELECT true AS completed, id, NULL::text AS queue, NULL::text AS kind, NULL::jsonb AS payload,
+       NULL::int AS attempts, NULL::int AS max_attempts, NULL::uuid AS attempt_token,
+       NULL::timestamptz AS lease_expires_at
+FROM completed
+UNION ALL
+(SELECT false, id, queue, kind, payload, attempts, max_attempts, attempt_token,
+        lease_expires_at
+ FROM claimed
+ ORDER BY priority, run_at, id);
 
 -- name: job_complete_many
--- Mark finished jobs done, keeping the accepted attempt's token in completed_token. A job not
--- returned had lost its lease: its result is not recorded.
+-- Mark finished jobs done without claiming (the run's last flush). The same update as the
+-- `completed` part of job_complete_and_claim; a unit test keeps the two in step.
 UPDATE pgdrain.jobs AS j
 SET status = 'done',
     completed_token = held.token,
@@ -228,3 +258,11 @@ ON CONFLICT (queue) DO UPDATE
 SET kicked_at = excluded.kicked_at
 WHERE k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
 RETURNING k.queue;
+
+-- name: queue_depth
+-- Ready jobs in these queues and the age of the oldest: the backlog a run leaves behind
+-- (the QueueDepth and OldestReadyAgeSeconds metrics). Uses the ready-jobs index.
+SELECT count(*) AS ready,
+       coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
+FROM pgdrain.jobs
+WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
