@@ -29,6 +29,21 @@ STATUSES = ("queued", "running", "done", "failed")
 log = logging.getLogger("pgdrain")
 
 
+_STANDARD_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class _ReadableFormatter(logging.Formatter):
+    """One line per record, with the structured fields (`extra=`) as key=value: the same
+    records the Lambda logs as JSON, readable in a terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_FIELDS}
+        if fields:
+            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+        return line
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit code 2."""
 
@@ -102,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("purge", help="delete done/failed jobs older than N days")
     p.add_argument("--older-than-days", type=_non_negative_float, default=7.0)
 
+    p = commands.add_parser(
+        "invoke", help="run the Lambda handler in-process as `sam local invoke` does (no Docker)"
+    )
+    p.add_argument("function", nargs="?", help="logical id in the template (default: its only one)")
+    p.add_argument("-e", "--event", help="JSON event file, or - for stdin (default: {})")
+    p.add_argument("-n", "--env-vars", help="env.json overriding the template's variables")
+    p.add_argument("-t", "--template", default="template.yaml")
+
     p = commands.add_parser("demo", help="migrate, enqueue demo jobs, drain them, print stats")
     p.add_argument("--count", type=_positive_int, default=300)
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
@@ -110,11 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="pgdrain: %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ReadableFormatter("pgdrain: %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     # Job modules (PGDRAIN_JOBS) are found from the current directory, as `python -m` does.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -279,6 +300,27 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from pgdrain import local
+
+    result = local.invoke(
+        template=Path(args.template),
+        function=args.function,
+        event_path=args.event,
+        env_vars_path=args.env_vars,
+    )
+    if result.ignored_overrides:
+        print(
+            "pgdrain: not in the template, ignored (as sam does): "
+            + ", ".join(result.ignored_overrides),
+            file=sys.stderr,
+        )
+    print(json.dumps(result.payload))
+    return EXIT_FAILURE if result.failed else EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgdrain import demo
 
@@ -294,6 +336,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "retry": cmd_retry,
     "purge": cmd_purge,
     "demo": cmd_demo,
+    "invoke": cmd_invoke,
 }
 
 

@@ -22,7 +22,10 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
     """Start (or reuse) the embedded server and return a connection URI for its `postgres`
     database. keep_running leaves it up after this process exits, for the next CLI command."""
     try:
-        from pgserver.postgres_server import get_server
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for XDG_RUNTIME_DIR, which containers rarely set.
+            warnings.simplefilter("ignore")
+            from pgserver.postgres_server import get_server
     except ImportError:
         raise ConfigError(
             "DATABASE_URL is not set and the embedded PostgreSQL (pgserver, CPython 3.9-3.12) "
@@ -31,7 +34,6 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
     folder = data_dir or Path(os.environ.get(DATA_DIR_VARIABLE) or default_data_dir())
     folder.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
-        # pgserver asks platformdirs for XDG_RUNTIME_DIR, which containers rarely set.
         warnings.simplefilter("ignore")
         server = get_server(folder, cleanup_mode=None if keep_running else "stop")
     return str(server.get_uri())
