@@ -106,3 +106,24 @@ def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection to the test's database, observing from outside the runner."""
     with psycopg.connect(db_url, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture(scope="module")
+def module_db_url(admin_url: str, template_db: str) -> Iterator[str]:
+    """A migrated database shared by the tests of one module: for tests that only read, or
+    that undo what they write (a rolled-back transaction), where a fresh copy each would cost
+    a CREATE DATABASE per test."""
+    name = f"pgdrain_m_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
+    try:
+        yield _with_dbname(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )

@@ -24,6 +24,10 @@ from pgdrain.settings import Settings, parse_queues
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_CLI_BUDGET_SECONDS = 60.0
+MAX_NUMBER = 1e9  # seconds (--delay, --budget) or days; larger values overflow in PostgreSQL
+MAX_BIGINT = 2**63 - 1
+MAX_ENQUEUE_COUNT = 1_000_000
+MAX_PURGE_DAYS = 36_500.0
 STATUSES = ("queued", "running", "done", "failed")
 
 log = logging.getLogger("pgdrain")
@@ -59,6 +63,8 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if value != value or value in (float("inf"), float("-inf")) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, not negative")
+    if value > MAX_NUMBER:  # past this, PostgreSQL's timestamps and intervals overflow
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_NUMBER:g}")
     return value
 
 
@@ -69,6 +75,8 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if value > MAX_BIGINT:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_BIGINT}")
     return value
 
 
@@ -88,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("enqueue", help="enqueue jobs")
     p.add_argument("kind")
-    p.add_argument("--payload", default="{}", help="JSON (default {})")
+    p.add_argument("--payload", default="{}", help="JSON, or @FILE (@- for stdin); default {}")
     p.add_argument("--queue", default="default")
     p.add_argument("--delay", type=_non_negative_float, default=0.0, help="seconds")
     p.add_argument("--priority", type=_int, default=0, help="smaller runs first")
@@ -184,10 +192,9 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        payload = json.loads(args.payload)
-    except (json.JSONDecodeError, UnicodeError) as exc:
-        raise BadInput(f"--payload is not valid JSON: {exc}") from None
+    payload = parse_payload(args.payload)
+    if args.count > MAX_ENQUEUE_COUNT:
+        raise BadInput(f"--count must be at most {MAX_ENQUEUE_COUNT} (got {args.count})")
     if args.key is not None and args.count > 1:
         raise BadInput("--key names one job; it cannot be combined with --count > 1")
     job = build_job(
@@ -208,6 +215,24 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             ids = queue.insert_jobs(conn, [job] * args.count)
             print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
     return EXIT_OK
+
+
+def parse_payload(text: str) -> Any:
+    """--payload JSON, or @FILE to read the JSON from a file (@- for standard input)."""
+    if text.startswith("@"):
+        source = text[1:]
+        try:
+            if source == "-":
+                text = sys.stdin.read()
+            else:
+                with open(source, encoding="utf-8") as handle:
+                    text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"--payload {text}: cannot read it: {exc}") from None
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeError) as exc:
+        raise BadInput(f"--payload is not valid JSON: {exc}") from None
 
 
 def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
@@ -294,6 +319,8 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
+    if args.older_than_days > MAX_PURGE_DAYS:
+        raise BadInput(f"--older-than-days must be at most {MAX_PURGE_DAYS:g}")
     with _connect(settings) as conn:
         deleted = queue.purge_finished(conn, args.older_than_days)
     print(f"deleted {deleted} finished jobs")

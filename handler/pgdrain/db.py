@@ -5,6 +5,7 @@ translated into pgdrain's own here."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import psycopg
 
 from pgdrain.budget import Budget
-from pgdrain.errors import AuthenticationFailed, DatabaseUnavailable
+from pgdrain.errors import AuthenticationFailed, ConfigError, DatabaseUnavailable
 from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ MIN_CONNECT_TIMEOUT_SECONDS = 2  # libpq treats 1 as 2 anyway
 # SQLSTATE class 28: invalid authorization; 3D000: the database does not exist.
 # Retrying these cannot help.
 _FATAL_SQLSTATES = ("28000", "28P01", "3D000")
+_MISSING_ROLE_OR_DATABASE = re.compile(r'FATAL:\s+(role|database) ".*" does not exist')
 
 
 def connection_kwargs(settings: Settings, timeout: float) -> dict[str, Any]:
@@ -58,6 +60,12 @@ def connect(
         timeout = min(settings.connect_timeout, budget.remaining())
         try:
             return psycopg.connect(conninfo, **connection_kwargs(settings, timeout))
+        except psycopg.ProgrammingError:
+            # libpq quotes a malformed connection string in its message, password included.
+            raise ConfigError(
+                "the database connection string (DATABASE_URL) is malformed: expected a "
+                "postgresql:// URL or key=value pairs (not shown: it may hold a password)"
+            ) from None
         except psycopg.OperationalError as exc:
             reason = describe(exc)
             if is_authentication_failure(exc):
@@ -81,7 +89,11 @@ def is_authentication_failure(exc: psycopg.Error) -> bool:
         return True
     # libpq reports a failed login before any result exists, so no SQLSTATE is attached.
     text = str(exc)
-    return "password authentication failed" in text or "no password supplied" in text
+    return (
+        "password authentication failed" in text
+        or "no password supplied" in text
+        or _MISSING_ROLE_OR_DATABASE.search(text) is not None  # 28000 / 3D000 by their text
+    )
 
 
 def _sqlstate_from_diag(exc: psycopg.Error) -> str | None:

@@ -116,7 +116,10 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
 
 def _check_payload(payload: Any) -> None:
     try:
-        encoded = json.dumps(payload, allow_nan=False).encode("utf-8")
+        # Measured as stored: UTF-8, non-ASCII characters not escaped.
+        encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates (undecodable bytes, or a "\ud800" escape)
+        raise BadInput("payload text is not valid UTF-8 (it holds a lone surrogate)") from None
     except (TypeError, ValueError) as exc:
         raise BadInput(f"payload is not JSON-serialisable: {exc}") from None
     if len(encoded) > MAX_PAYLOAD_BYTES:

@@ -7,6 +7,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from pgdrain.errors import ConfigError
 
 DEFAULT_QUEUES = ("default",)
@@ -21,8 +24,8 @@ DEFAULT_MAX_CHAIN = 10  # Lambda stops pure Lambda->Lambda loops at about 16 hop
 DEFAULT_KICK_DEBOUNCE_SECONDS = 2.0
 
 POOLER_MODES = ("session", "transaction")
-QUEUE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
-MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+QUEUE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}\Z")  # \Z: no "name\n"
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 # Every variable Settings reads; template.yaml must declare each one (a unit test checks).
 ENV_VARIABLES = (
@@ -80,6 +83,8 @@ class Settings:
     cap_lease_at_deadline: bool = True
 
     def __post_init__(self) -> None:
+        if self.database_url is not None:
+            _check_conninfo(self.database_url)
         _require(1 <= self.batch_size <= 1000, "PGDRAIN_BATCH_SIZE", "from 1 to 1000")
         _require(1 <= self.concurrency <= 256, "PGDRAIN_CONCURRENCY", "from 1 to 256")
         _require(1 <= self.lease_seconds <= 86400, "PGDRAIN_LEASE_SECONDS", "from 1 to 86400")
@@ -134,6 +139,17 @@ class Settings:
             if (raw := text(name)) is not None:
                 kwargs[attr] = _seconds(name, raw)
         return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def _check_conninfo(url: str) -> None:
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        # libpq's message quotes the string, password included: never repeat it.
+        raise ConfigError(
+            "DATABASE_URL is malformed: expected a postgresql:// URL or key=value pairs "
+            "(its text is not shown: it may hold a password)"
+        ) from None
 
 
 def _require(ok: bool, variable: str, expected: str) -> None:

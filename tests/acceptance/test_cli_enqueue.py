@@ -1,0 +1,255 @@
+"""The real `pgdrain` command, run as a user runs it: enqueue, stats, and what it does with bad
+input (exit 2, one line naming the problem, nothing written) and a database that is down
+(exit 1, one line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.fixtures import job_row
+
+Conn = psycopg.Connection[Any]
+
+ROOT = Path(__file__).resolve().parents[2]
+PGDRAIN = ROOT / ".venv" / "bin" / "pgdrain"
+TIMEOUT_SECONDS = 120.0
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+def pgdrain(url: str, *args: str | bytes, **env: str) -> Run:
+    """Run the installed console script with DATABASE_URL=url and nothing else of ours set."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PGDRAIN_")}
+    clean.update(DATABASE_URL=url, PYTHONPATH=str(ROOT / "handler"), **env)
+    done = subprocess.run(
+        [str(PGDRAIN), *args],
+        env=clean,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=TIMEOUT_SECONDS,
+        check=False,
+    )
+    return Run(
+        done.returncode,
+        done.stdout.decode("utf-8", "replace"),
+        done.stderr.decode("utf-8", "replace"),
+    )
+
+
+def _count(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _only_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1, f"expected one line, got {lines!r}"
+    return lines[0]
+
+
+# The happy path, each on a fresh database.
+
+
+def test_enqueue_one_job_with_every_option(conn: Conn, db_url: str) -> None:
+    run = pgdrain(
+        db_url,
+        "enqueue",
+        "send_email",
+        "--payload",
+        '{"email_id": 7}',
+        "--queue",
+        "emails",
+        "--priority",
+        "3",
+        "--max-attempts",
+        "2",
+        "--delay",
+        "60",
+        "--recovery-policy",
+        "manual",
+    )
+    assert (run.code, run.err) == (EXIT_OK, "")
+    match = re.fullmatch(r"enqueued job (\d+)", run.out.strip())
+    assert match, run.out
+    row = job_row(conn, int(match.group(1)))
+    assert (row["kind"], row["payload"], row["queue"], row["status"]) == (
+        "send_email",
+        {"email_id": 7},
+        "emails",
+        "queued",
+    )
+    assert (row["priority"], row["max_attempts"], row["recovery_policy"]) == (3, 2, "manual")
+    delayed = conn.execute(
+        "SELECT run_at > now() + interval '50 seconds' FROM pgdrain.jobs WHERE id = %s",
+        (row["id"],),
+    ).fetchone()
+    assert delayed == (True,)
+
+
+def test_enqueue_count_inserts_that_many(conn: Conn, db_url: str) -> None:
+    run = pgdrain(db_url, "enqueue", "send_email", "--count", "25")
+    assert (run.code, run.err) == (EXIT_OK, "")
+    assert re.fullmatch(r"enqueued 25 jobs \(\d+\.\.\d+\)", run.out.strip()), run.out
+    assert _count(conn) == 25
+
+
+def test_enqueue_with_a_key_returns_the_same_job_twice(conn: Conn, db_url: str) -> None:
+    first = pgdrain(db_url, "enqueue", "send_email", "--key", "order-42")
+    second = pgdrain(db_url, "enqueue", "send_email", "--key", "order-42")
+    assert (first.code, second.code) == (EXIT_OK, EXIT_OK)
+    [first_id] = re.findall(r"\d+", first.out)
+    [second_id] = re.findall(r"\d+", second.out)
+    assert first_id == second_id
+    assert "exists" in second.out
+    assert _count(conn) == 1
+
+
+def test_stats_json_shape(conn: Conn, db_url: str) -> None:
+    assert pgdrain(db_url, "enqueue", "send_email", "--count", "3").code == EXIT_OK
+    assert pgdrain(db_url, "enqueue", "resize", "--queue", "images", "--delay", "600").code == 0
+
+    run = pgdrain(db_url, "stats", "--json")
+
+    assert (run.code, run.err) == (EXIT_OK, "")
+    stats = json.loads(run.out)
+    assert isinstance(stats, list)
+    assert [s["queue"] for s in stats] == ["default", "images"]
+    for entry in stats:
+        assert set(entry) == {
+            "queue",
+            "queued",
+            "ready",
+            "running",
+            "done",
+            "failed",
+            "oldest_ready_age_s",
+            "expired_leases",
+        }
+        assert all(type(entry[k]) is int for k in entry if k not in ("queue", "oldest_ready_age_s"))
+        assert isinstance(entry["oldest_ready_age_s"], float)
+    default, images = stats
+    assert (default["queued"], default["ready"], default["done"]) == (3, 3, 0)
+    assert (images["queued"], images["ready"], images["oldest_ready_age_s"]) == (1, 0, 0.0)
+
+
+def test_stats_json_on_an_empty_queue_is_an_empty_list(db_url: str) -> None:
+    run = pgdrain(db_url, "stats", "--json")
+    assert (run.code, json.loads(run.out)) == (EXIT_OK, [])
+
+
+# Bad input: exit 2, exactly one line on stderr naming the problem, and no row written.
+# These share one database (a bad command writes nothing, which each case checks).
+
+
+BAD_INPUT: list[tuple[str, Sequence[str | bytes], str]] = [
+    ("invalid JSON payload", ["send_email", "--payload", "{not json"], "--payload"),
+    ("NaN payload", ["send_email", "--payload", "NaN"], "JSON"),
+    ("empty kind", [""], "kind"),
+    ("blank kind", ["   "], "kind"),
+    ("non-UTF-8 kind", [b"\xff\xfesend"], "kind"),
+    ("kind too long", ["k" * 201], "kind"),
+    ("negative delay", ["send_email", "--delay", "-5"], "--delay"),
+    ("infinite delay", ["send_email", "--delay", "inf"], "--delay"),
+    ("max attempts 0", ["send_email", "--max-attempts", "0"], "max_attempts"),
+    ("non-numeric max attempts", ["send_email", "--max-attempts", "five"], "--max-attempts"),
+    ("non-numeric count", ["send_email", "--count", "many"], "--count"),
+    ("count 0", ["send_email", "--count", "0"], "--count"),
+    ("non-numeric priority", ["send_email", "--priority", "high"], "--priority"),
+    ("priority out of range", ["send_email", "--priority", "99999999999"], "priority"),
+    ("queue with SQL metacharacters", ["send_email", "--queue", "q';--"], "queue"),
+    ("unknown recovery policy", ["send_email", "--recovery-policy", "never"], "recovery-policy"),
+    ("empty key", ["send_email", "--key", ""], "key"),
+    ("key with count", ["send_email", "--key", "k", "--count", "2"], "--key"),
+    ("NUL in payload", ["send_email", "--payload", '{"a": "\\u0000"}'], "NUL"),
+    ("lone surrogate in payload", ["send_email", "--payload", '{"a": "\\ud800"}'], "UTF-8"),
+    ("non-UTF-8 bytes in payload", [b"send_email", b"--payload", b'{"a": "\xff"}'], "UTF-8"),
+    ("payload file missing", ["send_email", "--payload", "@/no/such/file.json"], "--payload"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [pytest.param(args, problem, id=what) for what, args, problem in BAD_INPUT],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    module_db_url: str, args: Sequence[str | bytes], problem: str
+) -> None:
+    with psycopg.connect(module_db_url, autocommit=True) as conn:
+        before = _count(conn)
+        run = pgdrain(module_db_url, "enqueue", *args)
+        after = _count(conn)
+    assert run.code == EXIT_BAD_INPUT, run
+    line = _only_line(run.err)
+    assert line.startswith("pgdrain: error: ")
+    assert problem in line
+    assert run.out == ""
+    assert after == before
+
+
+def test_a_payload_over_256_kib_from_a_file_exits_2_and_writes_nothing(
+    module_db_url: str, tmp_path: Path
+) -> None:
+    # One command-line argument is capped at 128 KiB on Linux, so a large payload comes from
+    # a file (`--payload @FILE`). The limit counts UTF-8 bytes: "é" is two.
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"body": "é" * 150_000}, ensure_ascii=False), encoding="utf-8")
+    with psycopg.connect(module_db_url, autocommit=True) as conn:
+        before = _count(conn)
+        run = pgdrain(module_db_url, "enqueue", "send_email", "--payload", f"@{big}")
+        after = _count(conn)
+    assert run.code == EXIT_BAD_INPUT, run
+    line = _only_line(run.err)
+    assert "payload is 300" in line and "limit is 262144" in line
+    assert after == before
+
+
+def test_control_the_same_command_with_good_input_writes(module_db_url: str) -> None:
+    """The bad-input cases above differ from this one in their bad argument only."""
+    with psycopg.connect(module_db_url, autocommit=True) as conn:
+        before = _count(conn)
+        run = pgdrain(module_db_url, "enqueue", "send_email", "--payload", '{"a": "é"}')
+        assert (run.code, run.err) == (EXIT_OK, "")
+        assert _count(conn) == before + 1
+        conn.execute("DELETE FROM pgdrain.jobs")
+
+
+# A database that is down.
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("args", [["enqueue", "send_email"], ["stats"]], ids=["enqueue", "stats"])
+def test_a_database_that_is_down_gives_exit_1_and_one_line(args: list[str]) -> None:
+    port = _closed_port()
+    run = pgdrain(
+        f"postgresql://postgres@127.0.0.1:{port}/pgdrain", *args, PGDRAIN_CONNECT_TIMEOUT="1"
+    )
+    assert run.code == EXIT_FAILURE, run
+    line = _only_line(run.err)
+    assert line.startswith("pgdrain: error: database unreachable")
+    assert f"port {port}" in line  # names where it tried
+    assert "Traceback" not in run.err
+    assert run.out == ""

@@ -1,0 +1,297 @@
+"""The attempt_token fence: a worker whose lease was lost writes nothing.
+
+Each scenario runs twice with one variable changed: the real statement refuses the stale
+token, and a test-only copy of the same statement without its fence line lets the stale write
+through. The control is what the fence line is for.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.fixtures import job_row, unfenced, wait_for, without_line
+from pgdrain import enqueue, queue
+from pgdrain.sql import query
+
+Conn = psycopg.Connection[Any]
+
+WORKER = "fence-test"
+SHORT_LEASE_SECONDS = 0.05
+LEASE_SECONDS = 300.0
+WAIT_SECONDS = 60.0  # generous: other suites load this machine
+LOCK_TIMEOUT = "60s"  # a statement that should not block fails instead of hanging the suite
+
+
+def _claim(conn: Conn, lease_seconds: float = LEASE_SECONDS) -> queue.ClaimedJob:
+    [claimed] = queue.claim_batch(conn, ["default"], 1, WORKER, lease_seconds, None)
+    return claimed
+
+
+def _lease_expired(conn: Conn, job_id: int) -> bool:
+    row = conn.execute(
+        "SELECT lease_expires_at < now() FROM pgdrain.jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _stale_and_current(conn: Conn) -> tuple[queue.Held, queue.Held]:
+    """A job whose first attempt's lease expired and was reclaimed, then claimed again:
+    the first token is stale, the second is the current owner's."""
+    job_id = enqueue(conn, "send_email", {"email_id": 1})
+    first = _claim(conn, SHORT_LEASE_SECONDS)
+    wait_for(lambda: _lease_expired(conn, job_id), WAIT_SECONDS, "the short lease to expire")
+    assert [r.id for r in queue.reclaim_expired(conn, 10)] == [job_id]
+    second = _claim(conn)
+    assert second.id == job_id and second.attempt == 2
+    return queue.Held(job_id, first.attempt_token), queue.Held(job_id, second.attempt_token)
+
+
+def _held_params(held: queue.Held) -> dict[str, Any]:
+    return {"ids": [held.id], "tokens": [held.token]}
+
+
+def _fail_params(held: queue.Held) -> dict[str, Any]:
+    return {
+        "id": held.id,
+        "token": held.token,
+        "error": "stale worker's error",
+        "delay_seconds": 0.0,
+        "final": False,
+    }
+
+
+def _complete_and_claim_params(held: queue.Held) -> dict[str, Any]:
+    return {
+        "done_ids": [held.id],
+        "done_tokens": [held.token],
+        "queues": ["default"],
+        "limit": 0,  # complete, claim nothing: the claim half is not under test here
+        "worker": WORKER,
+        "lease_seconds": LEASE_SECONDS,
+        "cap_seconds": None,
+    }
+
+
+def _extend_params(held: queue.Held) -> dict[str, Any]:
+    return {**_held_params(held), "lease_seconds": 3600.0, "cap_seconds": None}
+
+
+def _complete(conn: Conn, held: queue.Held) -> frozenset[int]:
+    return queue.complete_many(conn, [held]).applied
+
+
+def _complete_and_claim(conn: Conn, held: queue.Held) -> frozenset[int]:
+    fenced, claimed = queue.complete_and_claim(
+        conn, [held], ["default"], 0, WORKER, LEASE_SECONDS, None
+    )
+    assert claimed == []
+    return fenced.applied
+
+
+def _fail(conn: Conn, held: queue.Held) -> frozenset[int]:
+    outcome = queue.fail(conn, held, "stale worker's error", 0.0)
+    return frozenset() if isinstance(outcome, queue.LeaseLost) else frozenset({outcome.id})
+
+
+def _extend(conn: Conn, held: queue.Held) -> frozenset[int]:
+    return queue.extend_leases(conn, [held], 3600.0, None).applied
+
+
+def _release(conn: Conn, held: queue.Held) -> frozenset[int]:
+    return queue.release_many(conn, [held]).applied
+
+
+Operation = Callable[[Conn, queue.Held], frozenset[int]]  # returns the ids it wrote
+Params = Callable[[queue.Held], dict[str, Any]]  # what queue.py binds for the statement
+
+# statement name -> (the real operation through pgdrain.queue, its parameters for the control)
+OPERATIONS: dict[str, tuple[Operation, Params]] = {
+    "job_complete_many": (_complete, _held_params),
+    "job_complete_and_claim": (_complete_and_claim, _complete_and_claim_params),
+    "job_fail": (_fail, _fail_params),
+    "job_extend_leases": (_extend, _extend_params),
+    "job_release_many": (_release, _held_params),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_a_stale_token_writes_nothing(conn: Conn, name: str) -> None:
+    operation, _ = OPERATIONS[name]
+    stale, current = _stale_and_current(conn)
+    before = job_row(conn, stale.id)
+
+    assert operation(conn, stale) == frozenset()
+
+    assert job_row(conn, stale.id) == before
+    assert before["status"] == "running" and before["attempt_token"] == current.token
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_control_without_the_fence_the_stale_write_goes_through(conn: Conn, name: str) -> None:
+    _, params = OPERATIONS[name]
+    stale, current = _stale_and_current(conn)
+    before = job_row(conn, stale.id)
+
+    rows = conn.execute(unfenced(name), params(stale)).fetchall()
+
+    assert len(rows) == 1  # the stale worker is told its write went through
+    after = job_row(conn, stale.id)
+    assert after != before
+    if name == "job_extend_leases":  # the stale worker stretched the new owner's lease
+        assert after["attempt_token"] == current.token
+        assert after["lease_expires_at"] > before["lease_expires_at"]
+    else:  # the stale worker ended the new owner's attempt
+        assert after["attempt_token"] is None
+        assert after["status"] != "running"
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_the_current_token_still_writes(conn: Conn, name: str) -> None:
+    """The fence refuses stale tokens only: the current owner's write goes through."""
+    operation, _ = OPERATIONS[name]
+    _stale, current = _stale_and_current(conn)
+    assert operation(conn, current) == {current.id}
+
+
+# The reclaim race: reclaim reads an expired lease's token, then writes. Between the two,
+# another worker takes the job (after a reclaim of its own) with a fresh token.
+
+
+def _connect(url: str) -> Conn:
+    return psycopg.connect(url, autocommit=True, options=f"-c lock_timeout={LOCK_TIMEOUT}")
+
+
+@pytest.fixture
+def expired_job(conn: Conn) -> tuple[int, uuid.UUID]:
+    """A running job whose lease has expired: the reclaim's target."""
+    job_id = enqueue(conn, "send_email", {"email_id": 1})
+    claimed = _claim(conn, SHORT_LEASE_SECONDS)
+    wait_for(lambda: _lease_expired(conn, job_id), WAIT_SECONDS, "the short lease to expire")
+    return job_id, claimed.attempt_token
+
+
+@pytest.fixture
+def other_worker(db_url: str) -> Iterator[Conn]:
+    """A connection standing for the worker that takes the job between reclaim's read and
+    its write; it holds its transaction open until the test commits it."""
+    with psycopg.connect(db_url) as other:
+        yield other
+
+
+def _retake(other: Conn, job_id: int) -> uuid.UUID:
+    """In `other`'s open transaction: the job is taken again with a fresh token and lease
+    (another worker claimed it after a reclaim). The row stays locked until commit."""
+    row = other.execute(
+        "UPDATE pgdrain.jobs"
+        " SET attempt_token = gen_random_uuid(), lease_expires_at = now() + interval '1 min',"
+        "     leased_by = 'other-worker', heartbeat_at = now(), attempts = attempts + 1"
+        " WHERE id = %s AND status = 'running'"
+        " RETURNING attempt_token",
+        (job_id,),
+    ).fetchone()
+    assert row is not None
+    token: uuid.UUID = row[0]
+    return token
+
+
+def _blocked_on_lock(conn: Conn, pid: int) -> bool:
+    row = conn.execute(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    granted = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (pid,)
+    ).fetchone()
+    return bool(row and row[0]) and bool(granted and granted[0])
+
+
+def _race(
+    conn: Conn, db_url: str, other: Conn, job_id: int, statement: str
+) -> tuple[list[tuple[Any, ...]], uuid.UUID]:
+    """Run `statement` (a reclaim) on its own connection while `other` holds the re-taken
+    row; once it is seen waiting for that row's lock, `other` commits. Returns the
+    statement's rows and the new token."""
+    new_token = _retake(other, job_id)
+    outcome: dict[str, Any] = {}
+    with _connect(db_url) as reclaimer:
+        pid = reclaimer.info.backend_pid
+
+        def run() -> None:
+            try:
+                outcome["rows"] = reclaimer.execute(statement, {"limit": 10}).fetchall()
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, name="reclaimer")
+        thread.start()
+        try:
+            wait_for(
+                lambda: _blocked_on_lock(conn, pid) or not thread.is_alive(),
+                WAIT_SECONDS,
+                "the reclaim to wait on the re-taken row",
+            )
+            assert thread.is_alive(), f"the reclaim did not block: {outcome}"
+        finally:
+            other.commit()
+            thread.join(WAIT_SECONDS)
+        assert not thread.is_alive(), "the reclaim is still blocked after the commit"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["rows"], new_token
+
+
+def test_reclaim_skips_a_row_another_worker_holds(
+    conn: Conn, db_url: str, expired_job: tuple[int, uuid.UUID], other_worker: Conn
+) -> None:
+    """The real statement: SKIP LOCKED passes the row by rather than waiting for it."""
+    job_id, _ = expired_job
+    new_token = _retake(other_worker, job_id)
+    with _connect(db_url) as reclaimer:
+        assert queue.reclaim_expired(reclaimer, 10) == []
+    other_worker.commit()
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt_token"], row["reclaim_count"]) == (
+        "running",
+        new_token,
+        0,
+    )
+
+
+def test_a_reclaim_whose_token_changed_before_its_write_changes_nothing(
+    conn: Conn, db_url: str, expired_job: tuple[int, uuid.UUID], other_worker: Conn
+) -> None:
+    """Without the lock the reclaim reads the old token, blocks on the row, and after the
+    other transaction commits re-checks its WHERE on the new row: the fence no longer
+    matches, so nothing is written."""
+    job_id, _ = expired_job
+    no_lock = without_line(query("job_reclaim_expired"), "FOR UPDATE SKIP LOCKED")
+
+    rows, new_token = _race(conn, db_url, other_worker, job_id, no_lock)
+
+    assert rows == []
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempt_token"], row["reclaim_count"]) == (
+        "running",
+        new_token,
+        0,
+    )
+
+
+def test_control_without_lock_and_fence_the_reclaim_overwrites_the_new_attempt(
+    conn: Conn, db_url: str, expired_job: tuple[int, uuid.UUID], other_worker: Conn
+) -> None:
+    job_id, _ = expired_job
+    no_lock_no_fence = without_line(unfenced("job_reclaim_expired"), "FOR UPDATE SKIP LOCKED")
+
+    rows, new_token = _race(conn, db_url, other_worker, job_id, no_lock_no_fence)
+
+    assert [r[0] for r in rows] == [job_id]
+    row = job_row(conn, job_id)
+    # The other worker's live attempt (lease a minute ahead) was taken from it.
+    assert row["attempt_token"] is None and row["attempt_token"] != new_token
+    assert (row["status"], row["reclaim_count"]) == ("queued", 1)

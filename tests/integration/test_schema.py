@@ -1,0 +1,219 @@
+"""The schema keeps its own invariants: impossible rows are refused by CHECK constraints, and
+the partial indexes the claim and the reclaim rely on exist and are used."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors, sql
+
+from pgdrain.sql import query
+
+Conn = psycopg.Connection[Any]
+
+LEASE = {
+    "lease_expires_at": "now() + interval '1 minute'",
+    "leased_by": "'worker-1'",
+    "attempt_token": "gen_random_uuid()",
+    "heartbeat_at": "now()",
+}
+NO_LEASE = dict.fromkeys(LEASE, "NULL")
+
+# (what is wrong, the columns set, the constraint that must refuse it)
+IMPOSSIBLE_ROWS = [
+    ("queued with a lease", {"status": "'queued'", **LEASE}, "jobs_lease_chk"),
+    ("done with a lease", {"status": "'done'", **LEASE}, "jobs_lease_chk"),
+    ("running without a lease", {"status": "'running'", **NO_LEASE}, "jobs_lease_chk"),
+    (
+        "running without a token",
+        {"status": "'running'", **LEASE, "attempt_token": "NULL"},
+        "jobs_lease_chk",
+    ),
+    (
+        "queued with only a token",
+        {"status": "'queued'", "attempt_token": "gen_random_uuid()"},
+        "jobs_lease_chk",
+    ),
+    ("negative attempts", {"attempts": "-1"}, "jobs_counts_chk"),
+    ("negative reclaim_count", {"reclaim_count": "-1"}, "jobs_counts_chk"),
+    ("max_attempts 0", {"max_attempts": "0"}, "jobs_counts_chk"),
+    ("unknown status", {"status": "'paused'"}, "jobs_status_chk"),
+    ("unknown recovery_policy", {"recovery_policy": "'sometimes'"}, "jobs_recovery_policy_chk"),
+    ("empty kind", {"kind": "''"}, "jobs_kind_chk"),
+    ("empty queue", {"queue": "''"}, "jobs_queue_chk"),
+]
+
+
+@pytest.fixture(scope="module")
+def shared(module_db_url: str) -> Iterator[Conn]:
+    with psycopg.connect(module_db_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def tx(shared: Conn) -> Iterator[Conn]:
+    """The module's database inside a transaction that is rolled back after the test."""
+    with shared.transaction(force_rollback=True):
+        yield shared
+
+
+def _insert(conn: Conn, columns: dict[str, str]) -> None:
+    """Insert one row with the given column expressions (test-owned literals only)."""
+    values = {"kind": "'send_email'", **columns}
+    names = sql.SQL(", ").join(sql.Identifier(c) for c in values)
+    exprs = sql.SQL(", ").join(sql.SQL(v) for v in values.values())  # type: ignore[arg-type]
+    conn.execute(sql.SQL("INSERT INTO pgdrain.jobs ({}) VALUES ({})").format(names, exprs))
+
+
+@pytest.mark.parametrize(
+    ("columns", "constraint"),
+    [pytest.param(columns, constraint, id=what) for what, columns, constraint in IMPOSSIBLE_ROWS],
+)
+def test_check_constraints_refuse_impossible_rows(
+    tx: Conn, columns: dict[str, str], constraint: str
+) -> None:
+    with pytest.raises(errors.CheckViolation) as refused, tx.transaction():
+        _insert(tx, columns)
+    assert refused.value.diag.constraint_name == constraint
+    row = tx.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
+    assert row == (0,)
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        pytest.param({}, id="queued without a lease"),
+        pytest.param({"status": "'running'", **LEASE}, id="running with the whole lease"),
+        pytest.param({"status": "'done'", "attempts": "1"}, id="done"),
+        pytest.param({"status": "'failed'", "max_attempts": "1"}, id="failed"),
+        pytest.param({"recovery_policy": "'manual'"}, id="manual recovery"),
+    ],
+)
+def test_control_possible_rows_are_accepted(tx: Conn, columns: dict[str, str]) -> None:
+    _insert(tx, columns)
+    row = tx.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
+    assert row == (1,)
+
+
+def test_an_update_cannot_take_the_lease_away_from_a_running_job(tx: Conn) -> None:
+    _insert(tx, {"status": "'running'", **LEASE})
+    with pytest.raises(errors.CheckViolation), tx.transaction():
+        tx.execute("UPDATE pgdrain.jobs SET attempt_token = NULL")
+    with pytest.raises(errors.CheckViolation), tx.transaction():
+        tx.execute("UPDATE pgdrain.jobs SET status = 'queued'")
+
+
+def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
+    rows = shared.execute(
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = 'pgdrain' AND table_name = 'jobs'"
+    ).fetchall()
+    assert dict(rows) == {
+        "id": "bigint",
+        "queue": "text",
+        "kind": "text",
+        "payload": "jsonb",
+        "status": "text",
+        "priority": "integer",
+        "run_at": "timestamp with time zone",
+        "attempts": "integer",
+        "max_attempts": "integer",
+        "recovery_policy": "text",
+        "reclaim_count": "integer",
+        "lease_expires_at": "timestamp with time zone",
+        "leased_by": "text",
+        "attempt_token": "uuid",
+        "heartbeat_at": "timestamp with time zone",
+        "idempotency_key": "text",
+        "last_error": "text",
+        "created_at": "timestamp with time zone",
+        "updated_at": "timestamp with time zone",
+        "finished_at": "timestamp with time zone",
+        # Not in DESIGN.md's table: 0003 keeps the accepted attempt's token on a done job.
+        "completed_token": "uuid",
+    }
+
+
+@pytest.mark.parametrize(
+    ("index", "columns", "predicate"),
+    [
+        ("jobs_ready_idx", "(queue, priority, run_at, id)", "WHERE (status = 'queued'::text)"),
+        ("jobs_lease_idx", "(lease_expires_at)", "WHERE (status = 'running'::text)"),
+    ],
+)
+def test_the_partial_indexes_exist(shared: Conn, index: str, columns: str, predicate: str) -> None:
+    row = shared.execute(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = 'pgdrain' AND indexname = %s",
+        (index,),
+    ).fetchone()
+    assert row is not None, f"{index} is missing"
+    assert f"ON pgdrain.jobs USING btree {columns} {predicate}" in row[0]
+
+
+def _plan_indexes(plan: Any) -> set[str]:
+    """Every index named anywhere in an EXPLAIN (FORMAT JSON) plan."""
+    found: set[str] = set()
+    if isinstance(plan, dict):
+        if "Index Name" in plan:
+            found.add(plan["Index Name"])
+        for value in plan.values():
+            found |= _plan_indexes(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            found |= _plan_indexes(value)
+    return found
+
+
+def _seed_history(conn: Conn) -> None:
+    """A few thousand rows, as a queue looks after a while: mostly finished history, a little
+    ready work, a few running jobs (two with expired leases)."""
+    conn.execute(
+        "INSERT INTO pgdrain.jobs (kind, status, attempts, finished_at)"
+        " SELECT 'send_email', 'done', 1, now() - g * interval '1 second'"
+        " FROM generate_series(1, 4800) AS g"
+    )
+    conn.execute(
+        "INSERT INTO pgdrain.jobs (kind, priority) SELECT 'send_email', g % 3"
+        " FROM generate_series(1, 150) AS g"
+    )
+    conn.execute(
+        "INSERT INTO pgdrain.jobs (kind, status, attempts, lease_expires_at, leased_by,"
+        "                          attempt_token, heartbeat_at)"
+        " SELECT 'send_email', 'running', 1, now() + (g - 3) * interval '1 minute', 'w',"
+        "        gen_random_uuid(), now()"
+        " FROM generate_series(1, 50) AS g"
+    )
+    conn.execute("ANALYZE pgdrain.jobs")
+
+
+def _explain(conn: Conn, name: str, params: dict[str, Any]) -> Any:
+    row = conn.execute("EXPLAIN (FORMAT JSON) " + query(name), params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def test_the_claim_uses_the_ready_index(conn: Conn) -> None:
+    _seed_history(conn)
+    plan = _explain(
+        conn,
+        "job_complete_and_claim",
+        {
+            "done_ids": [],
+            "done_tokens": [],
+            "queues": ["default"],
+            "limit": 10,
+            "worker": "w",
+            "lease_seconds": 30.0,
+            "cap_seconds": None,
+        },
+    )
+    assert "jobs_ready_idx" in _plan_indexes(plan), plan
+
+
+def test_the_reclaim_uses_the_lease_index(conn: Conn) -> None:
+    _seed_history(conn)
+    plan = _explain(conn, "job_reclaim_expired", {"limit": 100})
+    assert "jobs_lease_idx" in _plan_indexes(plan), plan
