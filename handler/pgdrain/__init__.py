@@ -4,6 +4,7 @@ from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job, enqueue, enqueue_many
 from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
+from pgdrain.kick import kick
 from pgdrain.registry import Job, Registry
 from pgdrain.settings import Settings
 
@@ -21,4 +22,5 @@ __all__ = [
     "drain",
     "enqueue",
     "enqueue_many",
+    "kick",
 ]

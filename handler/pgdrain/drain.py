@@ -23,7 +23,12 @@ import psycopg
 
 from pgdrain import db, queue, retry
 from pgdrain.budget import Budget
-from pgdrain.errors import DatabaseUnavailable, PgdrainError, UnknownJobKind
+from pgdrain.errors import (
+    AuthenticationFailed,
+    DatabaseUnavailable,
+    PgdrainError,
+    UnknownJobKind,
+)
 from pgdrain.pool import WorkerPool
 from pgdrain.registry import Job, Registry
 from pgdrain.settings import Settings
@@ -58,6 +63,7 @@ class DrainResult:
     stop_reason: str = "empty"  # empty | budget | error
     more_ready: bool = False  # ready jobs were left (only looked at when the budget ran out)
     error: str | None = None
+    error_kind: str | None = None  # "authentication", "unavailable" or "database" with an error
     elapsed_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -134,7 +140,7 @@ class _Run:
     # -- the run -------------------------------------------------------------------------
 
     def execute(self) -> DrainResult:
-        stop_reason, error, more_ready = "empty", None, False
+        stop_reason, error, error_kind, more_ready = "empty", None, None, False
         pool: WorkerPool[_Attempt] = WorkerPool(self.settings.concurrency, self._run_job)
         try:
             self.conn = db.connect(self.conninfo, self.settings, self.budget)
@@ -143,7 +149,7 @@ class _Run:
             if stop_reason == "budget":
                 more_ready = self._db(queue.has_ready, self.queues)
         except (PgdrainError, psycopg.Error) as exc:
-            stop_reason, error = "error", _one_line(exc)
+            stop_reason, error, error_kind = "error", _one_line(exc), _error_kind(exc)
             log.error("drain stopped: %s", error, extra={"worker": self.worker_id})
         finally:
             pool.close()
@@ -155,6 +161,7 @@ class _Run:
             stop_reason=stop_reason,
             more_ready=more_ready,
             error=error,
+            error_kind=error_kind,
             elapsed_s=round(time.monotonic() - self.started, 3),
         )
         log.info("drain finished", extra={"summary": result.as_dict()})
@@ -193,8 +200,10 @@ class _Run:
             wake_at = next_heartbeat
             if self.finished:
                 wake_at = min(wake_at, self.first_finished_at + COMPLETION_FLUSH_SECONDS)
-            if stopping:
-                wake_at = min(wake_at, now + self.budget.remaining() - FINAL_MARGIN_SECONDS)
+            # Wake in time to stop claiming (at the reserve) or to answer (the final margin):
+            # a job that outlasts the budget must not hold the run past its deadline.
+            margin = FINAL_MARGIN_SECONDS if stopping else self.settings.reserve_seconds
+            wake_at = min(wake_at, now + self.budget.remaining() - margin)
             self._collect(pool, max(0.0, wake_at - now))
 
             now = time.monotonic()
@@ -367,6 +376,14 @@ class _Run:
             log.warning("database connection lost; reconnecting", extra={"reason": _one_line(exc)})
             self.conn = db.connect(self.conninfo, self.settings, self.budget)
             return operation(self.conn, *args, **kwargs)
+
+
+def _error_kind(exc: BaseException) -> str:
+    if isinstance(exc, AuthenticationFailed):
+        return "authentication"
+    if isinstance(exc, DatabaseUnavailable):
+        return "unavailable"
+    return "database"
 
 
 def _error_text(error: BaseException) -> str:

@@ -1,0 +1,164 @@
+"""The events the drain function understands, parsed into a Trigger; anything else is a BadEvent
+with one line saying what is wrong (and no database work is done for it).
+
+- A schedule: the EventBridge scheduled event ("source": "aws.events") or what an EventBridge
+  Scheduler schedule without an Input sends ("source": "aws.scheduler", "detail": "{}").
+  Drains every queue in PGDRAIN_QUEUES.
+- An enqueue kick, sent by pgdrain.kick() after the application commits:
+  {"pgdrain": {"reason": "enqueue", "queues": ["emails"]}}
+- A continuation, sent by a run that ran out of time with work left:
+  {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": 3}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pgdrain.errors import BadEvent, ConfigError
+from pgdrain.settings import Settings, check_queue_name
+
+SCHEDULE, ENQUEUE, CONTINUE = "schedule", "enqueue", "continue"
+SCHEDULE_SOURCES = ("aws.events", "aws.scheduler")
+SCHEDULE_DETAIL_TYPE = "Scheduled Event"
+# A real event is a few hundred bytes; an async invoke may carry up to 1 MB.
+MAX_EVENT_BYTES = 16 * 1024
+MAX_QUEUES = 100
+MAX_CHAIN = 10_000  # a sanity bound on the field; PGDRAIN_MAX_CHAIN decides what continues
+MAX_ID_LENGTH = 128
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Why this run started and what it drains."""
+
+    reason: str  # schedule | enqueue | continue
+    queues: tuple[str, ...]
+    chain: int = 0  # continuations so far: 0 for a schedule or a kick
+    event_id: str | None = None  # the EventBridge event id, used as the correlation id
+
+
+def parse(event: object, settings: Settings) -> Trigger:
+    """The Trigger an event asks for, or BadEvent."""
+    if not isinstance(event, dict):
+        raise BadEvent(f"the event is {_kind(event)}, not a JSON object")
+    size = _size(event)
+    if size > MAX_EVENT_BYTES:
+        raise BadEvent(f"the event is {size} bytes; the limit is {MAX_EVENT_BYTES}")
+    if "pgdrain" in event:
+        return _parse_pgdrain(event, settings)
+    if event.get("detail-type") == SCHEDULE_DETAIL_TYPE and event.get("source") in SCHEDULE_SOURCES:
+        return _parse_schedule(event, settings)
+    keys = ", ".join(sorted(str(k) for k in event)[:5]) or "no keys"
+    raise BadEvent(
+        f"unknown event ({keys}): expected a scheduled event or a "
+        '{"pgdrain": {"reason": ...}} event'
+    )
+
+
+def correlation_id(event: object) -> str | None:
+    """The EventBridge event id, when the event carries a plausible one."""
+    if isinstance(event, dict):
+        value = event.get("id")
+        if isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH:
+            return value
+    return None
+
+
+def enqueue_event(queues: Sequence[str]) -> dict[str, Any]:
+    return {"pgdrain": {"reason": ENQUEUE, "queues": list(queues)}}
+
+
+def continue_event(queues: Sequence[str], chain: int) -> dict[str, Any]:
+    return {"pgdrain": {"reason": CONTINUE, "queues": list(queues), "chain": chain}}
+
+
+def _parse_schedule(event: dict[str, Any], settings: Settings) -> Trigger:
+    detail = event.get("detail", {})
+    if isinstance(detail, str):  # EventBridge Scheduler sends the detail as the string "{}"
+        try:
+            detail = json.loads(detail)
+        except json.JSONDecodeError:
+            raise BadEvent("scheduled event: 'detail' is not JSON") from None
+    if not isinstance(detail, dict):
+        raise BadEvent(f"scheduled event: 'detail' is {_kind(detail)}, not an object")
+    return Trigger(SCHEDULE, settings.queues, 0, correlation_id(event))
+
+
+def _parse_pgdrain(event: dict[str, Any], settings: Settings) -> Trigger:
+    extra = sorted(str(k) for k in event if k != "pgdrain")
+    if extra:
+        raise BadEvent(f"pgdrain event: unexpected top-level key(s) {', '.join(extra)}")
+    body = event["pgdrain"]
+    if not isinstance(body, dict):
+        raise BadEvent(f"pgdrain event: 'pgdrain' is {_kind(body)}, not an object")
+    reason = body.get("reason")
+    if reason == ENQUEUE:
+        _only_keys(body, ("reason", "queues"))
+        return Trigger(ENQUEUE, _queues(body, settings))
+    if reason == CONTINUE:
+        _only_keys(body, ("reason", "queues", "chain"))
+        return Trigger(CONTINUE, _queues(body, settings), _chain(body))
+    if not isinstance(reason, str):
+        raise BadEvent(
+            f"pgdrain event: 'reason' is {_kind(reason)}; expected 'enqueue' or 'continue'"
+        )
+    raise BadEvent(
+        f"pgdrain event: unknown reason {reason[:40]!r}; expected 'enqueue' or 'continue'"
+    )
+
+
+def _only_keys(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    extra = sorted(str(k) for k in body if k not in allowed)
+    if extra:
+        raise BadEvent(f"pgdrain {body['reason']} event: unexpected key(s) {', '.join(extra)}")
+
+
+def _queues(body: dict[str, Any], settings: Settings) -> tuple[str, ...]:
+    where = f"pgdrain {body['reason']} event"
+    raw = body.get("queues")
+    if not isinstance(raw, list) or not raw:
+        raise BadEvent(f"{where}: 'queues' must be a non-empty list of queue names")
+    if len(raw) > MAX_QUEUES:
+        raise BadEvent(f"{where}: {len(raw)} queues; at most {MAX_QUEUES}")
+    names: list[str] = []
+    for item in raw:
+        if not isinstance(item, str):
+            raise BadEvent(f"{where}: a queue name is {_kind(item)}, not a string")
+        try:
+            names.append(check_queue_name(item, where))
+        except ConfigError as exc:
+            raise BadEvent(str(exc)) from None
+    unknown = [n for n in names if n not in settings.queues]
+    if unknown:
+        raise BadEvent(
+            f"{where}: queue {unknown[0]!r} is not drained by this function "
+            f"(PGDRAIN_QUEUES={','.join(settings.queues)})"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _chain(body: dict[str, Any]) -> int:
+    chain = body.get("chain")
+    if isinstance(chain, bool) or not isinstance(chain, int):
+        raise BadEvent(f"pgdrain continue event: 'chain' is {_kind(chain)}, not a whole number")
+    if not 1 <= chain <= MAX_CHAIN:
+        raise BadEvent(f"pgdrain continue event: 'chain' must be from 1 to {MAX_CHAIN}")
+    return chain
+
+
+def _size(event: dict[str, Any]) -> int:
+    try:
+        return len(json.dumps(event, allow_nan=False).encode("utf-8"))
+    except (TypeError, ValueError):
+        raise BadEvent("the event is not plain JSON") from None
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    names |= {list: "a list", dict: "an object"}
+    return names.get(type(value), type(value).__name__)

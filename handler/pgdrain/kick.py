@@ -1,0 +1,149 @@
+"""Kick the drain function right after the application commits an enqueue, so a job does not
+wait for the next scheduled run.
+
+A burst of enqueues must not become a burst of invocations: each kick first records itself in
+pgdrain.kicks, one row per queue, and only a queue whose last kick is older than the debounce
+window (PGDRAIN_KICK_DEBOUNCE_SECONDS) is kicked again. Concurrent callers serialise on that
+row, so one of them wins per window. The winner invokes PGDRAIN_FUNCTION_NAME asynchronously
+(InvocationType='Event'); the run it starts drains everything ready, including the jobs of
+every kick that was coalesced into it.
+
+    with conn.transaction():
+        pgdrain.enqueue(conn, "send_email", {"user_id": 42}, queue="emails")
+    pgdrain.kick(conn, ["emails"])      # after the commit: the run must see the job
+
+A kick is a latency optimisation, never a requirement: the schedule drains whatever a lost or
+failed kick left behind, so a failed invoke is logged and not raised into the application."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from psycopg import pq
+
+from pgdrain import queue as queue_ops
+from pgdrain.errors import BadInput
+from pgdrain.events import enqueue_event
+from pgdrain.settings import Settings, check_queue_name
+
+if TYPE_CHECKING:
+    from mypy_boto3_lambda import LambdaClient
+
+log = logging.getLogger(__name__)
+
+# A kick runs inside the application's request: never let it wait long on the Lambda API.
+CONNECT_TIMEOUT_SECONDS = 2
+READ_TIMEOUT_SECONDS = 5
+MAX_ATTEMPTS = 2
+
+_clients: dict[str | None, LambdaClient] = {}
+_clients_lock = threading.Lock()
+
+
+def kick(
+    conn: queue_ops.Connection,
+    queues: Sequence[str],
+    *,
+    settings: Settings | None = None,
+    client: LambdaClient | None = None,
+) -> tuple[str, ...]:
+    """Ask the drain function to run for `queues`, at most once per debounce window per queue.
+    Returns the queues it was invoked for: empty when every queue was kicked recently, when no
+    function is configured (PGDRAIN_FUNCTION_NAME unset: local use), or when the invoke failed.
+
+    Call it after the enqueue has committed, on a connection with no transaction open."""
+    settings = settings or Settings.from_env(os.environ)
+    names = tuple(dict.fromkeys(check_queue_name(q, "kick") for q in _as_list(queues)))
+    if not names:
+        raise BadInput("kick: name at least one queue")
+    if not settings.function_name:
+        log.debug("kick skipped: PGDRAIN_FUNCTION_NAME is not set", extra={"queues": names})
+        return ()
+    status = conn.info.transaction_status
+    if status != pq.TransactionStatus.IDLE:
+        raise BadInput(
+            "kick: the connection has a transaction open; call kick() after the enqueue "
+            "commits, or the drain it starts may not see the new jobs"
+        )
+    with conn.transaction():
+        due = queue_ops.debounce_kick(conn, names, settings.kick_debounce_seconds)
+    if not due:
+        log.debug("kick debounced: kicked within the window", extra={"queues": names})
+        return ()
+    return _invoke(settings.function_name, due, client)
+
+
+def lambda_client(region: str | None = None) -> LambdaClient:
+    """A Lambda client with short timeouts, made once per region (boto3 is imported here, on the
+    first kick or continuation, not when the function or the application starts)."""
+    with _clients_lock:  # creating clients from one boto3 session is not thread-safe
+        client = _clients.get(region)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                read_timeout=READ_TIMEOUT_SECONDS,
+                retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+            )
+            client = boto3.client("lambda", region_name=region, config=config)
+            _clients[region] = client
+        return client
+
+
+def reset_clients() -> None:
+    """Forget the cached clients (tests, or after changing AWS settings in-process)."""
+    with _clients_lock:
+        _clients.clear()
+
+
+def invoke_async(function: str, event: dict[str, Any], client: LambdaClient | None = None) -> None:
+    """Invoke `function` (a name or an ARN) asynchronously with `event`. Raises botocore's
+    errors; callers decide whether a failure matters."""
+    lambda_api = client or lambda_client(region_from_arn(function))
+    response = lambda_api.invoke(
+        FunctionName=function,
+        InvocationType="Event",
+        Payload=json.dumps(event).encode("utf-8"),
+    )
+    status = response.get("StatusCode")
+    if status != 202:
+        raise RuntimeError(f"asynchronous invoke of {function} returned status {status}")
+
+
+def region_from_arn(function: str) -> str | None:
+    """The region of a function ARN (arn:aws:lambda:REGION:ACCOUNT:function:NAME), else None."""
+    parts = function.split(":")
+    if len(parts) >= 7 and parts[0] == "arn" and parts[2] == "lambda" and parts[3]:
+        return parts[3]
+    return None
+
+
+def _invoke(function: str, queues: Sequence[str], client: LambdaClient | None) -> tuple[str, ...]:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        invoke_async(function, enqueue_event(queues), client)
+    except (BotoCoreError, ClientError, RuntimeError) as exc:
+        log.warning(
+            "kick failed; the schedule will drain these queues",
+            extra={"queues": list(queues), "function": function, "error": str(exc)},
+        )
+        return ()
+    log.debug("kicked", extra={"queues": list(queues), "function": function})
+    return tuple(queues)
+
+
+def _as_list(queues: Sequence[str]) -> list[str]:
+    if isinstance(queues, str):  # kick(conn, "emails") means one queue, not six letters
+        return [queues]
+    items = list(queues)
+    if not all(isinstance(q, str) for q in items):
+        raise BadInput("kick: queue names must be strings")
+    return items

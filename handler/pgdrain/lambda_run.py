@@ -1,0 +1,320 @@
+"""One invocation of the drain function: parse the event, drain, report, continue if needed.
+
+handler/app.py builds the Powertools Logger and Metrics and the cold-start state, and hands each
+event to handle(). A timeout is a hard kill with nothing in `finally` run, so counts leave the
+process as the run goes (ProgressMetrics flushes every few seconds), not only at the end."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import psycopg
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+
+from pgdrain import db, events, queue, secrets
+from pgdrain.budget import Budget
+from pgdrain.drain import DrainResult, Observer, drain
+from pgdrain.errors import BadEvent, BadInput, ConfigError, PgdrainError
+from pgdrain.kick import invoke_async
+from pgdrain.registry import Registry, load_registry
+from pgdrain.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "pgdrain"
+FLUSH_INTERVAL_SECONDS = 3.0
+# Measuring the backlog opens one more connection; skip it when the run is about to be killed
+# (db.MIN_CONNECT_TIMEOUT_SECONDS plus a query).
+DEPTH_MIN_REMAINING_SECONDS = 2.5
+SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain invoke`
+
+# drain's counters -> CloudWatch metric names (Count). `released` is routine and not reported.
+COUNT_METRICS = {
+    "claimed": "JobsClaimed",
+    "done": "JobsSucceeded",
+    "retried": "JobsRetried",
+    "failed": "JobsFailed",
+    "lease_lost": "LeasesLost",
+    "reclaimed": "Reclaimed",
+}
+DEPTH_METRIC = "QueueDepth"
+AGE_METRIC = "OldestReadyAgeSeconds"
+
+
+class LambdaContextLike(Protocol):
+    @property
+    def function_name(self) -> str: ...
+    @property
+    def aws_request_id(self) -> str: ...
+    @property
+    def invoked_function_arn(self) -> str: ...
+    def get_remaining_time_in_millis(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """What is read once per execution environment: settings and the job registry, or the
+    configuration error that every invocation will report."""
+
+    settings: Settings | None = None
+    registry: Registry | None = None
+    error: str | None = None
+
+
+def cold_start(env: Mapping[str, str]) -> ColdStart:
+    try:
+        settings = Settings.from_env(env)
+        registry = load_registry(settings.jobs_module)
+    except BadInput as exc:
+        log.error("configuration error: %s", exc)
+        return ColdStart(error=str(exc))
+    return ColdStart(settings=settings, registry=registry)
+
+
+def metrics_namespace(env: Mapping[str, str]) -> str:
+    return env.get("POWERTOOLS_METRICS_NAMESPACE") or DEFAULT_NAMESPACE
+
+
+def handle(
+    event: object,
+    context: LambdaContextLike,
+    runtime: ColdStart,
+    *,
+    logger: Logger,
+    metrics: Metrics,
+) -> dict[str, Any]:
+    """Run the drain an event asks for and return its summary. A bad event or configuration
+    returns {"ok": false, "error": ...} after one error line, and touches no database."""
+    logger.set_correlation_id(events.correlation_id(event))
+    if runtime.settings is None or runtime.registry is None:
+        logger.error("configuration error: %s", runtime.error)
+        return {"ok": False, "error": runtime.error}
+    settings = runtime.settings
+    try:
+        trigger = events.parse(event, settings)
+    except BadEvent as exc:
+        logger.error("bad event: %s", exc)
+        return {"ok": False, "error": str(exc)}
+
+    logger.append_keys(trigger=trigger.reason, chain=trigger.chain)
+    budget = Budget.from_lambda_context(context)
+    logger.info(
+        "run starting",
+        extra={"queues": list(trigger.queues), "remaining_s": round(budget.remaining(), 1)},
+    )
+    worker_id = f"{context.function_name}:{context.aws_request_id}"
+    with ProgressMetrics(metrics) as progress:
+        try:
+            result, conninfo = _drain(
+                settings, runtime.registry, trigger, budget, worker_id, progress.observe
+            )
+        except PgdrainError as exc:  # no database configured, or its secret unreadable
+            logger.error("run failed: %s", exc)
+            return {"ok": False, "error": str(exc), "trigger": trigger.reason}
+        progress.flush()
+        continued = _continue(trigger, result, settings, context, logger)
+        depth = _depth(settings, conninfo, budget, trigger, result)
+        if depth is not None:
+            progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
+            progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
+
+    summary: dict[str, Any] = {
+        "ok": result.stop_reason != "error",
+        "error": result.error,
+        "trigger": trigger.reason,
+        "queues": list(trigger.queues),
+        "chain": trigger.chain,
+        "result": result.as_dict(),
+        "continued": continued,
+        "queue_depth": None if depth is None else depth.ready,
+    }
+    if result.stop_reason == "error":
+        logger.error("run failed: %s", result.error)
+    else:
+        logger.info(
+            "run finished",
+            extra={"stop_reason": result.stop_reason, "continued": continued, "done": result.done},
+        )
+    return summary
+
+
+def resolve_conninfo(settings: Settings, *, force_fetch: bool = False) -> str:
+    """DATABASE_URL, else the connection string of the secret PGDRAIN_DB_SECRET_ARN."""
+    if settings.database_url:
+        return settings.database_url
+    if settings.db_secret_arn:
+        return secrets.conninfo_from_secret(settings.db_secret_arn, force_fetch=force_fetch)
+    raise ConfigError("no database configured: set DATABASE_URL or PGDRAIN_DB_SECRET_ARN")
+
+
+def _drain(
+    settings: Settings,
+    registry: Registry,
+    trigger: events.Trigger,
+    budget: Budget,
+    worker_id: str,
+    observer: Observer,
+) -> tuple[DrainResult, str]:
+    conninfo = resolve_conninfo(settings)
+    result = drain(
+        settings,
+        budget,
+        registry,
+        conninfo,
+        queues=trigger.queues,
+        worker_id=worker_id,
+        observer=observer,
+    )
+    if not (_failed_before_work(result) and settings.db_secret_arn and not settings.database_url):
+        return result, conninfo
+    # The cached secret may be stale (a rotation): read it again, and if it changed, try again.
+    fresh = resolve_conninfo(settings, force_fetch=True)
+    if fresh == conninfo or budget.exhausted(settings.reserve_seconds):
+        return result, conninfo
+    log.warning("the secret changed since it was cached; retrying with the new credentials")
+    result = drain(
+        settings,
+        budget,
+        registry,
+        fresh,
+        queues=trigger.queues,
+        worker_id=worker_id,
+        observer=observer,
+    )
+    return result, fresh
+
+
+def _failed_before_work(result: DrainResult) -> bool:
+    """The database refused the credentials: the cached secret may have been rotated."""
+    return result.error_kind == "authentication"
+
+
+def _continue(
+    trigger: events.Trigger,
+    result: DrainResult,
+    settings: Settings,
+    context: LambdaContextLike,
+    logger: Logger,
+) -> bool:
+    """Invoke this function again when the budget ran out with ready jobs left, up to
+    PGDRAIN_MAX_CHAIN times in a row. An empty queue never continues."""
+    if result.stop_reason != "budget" or not result.more_ready:
+        return False
+    next_chain = trigger.chain + 1
+    if next_chain > settings.max_chain:
+        logger.warning(
+            "work left, but the continuation cap is reached; the schedule drains the rest",
+            extra={"max_chain": settings.max_chain},
+        )
+        return False
+    if os.environ.get(SAM_LOCAL_VARIABLE) == "true":
+        logger.info("work left; a local invoke does not continue itself")
+        return False
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    function = context.invoked_function_arn
+    try:
+        invoke_async(function, events.continue_event(trigger.queues, next_chain))
+    except (BotoCoreError, ClientError, RuntimeError) as exc:
+        logger.error("continuation failed; the schedule drains the rest: %s", exc)
+        return False
+    logger.info("work left: continued", extra={"next_chain": next_chain})
+    return True
+
+
+def _depth(
+    settings: Settings,
+    conninfo: str,
+    budget: Budget,
+    trigger: events.Trigger,
+    result: DrainResult,
+) -> queue.QueueDepth | None:
+    """The backlog the run leaves: none when it stopped because nothing was ready; measured on
+    a short connection when it stopped for time; unknown after an error or near the deadline."""
+    if result.stop_reason == "empty":
+        return queue.QueueDepth(ready=0, oldest_ready_age_s=0.0)
+    if result.stop_reason != "budget" or budget.remaining() < DEPTH_MIN_REMAINING_SECONDS:
+        return None
+    quick = dataclasses.replace(
+        settings, connect_timeout=max(0.5, min(settings.connect_timeout, budget.remaining() - 1))
+    )
+    try:
+        with db.connect(conninfo, quick, budget) as conn:
+            return queue.depth(conn, trigger.queues)
+    except (PgdrainError, psycopg.Error) as exc:
+        log.warning("could not measure the queue depth: %s", exc)
+        return None
+
+
+class ProgressMetrics:
+    """drain's observer: counts become CloudWatch metrics (EMF on stdout) flushed at most every
+    FLUSH_INTERVAL_SECONDS while the run goes on, and once more at the end. Every counter is
+    reported in every run, zero included, so a graph shows quiet runs rather than gaps."""
+
+    def __init__(self, metrics: Metrics, interval: float = FLUSH_INTERVAL_SECONDS) -> None:
+        self._metrics = metrics
+        self._interval = interval
+        self._pending: dict[str, tuple[float, MetricUnit]] = {}
+        self._reported: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pgdrain-metrics", daemon=True)
+
+    def __enter__(self) -> ProgressMetrics:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def observe(self, counter: str, n: int) -> None:
+        name = COUNT_METRICS.get(counter)
+        if name is None:
+            return
+        with self._lock:
+            value, _unit = self._pending.get(name, (0.0, MetricUnit.Count))
+            self._pending[name] = (value + n, MetricUnit.Count)
+
+    def gauge(self, name: str, value: float, unit: MetricUnit) -> None:
+        with self._lock:
+            self._pending[name] = (value, unit)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._pending:
+                return
+            for name, (value, unit) in self._pending.items():
+                self._metrics.add_metric(name=name, unit=unit, value=value)
+            self._reported.update(self._pending)
+            self._pending.clear()
+            self._metrics.flush_metrics()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            for name in COUNT_METRICS.values():
+                if name not in self._reported and name not in self._pending:
+                    self._pending[name] = (0.0, MetricUnit.Count)
+        self.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.flush()
+            except Exception as exc:  # metrics must never stop the run; the end flush retries
+                log.warning("could not flush metrics: %s", exc)

@@ -1,0 +1,72 @@
+"""Database credentials from AWS Secrets Manager (PGDRAIN_DB_SECRET_ARN), read through
+Powertools Parameters: cached for a few minutes, fetched again on demand (force_fetch) when the
+database refuses them, as after a rotation. Nothing here logs or raises a secret's value."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from psycopg.conninfo import make_conninfo
+
+from pgdrain.errors import ConfigError, DatabaseUnavailable
+
+SECRET_MAX_AGE_SECONDS = 300  # Powertools' default cache age, stated
+DEFAULT_PORT = 5432
+DEFAULT_DBNAME = "postgres"
+SECRET_SHAPE = "an RDS secret: a JSON object with host, port, username, password, dbname"
+
+
+def conninfo_from_secret(arn: str, *, force_fetch: bool = False) -> str:
+    """A libpq connection string built from the secret `arn` (boto3 is imported only here)."""
+    from aws_lambda_powertools.utilities import parameters
+    from aws_lambda_powertools.utilities.parameters.exceptions import (
+        GetParameterError,
+        TransformParameterError,
+    )
+
+    try:
+        value = parameters.get_secret(
+            arn, transform="json", force_fetch=force_fetch, max_age=SECRET_MAX_AGE_SECONDS
+        )
+    except TransformParameterError:
+        raise ConfigError(
+            f"PGDRAIN_DB_SECRET_ARN: the secret is not JSON; expected {SECRET_SHAPE}"
+        ) from None
+    except GetParameterError as exc:
+        raise DatabaseUnavailable(
+            f"PGDRAIN_DB_SECRET_ARN: could not read the secret: {_first_line(exc)}"
+        ) from None
+    return conninfo_from_value(value)
+
+
+def conninfo_from_value(value: object) -> str:
+    """The connection string for an RDS-shaped secret value; ConfigError names what is missing
+    (never what is there)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"PGDRAIN_DB_SECRET_ARN: the secret is not {SECRET_SHAPE}")
+    host = _text(value, "host")
+    user = _text(value, "username")
+    password = _text(value, "password")
+    dbname = value.get("dbname") or DEFAULT_DBNAME
+    if not isinstance(dbname, str):
+        raise ConfigError("PGDRAIN_DB_SECRET_ARN: the secret's 'dbname' is not a string")
+    port = value.get("port", DEFAULT_PORT)
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ConfigError("PGDRAIN_DB_SECRET_ARN: the secret's 'port' is not a port number")
+    return make_conninfo("", host=host, port=str(port), user=user, password=password, dbname=dbname)
+
+
+def _text(value: Mapping[str, object], key: str) -> str:
+    item = value.get(key)
+    if not isinstance(item, str) or not item:
+        raise ConfigError(
+            f"PGDRAIN_DB_SECRET_ARN: the secret has no '{key}'; expected {SECRET_SHAPE}"
+        )
+    return item
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,152 @@
+"""`pgdrain invoke`, run as a user runs it: the handler from template.yaml, the sample events of
+infra/events, env.json overrides as sam applies them; the result as JSON on stdout, the
+function's own output (logs, metrics) on stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.aws import emf_records, log_records, metric_totals
+from pgdrain import enqueue
+
+Conn = psycopg.Connection[Any]
+
+ROOT = Path(__file__).resolve().parents[2]
+PGDRAIN = ROOT / ".venv" / "bin" / "pgdrain"
+TIMEOUT_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def result(self) -> dict[str, Any]:
+        lines = self.out.strip().splitlines()
+        assert len(lines) == 1, f"stdout must be the result alone: {self.out!r}"
+        payload = json.loads(lines[0])
+        assert isinstance(payload, dict)
+        return payload
+
+
+def invoke(url: str, *args: str, stdin: str | None = None) -> Run:
+    """`pgdrain invoke ...` in the repository, with DATABASE_URL=url and no PGDRAIN_* set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGDRAIN_", "POWERTOOLS_"))}
+    env.update(DATABASE_URL=url)
+    done = subprocess.run(
+        [str(PGDRAIN), "invoke", *args],
+        env=env,
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_SECONDS,
+        check=False,
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def _enqueue(conn: Conn, queue: str, count: int) -> None:
+    with conn.transaction():
+        for i in range(count):
+            enqueue(conn, "noop", {"i": i}, queue=queue)
+
+
+def _statuses(conn: Conn) -> dict[tuple[str, str], int]:
+    rows = conn.execute(
+        "SELECT queue, status, count(*) FROM pgdrain.jobs GROUP BY queue, status"
+    ).fetchall()
+    return {(r[0], r[1]): int(r[2]) for r in rows}
+
+
+def test_the_scheduled_event_drains_the_queue(db_url: str, conn: Conn) -> None:
+    _enqueue(conn, "default", 25)
+
+    run = invoke(db_url, "-e", "infra/events/schedule.json")
+
+    assert run.code == 0, run.err
+    result = run.result()
+    assert (result["ok"], result["trigger"], result["queues"]) == (True, "schedule", ["default"])
+    assert result["result"]["done"] == 25
+    assert result["result"]["stop_reason"] == "empty"
+    assert _statuses(conn) == {("default", "done"): 25}
+    # The function's own output went to stderr: structured logs and EMF metrics.
+    messages = [line["message"] for line in log_records(run.err)]
+    assert "run finished" in messages
+    assert metric_totals(emf_records(run.err))["JobsSucceeded"] == 25
+    assert {line["function_name"] for line in log_records(run.err)} == {"local-drain"}
+
+
+def test_env_json_overrides_what_the_template_declares(
+    db_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    _enqueue(conn, "default", 3)
+    _enqueue(conn, "emails", 4)
+    env_json = tmp_path / "env.json"
+    env_json.write_text(
+        json.dumps(
+            {
+                "Parameters": {"PGDRAIN_QUEUES": "default,emails", "NOT_IN_TEMPLATE": "x"},
+                "DrainFunction": {"PGDRAIN_CONCURRENCY": "2"},
+            }
+        )
+    )
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pgdrain": {"reason": "enqueue", "queues": ["emails"]}}))
+
+    run = invoke(db_url, "DrainFunction", "-e", str(event), "--env-vars", str(env_json))
+
+    assert run.code == 0, run.err
+    assert run.result()["result"]["done"] == 4
+    assert _statuses(conn) == {("default", "queued"): 3, ("emails", "done"): 4}
+    assert "not in the template, ignored (as sam does): NOT_IN_TEMPLATE" in run.err
+
+
+@pytest.mark.parametrize(
+    "event",
+    ['["a list"]', '{"pgdrain": {"reason": "enqueue", "queues": ["no such queue"]}}', "{}"],
+    ids=["list", "bad-queue", "empty"],
+)
+def test_a_bad_event_fails_with_the_reason_and_drains_nothing(
+    db_url: str, conn: Conn, event: str
+) -> None:
+    _enqueue(conn, "default", 2)
+
+    run = invoke(db_url, "-e", "-", stdin=event)
+
+    assert run.code == 1
+    result = run.result()
+    assert result["ok"] is False and result["error"]
+    assert _statuses(conn) == {("default", "queued"): 2}
+    errors = [line for line in log_records(run.err) if line["level"] == "ERROR"]
+    assert [line["message"] for line in errors] == [f"bad event: {result['error']}"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("-t", "nothing.yaml"),
+            "cannot read the template nothing.yaml: No such file or directory",
+        ),
+        (("Nope",), "template.yaml has no function 'Nope' (it has DrainFunction)"),
+        (("-e", "nothing.json"), "cannot read the event nothing.json: No such file or directory"),
+    ],
+    ids=["template", "function", "event"],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    db_url: str, args: tuple[str, ...], message: str
+) -> None:
+    run = invoke(db_url, *args)
+    assert run.code == 2
+    assert run.out == ""
+    assert run.err.strip().splitlines()[-1] == f"pgdrain: error: {message}"

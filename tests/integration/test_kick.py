@@ -1,0 +1,181 @@
+"""pgdrain.kick(): the application's nudge after an enqueue commits. Debounced through the
+database (one invocation per queue per window, however many callers), then an asynchronous
+invoke of the drain function, here moto's, counted with a spy on the boto3 client."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.aws import (
+    FUNCTION_NAME,
+    REGION,
+    InvokeSpy,
+    aws_environment,
+    create_function,
+    mocked_aws,
+)
+from pgdrain import Settings, enqueue, events
+from pgdrain.errors import BadInput
+from pgdrain.kick import kick, lambda_client
+
+Conn = psycopg.Connection[Any]
+
+THREADS = 8
+KICKS_PER_THREAD = 125  # 1,000 enqueue + kick calls in all
+DEBOUNCE_SECONDS = 1.0
+
+
+@pytest.fixture
+def lambda_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """moto's Lambda with the drain function in it; a client whose Invoke calls are spied on."""
+    import boto3
+
+    aws_environment(monkeypatch)
+    with mocked_aws():
+        create_function()
+        yield boto3.client("lambda", region_name=REGION)
+
+
+@pytest.fixture
+def spy(lambda_api: Any) -> InvokeSpy:
+    recorder = InvokeSpy()
+    recorder.attach(lambda_api)
+    return recorder
+
+
+def _settings(**changes: Any) -> Settings:
+    values: dict[str, Any] = {
+        "function_name": FUNCTION_NAME,
+        "kick_debounce_seconds": DEBOUNCE_SECONDS,
+    }
+    values.update(changes)
+    return Settings(**values)
+
+
+def _kick_rows(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pgdrain.kicks").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_burst_of_enqueues_becomes_at_most_one_invocation_per_window(
+    db_url: str, conn: Conn, lambda_api: Any, spy: InvokeSpy
+) -> None:
+    settings = _settings()
+    start = threading.Barrier(THREADS)
+    invoked: list[tuple[str, ...]] = []
+    errors: list[BaseException] = []
+
+    def application() -> None:
+        try:
+            with psycopg.connect(db_url, autocommit=True) as own:
+                start.wait()
+                for i in range(KICKS_PER_THREAD):
+                    with own.transaction():
+                        enqueue(own, "noop", {"i": i}, queue="emails")
+                    invoked.append(kick(own, ["emails"], settings=settings, client=lambda_api))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=application) for _ in range(THREADS)]
+    began = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - began
+
+    assert errors == []
+    row = conn.execute("SELECT count(*) FROM pgdrain.jobs WHERE queue = 'emails'").fetchone()
+    assert row is not None and row[0] == THREADS * KICKS_PER_THREAD
+    invocations = len(spy.calls)
+    assert 1 <= invocations <= elapsed / DEBOUNCE_SECONDS + 1, (invocations, elapsed)
+    assert sum(1 for queues in invoked if queues) == invocations
+    assert all(call["InvocationType"] == "Event" for call in spy.calls)
+    assert spy.events() == [events.enqueue_event(["emails"])] * invocations
+
+
+def test_the_window_is_per_queue(conn: Conn, lambda_api: Any, spy: InvokeSpy) -> None:
+    settings = _settings(kick_debounce_seconds=3600)
+    assert kick(conn, ["alpha"], settings=settings, client=lambda_api) == ("alpha",)
+    assert kick(conn, ["alpha", "beta"], settings=settings, client=lambda_api) == ("beta",)
+    assert kick(conn, ["beta", "alpha"], settings=settings, client=lambda_api) == ()
+    assert spy.events() == [events.enqueue_event(["alpha"]), events.enqueue_event(["beta"])]
+
+
+def test_the_event_kicked_is_one_the_function_accepts(
+    conn: Conn, lambda_api: Any, spy: InvokeSpy
+) -> None:
+    kick(conn, ["emails", "sms"], settings=_settings(), client=lambda_api)
+    (event,) = spy.events()
+    trigger = events.parse(event, Settings(queues=("emails", "sms", "default")))
+    assert (trigger.reason, trigger.queues) == ("enqueue", ("emails", "sms"))
+
+
+def test_without_a_function_name_a_kick_is_skipped(
+    conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="pgdrain.kick")
+    assert kick(conn, ["emails"], settings=Settings()) == ()
+    assert [r.getMessage() for r in caplog.records] == [
+        "kick skipped: PGDRAIN_FUNCTION_NAME is not set"
+    ]
+    assert _kick_rows(conn) == 0  # nothing written either
+
+
+def test_the_settings_come_from_the_environment(
+    conn: Conn, lambda_api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGDRAIN_FUNCTION_NAME", FUNCTION_NAME)
+    monkeypatch.setenv("PGDRAIN_KICK_DEBOUNCE_SECONDS", "3600")
+    recorder = InvokeSpy()
+    recorder.attach(lambda_client())  # the client kick() makes for itself
+    assert kick(conn, "emails") == ("emails",)  # one name, not a list of letters
+    assert kick(conn, "emails") == ()
+    assert recorder.events() == [events.enqueue_event(["emails"])]
+    assert recorder.calls[0]["FunctionName"] == FUNCTION_NAME
+
+
+def test_a_kick_inside_an_open_transaction_is_refused(
+    db_url: str, lambda_api: Any, spy: InvokeSpy
+) -> None:
+    with psycopg.connect(db_url) as app_conn:  # not autocommit: the enqueue's transaction
+        enqueue(app_conn, "noop", {}, queue="emails")
+        with pytest.raises(BadInput, match="after the enqueue commits"):
+            kick(app_conn, ["emails"], settings=_settings(), client=lambda_api)
+        app_conn.commit()
+        assert kick(app_conn, ["emails"], settings=_settings(), client=lambda_api) == ("emails",)
+    assert len(spy.calls) == 1
+
+
+@pytest.mark.parametrize(
+    "queues", [[], ["bad name!"], [7]], ids=["none", "not-an-identifier", "not-a-string"]
+)
+def test_bad_queue_names_are_refused(conn: Conn, queues: Any) -> None:
+    with pytest.raises(BadInput):
+        kick(conn, queues, settings=_settings())
+    assert _kick_rows(conn) == 0
+
+
+def test_a_failed_invoke_is_logged_not_raised(
+    conn: Conn, lambda_api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from botocore.stub import Stubber
+
+    with Stubber(lambda_api) as stubber:  # moto accepts any function name: stub the refusal
+        stubber.add_client_error(
+            "invoke", service_error_code="ResourceNotFoundException", http_status_code=404
+        )
+        assert kick(conn, ["emails"], settings=_settings(), client=lambda_api) == ()
+        stubber.assert_no_pending_responses()
+    (record,) = [r for r in caplog.records if r.name == "pgdrain.kick"]
+    assert record.levelno == logging.WARNING
+    assert "the schedule will drain" in record.getMessage()
+    assert "ResourceNotFoundException" in record.__dict__["error"]

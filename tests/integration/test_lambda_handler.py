@@ -1,0 +1,583 @@
+"""The Lambda handler (handler/app.py) against a real PostgreSQL, with AWS from moto: which
+queues each event drains, what a bad event does (nothing, and says why), credentials from
+Secrets Manager, the continuation when time runs out, and the metrics it prints."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.aws import (
+    FUNCTION_ARN,
+    METRIC_NAMES,
+    REGION,
+    FakeContext,
+    InvokeSpy,
+    aws_environment,
+    create_function,
+    emf_records,
+    log_records,
+    metric_totals,
+    mocked_aws,
+)
+from helpers.fixtures import wait_for
+from pgdrain import enqueue, lambda_run, queue
+from pgdrain.kick import lambda_client
+from pgdrain.settings import ENV_VARIABLES
+
+Conn = psycopg.Connection[Any]
+ROOT = Path(__file__).resolve().parents[2]
+
+SCHEDULED_EVENT = {
+    "version": "0",
+    "id": "cdc73f9d-aea9-11e3-9d5a-835b769c0d9c",
+    "detail-type": "Scheduled Event",
+    "source": "aws.events",
+    "account": "123456789012",
+    "time": "2026-01-01T00:00:00Z",
+    "region": "us-east-1",
+    "resources": ["arn:aws:events:us-east-1:123456789012:rule/pgdrain"],
+    "detail": {},
+}
+SCHEDULER_EVENT = json.loads((ROOT / "infra" / "events" / "schedule.json").read_text())
+
+
+class Function:
+    """The handler module as Lambda runs it: settings read at cold start from the environment,
+    then one call per event with a context whose time runs out."""
+
+    def __init__(self, db_url: str, monkeypatch: pytest.MonkeyPatch, logs: io.StringIO) -> None:
+        self.db_url = db_url
+        self.monkeypatch = monkeypatch
+        self.logs = logs
+        for name in ENV_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        self.configure(DATABASE_URL=db_url)
+
+    def configure(self, **env: str) -> None:
+        """Set variables and start cold, as a new deployment would."""
+        import app
+
+        for name, value in env.items():
+            self.monkeypatch.setenv(name, value)
+        self.monkeypatch.setattr(app, "runtime", lambda_run.cold_start(os.environ))
+
+    def invoke(self, event: Any, remaining_s: float = 60.0, arn: str = FUNCTION_ARN) -> Any:
+        import app
+
+        return app.lambda_handler(event, FakeContext(remaining_s, arn))
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        return log_records(self.logs.getvalue())
+
+
+@pytest.fixture
+def logs() -> Iterator[io.StringIO]:
+    """The function's log output (the Powertools handler's stream), captured for the test.
+    Afterwards the `pgdrain` logger is as it was before the handler module configured it, so
+    the tests that follow see the library's plain logging."""
+    library = logging.getLogger("pgdrain")
+    level = library.level
+    import app
+
+    handler = app.logger.logger_handler
+    buffer = io.StringIO()
+    previous = handler.setStream(buffer)
+    if handler not in library.handlers:
+        library.addHandler(handler)
+    library.setLevel(logging.INFO)
+    try:
+        yield buffer
+    finally:
+        handler.setStream(previous)
+        library.removeHandler(handler)
+        library.setLevel(level)
+
+
+@pytest.fixture
+def function(db_url: str, monkeypatch: pytest.MonkeyPatch, logs: io.StringIO) -> Iterator[Function]:
+    aws_environment(monkeypatch)
+    with mocked_aws():
+        yield Function(db_url, monkeypatch, logs)
+
+
+def _enqueue(conn: Conn, queue_name: str, count: int, kind: str = "noop", **payload: Any) -> None:
+    with conn.transaction():
+        for _ in range(count):
+            enqueue(conn, kind, payload, queue=queue_name)
+
+
+def _statuses(conn: Conn) -> dict[tuple[str, str], int]:
+    rows = conn.execute(
+        "SELECT queue, status, count(*) FROM pgdrain.jobs GROUP BY queue, status"
+    ).fetchall()
+    return {(r[0], r[1]): int(r[2]) for r in rows}
+
+
+# -- which queues each event drains -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("event", [SCHEDULED_EVENT, SCHEDULER_EVENT], ids=["rule", "scheduler"])
+def test_a_scheduled_event_drains_every_configured_queue(
+    function: Function, conn: Conn, event: dict[str, Any]
+) -> None:
+    function.configure(PGDRAIN_QUEUES="alpha,beta")
+    _enqueue(conn, "alpha", 5)
+    _enqueue(conn, "beta", 4)
+    _enqueue(conn, "gamma", 3)  # not this function's queue
+
+    result = function.invoke(event)
+
+    assert result["ok"] is True, result
+    assert (result["trigger"], result["queues"]) == ("schedule", ["alpha", "beta"])
+    assert result["result"]["done"] == 9
+    assert _statuses(conn) == {("alpha", "done"): 5, ("beta", "done"): 4, ("gamma", "queued"): 3}
+    assert {line["correlation_id"] for line in function.log_lines()} == {event["id"]}
+
+
+def test_an_enqueue_event_drains_only_its_queues(function: Function, conn: Conn) -> None:
+    function.configure(PGDRAIN_QUEUES="alpha,beta")
+    _enqueue(conn, "alpha", 5)
+    _enqueue(conn, "beta", 4)
+
+    result = function.invoke({"pgdrain": {"reason": "enqueue", "queues": ["beta"]}})
+
+    assert result["ok"] is True, result
+    assert (result["trigger"], result["queues"], result["result"]["done"]) == (
+        "enqueue",
+        ["beta"],
+        4,
+    )
+    assert _statuses(conn) == {("alpha", "queued"): 5, ("beta", "done"): 4}
+
+
+# -- bad events: an error, one log line, and no database connection ---------------------------
+
+MALFORMED = {
+    "a string": "drain please",
+    "a list": [{"pgdrain": {"reason": "enqueue", "queues": ["default"]}}],
+    "null": None,
+    "empty": {},
+    "unknown shape": {"Records": [{"body": "hello"}]},
+    "body not an object": {"pgdrain": "enqueue"},
+    "unknown reason": {"pgdrain": {"reason": "explode", "queues": ["default"]}},
+    "queues not a list": {"pgdrain": {"reason": "enqueue", "queues": "default"}},
+    "empty queues": {"pgdrain": {"reason": "enqueue", "queues": []}},
+    "queue not a string": {"pgdrain": {"reason": "enqueue", "queues": [7]}},
+    "queue not an identifier": {
+        "pgdrain": {"reason": "enqueue", "queues": ["x'; DROP TABLE t;--"]}
+    },
+    "queue not configured": {"pgdrain": {"reason": "enqueue", "queues": ["elsewhere"]}},
+    "chain not a number": {"pgdrain": {"reason": "continue", "queues": ["default"], "chain": "2"}},
+    "chain missing": {"pgdrain": {"reason": "continue", "queues": ["default"]}},
+    "unexpected key": {"pgdrain": {"reason": "enqueue", "queues": ["default"], "queue": "x"}},
+    "schedule detail not an object": {**SCHEDULED_EVENT, "detail": [1]},
+    "oversized": {**SCHEDULED_EVENT, "detail": {"padding": "x" * 20_000}},
+}
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A TCP port that counts connection attempts: the 'database' for the bad-event tests."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _attempts(server: socket.socket) -> int:
+    count = 0
+    while True:
+        try:
+            peer, _ = server.accept()
+        except BlockingIOError:
+            return count
+        peer.close()
+        count += 1
+
+
+def _pgdrain_sessions(conn: Conn, db_url: str) -> int:
+    dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgdrain' AND datname = %s",
+        (dbname,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("event", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_a_malformed_event_returns_an_error_and_opens_no_connection(
+    function: Function, conn: Conn, db_url: str, listener: socket.socket, event: Any
+) -> None:
+    port = listener.getsockname()[1]
+    function.configure(DATABASE_URL=f"postgresql://pgdrain@127.0.0.1:{port}/nowhere")
+    _enqueue(conn, "default", 2)
+
+    result = function.invoke(event)
+
+    assert result["ok"] is False
+    assert isinstance(result["error"], str) and result["error"]
+    assert "\n" not in result["error"]
+    errors = [line for line in function.log_lines() if line["level"] == "ERROR"]
+    assert [line["message"] for line in errors] == [f"bad event: {result['error']}"]
+    assert _attempts(listener) == 0, "the handler tried to connect for a bad event"
+    assert _pgdrain_sessions(conn, db_url) == 0
+    assert _statuses(conn) == {("default", "queued"): 2}
+
+
+def test_the_bad_event_control_the_listener_sees_a_connection_attempt(
+    function: Function, listener: socket.socket
+) -> None:
+    """Control for the test above: a good event does try the listener, so zero means zero."""
+    port = listener.getsockname()[1]
+    function.configure(
+        DATABASE_URL=f"postgresql://pgdrain@127.0.0.1:{port}/nowhere", PGDRAIN_CONNECT_TIMEOUT="2"
+    )
+    result = function.invoke(SCHEDULED_EVENT, remaining_s=3.0)
+    assert result["ok"] is False
+    assert _attempts(listener) >= 1
+
+
+def test_a_bad_setting_is_reported_by_every_invocation(function: Function, conn: Conn) -> None:
+    function.configure(PGDRAIN_BATCH_SIZE="lots")
+    result = function.invoke(SCHEDULED_EVENT)
+    assert result == {"ok": False, "error": "PGDRAIN_BATCH_SIZE='lots' is not a whole number"}
+
+
+# -- credentials from Secrets Manager ---------------------------------------------------------
+
+SECRET_PASSWORD = "Xq7-s3cr3t-Pa55w0rd-never-logged"
+
+
+def _secret_for(db_url: str, **changes: Any) -> dict[str, Any]:
+    params = psycopg.conninfo.conninfo_to_dict(db_url)
+    secret = {
+        "engine": "postgres",
+        "host": params.get("host") or "localhost",
+        "port": int(params.get("port") or 5432),
+        "username": params.get("user") or "postgres",
+        # The test servers trust local connections; a real password is used when the URL has one.
+        "password": params.get("password") or SECRET_PASSWORD,
+        "dbname": params["dbname"],
+    }
+    secret.update(changes)
+    return secret
+
+
+def _create_secret(value: dict[str, Any]) -> str:
+    import boto3
+
+    client = boto3.client("secretsmanager", region_name=REGION)
+    return str(client.create_secret(Name="pgdrain/db", SecretString=json.dumps(value))["ARN"])
+
+
+def _everything_printed(
+    function: Function, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> str:
+    captured = capsys.readouterr()
+    records = " ".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    return "\n".join([function.logs.getvalue(), captured.out, captured.err, caplog.text, records])
+
+
+def test_credentials_from_a_secret_connect(
+    function: Function,
+    conn: Conn,
+    db_url: str,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = _secret_for(db_url)
+    arn = _create_secret(secret)
+    function.configure(DATABASE_URL="", PGDRAIN_DB_SECRET_ARN=arn)
+    _enqueue(conn, "default", 3)
+
+    result = function.invoke(SCHEDULED_EVENT)
+
+    assert result["ok"] is True, result
+    assert result["result"]["done"] == 3
+    assert secret["password"] not in json.dumps(result)
+    assert secret["password"] not in _everything_printed(function, capsys, caplog)
+
+
+def test_a_wrong_secret_gives_a_clear_error_without_the_password(
+    function: Function,
+    conn: Conn,
+    db_url: str,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = _secret_for(db_url, username="no_such_role", password=SECRET_PASSWORD)
+    function.configure(DATABASE_URL="", PGDRAIN_DB_SECRET_ARN=_create_secret(secret))
+    _enqueue(conn, "default", 1)
+
+    result = function.invoke(SCHEDULED_EVENT, remaining_s=10.0)
+
+    assert result["ok"] is False
+    assert result["error"].startswith("database refused the credentials:"), result["error"]
+    assert "no_such_role" in result["error"]
+    assert SECRET_PASSWORD not in json.dumps(result)
+    assert SECRET_PASSWORD not in _everything_printed(function, capsys, caplog)
+    assert _statuses(conn) == {("default", "queued"): 1}
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, "could not read the secret: An error occurred (ResourceNotFoundException)"),
+        ("not json", "the secret is not JSON"),
+        ({"host": "db", "username": "u", "password": SECRET_PASSWORD, "port": "five"}, "'port'"),
+        ({"host": "db", "password": SECRET_PASSWORD}, "the secret has no 'username'"),
+    ],
+    ids=["missing", "not-json", "bad-port", "no-username"],
+)
+def test_an_unusable_secret_is_named_in_one_line(
+    function: Function,
+    value: Any,
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import boto3
+
+    arn = f"arn:aws:secretsmanager:{REGION}:123456789012:secret:pgdrain/missing-AbCdEf"
+    if value is not None:
+        client = boto3.client("secretsmanager", region_name=REGION)
+        text = value if isinstance(value, str) else json.dumps(value)
+        arn = client.create_secret(Name="pgdrain/odd", SecretString=text)["ARN"]
+    function.configure(DATABASE_URL="", PGDRAIN_DB_SECRET_ARN=arn)
+
+    result = function.invoke(SCHEDULED_EVENT)
+
+    assert result["ok"] is False
+    assert expected in result["error"]
+    assert "\n" not in result["error"]
+    assert SECRET_PASSWORD not in _everything_printed(function, capsys, caplog)
+
+
+def test_a_rotated_secret_is_read_again_when_the_database_refuses_the_cached_one(
+    function: Function, conn: Conn, db_url: str
+) -> None:
+    import boto3
+
+    arn = _create_secret(_secret_for(db_url, username="before_rotation"))
+    function.configure(DATABASE_URL="", PGDRAIN_DB_SECRET_ARN=arn)
+    first = function.invoke(SCHEDULED_EVENT, remaining_s=10.0)  # caches the old credentials
+    assert first["ok"] is False
+
+    boto3.client("secretsmanager", region_name=REGION).put_secret_value(
+        SecretId=arn, SecretString=json.dumps(_secret_for(db_url))
+    )
+    _enqueue(conn, "default", 2)
+    second = function.invoke(SCHEDULED_EVENT)  # within the cache's max_age
+
+    assert second["ok"] is True, second
+    assert second["result"]["done"] == 2
+
+
+# -- continuation -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spy(function: Function) -> InvokeSpy:
+    """The function's invokes of itself, seen on pgdrain's own Lambda client."""
+    create_function()
+    recorder = InvokeSpy()
+    recorder.attach(lambda_client(REGION))
+    return recorder
+
+
+def test_a_run_out_of_time_with_work_left_continues_itself_once(
+    function: Function, conn: Conn, spy: InvokeSpy, capsys: pytest.CaptureFixture[str]
+) -> None:
+    function.configure(PGDRAIN_RESERVE_SECONDS="4.5", PGDRAIN_CONCURRENCY="2")
+    _enqueue(conn, "default", 30, kind="sleep", seconds=0.4)  # 6 s of work for 2 workers
+
+    result = function.invoke(
+        {"pgdrain": {"reason": "continue", "queues": ["default"], "chain": 3}}, remaining_s=6.0
+    )
+
+    assert result["ok"] is True, result
+    assert result["result"]["stop_reason"] == "budget"
+    assert result["result"]["more_ready"] is True
+    assert result["continued"] is True
+    assert spy.events() == [{"pgdrain": {"reason": "continue", "queues": ["default"], "chain": 4}}]
+    (call,) = spy.calls
+    assert (call["FunctionName"], call["InvocationType"]) == (FUNCTION_ARN, "Event")
+    # The backlog it leaves is reported, and matches the database.
+    ready = queue.depth(conn, ["default"]).ready
+    assert ready > 0
+    assert result["queue_depth"] == ready
+    assert metric_totals(emf_records(capsys.readouterr().out))["QueueDepth"] == ready
+
+
+def test_a_scheduled_run_continues_with_chain_one(
+    function: Function, conn: Conn, spy: InvokeSpy
+) -> None:
+    function.configure(PGDRAIN_RESERVE_SECONDS="2", PGDRAIN_CONCURRENCY="1")
+    _enqueue(conn, "default", 10, kind="sleep", seconds=0.4)
+
+    result = function.invoke(SCHEDULED_EVENT, remaining_s=3.0)
+
+    assert result["continued"] is True, result
+    assert spy.events() == [{"pgdrain": {"reason": "continue", "queues": ["default"], "chain": 1}}]
+
+
+@pytest.mark.parametrize(
+    ("remaining_s", "stop_reason"),
+    [(30.0, "empty"), (2.0, "budget")],  # 2 s is below the reserve: it stops at once
+    ids=["with-time-left", "out-of-time"],
+)
+def test_an_empty_queue_never_continues(
+    function: Function, spy: InvokeSpy, remaining_s: float, stop_reason: str
+) -> None:
+    result = function.invoke(SCHEDULED_EVENT, remaining_s=remaining_s)
+    assert result["ok"] is True, result
+    assert (result["result"]["stop_reason"], result["result"]["more_ready"]) == (stop_reason, False)
+    assert result["continued"] is False
+    assert spy.calls == []
+
+
+def test_a_continuation_at_the_cap_does_not_continue(
+    function: Function, conn: Conn, spy: InvokeSpy
+) -> None:
+    function.configure(PGDRAIN_MAX_CHAIN="2", PGDRAIN_RESERVE_SECONDS="2", PGDRAIN_CONCURRENCY="1")
+    _enqueue(conn, "default", 10, kind="sleep", seconds=0.4)
+
+    result = function.invoke(
+        {"pgdrain": {"reason": "continue", "queues": ["default"], "chain": 2}}, remaining_s=3.0
+    )
+
+    assert result["ok"] is True, result
+    assert (result["result"]["stop_reason"], result["result"]["more_ready"]) == ("budget", True)
+    assert result["continued"] is False
+    assert spy.calls == []
+    warnings = [line["message"] for line in function.log_lines() if line["level"] == "WARNING"]
+    assert any("continuation cap" in message for message in warnings)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def _one(conn: Conn, statement: str) -> int:
+    row = conn.execute(statement).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_metrics_printed_match_the_database(
+    function: Function, conn: Conn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _enqueue(conn, "default", 10)
+    _enqueue(
+        conn, "default", 3, kind="flaky", failures=1
+    )  # retried (10 s backoff): not ready after
+    with conn.transaction():
+        for _ in range(2):
+            enqueue(conn, "fail", {}, max_attempts=1)
+    # One job whose lease expired under a worker that died: the run reclaims it first.
+    enqueue(conn, "noop", {"expired": True}, queue="default")
+    (claimed,) = queue.claim_batch(conn, ["default"], 1, "dead-worker", 30.0, None)
+    conn.execute(
+        "UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        (claimed.id,),
+    )
+    capsys.readouterr()
+
+    result = function.invoke(SCHEDULED_EVENT)
+
+    assert result["ok"] is True, result
+    totals = metric_totals(emf_records(capsys.readouterr().out))
+    assert set(totals) == set(METRIC_NAMES)
+    attempts_before_the_run = 1
+    assert (
+        totals["JobsClaimed"]
+        == _one(conn, "SELECT sum(attempts) FROM pgdrain.jobs") - attempts_before_the_run
+    )
+    assert totals["JobsSucceeded"] == _one(
+        conn, "SELECT count(*) FROM pgdrain.jobs WHERE status = 'done'"
+    )
+    assert totals["JobsFailed"] == _one(
+        conn, "SELECT count(*) FROM pgdrain.jobs WHERE status = 'failed'"
+    )
+    assert totals["JobsRetried"] == _one(
+        conn, "SELECT count(*) FROM pgdrain.jobs WHERE status = 'queued' AND last_error IS NOT NULL"
+    )
+    assert totals["Reclaimed"] == _one(
+        conn, "SELECT count(*) FROM pgdrain.jobs WHERE reclaim_count > 0"
+    )
+    assert totals["LeasesLost"] == 0
+    assert totals["QueueDepth"] == queue.depth(conn, ["default"]).ready == 0
+    assert totals["OldestReadyAgeSeconds"] == 0
+    assert (
+        totals["JobsSucceeded"],
+        totals["JobsFailed"],
+        totals["JobsRetried"],
+        totals["Reclaimed"],
+    ) == (11, 2, 3, 1)
+
+
+def test_counts_are_flushed_while_the_run_goes_on(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aws_lambda_powertools import Metrics
+
+    monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "pgdrain")
+    printed: list[str] = []
+    with lambda_run.ProgressMetrics(Metrics(namespace="pgdrain"), interval=0.05) as progress:
+        progress.observe("claimed", 4)
+        progress.observe("done", 3)
+
+        def flushed() -> bool:
+            printed.append(capsys.readouterr().out)
+            return bool(emf_records("".join(printed)))
+
+        wait_for(flushed, what="a flush before the run ends")
+        during = metric_totals(emf_records("".join(printed)))
+    printed.append(capsys.readouterr().out)
+    assert during == {"JobsClaimed": 4, "JobsSucceeded": 3}
+    # At the end, every counter is reported, zeros included.
+    assert metric_totals(emf_records("".join(printed))) == {
+        "JobsClaimed": 4,
+        "JobsSucceeded": 3,
+        "JobsRetried": 0,
+        "JobsFailed": 0,
+        "LeasesLost": 0,
+        "Reclaimed": 0,
+    }
+
+
+# -- cold start -------------------------------------------------------------------------------
+
+
+def test_the_handler_module_does_not_import_boto3() -> None:
+    """boto3 loads only to kick, continue or read a secret. (Powertools itself imports the bare
+    `botocore` package, for its user agent: a few hundred microseconds, no client machinery.)"""
+    probe = "import sys, app; print('boto3' in sys.modules, 'botocore.client' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGDRAIN_", "AWS_"))}
+    env["PYTHONPATH"] = str(ROOT / "handler")
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env,
+        cwd=ROOT / "handler",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.split() == ["False", "False"], done.stderr

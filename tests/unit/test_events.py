@@ -1,0 +1,125 @@
+"""pgdrain.events: the three events the function understands, and a one-line BadEvent for
+anything else."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgdrain import events
+from pgdrain.errors import BadEvent
+from pgdrain.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = Settings(queues=("default", "emails", "sms"))
+
+RULE_EVENT = {
+    "version": "0",
+    "id": "cdc73f9d-aea9-11e3-9d5a-835b769c0d9c",
+    "detail-type": "Scheduled Event",
+    "source": "aws.events",
+    "account": "123456789012",
+    "time": "1970-01-01T00:00:00Z",
+    "region": "us-east-1",
+    "resources": ["arn:aws:events:us-east-1:123456789012:rule/ExampleRule"],
+    "detail": {},
+}
+# What an EventBridge Scheduler schedule with no Input (SAM's ScheduleV2) sends a Lambda target.
+SCHEDULER_EVENT = {
+    **RULE_EVENT,
+    "id": "d167b752-343a-4b28-afd6-d4de056319e8",
+    "source": "aws.scheduler",
+    "resources": ["arn:aws:scheduler:us-east-1:123456789012:schedule/default/drain"],
+    "detail": "{}",
+}
+
+
+@pytest.mark.parametrize("event", [RULE_EVENT, SCHEDULER_EVENT], ids=["rule", "scheduler"])
+def test_a_scheduled_event_drains_every_configured_queue(event: dict[str, Any]) -> None:
+    trigger = events.parse(event, SETTINGS)
+    assert trigger == events.Trigger("schedule", ("default", "emails", "sms"), 0, event["id"])
+
+
+def test_the_sample_events_parse() -> None:
+    folder = ROOT / "infra" / "events"
+    parsed = {
+        name: events.parse(json.loads((folder / f"{name}.json").read_text()), SETTINGS)
+        for name in ("schedule", "enqueue", "continue")
+    }
+    assert [t.reason for t in parsed.values()] == ["schedule", "enqueue", "continue"]
+    assert parsed["continue"].chain == 1
+
+
+def test_an_enqueue_kick_names_its_queues() -> None:
+    event = events.enqueue_event(["emails", "sms", "emails"])
+    assert events.parse(event, SETTINGS) == events.Trigger("enqueue", ("emails", "sms"))
+
+
+def test_a_continuation_carries_its_chain() -> None:
+    event = events.continue_event(["emails"], 3)
+    assert event == {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": 3}}
+    assert events.parse(event, SETTINGS) == events.Trigger("continue", ("emails",), 3)
+
+
+def _kick(**body: Any) -> dict[str, Any]:
+    return {"pgdrain": {"reason": "enqueue", "queues": ["emails"], **body}}
+
+
+def _continue(chain: Any) -> dict[str, Any]:
+    return {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": chain}}
+
+
+BAD = [
+    ("not a dict", "drain", "the event is a string, not a JSON object"),
+    ("a list", [RULE_EVENT], "the event is a list, not a JSON object"),
+    ("null", None, "the event is null, not a JSON object"),
+    ("a number", 7, "the event is a number, not a JSON object"),
+    ("empty", {}, "unknown event (no keys)"),
+    ("other service", {"Records": []}, "unknown event (Records)"),
+    ("wrong source", {**RULE_EVENT, "source": "my.app"}, "unknown event"),
+    ("detail a list", {**RULE_EVENT, "detail": []}, "'detail' is a list, not an object"),
+    ("detail bad json", {**SCHEDULER_EVENT, "detail": "{"}, "'detail' is not JSON"),
+    ("body a string", {"pgdrain": "enqueue"}, "'pgdrain' is a string, not an object"),
+    ("extra top key", {**_kick(), "extra": 1}, "unexpected top-level key(s) extra"),
+    ("no reason", {"pgdrain": {"queues": ["emails"]}}, "'reason' is null"),
+    ("reason a number", {"pgdrain": {"reason": 1}}, "'reason' is a number"),
+    ("unknown reason", {"pgdrain": {"reason": "nuke"}}, "unknown reason 'nuke'"),
+    ("no queues", {"pgdrain": {"reason": "enqueue"}}, "'queues' must be a non-empty list"),
+    ("queues a string", _kick(queues="emails"), "'queues' must be a non-empty list"),
+    ("queues empty", _kick(queues=[]), "'queues' must be a non-empty list"),
+    ("queue a number", _kick(queues=[1]), "a queue name is a number, not a string"),
+    ("queue with a quote", _kick(queues=["a'b"]), "is not a queue name"),
+    ("queue with spaces", _kick(queues=["two words"]), "is not a queue name"),
+    ("queue too long", _kick(queues=["q" * 64]), "is not a queue name"),
+    ("queue not drained here", _kick(queues=["payments"]), "'payments' is not drained by this"),
+    ("too many queues", _kick(queues=["emails"] * 101), "101 queues; at most 100"),
+    ("unexpected key", _kick(queue="emails"), "unexpected key(s) queue"),
+    ("chain on a kick", _kick(chain=1), "unexpected key(s) chain"),
+    ("chain missing", {"pgdrain": {"reason": "continue", "queues": ["emails"]}}, "'chain' is null"),
+    ("chain a string", _continue("2"), "'chain' is a string, not a whole number"),
+    ("chain a bool", _continue(True), "'chain' is a boolean, not a whole number"),
+    ("chain zero", _continue(0), "'chain' must be from 1 to 10000"),
+    ("oversized", {**RULE_EVENT, "detail": {"pad": "x" * 20_000}}, "bytes; the limit is 16384"),
+    ("not plain json", {"pgdrain": {1, 2}}, "the event is not plain JSON"),
+]
+
+
+@pytest.mark.parametrize(
+    ("event", "message"), [(e, m) for _, e, m in BAD], ids=[n for n, _, _ in BAD]
+)
+def test_anything_else_is_a_bad_event_in_one_line(event: Any, message: str) -> None:
+    with pytest.raises(BadEvent) as raised:
+        events.parse(event, SETTINGS)
+    text = str(raised.value)
+    assert message in text
+    assert "\n" not in text and len(text) < 300
+
+
+def test_the_correlation_id_is_the_event_id_when_there_is_one() -> None:
+    assert events.correlation_id(RULE_EVENT) == RULE_EVENT["id"]
+    assert events.correlation_id(events.enqueue_event(["emails"])) is None
+    assert events.correlation_id({"id": "x" * 1000}) is None
+    assert events.correlation_id("id") is None

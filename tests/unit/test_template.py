@@ -1,0 +1,287 @@
+"""template.yaml, read the way `pgdrain invoke` (and sam) read it: it declares every setting,
+its defaults make valid settings with time to spare, and its IAM names exact actions on exact
+resources. Also the reader itself: intrinsics, Globals, env.json overrides, the context."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgdrain import local
+from pgdrain.errors import BadInput
+from pgdrain.settings import ENV_VARIABLES, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "template.yaml"
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return local.load_template(TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def spec() -> local.FunctionSpec:
+    return local.read_function(TEMPLATE)
+
+
+def test_the_function_declares_every_setting(spec: local.FunctionSpec) -> None:
+    declared = set(spec.environment)
+    missing = set(ENV_VARIABLES) - declared
+    assert not missing, f"template.yaml does not declare {sorted(missing)}"
+    assert {"POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE"} <= declared
+    assert spec.environment["POWERTOOLS_METRICS_NAMESPACE"] == "pgdrain"
+
+
+def test_the_defaults_are_valid_settings_and_leave_time_after_the_reserve(
+    spec: local.FunctionSpec,
+) -> None:
+    settings = Settings.from_env(spec.environment)
+    assert spec.timeout > settings.reserve_seconds
+    assert spec.timeout > settings.reserve_seconds + settings.connect_timeout
+    assert settings.max_chain < 16  # Lambda stops pure Lambda loops at about 16 hops
+
+
+def test_the_function_is_what_sam_builds(
+    template: dict[str, Any], spec: local.FunctionSpec
+) -> None:
+    props = template["Resources"]["DrainFunction"]["Properties"]
+    assert (props["Runtime"], props["Architectures"], props["CodeUri"]) == (
+        "python3.12",
+        ["arm64"],
+        "handler/",
+    )
+    assert spec.handler == "app.lambda_handler"
+    assert (spec.code_dir / "app.py").is_file()
+    assert (spec.code_dir / "pgdrain" / "__init__.py").is_file()
+    text = (spec.code_dir / "requirements.txt").read_text()
+    requirements = [line.strip() for line in text.splitlines() if not line.startswith("#")]
+    names = {line.split(">")[0].split("=")[0].split("[")[0] for line in requirements if line}
+    assert names == {"psycopg", "aws-lambda-powertools"}  # boto3 comes with the runtime
+    assert any(line.startswith("psycopg[binary]") for line in requirements)
+    for name in ("Timeout", "MemorySize", "ReservedConcurrentExecutions"):
+        assert props[name] == {"Ref": name}
+    (event,) = props["Events"].values()
+    assert event["Type"] == "ScheduleV2"
+    assert event["Properties"]["ScheduleExpression"] == {"Fn::Sub": "rate(${ScheduleRate})"}
+
+
+def test_async_events_are_not_retried_and_failures_are_kept(template: dict[str, Any]) -> None:
+    config = template["Resources"]["DrainFunction"]["Properties"]["EventInvokeConfig"]
+    assert config["MaximumRetryAttempts"] == 0
+    age = template["Parameters"][config["MaximumEventAgeInSeconds"]["Ref"]]
+    assert 60 <= age["Default"] <= age["MaxValue"] <= 21600
+    on_failure = config["DestinationConfig"]["OnFailure"]
+    assert on_failure["Type"] == "SQS"
+    assert template["Resources"][on_failure["Destination"]["Fn::GetAtt"][0]]["Type"] == (
+        "AWS::SQS::Queue"
+    )
+
+
+def _statements(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        statement = node.get("Statement")
+        if isinstance(statement, list):
+            yield from (s for s in statement if isinstance(s, dict))
+        for value in node.values():
+            yield from _statements(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _statements(item)
+
+
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _strings(item)
+
+
+def test_no_policy_has_a_wildcard_action_or_resource(template: dict[str, Any]) -> None:
+    statements = list(_statements(template))
+    assert len(statements) >= 2
+    for statement in statements:
+        for key in ("Action", "Resource", "NotAction", "NotResource"):
+            for text in _strings(statement.get(key)):
+                assert "*" not in text, f"{key} {text!r} in {statement.get('Sid')}"
+    actions = {a for s in statements for a in _strings(s["Action"])}
+    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"}
+
+
+def test_the_function_may_invoke_itself_by_its_explicit_name(template: dict[str, Any]) -> None:
+    props = template["Resources"]["DrainFunction"]["Properties"]
+    assert props["FunctionName"] == {"Fn::Sub": "${AWS::StackName}-drain"}
+    (invoke,) = [s for s in _statements(template) if s["Action"] == "lambda:InvokeFunction"]
+    assert invoke["Resource"]["Fn::Sub"].endswith(":function:${AWS::StackName}-drain")
+    (secret,) = [s for s in _statements(template) if s["Action"] == "secretsmanager:GetSecretValue"]
+    assert secret["Resource"] == {"Ref": "DatabaseSecretArn"}
+
+
+def test_the_vpc_is_optional(template: dict[str, Any]) -> None:
+    vpc = template["Resources"]["DrainFunction"]["Properties"]["VpcConfig"]
+    condition, _with_vpc, without = vpc["Fn::If"]
+    assert condition == "HasVpc" and without == {"Ref": "AWS::NoValue"}
+    resolver = local.Resolver(template)
+    assert resolver.condition("HasVpc") is False  # by default
+    assert resolver.resolve(vpc) is local.NO_VALUE
+
+
+# -- the reader -------------------------------------------------------------------------------
+
+SMALL_TEMPLATE = """
+Transform: AWS::Serverless-2016-10-31
+Parameters:
+  Stage: {Type: String, Default: dev}
+  Subnets: {Type: CommaDelimitedList, Default: "a,b"}
+Conditions:
+  IsProd: !Equals [!Ref Stage, prod]
+Globals:
+  Function:
+    Timeout: 42
+    Environment:
+      Variables:
+        SHARED: from-globals
+        OVERRIDDEN: from-globals
+Resources:
+  Worker:
+    Type: AWS::Serverless::Function
+    Properties:
+      FunctionName: !Sub "${AWS::StackName}-${Stage}-worker"
+      CodeUri: src/
+      Handler: main.handle
+      Environment:
+        Variables:
+          OVERRIDDEN: from-function
+          STAGE: !Ref Stage
+          MODE: !If [IsProd, strict, relaxed]
+          SUBNETS: !Join [",", !Ref Subnets]
+          QUEUE_URL: !GetAtt Queue.QueueUrl
+          REGION: !Sub "${AWS::Region}"
+          EMPTY: ""
+          PORT: 5432
+          ENABLED: true
+  Other:
+    Type: AWS::Serverless::Function
+    Properties: {Handler: other.handle, CodeUri: other/}
+  Queue:
+    Type: AWS::SQS::Queue
+"""
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    path = tmp_path / "template.yaml"
+    path.write_text(SMALL_TEMPLATE)
+    return path
+
+
+def test_the_reader_resolves_what_sam_resolves_locally(small: Path) -> None:
+    spec = local.read_function(small, "Worker")
+    assert (spec.function_name, spec.handler, spec.timeout, spec.memory_size) == (
+        "local-dev-worker",
+        "main.handle",
+        42,  # from Globals
+        128,  # sam's default
+    )
+    assert spec.code_dir == (small.parent / "src").resolve()
+    assert spec.environment == {
+        "SHARED": "from-globals",
+        "OVERRIDDEN": "from-function",
+        "STAGE": "dev",
+        "MODE": "relaxed",
+        "SUBNETS": "a,b",
+        "QUEUE_URL": "",  # needs a deployed stack
+        "REGION": local.local_region(),
+        "EMPTY": "",
+        "PORT": "5432",
+        "ENABLED": "true",
+    }
+
+
+def test_the_reader_needs_a_name_when_there_are_several_functions(small: Path) -> None:
+    with pytest.raises(BadInput, match=r"name the function to invoke: .* has Other, Worker"):
+        local.read_function(small)
+    with pytest.raises(BadInput, match="has no function 'Nope'"):
+        local.read_function(small, "Nope")
+
+
+def test_env_json_overrides_declared_variables_only(small: Path, tmp_path: Path) -> None:
+    spec = local.read_function(small, "Worker")
+    env_json = tmp_path / "env.json"
+    env_json.write_text(
+        json.dumps(
+            {
+                "Parameters": {"STAGE": "test", "MODE": "everywhere", "UNDECLARED": "x"},
+                "Worker": {"MODE": "only-worker", "PORT": 6543},
+                "Other": {"STAGE": "not-this-function"},
+            }
+        )
+    )
+    overrides, ignored = local.read_overrides(env_json, spec)
+    assert overrides == {"STAGE": "test", "MODE": "only-worker", "PORT": "6543"}
+    assert ignored == ("UNDECLARED",)
+
+    shell = {"EMPTY": "from-shell", "STAGE": "shell-loses", "UNDECLARED": "ignored"}
+    env = local.function_environment(spec, overrides, shell, "eu-west-1")
+    assert (env["STAGE"], env["MODE"], env["EMPTY"]) == ("test", "only-worker", "from-shell")
+    assert "UNDECLARED" not in env
+    assert (env["AWS_REGION"], env["AWS_SAM_LOCAL"], env["_HANDLER"]) == (
+        "eu-west-1",
+        "true",
+        "main.handle",
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[1]", "must be a JSON object"),
+        ('{"Parameters": []}', "must be an object"),
+        ('{"Parameters": {"STAGE": {"a": 1}}}', "must be a string, a number or a boolean"),
+        ("{", "is not valid JSON"),
+    ],
+)
+def test_a_bad_env_json_is_bad_input(
+    small: Path, tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "env.json"
+    path.write_text(content)
+    with pytest.raises(BadInput, match=message):
+        local.read_overrides(path, local.read_function(small, "Worker"))
+
+
+def test_a_template_that_is_not_one_is_bad_input(tmp_path: Path) -> None:
+    path = tmp_path / "template.yaml"
+    path.write_text("just: words\n")
+    with pytest.raises(BadInput, match="has no Resources"):
+        local.read_function(path)
+    with pytest.raises(BadInput, match="cannot read the template"):
+        local.read_function(tmp_path / "missing.yaml")
+
+
+def test_the_context_counts_down_from_the_timeout(small: Path) -> None:
+    now = [100.0]
+    spec = local.read_function(small, "Worker")
+    context = local.LocalContext(spec, "us-east-1", clock=lambda: now[0])
+    assert context.get_remaining_time_in_millis() == 42_000
+    now[0] += 41.5
+    assert context.get_remaining_time_in_millis() == 500
+    now[0] += 10
+    assert context.get_remaining_time_in_millis() == 0
+    assert context.invoked_function_arn.endswith(":function:local-dev-worker")
+
+
+def test_no_event_file_is_an_empty_event_as_with_sam(tmp_path: Path) -> None:
+    assert local.read_event(None) == {}
+    path = tmp_path / "event.json"
+    path.write_text("not json")
+    with pytest.raises(BadInput, match="is not valid JSON"):
+        local.read_event(str(path))
