@@ -20,6 +20,10 @@ demo: $(INSTALLED)
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -m "not slow"
 
+# The chaos soak and its controls (docs/reliability.md): PGDRAIN_SOAK_JOBS sets the size.
+soak: $(INSTALLED)
+	$(BIN)/python -m pytest -m slow tests/soak
+
 lint: $(INSTALLED)
 	$(BIN)/ruff check handler tests bench
 	$(BIN)/ruff format --check handler tests bench
@@ -29,5 +33,37 @@ format: $(INSTALLED)
 	$(BIN)/ruff format handler tests bench
 	$(BIN)/ruff check --fix handler tests bench
 
+# `sam validate --lint` and `sam build`, offline and without Docker. aws-sam-cli lives in its own
+# virtualenv (its pins may clash with moto's). `sam build` needs a python3.12 on PATH: with pyenv,
+# the newest installed 3.12 is added next to the current version.
+SAM_VENV ?= .venv-sam
+SAM_INSTALLED := $(SAM_VENV)/.installed
+SAM_PYENV := $(shell command -v python3.12 >/dev/null 2>&1 && command -v pyenv >/dev/null 2>&1 && pyenv versions --bare 2>/dev/null | grep -E '^3\.12\.[0-9]+$$' | sort -V | tail -1)
+SAM_ENV := SAM_CLI_TELEMETRY=0 $(if $(SAM_PYENV),PYENV_VERSION=$(shell pyenv version-name 2>/dev/null):$(SAM_PYENV))
+
+$(SAM_INSTALLED):
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SAM_VENV)/bin/python -m pip install --quiet aws-sam-cli
+	touch $(SAM_INSTALLED)
+
+sam: $(SAM_INSTALLED)
+	$(SAM_ENV) $(SAM_VENV)/bin/sam validate --lint --region us-east-1
+	$(SAM_ENV) $(SAM_VENV)/bin/sam build
+
+# `make bench` writes docs/benchmarks.md (+ .png). The peers it compares with (PgQueuer,
+# Procrastinate) and matplotlib live in their own virtualenv, never in pgdrain's dependencies.
+BENCH_VENV ?= .venv-bench
+BENCH_INSTALLED := $(BENCH_VENV)/.installed
+
+$(BENCH_INSTALLED): pyproject.toml bench/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r bench/requirements.txt -e '.[aws,embedded]'
+	touch $(BENCH_INSTALLED)
+
+bench: $(BENCH_INSTALLED)
+	$(BENCH_VENV)/bin/python -m bench.run
+
 clean:
-	rm -rf $(VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache

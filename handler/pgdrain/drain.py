@@ -134,6 +134,7 @@ class _Run:
         self.running: dict[int, _Attempt] = {}
         self.finished: list[_Attempt] = []  # returned, not yet recorded as done
         self.first_finished_at = 0.0
+        self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)
         self.lost_ids: set[int] = set()
         self.started = time.monotonic()
 
@@ -178,16 +179,23 @@ class _Run:
             if stopping and self.buffer:
                 self._release_buffer()
 
-            while not stopping and len(self.running) < self.settings.concurrency:
-                if not self.buffer and not self._complete_and_claim():
-                    break
-                attempt = self.buffer.popleft()
-                self.running[attempt.claimed.id] = attempt
-                pool.submit(attempt)
+            if not stopping:
+                # Claim only what free worker slots can start now: a job claimed and left
+                # waiting would spend an attempt if the process died. Refill once half the
+                # slots are free (or none is busy), so that short jobs still come in batches.
+                free = self.settings.concurrency - len(self.running) - len(self.buffer)
+                wanted = min(free, self.settings.batch_size)
+                if wanted > 0 and (not self.running or wanted >= self.refill_at):
+                    self._complete_and_claim(wanted)
+                while self.buffer and len(self.running) < self.settings.concurrency:
+                    attempt = self.buffer.popleft()
+                    self.running[attempt.claimed.id] = attempt
+                    pool.submit(attempt)
 
             if not self.running and not self.buffer:
                 self._flush_completions()
-                return "budget" if stopping else "empty"
+                out_of_time = stopping or self.budget.exhausted(self.settings.reserve_seconds)
+                return "budget" if out_of_time else "empty"
             if stopping and self.budget.remaining() <= FINAL_MARGIN_SECONDS:
                 self._flush_completions()
                 log.warning(
@@ -226,14 +234,14 @@ class _Run:
             )
         self._count("reclaimed", len(reclaimed))
 
-    def _complete_and_claim(self) -> bool:
-        """One round trip: record the finished jobs, claim the next batch into the buffer."""
+    def _complete_and_claim(self, limit: int) -> bool:
+        """One round trip: record the finished jobs, claim up to `limit` more."""
         finished, self.finished = self.finished, []
         result, claimed = self._db(
             queue.complete_and_claim,
             [a.held for a in finished],
             self.queues,
-            self.settings.batch_size,
+            limit,
             self.worker_id,
             self.settings.lease_seconds,
             self._cap(),
@@ -241,6 +249,10 @@ class _Run:
         self._record_completions(result)
         self.buffer.extend(_Attempt(c) for c in claimed)
         self._count("claimed", len(claimed))
+        if claimed and self.budget.exhausted(self.settings.reserve_seconds):
+            # The claim itself took the time that was left (a slow or resuming database):
+            # give the jobs back unstarted rather than start what cannot finish.
+            self._release_buffer()
         return bool(claimed)
 
     def _flush_completions(self) -> None:

@@ -14,8 +14,8 @@ from pgdrain.errors import ConfigError
 
 DEFAULT_QUEUES = ("default",)
 DEFAULT_JOBS_MODULE = "jobs"
-DEFAULT_BATCH_SIZE = 10
-DEFAULT_CONCURRENCY = 4
+DEFAULT_BATCH_SIZE = 10  # at most this many per claim, and never more than free slots
+DEFAULT_CONCURRENCY = 10
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_RESERVE_SECONDS = 3.0
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 20.0  # an Aurora Serverless v2 resume takes about 15 s

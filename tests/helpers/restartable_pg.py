@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -66,10 +67,15 @@ class RestartableServer:
             import pwd
 
             self.user = SYSTEM_USER
-            entry = utils.ensure_user_exists(SYSTEM_USER)
+            utils.ensure_user_exists(SYSTEM_USER)
             utils.ensure_prefix_permissions(self.pgdata)
+            # What pgserver does before it runs PostgreSQL as that user: let it read and run
+            # the binaries and their libraries.
             bin_path = self._commands.POSTGRES_BIN_PATH
             utils.ensure_prefix_permissions(bin_path)
+            readable = stat.S_IRGRP | stat.S_IROTH
+            utils.ensure_folder_permissions(bin_path, readable | stat.S_IXGRP | stat.S_IXOTH)
+            utils.ensure_folder_permissions(bin_path.parent / "lib", readable)
             entry = pwd.getpwnam(SYSTEM_USER)
             for path in (self.folder, self.pgdata):
                 os.chown(path, entry.pw_uid, entry.pw_gid)

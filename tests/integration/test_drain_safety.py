@@ -137,12 +137,48 @@ def test_the_run_stops_claiming_in_time_and_releases_unstarted_jobs(
     assert result.stop_reason == "budget"
     assert result.elapsed_s < 5.0, "the run returned after its deadline"
     assert latest_lease and max(latest_lease) <= started_at + dt.timedelta(seconds=5.2)
-    assert (result.claimed, result.done, result.released) == (10, 2, 8)
+    # Claims are sized to free worker slots: only what could start was taken.
+    assert (result.claimed, result.done, result.released) == (2, 2, 0)
     statuses = conn.execute(
         "SELECT status, attempts, count(*) FROM pgdrain.jobs GROUP BY 1, 2 ORDER BY 1"
     ).fetchall()
-    assert statuses == [("done", 1, 2), ("queued", 0, 8)]  # released: no attempt spent
+    assert statuses == [("done", 1, 2), ("queued", 0, 8)]  # no attempt spent on the rest
     assert len(ids) == 10
+
+
+class SteppedClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_jobs_claimed_as_the_budget_runs_out_are_released_without_spending_an_attempt(
+    ledger_url: str, conn: Conn
+) -> None:
+    for _ in range(3):
+        enqueue(conn, "ledger")
+    clock = SteppedClock()
+
+    def slow_claim(counter: str, n: int) -> None:
+        if counter == "claimed":
+            clock.now += 9.0  # the claim's round trip used up the budget
+
+    result = drain(
+        Settings(reserve_seconds=2, concurrency=4),
+        Budget.seconds(10, clock=clock),
+        test_jobs.jobs,
+        ledger_url,
+        observer=slow_claim,
+    )
+    assert (result.claimed, result.released, result.done) == (3, 3, 0)
+    assert result.stop_reason == "budget"
+    rows = conn.execute("SELECT status, attempts, count(*) FROM pgdrain.jobs GROUP BY 1, 2")
+    assert rows.fetchall() == [("queued", 0, 3)]
+    assert conn.execute("SELECT count(*) FROM public.ledger").fetchone() == (0,)
 
 
 @pytest.mark.parametrize("cap", [True, False], ids=["lease-capped", "lease-uncapped"])
@@ -154,7 +190,9 @@ def test_a_job_killed_at_the_deadline_is_reclaimable_at_once_only_with_the_cap(
     killed = drain_process(ledger_url, *args, *([] if cap else ["--no-cap"]))
     [(_, _, started_at)] = wait_for(lambda: ledger(conn, job_id, "start"), what="job start")
     killed.communicate(timeout=30)
-    assert killed.returncode == 137  # the "Lambda timeout"
+    # The run returns just before its deadline with the job still running (0), or is killed
+    # there (137, the "Lambda timeout"): either way the job is left running, its lease as set.
+    assert killed.returncode in (0, 137)
 
     # Same moment in both branches: just past the run's deadline.
     wait_for(lambda: db_now(conn) > started_at + dt.timedelta(seconds=3.5), what="deadline")

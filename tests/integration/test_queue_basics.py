@@ -114,7 +114,7 @@ def test_reclaim_requeues_an_expired_lease_and_counts_it(conn: Conn) -> None:
 
 
 def test_reclaim_fails_a_manual_job_instead_of_retrying_it(conn: Conn) -> None:
-    job_id = enqueue(conn, "noop", recovery_policy="manual")
+    enqueue(conn, "noop", recovery_policy="manual")
     _claim(conn, lease=1)
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
     [reclaimed] = queue.reclaim_expired(conn, 10)

@@ -212,7 +212,7 @@ DELETE FROM pgdrain.jobs
 WHERE id IN (
     SELECT id FROM pgdrain.jobs
     WHERE status IN ('done', 'failed')
-      AND finished_at < now() - make_interval(days => %(days)s)
+      AND finished_at < now() - %(days)s * interval '1 day'
     LIMIT %(limit)s
 );
 

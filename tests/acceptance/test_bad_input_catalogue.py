@@ -1,0 +1,379 @@
+"""The catalogue of bad input (docs/reliability.md): every bad input tried, each row of that
+table backed by a test here. The expected outcome everywhere: one clear line naming the problem,
+the documented exit code or result (0 ok, 1 failure, 2 bad input), nothing partially written,
+no job lost or stuck, and the password in DATABASE_URL in no output or log.
+
+CLI cases run the real command in a process of its own; events go to the Lambda handler."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from helpers.aws import FakeContext, aws_environment, log_records
+from helpers.fixtures import job_row, wait_for
+from helpers.restartable_pg import free_port
+from pgdrain import BadInput, enqueue, lambda_run
+from pgdrain.settings import ENV_VARIABLES
+
+Conn = psycopg.Connection[Any]
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PASSWORD = "Tr0ub4dor-s3cret-pw"  # the test servers trust local connections and ignore it
+TIMEOUT_SECONDS = 120.0
+TEN_MB = 10 * 1024 * 1024
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(url: str, *args: str | bytes, stdin: bytes = b"", **env: str) -> Run:
+    """`pgdrain ARGS` with DATABASE_URL=url, the catalogue's job kinds, no other PGDRAIN_*."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PGDRAIN_")}
+    clean.update(
+        DATABASE_URL=url,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "handler"), str(HERE)]),
+        PGDRAIN_JOBS="catalogue_jobs",
+        PGDRAIN_RESERVE_SECONDS="0.5",
+    )
+    clean.update(env)
+    done = subprocess.run(
+        [sys.executable, "-m", "pgdrain.cli", *args],
+        env=clean,
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        timeout=TIMEOUT_SECONDS,
+        check=False,
+    )
+    run = Run(
+        done.returncode,
+        done.stdout.decode("utf-8", "replace"),
+        done.stderr.decode("utf-8", "replace"),
+    )
+    assert PASSWORD not in run.out + run.err, "the password leaked into the output"
+    assert "Traceback" not in run.err, run.err
+    return run
+
+
+def _with_password(url: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    params["password"] = PASSWORD
+    return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def secret_url(db_url: str) -> str:
+    """The test's database, with a password in the URL that must never be shown."""
+    return _with_password(db_url)
+
+
+def _count(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _only_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1, f"expected one line, got {lines!r}"
+    return lines[0]
+
+
+def _assert_bad_input(run: Run, fragment: str) -> None:
+    assert run.code == EXIT_BAD_INPUT, run
+    assert run.out == ""
+    line = _only_line(run.err)
+    assert line.startswith("pgdrain: error: ") and fragment in line, line
+
+
+# -- CLI arguments and settings: exit 2, one line, nothing written -----------------------------
+
+LONG = str(10**30)
+BAD_CLI = {
+    # arguments
+    "payload-invalid-json": (["enqueue", "ok", "--payload", '{"a": '], {}, "not valid JSON"),
+    "payload-nul-escape": (["enqueue", "ok", "--payload", '{"a": "\\u0000"}'], {}, "NUL"),
+    "payload-non-utf8": (["enqueue", "ok", "--payload", b'{"a": "\xff"}'], {}, "UTF-8"),
+    "kind-non-utf8": (["enqueue", b"caf\xe9"], {}, "UTF-8"),
+    "kind-empty": (["enqueue", ""], {}, "non-empty"),
+    "queue-non-utf8": (["enqueue", "ok", "--queue", b"q\xff"], {}, "not a plain queue name"),
+    "queue-sql": (
+        ["enqueue", "ok", "--queue", "q'; DROP TABLE pgdrain.jobs; --"],
+        {},
+        "not a plain queue name",
+    ),
+    "drain-queues-sql": (["drain", "--queues", "a;DROP TABLE pgdrain.jobs"], {}, "--queues"),
+    "count-zero": (["enqueue", "ok", "--count", "0"], {}, "at least 1"),
+    "count-negative": (["enqueue", "ok", "--count", "-5"], {}, "at least 1"),
+    "count-huge": (["enqueue", "ok", "--count", LONG], {}, "at most"),
+    "count-too-many": (["enqueue", "ok", "--count", "5000000"], {}, "--count must be at most"),
+    "count-not-a-number": (["enqueue", "ok", "--count", "ten"], {}, "not a whole number"),
+    "delay-negative": (["enqueue", "ok", "--delay", "-1"], {}, "not negative"),
+    "delay-nan": (["enqueue", "ok", "--delay", "nan"], {}, "finite"),
+    "delay-infinite": (["enqueue", "ok", "--delay", "1e400"], {}, "finite"),
+    "delay-huge": (["enqueue", "ok", "--delay", "1e300"], {}, "at most"),
+    "priority-huge": (["enqueue", "ok", "--priority", LONG], {}, "priority must be from"),
+    "max-attempts-zero": (["enqueue", "ok", "--max-attempts", "0"], {}, "max_attempts"),
+    "max-attempts-huge": (["enqueue", "ok", "--max-attempts", LONG], {}, "max_attempts"),
+    "key-with-count": (["enqueue", "ok", "--key", "k", "--count", "2"], {}, "--key"),
+    "budget-negative": (["drain", "--budget", "-1"], {}, "not negative"),
+    "budget-huge": (["drain", "--budget", "1e300"], {}, "at most"),
+    "concurrency-huge": (["drain", "--concurrency", "100000"], {}, "from 1 to 256"),
+    "retry-zero": (["retry", "0"], {}, "at least 1"),
+    "retry-huge": (["retry", LONG], {}, "at most"),
+    "jobs-limit-huge": (["jobs", "--limit", LONG], {}, "at most"),
+    "purge-days-huge": (["purge", "--older-than-days", "1e6"], {}, "at most"),
+    "unknown-command": (["explode"], {}, "invalid choice"),
+    # settings, from the CLI's environment
+    "batch-size-unparsable": (["drain"], {"PGDRAIN_BATCH_SIZE": "lots"}, "PGDRAIN_BATCH_SIZE"),
+    "batch-size-out-of-range": (["drain"], {"PGDRAIN_BATCH_SIZE": "0"}, "PGDRAIN_BATCH_SIZE"),
+    "lease-nan": (["drain"], {"PGDRAIN_LEASE_SECONDS": "nan"}, "PGDRAIN_LEASE_SECONDS"),
+    "lease-out-of-range": (["drain"], {"PGDRAIN_LEASE_SECONDS": "0"}, "PGDRAIN_LEASE_SECONDS"),
+    "reserve-out-of-range": (
+        ["drain"],
+        {"PGDRAIN_RESERVE_SECONDS": "1e9"},
+        "PGDRAIN_RESERVE_SECONDS",
+    ),
+    "concurrency-negative": (["drain"], {"PGDRAIN_CONCURRENCY": "-1"}, "PGDRAIN_CONCURRENCY"),
+    "pooler-unknown": (["drain"], {"PGDRAIN_POOLER": "statement"}, "PGDRAIN_POOLER"),
+    "queues-sql": (["drain"], {"PGDRAIN_QUEUES": "a,b'--"}, "PGDRAIN_QUEUES"),
+    "jobs-module-not-a-name": (["drain"], {"PGDRAIN_JOBS": "os; rm -rf /"}, "PGDRAIN_JOBS"),
+    "jobs-module-missing": (["drain"], {"PGDRAIN_JOBS": "no_such_jobs_module"}, "no_such"),
+    "database-url-malformed": (
+        ["enqueue", "ok"],
+        {"DATABASE_URL": f"postgresql://app:{PASSWORD}@[::1/db"},
+        "DATABASE_URL is malformed",
+    ),
+    "database-url-not-a-url": (
+        ["drain"],
+        {"DATABASE_URL": f"host=localhost password {PASSWORD}"},
+        "DATABASE_URL is malformed",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def refusing_db(admin_url: str, template_db: str) -> Iterator[str]:
+    """One migrated database for all the BAD_CLI cases: each must leave it empty."""
+    name = f"pgdrain_bad_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
+    params = psycopg.conninfo.conninfo_to_dict(admin_url)
+    params["dbname"] = name
+    try:
+        yield psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.mark.parametrize(("args", "env", "fragment"), BAD_CLI.values(), ids=BAD_CLI.keys())
+def test_cli_bad_input(
+    refusing_db: str, args: list[str | bytes], env: dict[str, str], fragment: str
+) -> None:
+    run = run_cli(_with_password(refusing_db), *args, **env)
+    _assert_bad_input(run, fragment)
+    with psycopg.connect(refusing_db, autocommit=True) as conn:
+        assert _count(conn) == 0
+
+
+def test_cli_a_10mb_payload_is_refused(secret_url: str, conn: Conn, tmp_path: Path) -> None:
+    """As an argument, Linux refuses it (one argument is capped at 128 KiB: execve fails with
+    E2BIG) and pgdrain never starts. From a file (@FILE) or standard input (@-), pgdrain's own
+    limit (256 KiB) refuses it; so does enqueue() in the API. Nothing is written."""
+    payload = '{"blob": "' + "x" * TEN_MB + '"}'
+    with pytest.raises(OSError) as refused:
+        run_cli(secret_url, "enqueue", "ok", "--payload", payload)
+    assert refused.value.errno == errno.E2BIG
+    big = tmp_path / "big.json"
+    big.write_text(payload)
+    _assert_bad_input(run_cli(secret_url, "enqueue", "ok", "--payload", f"@{big}"), "the limit")
+    piped = run_cli(secret_url, "enqueue", "ok", "--payload", "@-", stdin=payload.encode())
+    _assert_bad_input(piped, "the limit")
+    binary = tmp_path / "latin1.json"
+    binary.write_bytes(b'{"a": "caf\xe9"}')  # Latin-1, not UTF-8
+    _assert_bad_input(run_cli(secret_url, "enqueue", "ok", "--payload", f"@{binary}"), "read")
+    with pytest.raises(BadInput, match="the limit is"):
+        enqueue(conn, "ok", {"blob": "x" * TEN_MB})
+    assert _count(conn) == 0
+
+
+def test_cli_a_nul_byte_cannot_be_an_argument(secret_url: str, conn: Conn) -> None:
+    """argv is NUL-terminated: the OS cannot pass one. Through the API, a kind with a NUL is
+    refused (PostgreSQL text cannot hold it); a "\\u0000" escape in --payload is BAD_CLI's."""
+    with pytest.raises(ValueError, match="null byte"):
+        run_cli(secret_url, "enqueue", "ok\x00kind")
+    with pytest.raises(BadInput, match="NUL"):
+        enqueue(conn, "ok\x00kind")
+    assert _count(conn) == 0
+
+
+def test_cli_sql_metacharacters_in_a_kind_or_key_are_only_text(secret_url: str, conn: Conn) -> None:
+    """A kind may be any text: it is stored as given (every value is a bound parameter), and
+    the drain fails it as an unknown kind, with a last_error naming it."""
+    kind = "x'); DROP TABLE pgdrain.jobs; --"
+    key = "k'; DELETE FROM pgdrain.jobs; --"
+    run = run_cli(secret_url, "enqueue", kind, "--key", key)
+    assert run.code == EXIT_OK, run
+    [row] = conn.execute("SELECT id, kind, idempotency_key FROM pgdrain.jobs").fetchall()
+    assert (row[1], row[2]) == (kind, key)
+
+    drained = run_cli(secret_url, "drain", "--budget", "30")
+    assert drained.code == EXIT_OK, drained
+    job = job_row(conn, row[0])
+    assert job["status"] == "failed"
+    assert "no function is registered for job kind" in job["last_error"]
+
+
+def test_cli_drain_with_the_database_down_exits_1_with_one_error_line(conn: Conn) -> None:
+    url = f"postgresql://app:{PASSWORD}@127.0.0.1:{free_port()}/nowhere"
+    run = run_cli(url, "drain", "--budget", "3")
+    assert run.code == EXIT_FAILURE, run
+    errors = [line for line in run.err.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "database unreachable" in errors[0], run.err
+    assert "stopped: error" in _only_line(run.out)
+
+
+# -- job functions that raise, hang past the deadline, or kill their process -------------------
+
+
+def _enqueue_kind(conn: Conn, kind: str, **kwargs: Any) -> int:
+    return enqueue(conn, kind, kwargs.pop("payload", {}), **kwargs)
+
+
+def _wait_for_lease_end(conn: Conn, job_id: int) -> None:
+    def ended() -> bool:
+        row = conn.execute(
+            "SELECT lease_expires_at < now() FROM pgdrain.jobs WHERE id = %s", (job_id,)
+        ).fetchone()
+        return bool(row and row[0])
+
+    wait_for(ended, timeout=60, what=f"the lease of job {job_id} to end")
+
+
+def test_job_that_raises_is_retried_with_its_error_recorded(secret_url: str, conn: Conn) -> None:
+    job_id = _enqueue_kind(conn, "explode")
+    run = run_cli(secret_url, "drain", "--budget", "30")
+    assert run.code == EXIT_OK, run
+    assert "retried 1" in run.out
+    assert [line for line in run.err.splitlines() if "job will be retried" in line]
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("queued", 1)
+    assert row["last_error"] == "RuntimeError: boom on attempt 1"
+
+
+def test_job_that_hangs_past_the_deadline_is_reclaimed_at_the_deadline(
+    secret_url: str, conn: Conn
+) -> None:
+    job_id = _enqueue_kind(conn, "hang", payload={"on": [1]})
+    run = run_cli(secret_url, "drain", "--budget", "3", "--json")
+    assert run.code == EXIT_OK, run
+    assert '"stop_reason": "budget"' in run.out and '"abandoned": 1' in run.out
+    assert job_row(conn, job_id)["status"] == "running"
+    _wait_for_lease_end(conn, job_id)  # the lease ended with the run's budget, not a lease later
+    again = run_cli(secret_url, "drain", "--budget", "30", "--json")
+    assert '"reclaimed": 1' in again.out and '"done": 1' in again.out, again
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempts"], row["reclaim_count"]) == ("done", 2, 1)
+
+
+def test_job_that_kills_its_process_is_reclaimed_and_poison_ends_failed(
+    secret_url: str, conn: Conn
+) -> None:
+    once = _enqueue_kind(conn, "suicide", payload={"on": [1]}, priority=1)
+    poison = _enqueue_kind(conn, "suicide", max_attempts=2, priority=2)
+    for _ in range(5):  # each run dies in the first of these jobs it starts
+        run = run_cli(secret_url, "drain", "--budget", "3", "--concurrency", "1")
+        if job_row(conn, poison)["status"] == "failed":
+            break
+        assert run.code == 9, run  # the job's own exit status: pgdrain never got to answer
+        for job_id in (once, poison):
+            if job_row(conn, job_id)["status"] == "running":
+                _wait_for_lease_end(conn, job_id)
+    assert job_row(conn, once)["status"] == "done"
+    row = job_row(conn, poison)
+    assert (row["status"], row["attempts"]) == ("failed", 2)
+    assert "lease expired before completion (attempt 2 of 2" in row["last_error"]
+
+
+# -- events: {"ok": false}, one ERROR line, no database work ----------------------------------
+
+SCHEDULED = {"detail-type": "Scheduled Event", "source": "aws.events", "detail": {}}
+BAD_EVENTS: dict[str, tuple[Any, str]] = {
+    "not-a-dict-string": ("drain please", "not a JSON object"),
+    "not-a-dict-list": ([{"pgdrain": {"reason": "enqueue"}}], "not a JSON object"),
+    "not-a-dict-null": (None, "not a JSON object"),
+    "not-a-dict-number": (42, "not a JSON object"),
+    "empty": ({}, "unknown event"),
+    "wrong-type-body": ({"pgdrain": "enqueue"}, "not an object"),
+    "wrong-type-reason": ({"pgdrain": {"reason": 5, "queues": ["default"]}}, "'reason'"),
+    "wrong-type-queues": ({"pgdrain": {"reason": "enqueue", "queues": "default"}}, "'queues'"),
+    "wrong-type-queue": ({"pgdrain": {"reason": "enqueue", "queues": [7]}}, "not a string"),
+    "wrong-type-chain": (
+        {"pgdrain": {"reason": "continue", "queues": ["default"], "chain": "2"}},
+        "'chain'",
+    ),
+    "unknown-reason": ({"pgdrain": {"reason": "explode", "queues": ["default"]}}, "explode"),
+    "queue-sql": (
+        {"pgdrain": {"reason": "enqueue", "queues": ["x'; DROP TABLE pgdrain.jobs;--"]}},
+        "not a queue name",
+    ),
+    "oversized": ({**SCHEDULED, "detail": {"padding": "x" * 1_000_000}}, "bytes; the limit"),
+}
+
+
+@pytest.fixture
+def handler(secret_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, io.StringIO]]:
+    """handler/app.py as Lambda runs it, its log lines captured."""
+    import app
+
+    aws_environment(monkeypatch)
+    for name in ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DATABASE_URL", secret_url)
+    monkeypatch.setattr(app, "runtime", lambda_run.cold_start(os.environ))
+    buffer = io.StringIO()
+    previous = app.logger.logger_handler.setStream(buffer)
+    try:
+        yield app, buffer
+    finally:
+        app.logger.logger_handler.setStream(previous)
+
+
+@pytest.mark.parametrize(("event", "fragment"), BAD_EVENTS.values(), ids=BAD_EVENTS.keys())
+def test_bad_event(handler: tuple[Any, io.StringIO], conn: Conn, event: Any, fragment: str) -> None:
+    app, logs = handler
+    job_id = _enqueue_kind(conn, "ok")
+    result = app.lambda_handler(event, FakeContext(30.0))
+    assert result["ok"] is False and fragment in result["error"], result
+    assert "\n" not in result["error"]
+    errors = [r for r in log_records(logs.getvalue()) if r["level"] == "ERROR"]
+    assert len(errors) == 1 and fragment in errors[0]["message"], errors
+    assert PASSWORD not in logs.getvalue() + repr(result)
+    row = job_row(conn, job_id)  # no database work: the job is untouched
+    assert (row["status"], row["attempts"]) == ("queued", 0)
+    assert _count(conn) == 1

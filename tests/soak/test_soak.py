@@ -1,0 +1,88 @@
+"""The chaos soak and its controls (`make soak`; marked slow, so not part of `make test`).
+
+PGDRAIN_SOAK_JOBS sets the soak's size (default 20,000; CI runs a smaller one), and
+PGDRAIN_SOAK_REPORT a file to write the figures to as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers import restartable_pg
+from soak.chaos import Figures, SoakConfig, run_soak
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        restartable_pg.available() is not None, reason=str(restartable_pg.available())
+    ),
+]
+
+SOAK_JOBS = int(os.environ.get("PGDRAIN_SOAK_JOBS", "20000"))
+
+# The controls: no kills, no restart; every job outlives its 1 s lease, and nothing extends it
+# (Settings(heartbeat=False)). For 12 s, four drains run at a time, and one that finds nothing
+# ready exits and is replaced at once: each new run reclaims the expired leases and runs those
+# jobs again while their first attempts still work. Only `fenced` differs between the two.
+CONTROL = SoakConfig(
+    jobs=40,
+    drains=4,
+    min_budget=3.0,
+    max_budget=6.0,
+    kills=False,
+    restart_database=False,
+    lease_seconds=1.0,
+    reserve_seconds=0.5,
+    mix=(("nap", 1.0),),
+    min_nap_ms=1500,
+    max_nap_ms=2500,
+    heartbeat=False,
+    chaos_min_seconds=12.0,
+    final_drains=1,
+    final_phase_seconds=300.0,
+)
+
+
+def _report(name: str, figures: Figures, capsys: pytest.CaptureFixture[str]) -> None:
+    with capsys.disabled():
+        print(f"\n== {name} ==\n{figures.table()}")
+    target = os.environ.get("PGDRAIN_SOAK_REPORT")
+    if target:
+        path = Path(target)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[name] = dataclasses.asdict(figures)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def test_the_chaos_soak_loses_no_job_and_accepts_no_stale_completion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    figures = run_soak(SoakConfig(jobs=SOAK_JOBS))
+    _report("soak", figures, capsys)
+    assert figures.violations == []
+    assert figures.done + figures.failed_by_policy == SOAK_JOBS
+    assert figures.killed > 0 and figures.database_restarts == 1
+    assert figures.accepted_stale_completions == 0
+
+
+def test_control_without_heartbeats_the_fence_refuses_every_stale_completion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    figures = run_soak(CONTROL)
+    _report("control: heartbeat off, fence on", figures, capsys)
+    assert figures.refused_stale_completions > 0, "the control lost no lease: it shows nothing"
+    assert figures.violations == []
+    assert figures.accepted_stale_completions == 0
+
+
+def test_control_without_the_fence_the_audit_catches_an_accepted_stale_completion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    figures = run_soak(dataclasses.replace(CONTROL, fenced=False))
+    _report("control: heartbeat off, fence off", figures, capsys)
+    assert figures.accepted_stale_completions > 0
+    assert any("a stale completion" in v for v in figures.violations)
