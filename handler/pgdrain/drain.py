@@ -11,12 +11,11 @@ import logging
 import os
 import queue as queue_mod
 import socket
-import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -70,16 +69,6 @@ class DrainResult:
         return asdict(self)
 
 
-@dataclass
-class _Attempt:
-    claimed: queue.ClaimedJob
-    lost: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def held(self) -> queue.Held:
-        return queue.Held(self.claimed.id, self.claimed.attempt_token)
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -130,19 +119,22 @@ class _Run:
             ("claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"), 0
         )
         self.conn: psycopg.Connection[Any] | None = None
-        self.buffer: deque[_Attempt] = deque()  # claimed, not started
-        self.running: dict[int, _Attempt] = {}
-        self.finished: list[_Attempt] = []  # returned, not yet recorded as done
+        self.buffer: deque[queue.ClaimedJob] = deque()  # claimed, not started
+        self.running: dict[int, queue.ClaimedJob] = {}
+        self.finished: list[queue.ClaimedJob] = []  # returned, not yet recorded as done
         self.first_finished_at = 0.0
         self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)
         self.lost_ids: set[int] = set()
+        # Tokens of attempts whose lease a heartbeat found gone; Job.lease_lost() reads it
+        # from the worker threads (a set lookup: no lock, no object per job).
+        self.lost_tokens: set[uuid.UUID] = set()
         self.started = time.monotonic()
 
     # -- the run -------------------------------------------------------------------------
 
     def execute(self) -> DrainResult:
         stop_reason, error, error_kind, more_ready = "empty", None, None, False
-        pool: WorkerPool[_Attempt] = WorkerPool(self.settings.concurrency, self._run_job)
+        pool: WorkerPool[queue.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
         try:
             self.conn = db.connect(self.conninfo, self.settings, self.budget)
             self._reclaim()
@@ -168,7 +160,7 @@ class _Run:
         log.info("drain finished", extra={"summary": result.as_dict()})
         return result
 
-    def _loop(self, pool: WorkerPool[_Attempt]) -> str:
+    def _loop(self, pool: WorkerPool[queue.ClaimedJob]) -> str:
         interval = self.settings.lease_seconds / HEARTBEATS_PER_LEASE
         next_heartbeat = time.monotonic() + interval
         stopping = False
@@ -189,7 +181,7 @@ class _Run:
                     self._complete_and_claim(wanted)
                 while self.buffer and len(self.running) < self.settings.concurrency:
                     attempt = self.buffer.popleft()
-                    self.running[attempt.claimed.id] = attempt
+                    self.running[attempt.id] = attempt
                     pool.submit(attempt)
 
             if not self.running and not self.buffer:
@@ -247,7 +239,7 @@ class _Run:
             self._cap(),
         )
         self._record_completions(result)
-        self.buffer.extend(_Attempt(c) for c in claimed)
+        self.buffer.extend(claimed)
         self._count("claimed", len(claimed))
         if claimed and self.budget.exhausted(self.settings.reserve_seconds):
             # The claim itself took the time that was left (a slow or resuming database):
@@ -265,9 +257,8 @@ class _Run:
         for job_id in result.lost:
             self._lease_lost(job_id, "its result was not recorded")
 
-    def _run_job(self, attempt: _Attempt) -> None:
+    def _run_job(self, claimed: queue.ClaimedJob) -> None:
         """In a worker thread: look up the function and call it. No database access here."""
-        claimed = attempt.claimed
         function = self.registry.function_for(claimed.kind)
         function(
             Job(
@@ -279,11 +270,11 @@ class _Run:
                 max_attempts=claimed.max_attempts,
                 attempt_token=claimed.attempt_token,
                 _remaining=self.budget.remaining,
-                _lease_lost=attempt.lost,
+                _lost_tokens=self.lost_tokens,
             )
         )
 
-    def _collect(self, pool: WorkerPool[_Attempt], wait: float) -> None:
+    def _collect(self, pool: WorkerPool[queue.ClaimedJob], wait: float) -> None:
         """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait
         in self.finished for the next round trip (at most COMPLETION_FLUSH_SECONDS); failures
         are recorded at once."""
@@ -292,7 +283,7 @@ class _Run:
         except queue_mod.Empty:
             return
         while True:
-            self.running.pop(outcome.item.claimed.id, None)
+            self.running.pop(outcome.item.id, None)
             if outcome.error is None:
                 if not self.finished:
                     self.first_finished_at = time.monotonic()
@@ -304,14 +295,13 @@ class _Run:
             except queue_mod.Empty:
                 return
 
-    def _fail(self, attempt: _Attempt, error: BaseException) -> None:
-        claimed = attempt.claimed
+    def _fail(self, claimed: queue.ClaimedJob, error: BaseException) -> None:
         message = _error_text(error)
         permanent = isinstance(error, UnknownJobKind)
         delay = 0.0 if permanent else retry.backoff_seconds(claimed.attempt)
         if permanent:
             message = f"{message} (not retried: register the kind, then `pgdrain retry`)"
-        outcome = self._db(queue.fail, attempt.held, message, delay, permanent)
+        outcome = self._db(queue.fail, claimed.held, message, delay, permanent)
         if isinstance(outcome, queue.LeaseLost):
             self._lease_lost(claimed.id, "its failure was not recorded")
             return
@@ -339,11 +329,11 @@ class _Run:
         if not result.lost:
             return
         for attempt in list(self.buffer):
-            if attempt.claimed.id in result.lost:
+            if attempt.id in result.lost:
                 self.buffer.remove(attempt)  # never start a job we no longer own
         for job_id in result.lost:
             if job_id in self.running:
-                self.running[job_id].lost.set()
+                self.lost_tokens.add(self.running[job_id].attempt_token)
             self._lease_lost(job_id, "found by the heartbeat")
 
     def _release_buffer(self) -> None:

@@ -30,6 +30,10 @@ class ClaimedJob:
     attempt_token: uuid.UUID
     lease_expires_at: dt.datetime
 
+    @property
+    def held(self) -> Held:
+        return Held(self.id, self.attempt_token)
+
 
 @dataclass(frozen=True)
 class Held:

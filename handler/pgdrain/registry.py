@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +25,7 @@ class Job:
     max_attempts: int
     attempt_token: uuid.UUID
     _remaining: Callable[[], float] = field(repr=False, compare=False)
-    _lease_lost: threading.Event = field(repr=False, compare=False)
+    _lost_tokens: Collection[uuid.UUID] = field(repr=False, compare=False)
 
     def remaining(self) -> float:
         """Seconds left of the run's budget."""
@@ -35,7 +34,7 @@ class Job:
     def lease_lost(self) -> bool:
         """True once a heartbeat found this attempt's lease gone: another attempt may own the
         job now, and nothing this one returns will be recorded. Long jobs should stop."""
-        return self._lease_lost.is_set()
+        return self.attempt_token in self._lost_tokens
 
 
 class Registry:

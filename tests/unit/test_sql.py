@@ -57,7 +57,7 @@ def _is_the_claim(statement: str, where: str) -> bool:
     """The claim writes rows its own SKIP LOCKED CTE picked from queued ones: no token exists
     before it (it makes one)."""
     return (
-        "ready.id" in where
+        "FROM ready" in where
         and "FOR UPDATE SKIP LOCKED" in statement
         and "status = 'queued'" in statement
     )

@@ -107,8 +107,9 @@ WITH completed AS (
         lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
                                          make_interval(secs => %(cap_seconds)s)),
         updated_at = now()
-    FROM ready
-    WHERE j.id = ready.id
+    -- An array of ids keeps the primary-key lookup; joining `ready` made the planner hash
+    -- the whole table once batches grew past ~100.
+    WHERE j.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.attempt_token, j.lease_expires_at
 )
