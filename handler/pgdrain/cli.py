@@ -80,6 +80,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} must be from {low} to {high}")
+        return value
+
+    return parse
+
+
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -108,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("drain", help="drain ready jobs until none is left or time is up")
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
     p.add_argument("--queues", help="comma-separated (default PGDRAIN_QUEUES)")
-    p.add_argument("--concurrency", type=_positive_int)
-    p.add_argument("--batch-size", type=_positive_int)
+    p.add_argument("--concurrency", type=_int_between(1, 256), help="1 to 256")
+    p.add_argument("--batch-size", type=_int_between(1, 1000), help="1 to 1000")
     p.add_argument("--json", action="store_true")
 
     p = commands.add_parser("stats", help="counts per queue and status")

@@ -18,6 +18,7 @@ MAX_KIND_LENGTH = 200
 MAX_KEY_LENGTH = 500
 RECOVERY_POLICIES = ("auto", "manual")
 INT32_MAX = 2**31 - 1
+MAX_DELAY_SECONDS = 100 * 365 * 86400.0  # a century: beyond, timestamps overflow soon
 
 
 def build_job(
@@ -43,8 +44,8 @@ def build_job(
         raise BadInput(f"queue {queue_name!r} is not a plain queue name")
     if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay):
         raise BadInput("delay must be a finite number of seconds")
-    if delay < 0:
-        raise BadInput(f"delay must not be negative (got {delay})")
+    if not 0 <= delay <= MAX_DELAY_SECONDS:
+        raise BadInput(f"delay must be from 0 to {MAX_DELAY_SECONDS:g} seconds (got {delay})")
     if run_at is not None and (run_at.tzinfo is None or delay):
         raise BadInput("run_at must be timezone-aware, and not combined with delay")
     _check_int("priority", priority, -INT32_MAX, INT32_MAX)

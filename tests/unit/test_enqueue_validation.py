@@ -90,6 +90,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("negative delay", {"delay": -1}, "delay"),
     ("NaN delay", {"delay": float("nan")}, "delay"),
     ("infinite delay", {"delay": float("inf")}, "delay"),
+    ("delay past any timestamp", {"delay": 1e300}, "delay"),
     ("delay as text", {"delay": "5"}, "delay"),
     ("delay as bool", {"delay": True}, "delay"),
     ("naive run_at", {"run_at": dt.datetime(2030, 1, 1)}, "run_at"),
