@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,55 +51,45 @@ def admin_url(server_url: str) -> str:
     return _with_dbname(server_url, "postgres")
 
 
-@pytest.fixture(scope="session")
-def template_db(admin_url: str) -> Iterator[str]:
-    """A migrated database that each test's database is copied from."""
-    name = f"pgdrain_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+@contextmanager
+def scratch_database(admin_url: str, prefix: str, template: str | None = None) -> Iterator[str]:
+    """Create a database (a copy of `template`, if given), yield its URL, drop it after."""
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        create = sql.SQL("{} TEMPLATE {}").format(create, sql.Identifier(template))
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    with psycopg.connect(_with_dbname(admin_url, name), autocommit=True) as conn:
-        migrate(conn)
+        admin.execute(create)
     try:
-        yield name
+        yield _with_dbname(admin_url, name)
     finally:
         with psycopg.connect(admin_url, autocommit=True) as admin:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_url: str) -> Iterator[str]:
+    """A migrated database that each test's database is copied from."""
+    with scratch_database(admin_url, "pgdrain_tpl") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+        yield str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
 
 
 @pytest.fixture
 def db_url(admin_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test alone."""
-    name = f"pgdrain_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    try:
-        yield _with_dbname(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    with scratch_database(admin_url, "pgdrain_t", template_db) as url:
+        yield url
 
 
 @pytest.fixture
 def empty_db_url(admin_url: str) -> Iterator[str]:
     """A fresh database without the pgdrain schema (for migration tests)."""
-    name = f"pgdrain_e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield _with_dbname(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    with scratch_database(admin_url, "pgdrain_e") as url:
+        yield url
 
 
 @pytest.fixture
@@ -113,17 +104,5 @@ def module_db_url(admin_url: str, template_db: str) -> Iterator[str]:
     """A migrated database shared by the tests of one module: for tests that only read, or
     that undo what they write (a rolled-back transaction), where a fresh copy each would cost
     a CREATE DATABASE per test."""
-    name = f"pgdrain_m_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(template_db)
-            )
-        )
-    try:
-        yield _with_dbname(admin_url, name)
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    with scratch_database(admin_url, "pgdrain_m", template_db) as url:
+        yield url

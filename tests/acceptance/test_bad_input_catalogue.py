@@ -10,11 +10,8 @@ from __future__ import annotations
 import errno
 import io
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,50 +20,39 @@ import pytest
 from psycopg import sql
 
 from helpers.aws import FakeContext, aws_environment, log_records
+from helpers.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    ROOT,
+    Run,
+    count_jobs,
+    only_line,
+    run_pgdrain,
+)
 from helpers.fixtures import job_row, wait_for
 from helpers.restartable_pg import free_port
 from pgdrain import BadInput, enqueue, lambda_run
 from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]
-ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PASSWORD = "Tr0ub4dor-s3cret-pw"  # the test servers trust local connections and ignore it
-TIMEOUT_SECONDS = 120.0
 TEN_MB = 10 * 1024 * 1024
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
 
 
 def run_cli(url: str, *args: str | bytes, stdin: bytes = b"", **env: str) -> Run:
     """`pgdrain ARGS` with DATABASE_URL=url, the catalogue's job kinds, no other PGDRAIN_*."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PGDRAIN_")}
-    clean.update(
-        DATABASE_URL=url,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "handler"), str(HERE)]),
-        PGDRAIN_JOBS="catalogue_jobs",
-        PGDRAIN_RESERVE_SECONDS="0.5",
-    )
-    clean.update(env)
-    done = subprocess.run(
-        [sys.executable, "-m", "pgdrain.cli", *args],
-        env=clean,
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        timeout=TIMEOUT_SECONDS,
-        check=False,
-    )
-    run = Run(
-        done.returncode,
-        done.stdout.decode("utf-8", "replace"),
-        done.stderr.decode("utf-8", "replace"),
+    run = run_pgdrain(
+        *args,
+        env={
+            "DATABASE_URL": url,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "handler"), str(HERE)]),
+            "PGDRAIN_JOBS": "catalogue_jobs",
+            "PGDRAIN_RESERVE_SECONDS": "0.5",
+            **env,
+        },
+        stdin=stdin,
     )
     assert PASSWORD not in run.out + run.err, "the password leaked into the output"
     assert "Traceback" not in run.err, run.err
@@ -85,22 +71,10 @@ def secret_url(db_url: str) -> str:
     return _with_password(db_url)
 
 
-def _count(conn: Conn) -> int:
-    row = conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _only_line(text: str) -> str:
-    lines = text.splitlines()
-    assert len(lines) == 1, f"expected one line, got {lines!r}"
-    return lines[0]
-
-
 def _assert_bad_input(run: Run, fragment: str) -> None:
     assert run.code == EXIT_BAD_INPUT, run
     assert run.out == ""
-    line = _only_line(run.err)
+    line = only_line(run.err)
     assert line.startswith("pgdrain: error: ") and fragment in line, line
 
 
@@ -198,7 +172,7 @@ def test_cli_bad_input(
     run = run_cli(_with_password(refusing_db), *args, **env)
     _assert_bad_input(run, fragment)
     with psycopg.connect(refusing_db, autocommit=True) as conn:
-        assert _count(conn) == 0
+        assert count_jobs(conn) == 0
 
 
 def test_cli_a_10mb_payload_is_refused(secret_url: str, conn: Conn, tmp_path: Path) -> None:
@@ -219,7 +193,7 @@ def test_cli_a_10mb_payload_is_refused(secret_url: str, conn: Conn, tmp_path: Pa
     _assert_bad_input(run_cli(secret_url, "enqueue", "ok", "--payload", f"@{binary}"), "read")
     with pytest.raises(BadInput, match="the limit is"):
         enqueue(conn, "ok", {"blob": "x" * TEN_MB})
-    assert _count(conn) == 0
+    assert count_jobs(conn) == 0
 
 
 def test_cli_a_nul_byte_cannot_be_an_argument(secret_url: str, conn: Conn) -> None:
@@ -229,7 +203,7 @@ def test_cli_a_nul_byte_cannot_be_an_argument(secret_url: str, conn: Conn) -> No
         run_cli(secret_url, "enqueue", "ok\x00kind")
     with pytest.raises(BadInput, match="NUL"):
         enqueue(conn, "ok\x00kind")
-    assert _count(conn) == 0
+    assert count_jobs(conn) == 0
 
 
 def test_cli_sql_metacharacters_in_a_kind_or_key_are_only_text(secret_url: str, conn: Conn) -> None:
@@ -255,7 +229,7 @@ def test_cli_drain_with_the_database_down_exits_1_with_one_error_line(conn: Conn
     assert run.code == EXIT_FAILURE, run
     errors = [line for line in run.err.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "database unreachable" in errors[0], run.err
-    assert "stopped: error" in _only_line(run.out)
+    assert "stopped: error" in only_line(run.out)
 
 
 # -- job functions that raise, hang past the deadline, or kill their process -------------------
@@ -376,4 +350,4 @@ def test_bad_event(handler: tuple[Any, io.StringIO], conn: Conn, event: Any, fra
     assert PASSWORD not in logs.getvalue() + repr(result)
     row = job_row(conn, job_id)  # no database work: the job is untouched
     assert (row["status"], row["attempts"]) == ("queued", 0)
-    assert _count(conn) == 1
+    assert count_jobs(conn) == 1

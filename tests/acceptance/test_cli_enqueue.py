@@ -5,64 +5,33 @@ input (exit 2, one line naming the problem, nothing written) and a database that
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
+from helpers.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_OK,
+    ROOT,
+    Run,
+    count_jobs,
+    only_line,
+    run_pgdrain,
+)
 from helpers.fixtures import job_row
 
 Conn = psycopg.Connection[Any]
 
-ROOT = Path(__file__).resolve().parents[2]
-PGDRAIN = ROOT / ".venv" / "bin" / "pgdrain"
-TIMEOUT_SECONDS = 120.0
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-
 
 def pgdrain(url: str, *args: str | bytes, **env: str) -> Run:
-    """Run the installed console script with DATABASE_URL=url and nothing else of ours set."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PGDRAIN_")}
-    clean.update(DATABASE_URL=url, PYTHONPATH=str(ROOT / "handler"), **env)
-    done = subprocess.run(
-        [str(PGDRAIN), *args],
-        env=clean,
-        cwd=ROOT,
-        capture_output=True,
-        timeout=TIMEOUT_SECONDS,
-        check=False,
-    )
-    return Run(
-        done.returncode,
-        done.stdout.decode("utf-8", "replace"),
-        done.stderr.decode("utf-8", "replace"),
-    )
-
-
-def _count(conn: Conn) -> int:
-    row = conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _only_line(text: str) -> str:
-    lines = text.splitlines()
-    assert len(lines) == 1, f"expected one line, got {lines!r}"
-    return lines[0]
+    """Run the command with DATABASE_URL=url and nothing else of ours set."""
+    return run_pgdrain(*args, env={"DATABASE_URL": url, "PYTHONPATH": str(ROOT / "handler"), **env})
 
 
 # The happy path, each on a fresh database.
@@ -108,7 +77,7 @@ def test_enqueue_count_inserts_that_many(conn: Conn, db_url: str) -> None:
     run = pgdrain(db_url, "enqueue", "send_email", "--count", "25")
     assert (run.code, run.err) == (EXIT_OK, "")
     assert re.fullmatch(r"enqueued 25 jobs \(\d+\.\.\d+\)", run.out.strip()), run.out
-    assert _count(conn) == 25
+    assert count_jobs(conn) == 25
 
 
 def test_enqueue_with_a_key_returns_the_same_job_twice(conn: Conn, db_url: str) -> None:
@@ -119,7 +88,7 @@ def test_enqueue_with_a_key_returns_the_same_job_twice(conn: Conn, db_url: str) 
     [second_id] = re.findall(r"\d+", second.out)
     assert first_id == second_id
     assert "exists" in second.out
-    assert _count(conn) == 1
+    assert count_jobs(conn) == 1
 
 
 def test_stats_json_shape(conn: Conn, db_url: str) -> None:
@@ -193,11 +162,11 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     module_db_url: str, args: Sequence[str | bytes], problem: str
 ) -> None:
     with psycopg.connect(module_db_url, autocommit=True) as conn:
-        before = _count(conn)
+        before = count_jobs(conn)
         run = pgdrain(module_db_url, "enqueue", *args)
-        after = _count(conn)
+        after = count_jobs(conn)
     assert run.code == EXIT_BAD_INPUT, run
-    line = _only_line(run.err)
+    line = only_line(run.err)
     assert line.startswith("pgdrain: error: ")
     assert problem in line
     assert run.out == ""
@@ -212,11 +181,11 @@ def test_a_payload_over_256_kib_from_a_file_exits_2_and_writes_nothing(
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"body": "é" * 150_000}, ensure_ascii=False), encoding="utf-8")
     with psycopg.connect(module_db_url, autocommit=True) as conn:
-        before = _count(conn)
+        before = count_jobs(conn)
         run = pgdrain(module_db_url, "enqueue", "send_email", "--payload", f"@{big}")
-        after = _count(conn)
+        after = count_jobs(conn)
     assert run.code == EXIT_BAD_INPUT, run
-    line = _only_line(run.err)
+    line = only_line(run.err)
     assert "payload is 300" in line and "limit is 262144" in line
     assert after == before
 
@@ -224,10 +193,10 @@ def test_a_payload_over_256_kib_from_a_file_exits_2_and_writes_nothing(
 def test_control_the_same_command_with_good_input_writes(module_db_url: str) -> None:
     """The bad-input cases above differ from this one in their bad argument only."""
     with psycopg.connect(module_db_url, autocommit=True) as conn:
-        before = _count(conn)
+        before = count_jobs(conn)
         run = pgdrain(module_db_url, "enqueue", "send_email", "--payload", '{"a": "é"}')
         assert (run.code, run.err) == (EXIT_OK, "")
-        assert _count(conn) == before + 1
+        assert count_jobs(conn) == before + 1
         conn.execute("DELETE FROM pgdrain.jobs")
 
 
@@ -248,7 +217,7 @@ def test_a_database_that_is_down_gives_exit_1_and_one_line(args: list[str]) -> N
         f"postgresql://postgres@127.0.0.1:{port}/pgdrain", *args, PGDRAIN_CONNECT_TIMEOUT="1"
     )
     assert run.code == EXIT_FAILURE, run
-    line = _only_line(run.err)
+    line = only_line(run.err)
     assert line.startswith("pgdrain: error: database unreachable")
     assert f"port {port}" in line  # names where it tried
     assert "Traceback" not in run.err

@@ -5,9 +5,6 @@ function's own output (logs, metrics) on stderr."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,44 +12,21 @@ import psycopg
 import pytest
 
 from helpers.aws import emf_records, log_records, metric_totals
+from helpers.cli import Run, run_pgdrain
 from pgdrain import enqueue
 
 Conn = psycopg.Connection[Any]
 
-ROOT = Path(__file__).resolve().parents[2]
-PGDRAIN = ROOT / ".venv" / "bin" / "pgdrain"
-TIMEOUT_SECONDS = 120.0
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-
-    def result(self) -> dict[str, Any]:
-        lines = self.out.strip().splitlines()
-        assert len(lines) == 1, f"stdout must be the result alone: {self.out!r}"
-        payload = json.loads(lines[0])
-        assert isinstance(payload, dict)
-        return payload
-
 
 def invoke(url: str, *args: str, stdin: str | None = None) -> Run:
     """`pgdrain invoke ...` in the repository, with DATABASE_URL=url and no PGDRAIN_* set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGDRAIN_", "POWERTOOLS_"))}
-    env.update(DATABASE_URL=url)
-    done = subprocess.run(
-        [str(PGDRAIN), "invoke", *args],
-        env=env,
-        cwd=ROOT,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_SECONDS,
-        check=False,
+    return run_pgdrain(
+        "invoke",
+        *args,
+        env={"DATABASE_URL": url},
+        stdin=(stdin or "").encode(),
+        drop=("PGDRAIN_", "POWERTOOLS_"),
     )
-    return Run(done.returncode, done.stdout, done.stderr)
 
 
 def _enqueue(conn: Conn, queue: str, count: int) -> None:

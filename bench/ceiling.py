@@ -1,0 +1,169 @@
+"""The SQL ceiling: pgbench running exactly the statements pgdrain's drain runs per batch.
+
+The statement text comes from pgdrain's own queries.sql. Numbers become pgbench variables
+(bound as parameters under -M prepared, as psycopg binds them); constant strings become
+literals. The claimed rows are folded into two arrays with array_agg and carried by \\gset to
+the statement that completes them, which is thus fenced by exactly the ids and tokens the
+claim returned, in a later statement and round trip, as the drain does it.
+
+Two shapes, whichever queries.sql has (the drain loop's owner may change it):
+- `claim+complete`: job_claim_batch, then job_complete_many with the claim's ids and tokens.
+  One pgbench transaction is one batch: two statements, two commits.
+- `complete-and-claim`: job_complete_and_claim completes the previous batch and claims the
+  next in one statement, one commit. pgbench variables live on from one transaction to the
+  next, so the ids and tokens a transaction claims are the ones the next one completes. The
+  first completes nothing (-D ids={}); each client claims its share of the jobs (a counter
+  variable), then runs one more transaction with limit 0 that only completes its last batch."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import pgbench_path
+from pgdrain.sql import query, query_names
+
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+# pgdrain's own values for a run: its queue, a 30 s lease, a lease cap well past the run.
+PARAMS = {
+    "queues": "'{default}'",  # a literal: pgbench variables are numbers
+    "worker": "'pgbench'",  # a literal, like the worker id a run binds
+    "limit": ":limit",
+    "lease_seconds": ":lease_seconds",
+    "cap_seconds": ":cap_seconds",
+    "ids": ":ids",
+    "tokens": ":tokens",
+    "done_ids": ":ids",
+    "done_tokens": ":tokens",
+}
+# :batch and :quota come from the command line (-D), like :ids, :tokens and :n.
+SETS = "\\set lease_seconds 30\n\\set cap_seconds 600\n"
+# complete-and-claim: claim `quota` batches, then one transaction that only completes.
+COUNTER = "\\set n :n + 1\n\\set limit case when :n <= :quota then :batch else 0 end\n"
+GSET = (
+    "SELECT coalesce(array_agg(id), '{{}}') AS ids,\n"
+    "       coalesce(array_agg(attempt_token), '{{}}') AS tokens\n"
+    "FROM {rows}\n\\gset"
+)
+
+
+def shape() -> str:
+    names = set(query_names())
+    if "job_complete_and_claim" in names:
+        return "complete-and-claim"
+    if {"job_claim_batch", "job_complete_many"} <= names:
+        return "claim+complete"
+    raise RuntimeError("queries.sql has neither claim statement the ceiling knows")
+
+
+def _translate(name: str, rewrite: Callable[[str], str] | None = None) -> str:
+    def one(match: re.Match[str]) -> str:
+        if match.group(1) not in PARAMS:
+            raise KeyError(f"no pgbench value for {name}'s parameter %({match.group(1)})s")
+        return PARAMS[match.group(1)]
+
+    statement = _PARAM.sub(one, rewrite(query(name)) if rewrite else query(name))
+    if "%(" in statement:
+        raise ValueError(f"a parameter of {name} was left untranslated")
+    return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
+
+
+def _wrap_result(statement: str, where: str) -> str:
+    """Keep the statement's final SELECT as it is, as one more CTE, and return its claimed
+    rows' ids and tokens as two arrays for \\gset."""
+    cut = statement.rindex(where)
+    head, tail = statement[:cut], statement[cut + 1 :]
+    body = f"{head},\nresult_rows AS (\n{tail}\n)\n"
+    return body
+
+
+def claims_per_client(jobs: int, batch: int, clients: int) -> int:
+    return math.ceil(jobs / (batch * clients))
+
+
+def transactions_per_client(jobs: int, batch: int, clients: int) -> int:
+    extra = 1 if shape() == "complete-and-claim" else 0
+    return claims_per_client(jobs, batch, clients) + extra
+
+
+def script(rewrite: Callable[[str], str] | None = None) -> str:
+    """The pgbench script: :batch jobs per claim, :quota claims per client (both defined on
+    the command line). `rewrite` changes the statement first (bench/prototype.py's
+    proposals only)."""
+    if shape() == "claim+complete":
+        claim = _wrap_result(_translate("job_claim_batch"), "\nSELECT ")
+        claim += GSET.format(rows="result_rows")
+        complete = _translate("job_complete_many")
+        sets = SETS + "\\set limit :batch\n"
+        return f"{sets}{claim}\n{complete};\n"
+    cycle = _wrap_result(_translate("job_complete_and_claim", rewrite), "\nSELECT ")
+    cycle += GSET.format(rows="result_rows WHERE NOT completed")
+    return f"{SETS}{COUNTER}{cycle}\n"
+
+
+def arguments(jobs: int, batch: int, clients: int) -> list[str]:
+    """pgbench's options for draining `jobs` jobs with `clients` clients."""
+    return [
+        "--no-vacuum",
+        "--protocol=prepared",
+        f"--client={clients}",
+        f"--jobs={clients}",
+        f"--transactions={transactions_per_client(jobs, batch, clients)}",
+        f"--define=batch={batch}",
+        f"--define=quota={claims_per_client(jobs, batch, clients)}",
+        "--define=ids={}",
+        "--define=tokens={}",
+        "--define=n=0",
+    ]
+
+
+@dataclass(frozen=True)
+class PgbenchResult:
+    tps: float
+    transactions: int
+    failed: int
+    output: str
+
+
+def run(
+    url: str, jobs: int, batch: int, clients: int, rewrite: Callable[[str], str] | None = None
+) -> PgbenchResult:
+    """Drain `jobs` ready jobs with `clients` pgbench clients, `batch` jobs per claim."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as handle:
+        handle.write(script(rewrite))
+        path = Path(handle.name)
+    try:
+        proc = subprocess.run(
+            [pgbench_path(), *arguments(jobs, batch, clients), f"--file={path}", url],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=600,
+        )
+    finally:
+        path.unlink()
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgbench failed ({proc.returncode}):\n{out}")
+    tps = re.search(r"^tps = ([0-9.]+) \(without initial connection time\)", out, re.M)
+    done = re.search(r"^number of transactions actually processed: (\d+)", out, re.M)
+    failed = re.search(r"^number of failed transactions: (\d+)", out, re.M)
+    if tps is None or done is None:
+        raise RuntimeError(f"could not read pgbench's output:\n{out}")
+    return PgbenchResult(
+        tps=float(tps.group(1)),
+        transactions=int(done.group(1)),
+        failed=int(failed.group(1)) if failed else 0,
+        output=out,
+    )
+
+
+def version() -> str:
+    proc = subprocess.run([pgbench_path(), "--version"], capture_output=True, text=True)
+    return proc.stdout.strip()

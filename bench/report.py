@@ -1,0 +1,531 @@
+"""docs/benchmarks.md and its plot, from one run's figures."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.common import paired_ratio
+
+if TYPE_CHECKING:
+    from bench.common import Figure
+    from bench.run import Results
+
+# The issue's targets (goals for the figures, not test assertions).
+CEILING_RATIO = 0.8
+PEER_RATIO = 2.0
+ROUND_TRIPS = 2
+IMPORT_MS = 300.0
+ENQUEUE_PER_S = 50_000.0
+RSS_MB = 100.0
+
+
+def _n(value: float, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _get(res: Results, key: str) -> Figure | None:
+    fig = res.figures.get(key)
+    return fig if fig is not None and fig.values else None
+
+
+def _value(res: Results, key: str) -> float:
+    fig = _get(res, key)
+    return fig.value if fig is not None else float("nan")
+
+
+def _cell(res: Results, key: str) -> str:
+    fig = res.figures.get(key)
+    if fig is None:
+        return ""
+    if not fig.values:
+        return f"no verified run ({fig.rejected} failed the check)"
+    text = _n(fig.value)
+    if fig.rejected:
+        text += f" ({fig.rejected} run(s) failed the check)"
+    return text
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
+
+
+def _pair(res: Results, batch: int, procs: int, kind: str = "pgdrain") -> float:
+    """pgdrain / ceiling at one batch size and process count: the median of the ratios of
+    each repetition, whose two runs were back to back."""
+    return paired_ratio(
+        res.figures.get(f"{kind}/{batch}/{procs}"), res.figures.get(f"ceiling/{batch}/{procs}")
+    )
+
+
+def _met(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "**missed**")
+
+
+def rows(res: Results) -> list[dict[str, Any]]:
+    """The throughput table: one row per system and setting, one column per process count."""
+    cfg = res.config
+    best = res.info.get("best_batch", cfg.default_batch)
+    out: list[dict[str, Any]] = []
+
+    def conc(batch: int) -> Any:
+        fig = res.figures.get(f"pgdrain/{batch}/1")
+        return fig.params.get("concurrency", "?") if fig else "?"
+
+    default = cfg.default_batch
+    for batch, label in (
+        (default, f"default: batch {default}, concurrency {conc(default)}"),
+        (best, f"best: batch {best}, concurrency {conc(best)}"),
+    ):
+        if batch == best and label.startswith("best") and best == cfg.default_batch:
+            continue
+        out.append({"system": "pgdrain", "setting": label, "key": f"pgdrain/{batch}/{{p}}"})
+        out.append(
+            {
+                "system": "SQL ceiling (pgbench -M prepared)",
+                "setting": f"batch {batch}, clients = processes",
+                "key": f"ceiling/{batch}/{{p}}",
+            }
+        )
+    if "prototype/" + str(best) + "/1" in res.figures:
+        out.append(
+            {
+                "system": "bench/prototype.py (a leaner loop, not pgdrain)",
+                "setting": f"batch {best}, concurrency {conc(best)}",
+                "key": f"prototype/{best}/{{p}}",
+            }
+        )
+    if "pgqueuer_best_batch" in res.info:
+        b = res.info["pgqueuer_best_batch"]
+        for driver in ("asyncpg", "psycopg"):
+            out.append(
+                {
+                    "system": f"PgQueuer {res.info['peer_versions']['pgqueuer']} ({driver})",
+                    "setting": f"drain mode, batch_size {b}",
+                    "key": f"pgqueuer-{driver}/{b}/{{p}}",
+                }
+            )
+        c = res.info["procrastinate_best_concurrency"]
+        out.append(
+            {
+                "system": f"Procrastinate {res.info['peer_versions']['procrastinate']}",
+                "setting": f"wait=False, concurrency {c}",
+                "key": f"procrastinate/{c}/{{p}}",
+            }
+        )
+    return out
+
+
+def _process_counts(res: Results) -> list[int]:
+    counts = {int(f.params["processes"]) for f in res.figures.values() if "processes" in f.params}
+    return sorted(counts)
+
+
+def headline(res: Results) -> dict[str, float]:
+    cfg = res.config
+    best = res.info.get("best_batch", cfg.default_batch)
+    procs = _process_counts(res)
+    pg_best = max(
+        (_value(res, f"pgdrain/{b}/{p}") for b in (cfg.default_batch, best) for p in procs),
+        default=float("nan"),
+    )
+    pq_keys = [k for k in res.figures if k.startswith("pgqueuer-")]
+    pq_best = max((_value(res, k) for k in pq_keys), default=float("nan"))
+    pq_one = max((_value(res, k) for k in pq_keys if k.endswith("/1")), default=float("nan"))
+    return {
+        "ratio_default": _pair(res, cfg.default_batch, 1),
+        "ratio_best": _pair(res, best, 1),
+        "pgdrain_best": pg_best,
+        "pgdrain_one": _value(res, f"pgdrain/{best}/1"),
+        "pgqueuer_best": pq_best,
+        "pgqueuer_one": pq_one,
+    }
+
+
+def plot(res: Results, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    procs = _process_counts(res)
+    fig, ax = plt.subplots(figsize=(9, 6.5), dpi=110)
+    colours: dict[str, str] = {}
+    for row in rows(res):
+        xs, ys = [], []
+        for p in procs:
+            key = row["key"].format(p=p)
+            if _get(res, key) is not None:
+                xs.append(p)
+                ys.append(_value(res, key))
+        if not xs:
+            continue
+        ceiling = row["system"].startswith("SQL ceiling")
+        # A pgdrain line and its ceiling share a colour: solid for pgdrain, dashed for SQL.
+        pair = row["setting"].split(",")[0].split(": ")[-1] if ceiling else None
+        colour = colours.get(pair or "") if ceiling else None
+        (line,) = ax.plot(
+            xs,
+            ys,
+            "--" if ceiling else "-",
+            marker="s" if ceiling else "o",
+            color=colour,
+            label=f"{row['system']}: {row['setting']}",
+        )
+        if row["system"] == "pgdrain":
+            colours[row["setting"].split(": ")[1].split(",")[0]] = line.get_color()
+    ax.set_xlabel("drain processes (pgbench clients for the ceiling)")
+    ax.set_ylabel("jobs/s, median of repetitions (log scale)")
+    ax.set_yscale("log")
+    ax.set_xticks(procs)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("No-op jobs drained per second: one PostgreSQL, one run")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write(res: Results, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png = out.with_suffix(".png")
+    plot(res, png)
+    out.write_text(markdown(res, png.name))
+
+
+def markdown(res: Results, png_name: str) -> str:
+    cfg = res.config
+    env = res.info["env"]
+    best = res.info.get("best_batch", cfg.default_batch)
+    procs = _process_counts(res)
+    h = headline(res)
+    lines: list[str] = []
+    add = lines.append
+
+    add("# Benchmarks")
+    add("")
+    add(
+        "Written by `make bench` (`bench/run.py`); do not edit by hand. Every figure is the "
+        f"median of {cfg.reps} repetitions, each on a fresh database copied from a template "
+        "that already holds the schema and the pre-enqueued jobs (enqueueing is not timed), "
+        "and each checked afterwards from the database's own tables: pgdrain's rows must all "
+        "be `done` with `attempts = 1`, PgQueuer's log must hold one `successful` row per job "
+        "with its queue empty, Procrastinate's jobs must all be `succeeded` with one `started` "
+        "event each; and the job functions' own execution counts must add up. A repetition "
+        "that fails its check is not counted (the table says so where it happened)."
+    )
+    add("")
+    add(
+        f"**Headline:** with one process, pgdrain reaches **{_n(h['ratio_best'], 2)}x** of "
+        f"its own SQL ceiling at its best batch size ({best}) and "
+        f"**{_n(h['ratio_default'], 2)}x** at its default ({cfg.default_batch}); its best "
+        f"figure is **{_n(_ratio(h['pgdrain_best'], h['pgqueuer_best']), 2)}x** PgQueuer's "
+        "best in the same run."
+    )
+    add("")
+    add("## Setup")
+    add("")
+    add(f"- Date: {env['date']}; the whole run took {res.info.get('elapsed_s', 0):.0f} s.")
+    add(f"- Server: {env['server']}, default settings; {env['pgbench']}.")
+    add(f"- Machine: {env['machine']}, Python {env['python']}, psycopg {env['psycopg']}.")
+    add(f"- pgdrain {env['pgdrain']}.")
+    if "peer_versions" in res.info:
+        v = res.info["peer_versions"]
+        add(
+            f"- Peers: PgQueuer {v['pgqueuer']} (asyncpg {v['asyncpg']}, psycopg {v['psycopg']}),"
+            f" Procrastinate {v['procrastinate']} (psycopg-pool {v['psycopg-pool']})."
+        )
+    add(
+        f"- Load average (1/5/15 min) at the start {env['load_start']}, at the end "
+        f"{env.get('load_end', '?')}. The machine is shared with other work (test suites of "
+        "other sessions run at the same time), so absolute figures are noisy: compare the "
+        "ratios, which come from interleaved repetitions of the same run."
+    )
+    add("")
+    add("## Drain throughput")
+    add("")
+    add(
+        f"No-op jobs, {cfg.jobs:,} pre-enqueued for pgdrain, its ceiling and PgQueuer; "
+        f"{cfg.procrastinate_jobs:,} for Procrastinate (it is two orders of magnitude slower, "
+        "and 20,000 would take minutes). jobs/s = jobs / (last process's end - first "
+        "process's start); processes are started, and import, before the clock starts."
+    )
+    add("")
+    header = "| system | setting | " + " | ".join(f"{p} proc." for p in procs) + " |"
+    add(header)
+    add("|---|---|" + "---:|" * len(procs))
+    for row in rows(res):
+        cells = [_cell(res, row["key"].format(p=p)) for p in procs]
+        add(f"| {row['system']} | {row['setting']} | " + " | ".join(cells) + " |")
+    for batch in sorted({cfg.default_batch, best}):
+        ratios = [_n(_pair(res, batch, p), 2) for p in procs]
+        add(f"| **pgdrain / ceiling** | batch {batch} | " + " | ".join(ratios) + " |")
+    if f"prototype/{best}/1" in res.figures:
+        ratios = [_n(_pair(res, best, p, "prototype"), 2) for p in procs]
+        add(f"| **prototype / ceiling** | batch {best} | " + " | ".join(ratios) + " |")
+    add("")
+    add(f"![jobs/s against drain processes]({png_name})")
+    add("")
+    add("### pgdrain against its ceiling, by batch size (one process, one pgbench client)")
+    add("")
+    add(
+        "| batch | concurrency | pgdrain jobs/s | ceiling jobs/s | pgdrain / ceiling "
+        "| drain peak RSS (MB) |"
+    )
+    add("|---:|---:|---:|---:|---:|---:|")
+    for b in cfg.batches:
+        pg = res.figures.get(f"pgdrain/{b}/1")
+        rss = pg.extra_median("rss_mb") if pg else float("nan")
+        conc = pg.params.get("concurrency", "?") if pg else "?"
+        add(
+            f"| {b} | {conc} | {_cell(res, f'pgdrain/{b}/1')} | {_cell(res, f'ceiling/{b}/1')} | "
+            f"{_n(_pair(res, b, 1), 2)} | "
+            f"{_n(rss, 1)} |"
+        )
+    add("")
+    add(
+        "pgdrain claims no more jobs than it has free worker threads (no job waits claimed), "
+        "so each batch size other than the default runs with as many threads as jobs per "
+        "claim; a claim is made once half of them are free."
+    )
+    add("")
+    ceilings = {b: _value(res, f"ceiling/{b}/1") for b in cfg.batches}
+    known = {b: v for b, v in ceilings.items() if not math.isnan(v)}
+    if known:
+        top = max(known, key=lambda b: known[b])
+        if top != max(known):
+            add(
+                f"The ceiling is highest at batch {top}, not at the largest batch: the "
+                "statement's own cost per job grows past that size (its plan changes), for "
+                "pgbench as for pgdrain."
+            )
+            add("")
+    if "pgqueuer_best_batch" in res.info:
+        add("### Peers' settings tried (one process)")
+        add("")
+        add("| peer | setting | jobs/s |")
+        add("|---|---|---:|")
+        for key, fig in res.figures.items():
+            if key.startswith("pgqueuer-asyncpg/") and key.endswith("/1"):
+                add(
+                    f"| PgQueuer (asyncpg) | batch_size {fig.params['batch']} | {_cell(res, key)} |"
+                )
+            if key.startswith("procrastinate/") and key.endswith("/1"):
+                add(
+                    f"| Procrastinate | concurrency {fig.params['concurrency']} | "
+                    f"{_cell(res, key)} |"
+                )
+        add("")
+
+    add("## Targets and other figures")
+    add("")
+    empty = res.figures.get("empty")
+    imp = res.figures.get("import")
+    enq = res.figures.get("enqueue")
+    rss_fig = res.figures.get(f"pgdrain/{cfg.default_batch}/1")
+    xacts = float("nan")
+    if empty is not None:
+        xacts = empty.extra_median("empty_xacts") - empty.extra_median("connect_xacts")
+    add("| what | figure | target | |")
+    add("|---|---:|---:|---|")
+    targets: list[tuple[str, str, str, bool | None]] = []
+    targets.append(
+        (
+            "pgdrain / ceiling, one process, best batch",
+            _n(h["ratio_best"], 2),
+            f"≥ {CEILING_RATIO}",
+            None if math.isnan(h["ratio_best"]) else h["ratio_best"] >= CEILING_RATIO,
+        )
+    )
+    targets.append(
+        (
+            "pgdrain / ceiling, one process, default batch",
+            _n(h["ratio_default"], 2),
+            f"≥ {CEILING_RATIO}",
+            None if math.isnan(h["ratio_default"]) else h["ratio_default"] >= CEILING_RATIO,
+        )
+    )
+    peer = _ratio(h["pgdrain_best"], h["pgqueuer_best"])
+    targets.append(
+        (
+            "pgdrain best / PgQueuer best (jobs/s)",
+            f"{_n(peer, 2)} ({_n(h['pgdrain_best'])} / {_n(h['pgqueuer_best'])})",
+            f"≥ {PEER_RATIO}",
+            None if math.isnan(peer) else peer >= PEER_RATIO,
+        )
+    )
+    per = _ratio(h["pgdrain_one"], h["pgqueuer_one"])
+    targets.append(
+        (
+            "per process: pgdrain / PgQueuer, one process each",
+            f"{_n(per, 2)} ({_n(h['pgdrain_one'])} / {_n(h['pgqueuer_one'])})",
+            "≥ 1",
+            None if math.isnan(per) else per >= 1.0,
+        )
+    )
+    if empty is not None:
+        targets.append(
+            (
+                "empty scheduled run: round trips after connect",
+                _n(empty.value),
+                f"≤ {ROUND_TRIPS}",
+                empty.value <= ROUND_TRIPS,
+            )
+        )
+        targets.append(
+            (
+                "empty scheduled run: server transactions after connect "
+                "(Δ pg_stat_database.xact_commit, less a bare connect's)",
+                _n(xacts),
+                "",
+                None,
+            )
+        )
+        targets.append(
+            (
+                "empty scheduled run: wall ms with the connect / without",
+                f"{_n(empty.extra_median('total_ms'), 1)} / {_n(empty.extra_median('run_ms'), 1)}",
+                "",
+                None,
+            )
+        )
+    if imp is not None:
+        label = res.info.get("import_module", "app")
+        note = "" if label == "app" else " (handler/app.py did not exist yet)"
+        targets.append(
+            (
+                f"cold start: `import {label}`{note}, wall ms (CPU ms; whole fresh process ms)",
+                f"{_n(imp.value)} ({_n(imp.extra_median('cpu_ms'))}; "
+                f"{_n(imp.extra_median('process_ms'))})",
+                f"< {IMPORT_MS:.0f}",
+                imp.value < IMPORT_MS,
+            )
+        )
+    if enq is not None and enq.values:
+        targets.append(
+            (
+                f"enqueue_many of {enq.params['jobs']:,} jobs, jobs/s "
+                "(with build_job's validation)",
+                f"{_n(enq.value)} ({_n(enq.extra_median('with_build_jobs_per_s'))})",
+                f"≥ {ENQUEUE_PER_S:,.0f}",
+                enq.value >= ENQUEUE_PER_S,
+            )
+        )
+    rss_best = res.figures.get(f"pgdrain/{best}/1")
+    if rss_fig is not None and rss_fig.values and rss_best is not None and rss_best.values:
+        rss = max(rss_fig.extra_median("rss_mb"), rss_best.extra_median("rss_mb"))
+        targets.append(
+            (
+                f"peak RSS of the {cfg.jobs:,}-job drain process, MB: default batch "
+                f"{cfg.default_batch} / best batch {best}",
+                f"{_n(rss_fig.extra_median('rss_mb'), 1)} / "
+                f"{_n(rss_best.extra_median('rss_mb'), 1)}",
+                f"< {RSS_MB:.0f}",
+                rss < RSS_MB,
+            )
+        )
+    for what, figure, target, ok in targets:
+        add(f"| {what} | {figure} | {target} | {_met(ok) if target else ''} |")
+    add("")
+    if empty is not None:
+        via = res.info.get("empty_via", "drain")
+        how = (
+            "`lambda_handler` of handler/app.py, given an EventBridge Scheduler event"
+            if via == "handler"
+            else "`pgdrain.drain` with default settings (handler/app.py did not exist yet)"
+        )
+        add(
+            f"The empty run is {how}, on a migrated, empty database. Its round trips are "
+            "counted from libpq's protocol trace after the connection is made: each "
+            "ReadyForQuery the server sends closes one request/response exchange (median "
+            "statements executed: "
+            f"{_n(empty.extra_median('statements'))}). Its server transactions are the "
+            "growth of `pg_stat_database.xact_commit` for its database, read from another "
+            "database once its backend has exited, less that of a bare connect and close "
+            f"({_n(empty.extra_median('connect_xacts'))}). The peak RSS is the drain "
+            "process's VmHWM (getrusage's ru_maxrss would report the parent's peak: it "
+            "survives exec). The import is timed in a fresh interpreter after one untimed "
+            "run that compiles the bytecode."
+        )
+        add("")
+    add("## How the ceiling is measured")
+    add("")
+    shape = res.info.get("ceiling_shape", "")
+    add(
+        "pgbench runs the statements pgdrain's drain runs per batch, their text read from "
+        "`handler/pgdrain/sql/queries.sql` at run time: numbers as pgbench variables (bound "
+        "parameters under `-M prepared`, as psycopg binds them), the queue and worker names as "
+        "literals, and the statement's own result kept whole as a last CTE. The claimed ids "
+        "and tokens are folded with `array_agg` and carried by `\\gset` to the statement that "
+        "completes them, so every completion is fenced by exactly what a claim returned, in a "
+        "later statement and round trip. jobs/s = jobs / (transactions / tps)."
+    )
+    add("")
+    if shape == "complete-and-claim":
+        add(
+            "The drain's hot path is one statement per batch, `job_complete_and_claim`: it "
+            "completes the batch the run finished and claims the next, in one round trip and "
+            "one commit. So does each pgbench transaction: pgbench variables outlive a "
+            "transaction, so the ids and tokens one transaction claims are the ones the next "
+            "completes. The first completes nothing (`-D ids={}`); a counter gives each "
+            "client its share of the claims, and one last transaction per client claims "
+            "nothing (limit 0) and completes that client's last batch."
+        )
+    else:
+        add(
+            "Each pgbench transaction is one batch: `job_claim_batch`, then "
+            "`job_complete_many` with the ids and tokens it returned (two statements, two "
+            "commits)."
+        )
+    add("")
+    args = res.info.get("ceiling_arguments", {}).get(best, "")
+    add(
+        f"The script, and the options for batch {best} and one client (the `{shape}` "
+        "shape). To see where a drain process spends its time: `.venv-bench/bin/python -m "
+        f"bench.profile --batch {best}` (py-spy)."
+    )
+    add("")
+    add("```")
+    add(f"pgbench {args} --file=ceiling.sql DBNAME")
+    add("```")
+    add("")
+    add("```")
+    add(str(res.info.get("ceiling_script", "")).rstrip())
+    add("```")
+    add("")
+    add("## Every repetition")
+    add("")
+    add("<details><summary>raw values</summary>")
+    add("")
+    add("| figure | parameters | values | rejected |")
+    add("|---|---|---|---:|")
+    for fig in res.figures.values():
+        params = ", ".join(f"{k}={v}" for k, v in fig.params.items())
+        vals = ", ".join(_n(v, 1) for v in fig.values)
+        add(f"| {fig.name} | {params} | {vals} | {fig.rejected} |")
+    add("")
+    add("</details>")
+    add("")
+    add("## Reproduce")
+    add("")
+    add(
+        "`make bench` (against `DATABASE_URL` if set, else an embedded PostgreSQL; it "
+        "creates `.venv-bench` with the peers first). `.venv-bench/bin/python -m bench.run "
+        "--help` for the options. Two tools that are not part of it: `python -m "
+        "bench.profile --batch N` (py-spy: where a drain process spends its CPU) and "
+        "`python -m bench.proposals` (pgdrain against `bench/prototype.py`, a leaner loop "
+        "that is not pgdrain, and against a claim that reaches its rows by primary key, "
+        "each beside its SQL ceiling)."
+    )
+    add("")
+    notes = res.info.get("notes", [])
+    if notes:
+        add("## Notes")
+        add("")
+        for note in notes:
+            add(f"- {note}")
+        add("")
+    return "\n".join(lines)

@@ -1,0 +1,507 @@
+"""`make bench`: every figure of docs/benchmarks.md, measured against one PostgreSQL
+(DATABASE_URL, else the embedded one) in one run, so that ratios compare like with like.
+
+Each repetition runs on a fresh database copied from a template that holds the schema and the
+pre-enqueued jobs (enqueueing is never timed), and is checked afterwards from the database's
+own tables: a repetition whose check fails is reported and never counted. Repetitions of
+the cells that are compared are interleaved, so a burst of load on this shared machine
+falls on both sides of a ratio rather than on one."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import ceiling, peers, report
+from bench.common import (
+    HANDLER,
+    REPO,
+    Figure,
+    Server,
+    load_average,
+    log,
+    resolve_server,
+    run_workers,
+    worker_env,
+)
+from bench.prototype import claim_by_pk
+from pgdrain.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
+
+
+@dataclass
+class Config:
+    reps: int = 3
+    jobs: int = 20_000
+    batches: tuple[int, ...] = (10, 50, 100, 250)
+    processes: tuple[int, ...] = (1, 2, 4)
+    default_batch: int = DEFAULT_BATCH_SIZE
+    default_concurrency: int = DEFAULT_CONCURRENCY
+    pgqueuer_jobs: int = 20_000
+    pgqueuer_batches: tuple[int, ...] = (100, 250, 500)
+    procrastinate_jobs: int = 2_000
+    procrastinate_concurrency: tuple[int, ...] = (10, 30)
+    procrastinate_processes: tuple[int, ...] = (1, 3)
+    enqueue_jobs: int = 100_000
+    empty_runs: int = 5
+    import_runs: int = 10
+    peers: bool = True
+    prototype: bool = False
+
+
+@dataclass
+class Results:
+    config: Config
+    figures: dict[str, Figure] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def figure(self, key: str, name: str, **params: Any) -> Figure:
+        if key not in self.figures:
+            self.figures[key] = Figure(name, params)
+        return self.figures[key]
+
+
+# -- templates -------------------------------------------------------------------------------
+
+
+def _vacuum(url: str) -> None:
+    """Leave every table vacuumed and analysed, as autovacuum would: the same for all."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
+def pgdrain_template(server: Server, jobs: int) -> str:
+    from pgdrain.enqueue import build_job, enqueue_many
+    from pgdrain.migrate import migrate
+
+    name = server.create()
+    with psycopg.connect(server.url(name), autocommit=True) as conn:
+        migrate(conn)
+        if jobs:
+            with conn.transaction():
+                enqueue_many(conn, (build_job("noop") for _ in range(jobs)))
+    _vacuum(server.url(name))
+    return name
+
+
+def pgqueuer_template(server: Server, jobs: int) -> str:
+    name = server.create()
+    peers.pgqueuer_install(server.url(name))
+    peers.pgqueuer_enqueue(server.url(name), jobs)
+    _vacuum(server.url(name))
+    return name
+
+
+def procrastinate_template(server: Server, jobs: int) -> str:
+    name = server.create()
+    peers.procrastinate_install(server.url(name))
+    peers.procrastinate_enqueue(server.url(name), jobs)
+    _vacuum(server.url(name))
+    return name
+
+
+# -- one repetition of each kind ---------------------------------------------------------------
+
+
+def verify_pgdrain(url: str, jobs: int) -> tuple[bool, str]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            """SELECT count(*), count(*) FILTER (WHERE status = 'done' AND attempts = 1)
+               FROM pgdrain.jobs"""
+        ).fetchone()
+    assert row is not None
+    total, once = int(row[0]), int(row[1])
+    return total == jobs and once == jobs, f"{once} of {total} rows done with attempts = 1"
+
+
+def concurrency_for(cfg: Config, batch: int) -> int:
+    """pgdrain claims no more jobs than its free worker slots, so a batch size above the
+    concurrency would never be reached: other batch sizes than the default run with as many
+    worker threads as jobs per claim (never fewer than the default)."""
+    if batch == cfg.default_batch:
+        return cfg.default_concurrency
+    return max(batch, cfg.default_concurrency)
+
+
+def rep_pgdrain(server: Server, template: str, fig: Figure, cfg: Config) -> None:
+    batch, procs = fig.params["batch"], fig.params["processes"]
+    argv = ["pgdrain", "--url", "", "--batch", str(batch)]
+    argv += ["--concurrency", str(fig.params["concurrency"])]
+    with server.fresh(template) as url:
+        argv[2] = url
+        wall, results = run_workers(procs, argv)
+        done = sum(r["done"] for r in results)
+        ok, detail = verify_pgdrain(url, cfg.jobs)
+        ok = ok and done == cfg.jobs and all(r["error"] is None for r in results)
+    _record(fig, ok, cfg.jobs / wall, f"{detail}; drains counted {done}")
+    if ok:
+        fig.add_extra("rss_mb", max(r["rss_mb"] for r in results))
+
+
+def rep_prototype(server: Server, template: str, fig: Figure, cfg: Config) -> None:
+    batch, procs = fig.params["batch"], fig.params["processes"]
+    argv = ["prototype", "--url", "", "--batch", str(batch)]
+    argv += ["--concurrency", str(fig.params["concurrency"])]
+    argv += ["--claim-by-pk"] if fig.params.get("claim_by_pk") else []
+    with server.fresh(template) as url:
+        argv[2] = url
+        wall, results = run_workers(procs, argv)
+        done = sum(r["done"] for r in results)
+        ok, detail = verify_pgdrain(url, cfg.jobs)
+        ok = ok and done == cfg.jobs
+    _record(fig, ok, cfg.jobs / wall, f"{detail}; prototype counted {done}")
+
+
+def rep_ceiling(server: Server, template: str, fig: Figure, cfg: Config) -> None:
+    batch, clients = fig.params["batch"], fig.params["processes"]
+    per_client = ceiling.transactions_per_client(cfg.jobs, batch, clients)
+    with server.fresh(template) as url:
+        rewrite = claim_by_pk if fig.params.get("claim_by_pk") else None
+        result = ceiling.run(url, cfg.jobs, batch, clients, rewrite)
+        ok, detail = verify_pgdrain(url, cfg.jobs)
+    ok = ok and result.failed == 0 and result.transactions == per_client * clients
+    seconds = result.transactions / result.tps
+    _record(fig, ok, cfg.jobs / seconds, f"{detail}; {result.transactions} transactions")
+    if ok:
+        fig.add_extra("tps", result.tps)
+
+
+def rep_pgqueuer(server: Server, template: str, fig: Figure, cfg: Config) -> None:
+    batch, procs, driver = fig.params["batch"], fig.params["processes"], fig.params["driver"]
+    argv = ["pgqueuer", "--url", "", "--driver", driver, "--batch", str(batch)]
+    with server.fresh(template) as url:
+        argv[2] = url
+        wall, results = run_workers(procs, argv)
+        executed = sum(r["executed"] for r in results)
+        check = peers.pgqueuer_verify(url, cfg.pgqueuer_jobs, executed)
+    _record(fig, check.ok, cfg.pgqueuer_jobs / wall, check.detail)
+
+
+def rep_procrastinate(server: Server, template: str, fig: Figure, cfg: Config) -> None:
+    conc, procs = fig.params["concurrency"], fig.params["processes"]
+    with server.fresh(template) as url:
+        wall, results = run_workers(
+            procs, ["procrastinate", "--url", url, "--concurrency", str(conc)]
+        )
+        executed = sum(r["executed"] for r in results)
+        check = peers.procrastinate_verify(url, cfg.procrastinate_jobs, executed)
+    _record(fig, check.ok, cfg.procrastinate_jobs / wall, check.detail)
+
+
+def _record(fig: Figure, ok: bool, value: float, detail: str) -> None:
+    if ok:
+        fig.add(value)
+        log(f"  {fig.name} {fig.params}: {value:,.0f} jobs/s ({detail})")
+    else:
+        fig.rejected += 1
+        fig.notes.append(f"rejected repetition: {detail}")
+        log(f"  {fig.name} {fig.params}: CHECK FAILED, not counted ({detail})")
+
+
+Step = Callable[[], None]
+
+
+def interleaved(reps: int, steps: Sequence[Step]) -> None:
+    """Repetition-major order: every cell once, then every cell again."""
+    for rep in range(reps):
+        log(f" repetition {rep + 1}/{reps} (load {load_average()})")
+        for step in steps:
+            step()
+
+
+# -- the stages --------------------------------------------------------------------------------
+
+
+def throughput(server: Server, cfg: Config, res: Results) -> None:
+    log(f"templates: pgdrain with {cfg.jobs:,} no-op jobs")
+    tpl = pgdrain_template(server, cfg.jobs)
+    res.info["ceiling_shape"] = ceiling.shape()
+    res.info["ceiling_script"] = ceiling.script()
+    res.info["ceiling_arguments"] = {
+        b: " ".join(ceiling.arguments(cfg.jobs, b, 1)) for b in cfg.batches
+    }
+
+    def pg(batch: int, procs: int) -> Step:
+        conc = concurrency_for(cfg, batch)
+        fig = res.figure(
+            f"pgdrain/{batch}/{procs}", "pgdrain", batch=batch, processes=procs, concurrency=conc
+        )
+        return lambda: rep_pgdrain(server, tpl, fig, cfg)
+
+    def ceil(batch: int, procs: int) -> Step:
+        fig = res.figure(f"ceiling/{batch}/{procs}", "ceiling", batch=batch, processes=procs)
+        return lambda: rep_ceiling(server, tpl, fig, cfg)
+
+    log("stage 1: pgdrain and its ceiling at each batch size, one process / client")
+    interleaved(cfg.reps, [s for b in cfg.batches for s in (pg(b, 1), ceil(b, 1))])
+    best = max(cfg.batches, key=lambda b: res.figures[f"pgdrain/{b}/1"].value)
+    res.info["best_batch"] = best
+    log(f"best batch size for pgdrain: {best}")
+
+    more = [p for p in cfg.processes if p != 1]
+    batches = sorted({cfg.default_batch, best})
+    log(f"stage 2: pgdrain and ceiling with {more} processes at batch {batches}")
+    interleaved(cfg.reps, [s for b in batches for p in more for s in (pg(b, p), ceil(b, p))])
+    if cfg.prototype:
+        steps = []
+        for p in cfg.processes:
+            fig = res.figure(
+                f"prototype/{best}/{p}",
+                "prototype",
+                batch=best,
+                processes=p,
+                concurrency=concurrency_for(cfg, best),
+            )
+            steps.append(lambda fig=fig: rep_prototype(server, tpl, fig, cfg))
+        interleaved(cfg.reps, steps)
+    server.drop(tpl)
+
+
+def peer_throughput(server: Server, cfg: Config, res: Results) -> None:
+    res.info["peer_versions"] = peers.versions()
+    log(
+        f"templates: PgQueuer ({cfg.pgqueuer_jobs:,} jobs), Procrastinate "
+        f"({cfg.procrastinate_jobs:,} jobs)"
+    )
+    pq_tpl = pgqueuer_template(server, cfg.pgqueuer_jobs)
+    pr_tpl = procrastinate_template(server, cfg.procrastinate_jobs)
+
+    def pq(driver: str, batch: int, procs: int) -> Step:
+        fig = res.figure(
+            f"pgqueuer-{driver}/{batch}/{procs}",
+            f"PgQueuer ({driver})",
+            batch=batch,
+            processes=procs,
+            driver=driver,
+        )
+        return lambda: rep_pgqueuer(server, pq_tpl, fig, cfg)
+
+    def pr(conc: int, procs: int) -> Step:
+        fig = res.figure(
+            f"procrastinate/{conc}/{procs}", "Procrastinate", concurrency=conc, processes=procs
+        )
+        return lambda: rep_procrastinate(server, pr_tpl, fig, cfg)
+
+    log("stage 3: peers, one process, each setting")
+    steps = [pq("asyncpg", b, 1) for b in cfg.pgqueuer_batches]
+    steps += [pr(c, 1) for c in cfg.procrastinate_concurrency]
+    interleaved(cfg.reps, steps)
+    pq_best = max(cfg.pgqueuer_batches, key=lambda b: res.figures[f"pgqueuer-asyncpg/{b}/1"].value)
+    pr_best = max(
+        cfg.procrastinate_concurrency, key=lambda c: res.figures[f"procrastinate/{c}/1"].value
+    )
+    res.info["pgqueuer_best_batch"] = pq_best
+    res.info["procrastinate_best_concurrency"] = pr_best
+    log(f"PgQueuer's best batch: {pq_best}; Procrastinate's best concurrency: {pr_best}")
+    log("stage 4: peers at their best setting, more processes and the psycopg driver")
+    steps = [pq("asyncpg", pq_best, 2), pq("psycopg", pq_best, 1), pq("psycopg", pq_best, 2)]
+    steps += [pr(pr_best, p) for p in cfg.procrastinate_processes if p != 1]
+    interleaved(cfg.reps, steps)
+    server.drop(pq_tpl)
+    server.drop(pr_tpl)
+
+
+def empty_run(server: Server, cfg: Config, res: Results) -> None:
+    via = "handler" if (HANDLER / "app.py").exists() else "drain"
+    res.info["empty_via"] = via
+    log(f"stage 5: empty scheduled run through {via}, {cfg.empty_runs} times")
+    tpl = pgdrain_template(server, 0)
+    fig = res.figure("empty", "empty run", via=via)
+    for _ in range(cfg.empty_runs):
+        for kind in ("connect", "empty"):
+            name = server.create(tpl)
+            url = server.url(name)
+            before = server.xact_commit(name)
+            argv = [kind, "--url", url] + (["--via", via] if kind == "empty" else [])
+            _, (result,) = run_workers(1, argv)
+            after = server.xact_commit(name)
+            server.drop(name)
+            fig.add_extra(f"{kind}_xacts", after - before)
+            if kind == "empty":
+                ok = result["ok"] and result["stop_reason"] == "empty"
+                if ok:
+                    fig.add(result["round_trips"])
+                else:
+                    fig.rejected += 1
+                for key in ("round_trips", "statements", "total_ms", "connect_ms"):
+                    fig.add_extra(key, result[key])
+                fig.add_extra("run_ms", result["total_ms"] - result["connect_ms"])
+    log(
+        f"  round trips after connect {fig.value:g}, server transactions after connect "
+        f"{fig.extra_median('empty_xacts') - fig.extra_median('connect_xacts'):g}, "
+        f"{fig.extra_median('total_ms'):.1f} ms with connect, "
+        f"{fig.extra_median('run_ms'):.1f} ms without"
+    )
+    server.drop(tpl)
+
+
+def cold_start(cfg: Config, res: Results) -> None:
+    app = HANDLER / "app.py"
+    module = "app" if app.exists() else "pgdrain.drain"
+    res.info["import_module"] = module
+    log(f"stage 6: cold start, `import {module}` in {cfg.import_runs} fresh processes")
+    env = worker_env()
+    env.update(
+        POWERTOOLS_METRICS_NAMESPACE="pgdrain-bench",
+        POWERTOOLS_SERVICE_NAME="pgdrain",
+        AWS_DEFAULT_REGION="us-east-1",
+        DATABASE_URL="postgresql://bench@127.0.0.1:1/unused",
+        PGDRAIN_JOBS="jobs",
+    )
+    code = (
+        f"import time; t, c = time.perf_counter(), time.process_time(); import {module}; "
+        "print(time.perf_counter() - t, time.process_time() - c)"
+    )
+    fig = res.figure("import", f"import {module}")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    for _ in range(cfg.import_runs):
+        began = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+        )
+        process = time.perf_counter() - began
+        wall, cpu = (float(x) for x in out.stdout.strip().splitlines()[-1].split())
+        fig.add(wall * 1000.0)
+        fig.add_extra("cpu_ms", cpu * 1000.0)
+        fig.add_extra("process_ms", process * 1000.0)
+    whole, cpu = fig.extra_median("process_ms"), fig.extra_median("cpu_ms")
+    log(f"  import {module}: {fig.value:.0f} ms, CPU {cpu:.0f} ms (whole process {whole:.0f} ms)")
+
+
+def enqueue(server: Server, cfg: Config, res: Results) -> None:
+    from pgdrain.enqueue import build_job, enqueue_many
+
+    log(f"stage 7: enqueue_many of {cfg.enqueue_jobs:,} jobs")
+    tpl = pgdrain_template(server, 0)
+    fig = res.figure("enqueue", "enqueue_many", jobs=cfg.enqueue_jobs)
+    for _ in range(cfg.reps):
+        with server.fresh(tpl) as url, psycopg.connect(url, autocommit=True) as conn:
+            began = time.perf_counter()
+            jobs = [build_job("noop", {"n": i}) for i in range(cfg.enqueue_jobs)]
+            built = time.perf_counter() - began
+            began = time.perf_counter()
+            with conn.transaction():
+                ids = enqueue_many(conn, jobs)
+            inserted = time.perf_counter() - began
+            row = conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
+            ok = len(ids) == cfg.enqueue_jobs and row is not None and row[0] == cfg.enqueue_jobs
+            _record(fig, ok, cfg.enqueue_jobs / inserted, f"{row[0] if row else 0} rows")
+            fig.add_extra("build_jobs_per_s", cfg.enqueue_jobs / built)
+            fig.add_extra("with_build_jobs_per_s", cfg.enqueue_jobs / (built + inserted))
+    server.drop(tpl)
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def environment(server: Server, source: str) -> dict[str, Any]:
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "handler"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    from importlib.metadata import version
+
+    return {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "server": f"PostgreSQL {server.version()} ({source})",
+        "pgbench": ceiling.version(),
+        "python": platform.python_version(),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}, {platform.system()}",
+        "pgdrain": f"{version('pgdrain')} at {commit}{' + uncommitted changes' if dirty else ''}",
+        "psycopg": version("psycopg"),
+        "load_start": load_average(),
+    }
+
+
+def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (>= 3)")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--no-peers", action="store_true", help="pgdrain and its ceiling only")
+    parser.add_argument(
+        "--prototype", action="store_true", help="also run bench/prototype.py (not pgdrain)"
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=REPO / "docs" / "benchmarks.json",
+        help="where to write the raw figures (--render reads them back)",
+    )
+    parser.add_argument(
+        "--render", type=Path, default=None, help="only rewrite --out from a --json file"
+    )
+    args = parser.parse_args(argv)
+    cfg = Config(reps=args.reps, jobs=args.jobs, peers=not args.no_peers, prototype=args.prototype)
+    return cfg, args
+
+
+def load(path: Path) -> Results:
+    """Results saved with --json."""
+    data = json.loads(path.read_text())
+    info = data["info"]
+    fields = info["config"].items()
+    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields})
+    res = Results(config, info=info)
+    for key, raw in data["figures"].items():
+        fig = Figure(raw["name"], raw["params"], raw["values"], raw["reps"], raw["rejected"])
+        fig.extra = {k: v["values"] for k, v in raw["extra"].items()}
+        fig.notes = raw["notes"]
+        res.figures[key] = fig
+    if "ceiling_arguments" in info:
+        info["ceiling_arguments"] = {int(k): v for k, v in info["ceiling_arguments"].items()}
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg, args = parse(sys.argv[1:] if argv is None else argv)
+    if args.render:
+        report.write(load(args.render), args.out)
+        return
+    began = time.monotonic()
+    admin_url, source = resolve_server()
+    server = Server(admin_url)
+    res = Results(cfg)
+    res.info["env"] = environment(server, source)
+    log(f"server: {res.info['env']['server']}; load {load_average()}")
+    try:
+        throughput(server, cfg, res)
+        if cfg.peers:
+            peer_throughput(server, cfg, res)
+        empty_run(server, cfg, res)
+        cold_start(cfg, res)
+        enqueue(server, cfg, res)
+    finally:
+        server.drop_all()
+    res.info["env"]["load_end"] = load_average()
+    res.info["elapsed_s"] = time.monotonic() - began
+    res.info["config"] = dataclasses.asdict(cfg)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps(
+                {"info": res.info, "figures": {k: f.as_dict() for k, f in res.figures.items()}},
+                indent=1,
+                default=str,
+            )
+        )
+    report.write(res, args.out)
+    log(f"wrote {args.out} in {res.info['elapsed_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
