@@ -44,7 +44,7 @@ SAM_ENV := SAM_CLI_TELEMETRY=0 $(if $(SAM_PYENV),PYENV_VERSION=$(shell pyenv ver
 $(SAM_INSTALLED):
 	$(PYTHON) -m venv $(SAM_VENV)
 	$(SAM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SAM_VENV)/bin/python -m pip install --quiet aws-sam-cli
+	env -u PYTHONPATH $(SAM_VENV)/bin/python -m pip install --quiet aws-sam-cli
 	touch $(SAM_INSTALLED)
 
 sam: $(SAM_INSTALLED)
