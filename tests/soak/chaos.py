@@ -62,6 +62,7 @@ class SoakConfig:
     min_nap_ms: int = 5
     max_nap_ms: int = 100
     mix: tuple[tuple[str, float], ...] = (("noop", 0.5), ("nap", 0.35), ("flaky", 0.15))
+    concurrency: int | None = None  # PGDRAIN_CONCURRENCY of each drain (None: the default)
     heartbeat: bool = True  # False and fenced=False: the controls
     fenced: bool = True
     chaos_min_seconds: float = 0.0  # keep the chaos phase going at least this long
@@ -173,6 +174,8 @@ class Soak:
             PGDRAIN_RESERVE_SECONDS=str(self.config.reserve_seconds),
             PGDRAIN_CONNECT_TIMEOUT="5",
         )
+        if self.config.concurrency is not None:
+            env["PGDRAIN_CONCURRENCY"] = str(self.config.concurrency)
         return env
 
     def start_drain(self, phase: str, budget: float | None = None) -> DrainRun:

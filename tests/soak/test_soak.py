@@ -29,7 +29,7 @@ SOAK_JOBS = int(os.environ.get("PGDRAIN_SOAK_JOBS", "20000"))
 # ready exits and is replaced at once: each new run reclaims the expired leases and runs those
 # jobs again while their first attempts still work. Only `fenced` differs between the two.
 CONTROL = SoakConfig(
-    jobs=40,
+    jobs=24,
     drains=4,
     min_budget=3.0,
     max_budget=6.0,
@@ -40,6 +40,10 @@ CONTROL = SoakConfig(
     mix=(("nap", 1.0),),
     min_nap_ms=1500,
     max_nap_ms=2500,
+    # Fewer slots (4 drains x 4) than jobs, so that jobs are still running when the first
+    # drains end and new ones start, reclaim them, and (the queue being empty by then) claim
+    # them again at once: the race a missing heartbeat, or a missing fence, loses.
+    concurrency=4,
     heartbeat=False,
     chaos_min_seconds=12.0,
     final_drains=1,
