@@ -322,7 +322,8 @@ class _Run:
     def _heartbeat(self) -> None:
         if not self.settings.heartbeat:
             return
-        held = [a.held for a in (*self.running.values(), *self.buffer)]
+        # Finished jobs waiting for their completion to be written are still ours to keep.
+        held = [a.held for a in (*self.running.values(), *self.buffer, *self.finished)]
         if not held:
             return
         result = self._db(queue.extend_leases, held, self.settings.lease_seconds, self._cap())
