@@ -5,6 +5,7 @@ back as an explicit lease-lost outcome, never swallowed and never retried as an 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,16 +20,19 @@ from pgdrain.sql import query
 Connection = psycopg.Connection[Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClaimedJob:
     id: int
     queue: str
     kind: str
-    payload: Any
+    payload_json: str  # parsed by `payload`, in the thread that runs the job
     attempt: int
     max_attempts: int
     attempt_token: uuid.UUID
-    lease_expires_at: dt.datetime
+
+    @property
+    def payload(self) -> Any:
+        return json.loads(self.payload_json)
 
     @property
     def held(self) -> Held:
@@ -183,16 +187,7 @@ def complete_and_claim(
     ).fetchall()
     completed = frozenset(int(r[1]) for r in rows if r[0])
     claimed = [
-        ClaimedJob(
-            id=r[1],
-            queue=r[2],
-            kind=r[3],
-            payload=r[4],
-            attempt=r[5],
-            max_attempts=r[6],
-            attempt_token=r[7],
-            lease_expires_at=r[8],
-        )
+        ClaimedJob(*r[1:])  # the statement returns ClaimedJob's fields in order
         for r in rows
         if not r[0]
     ]

@@ -111,15 +111,15 @@ WITH completed AS (
     -- the whole table once batches grew past ~100.
     WHERE j.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.run_at, j.attempts,
-              j.max_attempts, j.attempt_token, j.lease_expires_at
+              j.max_attempts, j.attempt_token
 )
-SELECT true AS completed, id, NULL::text AS queue, NULL::text AS kind, NULL::jsonb AS payload,
-       NULL::int AS attempts, NULL::int AS max_attempts, NULL::uuid AS attempt_token,
-       NULL::timestamptz AS lease_expires_at
+-- The payload comes back as text: the job's own worker thread parses it, off the one thread
+-- that talks to the database.
+SELECT true AS completed, id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
+       NULL::int AS attempts, NULL::int AS max_attempts, NULL::uuid AS attempt_token
 FROM completed
 UNION ALL
-(SELECT false, id, queue, kind, payload, attempts, max_attempts, attempt_token,
-        lease_expires_at
+(SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
  FROM claimed
  ORDER BY priority, run_at, id);
 
