@@ -139,8 +139,8 @@ class FakeContext:
         return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
-def emf_records(text: str) -> list[dict[str, Any]]:
-    """The CloudWatch EMF records among printed lines."""
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects among printed lines (the rest is ignored)."""
     records = []
     for line in text.splitlines():
         line = line.strip()
@@ -150,9 +150,14 @@ def emf_records(text: str) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and "_aws" in record:
+        if isinstance(record, dict):
             records.append(record)
     return records
+
+
+def emf_records(text: str) -> list[dict[str, Any]]:
+    """The CloudWatch EMF records among printed lines."""
+    return [r for r in json_lines(text) if "_aws" in r]
 
 
 def metric_totals(records: list[dict[str, Any]]) -> dict[str, float]:
@@ -170,15 +175,4 @@ def metric_totals(records: list[dict[str, Any]]) -> dict[str, float]:
 
 def log_records(text: str) -> list[dict[str, Any]]:
     """The structured (Powertools) log lines among printed lines."""
-    records = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "level" in record and "message" in record:
-            records.append(record)
-    return records
+    return [r for r in json_lines(text) if "level" in r and "message" in r]
