@@ -183,6 +183,12 @@ class _Run:
                     attempt = self.buffer.popleft()
                     self.running[attempt.id] = attempt
                     pool.submit(attempt)
+            # Finished jobs ride on the next claim; when none came in time, write them alone.
+            if (
+                self.finished
+                and time.monotonic() >= self.first_finished_at + COMPLETION_FLUSH_SECONDS
+            ):
+                self._flush_completions()
 
             if not self.running and not self.buffer:
                 self._flush_completions()
@@ -207,8 +213,6 @@ class _Run:
             self._collect(pool, max(0.0, wake_at - now))
 
             now = time.monotonic()
-            if self.finished and now >= self.first_finished_at + COMPLETION_FLUSH_SECONDS:
-                self._flush_completions()
             if now >= next_heartbeat:
                 self._heartbeat()
                 next_heartbeat = now + interval
