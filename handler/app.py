@@ -1,7 +1,7 @@
 """The Lambda entry point (template.yaml: `Handler: app.lambda_handler`).
 
 Settings and the job registry are read once per cold start; each event is handed to
-pgdrain.lambda_run, which drains, reports metrics as it goes, and continues if time ran out."""
+pgdrain.aws.run, which drains, reports metrics as it goes, and continues if time ran out."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from pgdrain import lambda_run
+from pgdrain.aws import run
+from pgdrain.aws.metrics import metrics_namespace
 
 logger = Logger(service="pgdrain")  # also formats the pgdrain.* library loggers
-metrics = Metrics(namespace=lambda_run.metrics_namespace(os.environ))
-runtime = lambda_run.cold_start(os.environ)
+metrics = Metrics(namespace=metrics_namespace(os.environ))
+runtime = run.cold_start(os.environ)
 
 
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: Any, context: LambdaContext) -> dict[str, Any]:
-    return lambda_run.handle(event, context, runtime, logger=logger, metrics=metrics)
+    return run.handle(event, context, runtime, logger=logger, metrics=metrics)

@@ -1,10 +1,10 @@
 """pgdrain: a serverless batch drain runner for PostgreSQL job queues."""
 
+from pgdrain.aws.kick import kick
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job, enqueue, enqueue_many
 from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
-from pgdrain.kick import kick
 from pgdrain.registry import Job, Registry
 from pgdrain.settings import Settings
 

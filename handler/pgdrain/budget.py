@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
-
-
-class LambdaContextLike(Protocol):
-    def get_remaining_time_in_millis(self) -> int: ...
 
 
 class Budget:
-    """Remaining seconds, from an injected source: the Lambda context, or a monotonic clock.
+    """Remaining seconds, from an injected source: a monotonic clock, or (pgdrain.aws.context)
+    the Lambda context.
 
     Only durations leave this object (never timestamps): the database turns them into lease
     expiries on its own clock, which may disagree with the function's."""
@@ -24,10 +20,6 @@ class Budget:
     def seconds(cls, total: float, clock: Callable[[], float] = time.monotonic) -> Budget:
         deadline = clock() + total
         return cls(lambda: deadline - clock())
-
-    @classmethod
-    def from_lambda_context(cls, context: LambdaContextLike) -> Budget:
-        return cls(lambda: context.get_remaining_time_in_millis() / 1000.0)
 
     def remaining(self) -> float:
         return max(0.0, self._remaining())

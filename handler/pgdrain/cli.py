@@ -13,13 +13,14 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgdrain import db, embedded, queue
+from pgdrain import db, embedded, store
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job
 from pgdrain.errors import BadInput, PgdrainError
 from pgdrain.migrate import migrate
 from pgdrain.registry import load_registry
+from pgdrain.report import format_result, format_stats
 from pgdrain.settings import Settings, parse_queues
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -172,22 +173,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def resolve_conninfo(settings: Settings) -> str:
-    """DATABASE_URL, else the embedded PostgreSQL (exported as DATABASE_URL for job code)."""
-    if settings.database_url:
-        return settings.database_url
-    if settings.db_secret_arn:
-        from pgdrain.secrets import conninfo_from_secret
+def conninfo_or_embedded(settings: Settings) -> str:
+    """The configured database (DATABASE_URL or the secret), else the embedded PostgreSQL
+    (exported as DATABASE_URL for job code)."""
+    if settings.database_url or settings.db_secret_arn:
+        from pgdrain.aws.secrets import resolve_conninfo
 
-        return conninfo_from_secret(settings.db_secret_arn)
+        return resolve_conninfo(settings)
     url = embedded.start()
     os.environ["DATABASE_URL"] = url
     return url
 
 
-def _connect(settings: Settings) -> queue.Connection:
+def _connect(settings: Settings) -> store.Connection:
     return db.connect(
-        resolve_conninfo(settings), settings, Budget.seconds(settings.connect_timeout)
+        conninfo_or_embedded(settings), settings, Budget.seconds(settings.connect_timeout)
     )
 
 
@@ -219,10 +219,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     )
     with _connect(settings) as conn, conn.transaction():
         if args.count == 1:
-            job_id, created = queue.insert_job(conn, job)
+            job_id, created = store.job_insert(conn, job)
             print(f"enqueued job {job_id}" if created else f"job {job_id} exists (same key)")
         else:
-            ids = queue.insert_jobs(conn, [job] * args.count)
+            ids = store.job_insert_many(conn, [job] * args.count)
             print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
     return EXIT_OK
 
@@ -257,7 +257,7 @@ def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def _run_drain(settings: Settings, budget_seconds: float) -> DrainResult:
-    conninfo = resolve_conninfo(settings)
+    conninfo = conninfo_or_embedded(settings)
     registry = load_registry(settings.jobs_module)
     return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
 
@@ -272,18 +272,9 @@ def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_FAILURE if result.stop_reason == "error" else EXIT_OK
 
 
-def format_result(result: DrainResult) -> str:
-    line = (
-        f"claimed {result.claimed}, done {result.done}, retried {result.retried}, "
-        f"failed {result.failed}, lease lost {result.lease_lost}, reclaimed {result.reclaimed}, "
-        f"released {result.released}; stopped: {result.stop_reason} after {result.elapsed_s}s"
-    )
-    return line + (f" ({result.error})" if result.error else "")
-
-
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
-        rows = queue.stats(conn)
+        rows = store.queue_stats(conn)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows]))
         return EXIT_OK
@@ -291,23 +282,9 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def format_stats(rows: Sequence[queue.QueueStats]) -> str:
-    header = f"{'queue':<16}{'queued':>8}{'ready':>8}{'running':>9}{'done':>8}{'failed':>8}"
-    header += f"{'oldest ready':>14}{'expired':>9}"
-    lines = [header]
-    for r in rows:
-        lines.append(
-            f"{r.queue:<16}{r.queued:>8}{r.ready:>8}{r.running:>9}{r.done:>8}{r.failed:>8}"
-            f"{r.oldest_ready_age_s:>13.1f}s{r.expired_leases:>9}"
-        )
-    if not rows:
-        lines.append("(no jobs)")
-    return "\n".join(lines)
-
-
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
-        rows = queue.list_jobs(conn, args.status or list(STATUSES), args.limit)
+        rows = store.job_list(conn, args.status or list(STATUSES), args.limit)
     for r in rows:
         error = f"  {r.last_error}" if r.last_error else ""
         print(
@@ -319,7 +296,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
-        retried = queue.retry_failed(conn, args.ids)
+        retried = store.job_retry(conn, args.ids)
     missing = sorted(set(args.ids) - set(retried))
     print(f"queued again: {retried or 'none'}")
     if missing:
@@ -332,7 +309,7 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     if args.older_than_days > MAX_PURGE_DAYS:
         raise BadInput(f"--older-than-days must be at most {MAX_PURGE_DAYS:g}")
     with _connect(settings) as conn:
-        deleted = queue.purge_finished(conn, args.older_than_days)
+        deleted = store.job_purge_finished(conn, args.older_than_days)
     print(f"deleted {deleted} finished jobs")
     return EXIT_OK
 
@@ -340,9 +317,9 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
-    from pgdrain import local
+    from pgdrain.aws import local_invoke
 
-    result = local.invoke(
+    result = local_invoke.invoke(
         template=Path(args.template),
         function=args.function,
         event_path=args.event,
@@ -361,7 +338,7 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgdrain import demo
 
-    return demo.run(settings, resolve_conninfo(settings), count=args.count, budget=args.budget)
+    return demo.run(settings, conninfo_or_embedded(settings), count=args.count, budget=args.budget)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from pgdrain import queue
+from pgdrain import store
 from pgdrain.budget import Budget
 from pgdrain.db import connect
 from pgdrain.drain import DrainResult, drain
@@ -18,6 +18,7 @@ from pgdrain.enqueue import build_job
 from pgdrain.errors import PgdrainError
 from pgdrain.migrate import migrate
 from pgdrain.registry import load_registry
+from pgdrain.report import format_result, format_stats
 from pgdrain.settings import Settings
 
 DEMO_QUEUE = "demo"
@@ -25,7 +26,7 @@ TEMPLATE = Path("template.yaml")
 SCHEDULE_EVENT = Path("infra/events/schedule.json")
 
 
-def demo_jobs(count: int) -> list[queue.NewJob]:
+def demo_jobs(count: int) -> list[store.NewJob]:
     """Mostly quick jobs, some that write a row, a few flaky ones and one that always fails."""
     jobs = []
     for i in range(count):
@@ -40,13 +41,11 @@ def demo_jobs(count: int) -> list[queue.NewJob]:
 
 
 def run(settings: Settings, conninfo: str, *, count: int, budget: float) -> int:
-    from pgdrain.cli import format_result, format_stats
-
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
         applied = migrate(conn).applied
         print(f"migrate: {', '.join(applied) or 'up to date'}")
         with conn.transaction():
-            ids = queue.insert_jobs(conn, demo_jobs(count))
+            ids = store.job_insert_many(conn, demo_jobs(count))
         print(f"enqueued {len(ids)} jobs on queue {DEMO_QUEUE!r}")
 
     if TEMPLATE.is_file() and SCHEDULE_EVENT.is_file():
@@ -59,14 +58,14 @@ def run(settings: Settings, conninfo: str, *, count: int, budget: float) -> int:
     print(f"drain: {format_result(result)}")
 
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
-        print(format_stats(queue.stats(conn)))
+        print(format_stats(store.queue_stats(conn)))
     return 0 if result.stop_reason != "error" else 1
 
 
 def _drain_through_invoke() -> DrainResult:
     """`pgdrain invoke -e infra/events/schedule.json --env-vars <demo env.json>`, in-process:
     the function's handler, settings and timeout from template.yaml, the scheduled event."""
-    from pgdrain import local
+    from pgdrain.aws import local_invoke
 
     # The database comes from this process's DATABASE_URL (the CLI exports the embedded one's),
     # which fills the template's empty DATABASE_URL.
@@ -79,7 +78,7 @@ def _drain_through_invoke() -> DrainResult:
             f"PGDRAIN_QUEUES={DEMO_QUEUE}>  (the scheduled event, handler from {TEMPLATE})"
         )
         output = io.StringIO()
-        invoked = local.invoke(
+        invoked = local_invoke.invoke(
             template=TEMPLATE,
             event_path=str(SCHEDULE_EVENT),
             env_vars_path=str(env_json),

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgdrain import db, queue, retry
+from pgdrain import db, retry, store
 from pgdrain.budget import Budget
 from pgdrain.errors import (
     AuthenticationFailed,
@@ -119,9 +119,9 @@ class _Run:
             ("claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"), 0
         )
         self.conn: psycopg.Connection[Any] | None = None
-        self.buffer: deque[queue.ClaimedJob] = deque()  # claimed, not started
-        self.running: dict[int, queue.ClaimedJob] = {}
-        self.finished: list[queue.ClaimedJob] = []  # returned, not yet recorded as done
+        self.buffer: deque[store.ClaimedJob] = deque()  # claimed, not started
+        self.running: dict[int, store.ClaimedJob] = {}
+        self.finished: list[store.ClaimedJob] = []  # returned, not yet recorded as done
         self.first_finished_at = 0.0
         self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)
         self.lost_ids: set[int] = set()
@@ -134,13 +134,13 @@ class _Run:
 
     def execute(self) -> DrainResult:
         stop_reason, error, error_kind, more_ready = "empty", None, None, False
-        pool: WorkerPool[queue.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
+        pool: WorkerPool[store.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
         try:
             self.conn = db.connect(self.conninfo, self.settings, self.budget)
             self._reclaim()
             stop_reason = self._loop(pool)
             if stop_reason == "budget":
-                more_ready = self._db(queue.has_ready, self.queues)
+                more_ready = self._db(store.queue_has_ready, self.queues)
         except (PgdrainError, psycopg.Error) as exc:
             stop_reason, error, error_kind = "error", _one_line(exc), _error_kind(exc)
             log.error("drain stopped: %s", error, extra={"worker": self.worker_id})
@@ -160,7 +160,7 @@ class _Run:
         log.info("drain finished", extra={"summary": result.as_dict()})
         return result
 
-    def _loop(self, pool: WorkerPool[queue.ClaimedJob]) -> str:
+    def _loop(self, pool: WorkerPool[store.ClaimedJob]) -> str:
         interval = self.settings.lease_seconds / HEARTBEATS_PER_LEASE
         next_heartbeat = time.monotonic() + interval
         stopping = False
@@ -222,7 +222,7 @@ class _Run:
         return self.budget.remaining() if self.settings.cap_lease_at_deadline else None
 
     def _reclaim(self) -> None:
-        reclaimed = self._db(queue.reclaim_expired, self.settings.reclaim_limit)
+        reclaimed = self._db(store.job_reclaim_expired, self.settings.reclaim_limit)
         for job in reclaimed:
             log.warning(
                 "reclaimed a job whose lease expired",
@@ -234,7 +234,7 @@ class _Run:
         """One round trip: record the finished jobs, claim up to `limit` more."""
         finished, self.finished = self.finished, []
         result, claimed = self._db(
-            queue.complete_and_claim,
+            store.job_complete_and_claim,
             [a.held for a in finished],
             self.queues,
             limit,
@@ -254,14 +254,14 @@ class _Run:
     def _flush_completions(self) -> None:
         if self.finished:
             finished, self.finished = self.finished, []
-            self._record_completions(self._db(queue.complete_many, [a.held for a in finished]))
+            self._record_completions(self._db(store.job_complete_many, [a.held for a in finished]))
 
-    def _record_completions(self, result: queue.Fenced) -> None:
+    def _record_completions(self, result: store.Fenced) -> None:
         self._count("done", len(result.applied))
         for job_id in result.lost:
             self._lease_lost(job_id, "its result was not recorded")
 
-    def _run_job(self, claimed: queue.ClaimedJob) -> None:
+    def _run_job(self, claimed: store.ClaimedJob) -> None:
         """In a worker thread: look up the function and call it. No database access here."""
         function = self.registry.function_for(claimed.kind)
         function(
@@ -278,7 +278,7 @@ class _Run:
             )
         )
 
-    def _collect(self, pool: WorkerPool[queue.ClaimedJob], wait: float) -> None:
+    def _collect(self, pool: WorkerPool[store.ClaimedJob], wait: float) -> None:
         """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait
         in self.finished for the next round trip (at most COMPLETION_FLUSH_SECONDS); failures
         are recorded at once."""
@@ -299,14 +299,14 @@ class _Run:
             except queue_mod.Empty:
                 return
 
-    def _fail(self, claimed: queue.ClaimedJob, error: BaseException) -> None:
+    def _fail(self, claimed: store.ClaimedJob, error: BaseException) -> None:
         message = _error_text(error)
         permanent = isinstance(error, UnknownJobKind)
         delay = 0.0 if permanent else retry.backoff_seconds(claimed.attempt)
         if permanent:
             message = f"{message} (not retried: register the kind, then `pgdrain retry`)"
-        outcome = self._db(queue.fail, claimed.held, message, delay, permanent)
-        if isinstance(outcome, queue.LeaseLost):
+        outcome = self._db(store.job_fail, claimed.held, message, delay, permanent)
+        if isinstance(outcome, store.LeaseLost):
             self._lease_lost(claimed.id, "its failure was not recorded")
             return
         final = outcome.status == "failed"
@@ -330,7 +330,7 @@ class _Run:
         held = [a.held for a in (*self.running.values(), *self.buffer, *self.finished)]
         if not held:
             return
-        result = self._db(queue.extend_leases, held, self.settings.lease_seconds, self._cap())
+        result = self._db(store.job_extend_leases, held, self.settings.lease_seconds, self._cap())
         if not result.lost:
             return
         for attempt in list(self.buffer):
@@ -344,7 +344,7 @@ class _Run:
     def _release_buffer(self) -> None:
         held = [a.held for a in self.buffer]
         self.buffer.clear()
-        result = self._db(queue.release_many, held)
+        result = self._db(store.job_release_many, held)
         self._count("released", len(result.applied))
         for job_id in result.lost:
             self._lease_lost(job_id, "while releasing it")

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from pgdrain import queue as queue_ops
+from pgdrain import store
 from pgdrain.errors import BadInput
 from pgdrain.settings import QUEUE_NAME
 
@@ -32,7 +32,7 @@ def build_job(
     max_attempts: int = 5,
     recovery_policy: str = "auto",
     idempotency_key: str | None = None,
-) -> queue_ops.NewJob:
+) -> store.NewJob:
     """Validate one job's fields; raises BadInput with a one-line reason."""
     if not isinstance(kind, str) or not kind.strip():
         raise BadInput("job kind must be a non-empty string")
@@ -60,7 +60,7 @@ def build_job(
     ):
         raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters, without NUL")
     _check_payload(payload)
-    return queue_ops.NewJob(
+    return store.NewJob(
         kind=kind,
         payload=payload,
         queue=queue_name,
@@ -74,7 +74,7 @@ def build_job(
 
 
 def enqueue(
-    conn: queue_ops.Connection,
+    conn: store.Connection,
     kind: str,
     payload: Any = None,
     *,
@@ -99,13 +99,13 @@ def enqueue(
         recovery_policy=recovery_policy,
         idempotency_key=idempotency_key,
     )
-    job_id, _created = queue_ops.insert_job(conn, job)
+    job_id, _created = store.job_insert(conn, job)
     return job_id
 
 
-def enqueue_many(conn: queue_ops.Connection, jobs: Iterable[queue_ops.NewJob]) -> list[int]:
+def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[int]:
     """Enqueue many jobs (built with build_job) in one statement; returns the ids created."""
-    return queue_ops.insert_jobs(conn, list(jobs))
+    return store.job_insert_many(conn, list(jobs))
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:

@@ -10,7 +10,8 @@ from typing import Any
 
 import psycopg
 
-from pgdrain.sql import migrations, query
+from pgdrain import store
+from pgdrain.sql import migrations
 
 
 @dataclass(frozen=True)
@@ -22,16 +23,10 @@ class MigrateResult:
 def migrate(conn: psycopg.Connection[Any]) -> MigrateResult:
     pending_names: list[str] = []
     with conn.transaction():
-        conn.execute(query("migration_lock"))
-        row = conn.execute(query("migration_ledger_exists")).fetchone()
-        done: set[str] = set()
-        if row and row[0]:
-            done = {r[0] for r in conn.execute(query("migration_applied")).fetchall()}
+        store.migration_lock(conn)
+        done = store.migration_applied(conn)
         for migration in migrations():
-            if migration.version in done:
-                continue
-            # Migration files are our own packaged DDL, never input.
-            conn.execute(migration.sql)
-            conn.execute(query("migration_record"), {"version": migration.version})
-            pending_names.append(migration.name)
+            if migration.version not in done:
+                store.migration_record(conn, migration)
+                pending_names.append(migration.name)
     return MigrateResult(applied=tuple(pending_names), already=tuple(sorted(done)))

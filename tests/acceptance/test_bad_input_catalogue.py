@@ -32,7 +32,8 @@ from helpers.cli import (
 )
 from helpers.fixtures import job_row, wait_for
 from helpers.restartable_pg import free_port
-from pgdrain import BadInput, enqueue, lambda_run
+from pgdrain import BadInput, enqueue
+from pgdrain.aws import run as lambda_run
 from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]

@@ -57,7 +57,7 @@ def mocked_aws() -> Iterator[None]:
     from aws_lambda_powertools.utilities import parameters
     from moto import mock_aws
 
-    from pgdrain.kick import reset_clients
+    from pgdrain.aws.lambda_api import reset_clients
 
     reset_clients()
     parameters.clear_caches()

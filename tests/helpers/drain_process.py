@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from helpers import test_jobs
+from helpers import ledger_jobs
 from pgdrain import Budget, Settings, drain
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--hard-kill-at-deadline", action="store_true")
     args = parser.parse_args()
 
-    os.environ[test_jobs.LEDGER_URL_VARIABLE] = args.url
+    os.environ[ledger_jobs.LEDGER_URL_VARIABLE] = args.url
     settings = Settings(
         lease_seconds=args.lease,
         reserve_seconds=args.reserve,
@@ -47,7 +47,7 @@ def main() -> None:
     if args.hard_kill_at_deadline:
         deadline = time.monotonic() + args.budget
         threading.Thread(target=_kill_at, args=(deadline,), daemon=True).start()
-    result = drain(settings, budget, test_jobs.jobs, args.url)
+    result = drain(settings, budget, ledger_jobs.jobs, args.url)
     print(json.dumps(result.as_dict()), flush=True)
 
 

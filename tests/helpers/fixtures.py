@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgdrain import store
 from pgdrain.sql import query
 
 
@@ -53,14 +54,14 @@ def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
 
 @pytest.fixture
 def ledger_url(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The test's database with public.ledger, exported for the job kinds of helpers.test_jobs."""
-    from helpers import test_jobs
+    """The test's database with public.ledger, exported for the job kinds of helpers.ledger_jobs."""
+    from helpers import ledger_jobs
 
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(test_jobs.LEDGER_TABLE)
-    monkeypatch.setenv(test_jobs.LEDGER_URL_VARIABLE, db_url)
+        conn.execute(ledger_jobs.LEDGER_TABLE)
+    monkeypatch.setenv(ledger_jobs.LEDGER_URL_VARIABLE, db_url)
     yield db_url
-    test_jobs.close_connections()
+    ledger_jobs.close_connections()
 
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
@@ -90,3 +91,22 @@ def db_now(conn: psycopg.Connection[Any]) -> Any:
     row = conn.execute("SELECT clock_timestamp()").fetchone()
     assert row is not None
     return row[0]
+
+
+def claim_batch(
+    conn: psycopg.Connection[Any],
+    queues: list[str],
+    limit: int,
+    worker: str,
+    lease_seconds: float,
+    cap_seconds: float | None,
+) -> list[store.ClaimedJob]:
+    """Claim up to `limit` ready jobs, completing nothing: the claim a drain makes first."""
+    return store.job_complete_and_claim(
+        conn, [], queues, limit, worker, lease_seconds, cap_seconds
+    )[1]
+
+
+def complete_one(conn: psycopg.Connection[Any], job: store.Held) -> bool:
+    """Mark one job done; False means its lease was lost and nothing was written."""
+    return job.id in store.job_complete_many(conn, [job]).applied

@@ -24,7 +24,7 @@ from psycopg import sql
 from helpers import restartable_pg
 from helpers.fixtures import wait_for
 from helpers.restartable_pg import RestartableServer
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain, queue
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain, store
 from pgdrain.migrate import migrate
 
 pytestmark = pytest.mark.skipif(
@@ -94,7 +94,7 @@ def _expired_leases(url: str) -> int:
 
 def _enqueue(url: str, kind: str, count: int) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        queue.insert_jobs(conn, [build_job(kind, {"n": i}) for i in range(count)])
+        store.job_insert_many(conn, [build_job(kind, {"n": i}) for i in range(count)])
 
 
 def _in_background(target: Any) -> tuple[threading.Thread, list[DrainResult]]:

@@ -12,15 +12,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import test_jobs
-from helpers.fixtures import db_now, drain_process, finished_result, job_row, wait_for
-from pgdrain import Budget, DrainResult, Settings, build_job, drain, enqueue, queue
+from helpers import ledger_jobs
+from helpers.fixtures import claim_batch, db_now, drain_process, finished_result, job_row, wait_for
+from pgdrain import Budget, DrainResult, Settings, build_job, drain, enqueue, store
 
 Conn = psycopg.Connection[Any]
 
 
 def run_drain(url: str, budget: float = 30.0, **settings: Any) -> DrainResult:
-    return drain(Settings(**settings), Budget.seconds(budget), test_jobs.jobs, url)
+    return drain(Settings(**settings), Budget.seconds(budget), ledger_jobs.jobs, url)
 
 
 def in_background(
@@ -68,7 +68,7 @@ def test_a_killed_drain_leaves_its_job_held_until_a_reclaim_returns_it(
 
     # 2. The lease expired, no reclaim yet: a claim still gets nothing, and no row lock is held.
     wait_for(lambda: not lease_alive(conn, job_id), what="the lease to expire")
-    assert queue.claim_batch(conn, ["default"], 10, "other-2", 4, None) == []
+    assert claim_batch(conn, ["default"], 10, "other-2", 4, None) == []
     assert job_row(conn, job_id)["status"] == "running"
 
     # 3. Only the reclaim at the start of the next drain puts it back; that drain finishes it.
@@ -93,7 +93,7 @@ def test_the_heartbeat_keeps_a_long_job_from_a_competing_reclaim(
     # The competing reclaim runs once the lease taken at the claim would have expired:
     # the same moment in both branches; only the heartbeat differs.
     wait_for(lambda: db_now(conn) > first_lease_end + dt.timedelta(seconds=0.3), what="t=2.3s")
-    reclaimed = queue.reclaim_expired(conn, 10)
+    reclaimed = store.job_reclaim_expired(conn, 10)
     with caplog.at_level(logging.WARNING, logger="pgdrain"):
         thread.join(timeout=60)
     [result] = results
@@ -170,7 +170,7 @@ def test_jobs_claimed_as_the_budget_runs_out_are_released_without_spending_an_at
     result = drain(
         Settings(reserve_seconds=2, concurrency=4),
         Budget.seconds(10, clock=clock),
-        test_jobs.jobs,
+        ledger_jobs.jobs,
         ledger_url,
         observer=slow_claim,
     )
@@ -196,7 +196,7 @@ def test_a_job_killed_at_the_deadline_is_reclaimable_at_once_only_with_the_cap(
 
     # Same moment in both branches: just past the run's deadline.
     wait_for(lambda: db_now(conn) > started_at + dt.timedelta(seconds=3.5), what="deadline")
-    reclaimed = queue.reclaim_expired(conn, 10)
+    reclaimed = store.job_reclaim_expired(conn, 10)
     if cap:
         assert [r.id for r in reclaimed] == [job_id]
         assert job_row(conn, job_id)["status"] == "queued"
@@ -214,7 +214,7 @@ def test_a_job_killed_at_the_deadline_is_reclaimable_at_once_only_with_the_cap(
 def test_four_drain_processes_complete_each_job_exactly_once(ledger_url: str, conn: Conn) -> None:
     total = 5000
     with conn.transaction():
-        queue.insert_jobs(conn, [build_job("ledger", {"n": i}) for i in range(total)])
+        store.job_insert_many(conn, [build_job("ledger", {"n": i}) for i in range(total)])
     processes = [
         drain_process(ledger_url, "--budget", "120", "--batch-size", "25") for _ in range(4)
     ]

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.fixtures import job_row, unfenced, wait_for, without_line
-from pgdrain import enqueue, queue
+from helpers.fixtures import claim_batch, job_row, unfenced, wait_for, without_line
+from pgdrain import enqueue, store
 from pgdrain.sql import query
 
 Conn = psycopg.Connection[Any]
@@ -28,8 +28,8 @@ WAIT_SECONDS = 60.0  # generous: other suites load this machine
 LOCK_TIMEOUT = "60s"  # a statement that should not block fails instead of hanging the suite
 
 
-def _claim(conn: Conn, lease_seconds: float = LEASE_SECONDS) -> queue.ClaimedJob:
-    [claimed] = queue.claim_batch(conn, ["default"], 1, WORKER, lease_seconds, None)
+def _claim(conn: Conn, lease_seconds: float = LEASE_SECONDS) -> store.ClaimedJob:
+    [claimed] = claim_batch(conn, ["default"], 1, WORKER, lease_seconds, None)
     return claimed
 
 
@@ -40,23 +40,23 @@ def _lease_expired(conn: Conn, job_id: int) -> bool:
     return bool(row and row[0])
 
 
-def _stale_and_current(conn: Conn) -> tuple[queue.Held, queue.Held]:
+def _stale_and_current(conn: Conn) -> tuple[store.Held, store.Held]:
     """A job whose first attempt's lease expired and was reclaimed, then claimed again:
     the first token is stale, the second is the current owner's."""
     job_id = enqueue(conn, "send_email", {"email_id": 1})
     first = _claim(conn, SHORT_LEASE_SECONDS)
     wait_for(lambda: _lease_expired(conn, job_id), WAIT_SECONDS, "the short lease to expire")
-    assert [r.id for r in queue.reclaim_expired(conn, 10)] == [job_id]
+    assert [r.id for r in store.job_reclaim_expired(conn, 10)] == [job_id]
     second = _claim(conn)
     assert second.id == job_id and second.attempt == 2
-    return queue.Held(job_id, first.attempt_token), queue.Held(job_id, second.attempt_token)
+    return store.Held(job_id, first.attempt_token), store.Held(job_id, second.attempt_token)
 
 
-def _held_params(held: queue.Held) -> dict[str, Any]:
+def _held_params(held: store.Held) -> dict[str, Any]:
     return {"ids": [held.id], "tokens": [held.token]}
 
 
-def _fail_params(held: queue.Held) -> dict[str, Any]:
+def _fail_params(held: store.Held) -> dict[str, Any]:
     return {
         "id": held.id,
         "token": held.token,
@@ -66,7 +66,7 @@ def _fail_params(held: queue.Held) -> dict[str, Any]:
     }
 
 
-def _complete_and_claim_params(held: queue.Held) -> dict[str, Any]:
+def _complete_and_claim_params(held: store.Held) -> dict[str, Any]:
     return {
         "done_ids": [held.id],
         "done_tokens": [held.token],
@@ -78,39 +78,39 @@ def _complete_and_claim_params(held: queue.Held) -> dict[str, Any]:
     }
 
 
-def _extend_params(held: queue.Held) -> dict[str, Any]:
+def _extend_params(held: store.Held) -> dict[str, Any]:
     return {**_held_params(held), "lease_seconds": 3600.0, "cap_seconds": None}
 
 
-def _complete(conn: Conn, held: queue.Held) -> frozenset[int]:
-    return queue.complete_many(conn, [held]).applied
+def _complete(conn: Conn, held: store.Held) -> frozenset[int]:
+    return store.job_complete_many(conn, [held]).applied
 
 
-def _complete_and_claim(conn: Conn, held: queue.Held) -> frozenset[int]:
-    fenced, claimed = queue.complete_and_claim(
+def _complete_and_claim(conn: Conn, held: store.Held) -> frozenset[int]:
+    fenced, claimed = store.job_complete_and_claim(
         conn, [held], ["default"], 0, WORKER, LEASE_SECONDS, None
     )
     assert claimed == []
     return fenced.applied
 
 
-def _fail(conn: Conn, held: queue.Held) -> frozenset[int]:
-    outcome = queue.fail(conn, held, "stale worker's error", 0.0)
-    return frozenset() if isinstance(outcome, queue.LeaseLost) else frozenset({outcome.id})
+def _fail(conn: Conn, held: store.Held) -> frozenset[int]:
+    outcome = store.job_fail(conn, held, "stale worker's error", 0.0)
+    return frozenset() if isinstance(outcome, store.LeaseLost) else frozenset({outcome.id})
 
 
-def _extend(conn: Conn, held: queue.Held) -> frozenset[int]:
-    return queue.extend_leases(conn, [held], 3600.0, None).applied
+def _extend(conn: Conn, held: store.Held) -> frozenset[int]:
+    return store.job_extend_leases(conn, [held], 3600.0, None).applied
 
 
-def _release(conn: Conn, held: queue.Held) -> frozenset[int]:
-    return queue.release_many(conn, [held]).applied
+def _release(conn: Conn, held: store.Held) -> frozenset[int]:
+    return store.job_release_many(conn, [held]).applied
 
 
-Operation = Callable[[Conn, queue.Held], frozenset[int]]  # returns the ids it wrote
-Params = Callable[[queue.Held], dict[str, Any]]  # what queue.py binds for the statement
+Operation = Callable[[Conn, store.Held], frozenset[int]]  # returns the ids it wrote
+Params = Callable[[store.Held], dict[str, Any]]  # what queue.py binds for the statement
 
-# statement name -> (the real operation through pgdrain.queue, its parameters for the control)
+# statement name -> (the real operation through pgdrain.store, its parameters for the control)
 OPERATIONS: dict[str, tuple[Operation, Params]] = {
     "job_complete_many": (_complete, _held_params),
     "job_complete_and_claim": (_complete_and_claim, _complete_and_claim_params),
@@ -252,7 +252,7 @@ def test_reclaim_skips_a_row_another_worker_holds(
     job_id, _ = expired_job
     new_token = _retake(other_worker, job_id)
     with _connect(db_url) as reclaimer:
-        assert queue.reclaim_expired(reclaimer, 10) == []
+        assert store.job_reclaim_expired(reclaimer, 10) == []
     other_worker.commit()
     row = job_row(conn, job_id)
     assert (row["status"], row["attempt_token"], row["reclaim_count"]) == (

@@ -21,9 +21,11 @@ from helpers.aws import (
     create_function,
     mocked_aws,
 )
-from pgdrain import Settings, enqueue, events
+from pgdrain import Settings, enqueue
+from pgdrain.aws import events
+from pgdrain.aws.kick import kick
+from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.errors import BadInput
-from pgdrain.kick import kick, lambda_client
 
 Conn = psycopg.Connection[Any]
 
@@ -122,7 +124,7 @@ def test_the_event_kicked_is_one_the_function_accepts(
 def test_without_a_function_name_a_kick_is_skipped(
     conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="pgdrain.kick")
+    caplog.set_level(logging.DEBUG, logger="pgdrain.aws.kick")
     assert kick(conn, ["emails"], settings=Settings()) == ()
     assert [r.getMessage() for r in caplog.records] == [
         "kick skipped: PGDRAIN_FUNCTION_NAME is not set"
@@ -175,7 +177,7 @@ def test_a_failed_invoke_is_logged_not_raised(
         )
         assert kick(conn, ["emails"], settings=_settings(), client=lambda_api) == ()
         stubber.assert_no_pending_responses()
-    (record,) = [r for r in caplog.records if r.name == "pgdrain.kick"]
+    (record,) = [r for r in caplog.records if r.name == "pgdrain.aws.kick"]
     assert record.levelno == logging.WARNING
     assert "the schedule will drain" in record.getMessage()
     assert "ResourceNotFoundException" in record.__dict__["error"]

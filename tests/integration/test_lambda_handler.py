@@ -31,9 +31,11 @@ from helpers.aws import (
     metric_totals,
     mocked_aws,
 )
-from helpers.fixtures import wait_for
-from pgdrain import enqueue, lambda_run, queue
-from pgdrain.kick import lambda_client
+from helpers.fixtures import claim_batch, wait_for
+from pgdrain import enqueue, store
+from pgdrain.aws import run as lambda_run
+from pgdrain.aws.lambda_api import lambda_client
+from pgdrain.aws.metrics import ProgressMetrics
 from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]
@@ -420,7 +422,7 @@ def test_a_run_out_of_time_with_work_left_continues_itself_once(
     (call,) = spy.calls
     assert (call["FunctionName"], call["InvocationType"]) == (FUNCTION_ARN, "Event")
     # The backlog it leaves is reported, and matches the database.
-    ready = queue.depth(conn, ["default"]).ready
+    ready = store.queue_depth(conn, ["default"]).ready
     assert ready > 0
     assert result["queue_depth"] == ready
     assert metric_totals(emf_records(capsys.readouterr().out))["QueueDepth"] == ready
@@ -492,7 +494,7 @@ def test_the_metrics_printed_match_the_database(
             enqueue(conn, "fail", {}, max_attempts=1)
     # One job whose lease expired under a worker that died: the run reclaims it first.
     enqueue(conn, "noop", {"expired": True}, queue="default")
-    (claimed,) = queue.claim_batch(conn, ["default"], 1, "dead-worker", 30.0, None)
+    (claimed,) = claim_batch(conn, ["default"], 1, "dead-worker", 30.0, None)
     conn.execute(
         "UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
         (claimed.id,),
@@ -522,7 +524,7 @@ def test_the_metrics_printed_match_the_database(
         conn, "SELECT count(*) FROM pgdrain.jobs WHERE reclaim_count > 0"
     )
     assert totals["LeasesLost"] == 0
-    assert totals["QueueDepth"] == queue.depth(conn, ["default"]).ready == 0
+    assert totals["QueueDepth"] == store.queue_depth(conn, ["default"]).ready == 0
     assert totals["OldestReadyAgeSeconds"] == 0
     assert (
         totals["JobsSucceeded"],
@@ -539,7 +541,7 @@ def test_counts_are_flushed_while_the_run_goes_on(
 
     monkeypatch.setenv("POWERTOOLS_METRICS_NAMESPACE", "pgdrain")
     printed: list[str] = []
-    with lambda_run.ProgressMetrics(Metrics(namespace="pgdrain"), interval=0.05) as progress:
+    with ProgressMetrics(Metrics(namespace="pgdrain"), interval=0.05) as progress:
         progress.observe("claimed", 4)
         progress.observe("done", 3)
 

@@ -21,8 +21,8 @@ import pytest
 from psycopg import sql
 
 import jobs as example_jobs
-from helpers.fixtures import job_row
-from pgdrain import Budget, Settings, build_job, drain, enqueue, queue
+from helpers.fixtures import claim_batch, job_row
+from pgdrain import Budget, Settings, build_job, drain, enqueue, store
 
 Conn = psycopg.Connection[Any]
 ROLE = "pgdrain_worker"
@@ -122,14 +122,14 @@ def test_a_drain_of_real_jobs_succeeds_as_the_worker(worker_url: str, granted: s
         assert worker.execute("SELECT current_user").fetchone() != ("postgres",)
         # A job whose drain died: its lease expired, so this drain reclaims it.
         stuck = enqueue(worker, "noop")
-        queue.claim_batch(worker, ["default"], 1, "dead", 30.0, None)
+        claim_batch(worker, ["default"], 1, "dead", 30.0, None)
         ids = [
             enqueue(worker, "noop"),
             enqueue(worker, "sleep", {"seconds": 0.2}),
             enqueue(worker, "flaky", {"failures": 1}),
             enqueue(worker, "fail", max_attempts=1),
         ]
-        queue.insert_jobs(worker, [build_job("noop", {"n": i}) for i in range(20)])
+        store.job_insert_many(worker, [build_job("noop", {"n": i}) for i in range(20)])
         with psycopg.connect(granted, autocommit=True) as owner:
             owner.execute(
                 "UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'"
@@ -142,10 +142,10 @@ def test_a_drain_of_real_jobs_succeeds_as_the_worker(worker_url: str, granted: s
         statuses = [job_row(worker, i)["status"] for i in ids]
         assert statuses == ["done", "done", "queued", "failed"]
         # What else the function and the CLI do: kicks, stats, retry, purge.
-        assert queue.debounce_kick(worker, ["default"], 60.0) == ["default"]
-        assert {s.queue for s in queue.stats(worker)} == {"default"}
-        assert queue.retry_failed(worker, [ids[3]]) == [ids[3]]
-        assert queue.purge_finished(worker, 0) == 23
+        assert store.kick_debounce(worker, ["default"], 60.0) == ["default"]
+        assert {s.queue for s in store.queue_stats(worker)} == {"default"}
+        assert store.job_retry(worker, [ids[3]]) == [ids[3]]
+        assert store.job_purge_finished(worker, 0) == 23
 
 
 @pytest.mark.parametrize("statement", DDL)

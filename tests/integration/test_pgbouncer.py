@@ -12,9 +12,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.fixtures import job_row, wait_for
+from helpers.fixtures import claim_batch, job_row, wait_for
 from helpers.pgbouncer import PgBouncer, find_pgbouncer, version
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain, queue
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain, store
 from pgdrain.db import connection_kwargs
 from pgdrain.migrate import migrate
 
@@ -53,7 +53,7 @@ def _pooled(url: str, settings: Settings = TRANSACTION) -> Conn:
 
 
 def _enqueue(conn: Conn, count: int, kind: str = "noop") -> None:
-    queue.insert_jobs(conn, [build_job(kind, {"n": i}) for i in range(count)])
+    store.job_insert_many(conn, [build_job(kind, {"n": i}) for i in range(count)])
 
 
 def _drain_concurrently(url: str, settings: Settings, runs: int = 3) -> list[DrainResult]:
@@ -121,7 +121,7 @@ def test_heartbeats_extend_the_lease_through_the_pooler(db_url: str, pooled_url:
             wait_for(extended_three_times, timeout=60, what="three heartbeats")
 
     with psycopg.connect(db_url, autocommit=True) as direct:
-        [job_id] = queue.insert_jobs(direct, [build_job("outlive_the_lease")])
+        [job_id] = store.job_insert_many(direct, [build_job("outlive_the_lease")])
         settings = Settings.from_env(
             {
                 "PGDRAIN_POOLER": "transaction",
@@ -139,7 +139,7 @@ def test_heartbeats_extend_the_lease_through_the_pooler(db_url: str, pooled_url:
 def test_reclaim_through_the_pooler(conn: Conn, pooled_url: str) -> None:
     _enqueue(conn, 1)
     with _pooled(pooled_url) as pooled:
-        [claimed] = queue.claim_batch(pooled, ["default"], 1, "dead-worker", 30.0, None)
+        [claimed] = claim_batch(pooled, ["default"], 1, "dead-worker", 30.0, None)
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
     result = drain(TRANSACTION, Budget.seconds(BUDGET_SECONDS), registry, pooled_url)
     assert (result.reclaimed, result.done, result.stop_reason) == (1, 1, "empty")
@@ -159,8 +159,8 @@ def test_kick_debounce_through_the_pooler(pooled_url: str) -> None:
     def caller() -> None:
         with _pooled(pooled_url) as pooled:
             barrier.wait(timeout=60)
-            first = queue.debounce_kick(pooled, ["emails", "reports"], 60.0)
-            again = [queue.debounce_kick(pooled, ["emails"], 60.0) for _ in range(6)]
+            first = store.kick_debounce(pooled, ["emails", "reports"], 60.0)
+            again = [store.kick_debounce(pooled, ["emails"], 60.0) for _ in range(6)]
         with lock:
             won.append(first)
             later.extend(again)

@@ -7,14 +7,14 @@ from typing import Any
 
 import psycopg
 
-from helpers.fixtures import job_row
-from pgdrain import enqueue, queue
+from helpers.fixtures import claim_batch, complete_one, job_row
+from pgdrain import enqueue, store
 
 Conn = psycopg.Connection[Any]
 
 
-def _claim(conn: Conn, limit: int = 10, lease: float = 30.0) -> list[queue.ClaimedJob]:
-    return queue.claim_batch(conn, ["default"], limit, "test-worker", lease, None)
+def _claim(conn: Conn, limit: int = 10, lease: float = 30.0) -> list[store.ClaimedJob]:
+    return claim_batch(conn, ["default"], limit, "test-worker", lease, None)
 
 
 def test_a_job_goes_queued_running_done(conn: Conn) -> None:
@@ -23,7 +23,7 @@ def test_a_job_goes_queued_running_done(conn: Conn) -> None:
     assert (claimed.id, claimed.attempt, claimed.payload) == (job_id, 1, {"x": 1})
     row = job_row(conn, job_id)
     assert row["status"] == "running" and row["attempt_token"] == claimed.attempt_token
-    assert queue.complete(conn, queue.Held(claimed.id, claimed.attempt_token))
+    assert complete_one(conn, store.Held(claimed.id, claimed.attempt_token))
     row = job_row(conn, job_id)
     assert row["status"] == "done" and row["attempt_token"] is None
     assert row["finished_at"] is not None
@@ -44,12 +44,12 @@ def test_a_delayed_job_is_not_ready(conn: Conn) -> None:
 def test_claim_takes_only_its_queues(conn: Conn) -> None:
     enqueue(conn, "noop", queue="emails")
     assert _claim(conn) == []
-    assert len(queue.claim_batch(conn, ["emails"], 10, "w", 30, None)) == 1
+    assert len(claim_batch(conn, ["emails"], 10, "w", 30, None)) == 1
 
 
 def test_the_lease_is_capped_at_the_deadline(conn: Conn) -> None:
     enqueue(conn, "noop")
-    [claimed] = queue.claim_batch(conn, ["default"], 1, "w", 600.0, 5.0)
+    [claimed] = claim_batch(conn, ["default"], 1, "w", 600.0, 5.0)
     row = conn.execute(
         "SELECT extract(epoch FROM lease_expires_at - now()) FROM pgdrain.jobs WHERE id = %s",
         (claimed.id,),
@@ -60,19 +60,19 @@ def test_the_lease_is_capped_at_the_deadline(conn: Conn) -> None:
 def test_fail_retries_with_the_given_delay_then_fails_at_max_attempts(conn: Conn) -> None:
     job_id = enqueue(conn, "noop", max_attempts=2)
     [first] = _claim(conn)
-    outcome = queue.fail(conn, queue.Held(job_id, first.attempt_token), "boom", 0.0)
-    assert isinstance(outcome, queue.Failed) and outcome.status == "queued"
+    outcome = store.job_fail(conn, store.Held(job_id, first.attempt_token), "boom", 0.0)
+    assert isinstance(outcome, store.Failed) and outcome.status == "queued"
     [second] = _claim(conn)
     assert second.attempt == 2
-    outcome = queue.fail(conn, queue.Held(job_id, second.attempt_token), "boom again", 0.0)
-    assert isinstance(outcome, queue.Failed) and outcome.status == "failed"
+    outcome = store.job_fail(conn, store.Held(job_id, second.attempt_token), "boom again", 0.0)
+    assert isinstance(outcome, store.Failed) and outcome.status == "failed"
     assert job_row(conn, job_id)["last_error"] == "boom again"
 
 
 def test_release_gives_the_attempt_back(conn: Conn) -> None:
     job_id = enqueue(conn, "noop")
     [claimed] = _claim(conn)
-    result = queue.release_many(conn, [queue.Held(job_id, claimed.attempt_token)])
+    result = store.job_release_many(conn, [store.Held(job_id, claimed.attempt_token)])
     assert result.applied == {job_id}
     row = job_row(conn, job_id)
     assert (row["status"], row["attempts"]) == ("queued", 0)
@@ -93,12 +93,12 @@ def test_enqueue_joins_the_callers_transaction(conn: Conn) -> None:
 
 def test_enqueue_many_is_one_statement_for_the_whole_list(conn: Conn) -> None:
     jobs = [enqueue_job(i) for i in range(1000)]
-    ids = queue.insert_jobs(conn, jobs)
+    ids = store.job_insert_many(conn, jobs)
     assert len(ids) == 1000
     assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (1000,)
 
 
-def enqueue_job(i: int) -> queue.NewJob:
+def enqueue_job(i: int) -> store.NewJob:
     from pgdrain import build_job
 
     return build_job("noop", {"i": i})
@@ -108,7 +108,7 @@ def test_reclaim_requeues_an_expired_lease_and_counts_it(conn: Conn) -> None:
     job_id = enqueue(conn, "noop")
     _claim(conn, lease=1)
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
-    [reclaimed] = queue.reclaim_expired(conn, 10)
+    [reclaimed] = store.job_reclaim_expired(conn, 10)
     assert (reclaimed.id, reclaimed.status, reclaimed.reclaim_count) == (job_id, "queued", 1)
     assert "lease expired" in job_row(conn, job_id)["last_error"]
 
@@ -117,7 +117,7 @@ def test_reclaim_fails_a_manual_job_instead_of_retrying_it(conn: Conn) -> None:
     enqueue(conn, "noop", recovery_policy="manual")
     _claim(conn, lease=1)
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
-    [reclaimed] = queue.reclaim_expired(conn, 10)
+    [reclaimed] = store.job_reclaim_expired(conn, 10)
     assert reclaimed.status == "failed"
 
 
@@ -125,7 +125,7 @@ def test_stats_counts_per_queue_and_status(conn: Conn) -> None:
     enqueue(conn, "noop")
     enqueue(conn, "noop", delay=60)
     enqueue(conn, "noop", queue="emails")
-    stats = {s.queue: s for s in queue.stats(conn)}
+    stats = {s.queue: s for s in store.queue_stats(conn)}
     assert (stats["default"].queued, stats["default"].ready) == (2, 1)
     assert stats["emails"].queued == 1
 
@@ -133,6 +133,6 @@ def test_stats_counts_per_queue_and_status(conn: Conn) -> None:
 def test_the_fence_refuses_a_stale_token(conn: Conn) -> None:
     job_id = enqueue(conn, "noop")
     _claim(conn)
-    stale = queue.Held(job_id, uuid.uuid4())
-    assert not queue.complete(conn, stale)
+    stale = store.Held(job_id, uuid.uuid4())
+    assert not complete_one(conn, stale)
     assert job_row(conn, job_id)["status"] == "running"

@@ -5,7 +5,7 @@ the naive claim (`UPDATE ... WHERE id = (SELECT id ... LIMIT 1)`), each claim it
 transaction: about 2,100 jobs ended done, and some job was taken by all 8 workers.
 
 Here 8 processes (not threads: each has its own interpreter and its own connection, as drains
-do) take the same 10,000 jobs. With pgdrain.queue.claim_batch and complete_many every job is
+do) take the same 10,000 jobs. With pgdrain.store.claim_batch and complete_many every job is
 done exactly once. The control changes one variable, the claim statement: the same 8 processes,
 the same 10,000 jobs, the same start line, each running exactly 1,250 naive claims in
 autocommit, as pgbench did, and jobs are taken more than once.
@@ -22,7 +22,8 @@ from typing import Any
 
 import psycopg
 
-from pgdrain import queue
+from helpers.fixtures import claim_batch
+from pgdrain import store
 
 WORKERS = 8
 JOBS = 10_000
@@ -66,10 +67,12 @@ def _pgdrain_worker(url: str, start: multiprocessing.synchronize.Barrier, name: 
     with _connect(url) as conn:
         start.wait(START_TIMEOUT_SECONDS)
         while True:
-            claimed = queue.claim_batch(conn, ["default"], 1, name, 300.0, None)
+            claimed = claim_batch(conn, ["default"], 1, name, 300.0, None)
             if not claimed:
                 return taken
-            result = queue.complete_many(conn, [queue.Held(c.id, c.attempt_token) for c in claimed])
+            result = store.job_complete_many(
+                conn, [store.Held(c.id, c.attempt_token) for c in claimed]
+            )
             assert result.applied == {c.id for c in claimed}, f"{name} lost {result.lost}"
             taken += len(claimed)
 

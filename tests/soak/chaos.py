@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 
 from helpers.restartable_pg import RestartableServer
-from pgdrain import build_job, queue
+from pgdrain import build_job, store
 from pgdrain.migrate import migrate
 from soak import soak_jobs
 
@@ -138,9 +138,9 @@ class Soak:
             jobs = [self._job(i) for i in range(self.config.jobs)]
             for start in range(0, len(jobs), 5000):
                 with conn.transaction():
-                    queue.insert_jobs(conn, jobs[start : start + 5000])
+                    store.job_insert_many(conn, jobs[start : start + 5000])
 
-    def _job(self, i: int) -> queue.NewJob:
+    def _job(self, i: int) -> store.NewJob:
         kinds, weights = zip(*self.config.mix, strict=True)
         kind = self.random.choices(kinds, weights)[0]
         if kind == "nap":

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, LiteralString, cast
 
 from helpers.fixtures import without_line
-from pgdrain import cli, queue
+from pgdrain import cli, store
 from pgdrain.settings import Settings
 from pgdrain.sql import query
 
@@ -52,7 +52,7 @@ def main(argv: Sequence[str]) -> int:
         Settings.from_env = classmethod(without_heartbeat)  # type: ignore[method-assign,assignment]
     if args.unfenced:
         patched: Any = _unfenced_query
-        queue.query = patched  # what pgdrain.queue runs: the same statements, less the fence
+        store.query = patched  # what pgdrain.store runs: the same statements, less the fence
     return cli.main(cli_args)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from pgdrain.enqueue import MAX_PAYLOAD_BYTES, build_job
 from pgdrain.errors import BadInput
-from pgdrain.queue import NewJob
+from pgdrain.store import NewJob
 
 UTC = dt.UTC
 

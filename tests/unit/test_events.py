@@ -1,4 +1,4 @@
-"""pgdrain.events: the three events the function understands, and a one-line BadEvent for
+"""pgdrain.aws.events: the three events the function understands, and a one-line BadEvent for
 anything else."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pgdrain import events
+from pgdrain.aws import events
 from pgdrain.errors import BadEvent
 from pgdrain.settings import Settings
 

@@ -1,4 +1,4 @@
-"""pgdrain.secrets: an RDS-shaped secret becomes a connection string; a wrong shape is named in
+"""pgdrain.aws.secrets: an RDS-shaped secret becomes a connection string; a wrong shape is named in
 one line that never repeats the password."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from pgdrain.aws.secrets import conninfo_from_value
 from pgdrain.errors import ConfigError
-from pgdrain.secrets import conninfo_from_value
 
 PASSWORD = "p@ss w0rd'with\\quotes"
 RDS_SECRET = {

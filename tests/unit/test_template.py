@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pgdrain import local
+from pgdrain.aws import local_invoke
 from pgdrain.errors import BadInput
 from pgdrain.settings import ENV_VARIABLES, Settings
 
@@ -21,15 +21,15 @@ TEMPLATE = ROOT / "template.yaml"
 
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
-    return local.load_template(TEMPLATE)
+    return local_invoke.load_template(TEMPLATE)
 
 
 @pytest.fixture(scope="module")
-def spec() -> local.FunctionSpec:
-    return local.read_function(TEMPLATE)
+def spec() -> local_invoke.FunctionSpec:
+    return local_invoke.read_function(TEMPLATE)
 
 
-def test_the_function_declares_every_setting(spec: local.FunctionSpec) -> None:
+def test_the_function_declares_every_setting(spec: local_invoke.FunctionSpec) -> None:
     declared = set(spec.environment)
     missing = set(ENV_VARIABLES) - declared
     assert not missing, f"template.yaml does not declare {sorted(missing)}"
@@ -38,7 +38,7 @@ def test_the_function_declares_every_setting(spec: local.FunctionSpec) -> None:
 
 
 def test_the_defaults_are_valid_settings_and_leave_time_after_the_reserve(
-    spec: local.FunctionSpec,
+    spec: local_invoke.FunctionSpec,
 ) -> None:
     settings = Settings.from_env(spec.environment)
     assert spec.timeout > settings.reserve_seconds
@@ -47,7 +47,7 @@ def test_the_defaults_are_valid_settings_and_leave_time_after_the_reserve(
 
 
 def test_the_function_is_what_sam_builds(
-    template: dict[str, Any], spec: local.FunctionSpec
+    template: dict[str, Any], spec: local_invoke.FunctionSpec
 ) -> None:
     props = template["Resources"]["DrainFunction"]["Properties"]
     assert (props["Runtime"], props["Architectures"], props["CodeUri"]) == (
@@ -129,9 +129,9 @@ def test_the_vpc_is_optional(template: dict[str, Any]) -> None:
     vpc = template["Resources"]["DrainFunction"]["Properties"]["VpcConfig"]
     condition, _with_vpc, without = vpc["Fn::If"]
     assert condition == "HasVpc" and without == {"Ref": "AWS::NoValue"}
-    resolver = local.Resolver(template)
+    resolver = local_invoke.Resolver(template)
     assert resolver.condition("HasVpc") is False  # by default
-    assert resolver.resolve(vpc) is local.NO_VALUE
+    assert resolver.resolve(vpc) is local_invoke.NO_VALUE
 
 
 # -- the reader -------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def small(tmp_path: Path) -> Path:
 
 
 def test_the_reader_resolves_what_sam_resolves_locally(small: Path) -> None:
-    spec = local.read_function(small, "Worker")
+    spec = local_invoke.read_function(small, "Worker")
     assert (spec.function_name, spec.handler, spec.timeout, spec.memory_size) == (
         "local-dev-worker",
         "main.handle",
@@ -199,7 +199,7 @@ def test_the_reader_resolves_what_sam_resolves_locally(small: Path) -> None:
         "MODE": "relaxed",
         "SUBNETS": "a,b",
         "QUEUE_URL": "",  # needs a deployed stack
-        "REGION": local.local_region(),
+        "REGION": local_invoke.local_region(),
         "EMPTY": "",
         "PORT": "5432",
         "ENABLED": "true",
@@ -208,13 +208,13 @@ def test_the_reader_resolves_what_sam_resolves_locally(small: Path) -> None:
 
 def test_the_reader_needs_a_name_when_there_are_several_functions(small: Path) -> None:
     with pytest.raises(BadInput, match=r"name the function to invoke: .* has Other, Worker"):
-        local.read_function(small)
+        local_invoke.read_function(small)
     with pytest.raises(BadInput, match="has no function 'Nope'"):
-        local.read_function(small, "Nope")
+        local_invoke.read_function(small, "Nope")
 
 
 def test_env_json_overrides_declared_variables_only(small: Path, tmp_path: Path) -> None:
-    spec = local.read_function(small, "Worker")
+    spec = local_invoke.read_function(small, "Worker")
     env_json = tmp_path / "env.json"
     env_json.write_text(
         json.dumps(
@@ -225,12 +225,12 @@ def test_env_json_overrides_declared_variables_only(small: Path, tmp_path: Path)
             }
         )
     )
-    overrides, ignored = local.read_overrides(env_json, spec)
+    overrides, ignored = local_invoke.read_overrides(env_json, spec)
     assert overrides == {"STAGE": "test", "MODE": "only-worker", "PORT": "6543"}
     assert ignored == ("UNDECLARED",)
 
     shell = {"EMPTY": "from-shell", "STAGE": "shell-loses", "UNDECLARED": "ignored"}
-    env = local.function_environment(spec, overrides, shell, "eu-west-1")
+    env = local_invoke.function_environment(spec, overrides, shell, "eu-west-1")
     assert (env["STAGE"], env["MODE"], env["EMPTY"]) == ("test", "only-worker", "from-shell")
     assert "UNDECLARED" not in env
     assert (env["AWS_REGION"], env["AWS_SAM_LOCAL"], env["_HANDLER"]) == (
@@ -255,22 +255,22 @@ def test_a_bad_env_json_is_bad_input(
     path = tmp_path / "env.json"
     path.write_text(content)
     with pytest.raises(BadInput, match=message):
-        local.read_overrides(path, local.read_function(small, "Worker"))
+        local_invoke.read_overrides(path, local_invoke.read_function(small, "Worker"))
 
 
 def test_a_template_that_is_not_one_is_bad_input(tmp_path: Path) -> None:
     path = tmp_path / "template.yaml"
     path.write_text("just: words\n")
     with pytest.raises(BadInput, match="has no Resources"):
-        local.read_function(path)
+        local_invoke.read_function(path)
     with pytest.raises(BadInput, match="cannot read the template"):
-        local.read_function(tmp_path / "missing.yaml")
+        local_invoke.read_function(tmp_path / "missing.yaml")
 
 
 def test_the_context_counts_down_from_the_timeout(small: Path) -> None:
     now = [100.0]
-    spec = local.read_function(small, "Worker")
-    context = local.LocalContext(spec, "us-east-1", clock=lambda: now[0])
+    spec = local_invoke.read_function(small, "Worker")
+    context = local_invoke.LocalContext(spec, "us-east-1", clock=lambda: now[0])
     assert context.get_remaining_time_in_millis() == 42_000
     now[0] += 41.5
     assert context.get_remaining_time_in_millis() == 500
@@ -280,8 +280,8 @@ def test_the_context_counts_down_from_the_timeout(small: Path) -> None:
 
 
 def test_no_event_file_is_an_empty_event_as_with_sam(tmp_path: Path) -> None:
-    assert local.read_event(None) == {}
+    assert local_invoke.read_event(None) == {}
     path = tmp_path / "event.json"
     path.write_text("not json")
     with pytest.raises(BadInput, match="is not valid JSON"):
-        local.read_event(str(path))
+        local_invoke.read_event(str(path))

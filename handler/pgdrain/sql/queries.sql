@@ -1,5 +1,5 @@
 -- Every statement pgdrain runs against the queue, each under a `-- name:` line.
--- Loaded once by pgdrain.sql; executed only by pgdrain.queue (and pgdrain.migrate).
+-- Loaded once by pgdrain.sql; executed only by pgdrain.store.
 -- Parameters are always bound (%(name)s); nothing here is ever formatted into a string.
 -- Every statement after the claim is fenced by attempt_token: a fence condition stands on
 -- a line of its own so that tests can derive the unfenced control from the real statement.

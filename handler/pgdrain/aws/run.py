@@ -9,54 +9,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from pgdrain import db, events, queue, secrets
+from pgdrain import db, store
+from pgdrain.aws import events
+from pgdrain.aws.context import LambdaContextLike, budget_from_context
+from pgdrain.aws.lambda_api import invoke_async
+from pgdrain.aws.metrics import AGE_METRIC, DEPTH_METRIC, ProgressMetrics
+from pgdrain.aws.secrets import resolve_conninfo
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, Observer, drain
-from pgdrain.errors import BadEvent, BadInput, ConfigError, PgdrainError
-from pgdrain.kick import invoke_async
+from pgdrain.errors import BadEvent, BadInput, PgdrainError
 from pgdrain.registry import Registry, load_registry
 from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NAMESPACE = "pgdrain"
-FLUSH_INTERVAL_SECONDS = 3.0
 # Measuring the backlog opens one more connection; skip it when the run is about to be killed
 # (db.MIN_CONNECT_TIMEOUT_SECONDS plus a query).
 DEPTH_MIN_REMAINING_SECONDS = 2.5
 SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain invoke`
-
-# drain's counters -> CloudWatch metric names (Count). `released` is routine and not reported.
-COUNT_METRICS = {
-    "claimed": "JobsClaimed",
-    "done": "JobsSucceeded",
-    "retried": "JobsRetried",
-    "failed": "JobsFailed",
-    "lease_lost": "LeasesLost",
-    "reclaimed": "Reclaimed",
-}
-DEPTH_METRIC = "QueueDepth"
-AGE_METRIC = "OldestReadyAgeSeconds"
-
-
-class LambdaContextLike(Protocol):
-    @property
-    def function_name(self) -> str: ...
-    @property
-    def aws_request_id(self) -> str: ...
-    @property
-    def invoked_function_arn(self) -> str: ...
-    def get_remaining_time_in_millis(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -77,10 +55,6 @@ def cold_start(env: Mapping[str, str]) -> ColdStart:
         log.error("configuration error: %s", exc)
         return ColdStart(error=str(exc))
     return ColdStart(settings=settings, registry=registry)
-
-
-def metrics_namespace(env: Mapping[str, str]) -> str:
-    return env.get("POWERTOOLS_METRICS_NAMESPACE") or DEFAULT_NAMESPACE
 
 
 def handle(
@@ -105,7 +79,7 @@ def handle(
         return {"ok": False, "error": str(exc)}
 
     logger.append_keys(trigger=trigger.reason, chain=trigger.chain)
-    budget = Budget.from_lambda_context(context)
+    budget = budget_from_context(context)
     logger.info(
         "run starting",
         extra={"queues": list(trigger.queues), "remaining_s": round(budget.remaining(), 1)},
@@ -144,15 +118,6 @@ def handle(
             extra={"stop_reason": result.stop_reason, "continued": continued, "done": result.done},
         )
     return summary
-
-
-def resolve_conninfo(settings: Settings, *, force_fetch: bool = False) -> str:
-    """DATABASE_URL, else the connection string of the secret PGDRAIN_DB_SECRET_ARN."""
-    if settings.database_url:
-        return settings.database_url
-    if settings.db_secret_arn:
-        return secrets.conninfo_from_secret(settings.db_secret_arn, force_fetch=force_fetch)
-    raise ConfigError("no database configured: set DATABASE_URL or PGDRAIN_DB_SECRET_ARN")
 
 
 def _drain(
@@ -236,11 +201,11 @@ def _depth(
     budget: Budget,
     trigger: events.Trigger,
     result: DrainResult,
-) -> queue.QueueDepth | None:
+) -> store.QueueDepth | None:
     """The backlog the run leaves: none when it stopped because nothing was ready; measured on
     a short connection when it stopped for time; unknown after an error or near the deadline."""
     if result.stop_reason == "empty":
-        return queue.QueueDepth(ready=0, oldest_ready_age_s=0.0)
+        return store.QueueDepth(ready=0, oldest_ready_age_s=0.0)
     if result.stop_reason != "budget" or budget.remaining() < DEPTH_MIN_REMAINING_SECONDS:
         return None
     quick = dataclasses.replace(
@@ -248,73 +213,7 @@ def _depth(
     )
     try:
         with db.connect(conninfo, quick, budget) as conn:
-            return queue.depth(conn, trigger.queues)
+            return store.queue_depth(conn, trigger.queues)
     except (PgdrainError, psycopg.Error) as exc:
         log.warning("could not measure the queue depth: %s", exc)
         return None
-
-
-class ProgressMetrics:
-    """drain's observer: counts become CloudWatch metrics (EMF on stdout) flushed at most every
-    FLUSH_INTERVAL_SECONDS while the run goes on, and once more at the end. Every counter is
-    reported in every run, zero included, so a graph shows quiet runs rather than gaps."""
-
-    def __init__(self, metrics: Metrics, interval: float = FLUSH_INTERVAL_SECONDS) -> None:
-        self._metrics = metrics
-        self._interval = interval
-        self._pending: dict[str, tuple[float, MetricUnit]] = {}
-        self._reported: set[str] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="pgdrain-metrics", daemon=True)
-
-    def __enter__(self) -> ProgressMetrics:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def observe(self, counter: str, n: int) -> None:
-        name = COUNT_METRICS.get(counter)
-        if name is None:
-            return
-        with self._lock:
-            value, _unit = self._pending.get(name, (0.0, MetricUnit.Count))
-            self._pending[name] = (value + n, MetricUnit.Count)
-
-    def gauge(self, name: str, value: float, unit: MetricUnit) -> None:
-        with self._lock:
-            self._pending[name] = (value, unit)
-
-    def flush(self) -> None:
-        with self._lock:
-            if not self._pending:
-                return
-            for name, (value, unit) in self._pending.items():
-                self._metrics.add_metric(name=name, unit=unit, value=value)
-            self._reported.update(self._pending)
-            self._pending.clear()
-            self._metrics.flush_metrics()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        with self._lock:
-            for name in COUNT_METRICS.values():
-                if name not in self._reported and name not in self._pending:
-                    self._pending[name] = (0.0, MetricUnit.Count)
-        self.flush()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.flush()
-            except Exception as exc:  # metrics must never stop the run; the end flush retries
-                log.warning("could not flush metrics: %s", exc)

@@ -9,13 +9,13 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgdrain.sql import query
+from pgdrain.sql import Migration, query
 
 Connection = psycopg.Connection[Any]
 
@@ -129,21 +129,25 @@ def _new_job_params(job: NewJob) -> dict[str, Any]:
     }
 
 
-def insert_job(conn: Connection, job: NewJob) -> tuple[int, bool]:
+def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     """Insert one job in the caller's transaction. Returns (id, created); a repeated
     idempotency key returns the existing job's id and created=False."""
     row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
     if row is not None:
         return int(row[0]), True
-    existing = conn.execute(
-        query("job_find_by_key"), {"idempotency_key": job.idempotency_key}
-    ).fetchone()
+    assert job.idempotency_key is not None  # only a known key inserts nothing
+    existing = job_find_by_key(conn, job.idempotency_key)
     if existing is None:  # the other insert rolled back between our two statements
-        return insert_job(conn, job)
-    return int(existing[0]), False
+        return job_insert(conn, job)
+    return existing, False
 
 
-def insert_jobs(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
+def job_find_by_key(conn: Connection, idempotency_key: str) -> int | None:
+    row = conn.execute(query("job_find_by_key"), {"idempotency_key": idempotency_key}).fetchone()
+    return None if row is None else int(row[0])
+
+
+def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
     """Insert many jobs in one statement; returns the ids created (known keys are skipped)."""
     if not jobs:
         return []
@@ -161,7 +165,7 @@ def insert_jobs(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
     return [int(r[0]) for r in conn.execute(query("job_insert_many"), params).fetchall()]
 
 
-def complete_and_claim(
+def job_complete_and_claim(
     conn: Connection,
     finished: Sequence[Held],
     queues: Sequence[str],
@@ -195,50 +199,41 @@ def complete_and_claim(
     return Fenced(completed, lost), claimed
 
 
-def claim_batch(
-    conn: Connection,
-    queues: Sequence[str],
-    limit: int,
-    worker: str,
-    lease_seconds: float,
-    cap_seconds: float | None,
-) -> list[ClaimedJob]:
-    """Claim up to `limit` ready jobs."""
-    return complete_and_claim(conn, [], queues, limit, worker, lease_seconds, cap_seconds)[1]
-
-
-def complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
+def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
     """Mark finished jobs done (claiming nothing)."""
-    return _fenced_many(conn, "job_complete_many", held)
+    return _fenced(conn, query("job_complete_many"), held)
 
 
-def _fenced_many(conn: Connection, name: str, held: Sequence[Held], **extra: Any) -> Fenced:
+def _fenced(
+    conn: Connection, statement: LiteralString, held: Sequence[Held], **extra: Any
+) -> Fenced:
+    """Run a fenced statement over `held`; it returns the ids whose fence matched."""
     if not held:
         return Fenced(frozenset(), frozenset())
     params = {"ids": [h.id for h in held], "tokens": [h.token for h in held], **extra}
-    applied = frozenset(int(r[0]) for r in conn.execute(query(name), params).fetchall())
+    applied = frozenset(int(r[0]) for r in conn.execute(statement, params).fetchall())
     return Fenced(applied, frozenset(h.id for h in held) - applied)
 
 
-def extend_leases(
+def job_extend_leases(
     conn: Connection, held: Sequence[Held], lease_seconds: float, cap_seconds: float | None
 ) -> Fenced:
     """Heartbeat: extend every lease still ours in one statement."""
-    return _fenced_many(
-        conn, "job_extend_leases", held, lease_seconds=lease_seconds, cap_seconds=cap_seconds
+    return _fenced(
+        conn,
+        query("job_extend_leases"),
+        held,
+        lease_seconds=lease_seconds,
+        cap_seconds=cap_seconds,
     )
 
 
-def complete(conn: Connection, job: Held) -> bool:
-    """Mark one job done; False means the lease was lost and nothing was written."""
-    return job.id in complete_many(conn, [job]).applied
+def job_release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
+    """Give unstarted jobs back: queued again, the attempt not spent."""
+    return _fenced(conn, query("job_release_many"), held)
 
 
-def release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
-    return _fenced_many(conn, "job_release_many", held)
-
-
-def fail(
+def job_fail(
     conn: Connection, job: Held, error: str, delay_seconds: float, final: bool = False
 ) -> Failed | LeaseLost:
     """Record a failed attempt: retry after delay_seconds, or `failed` when attempts are spent
@@ -258,17 +253,17 @@ def fail(
     return Failed(id=row[0], status=row[1], attempt=row[2], run_at=row[3])
 
 
-def reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
+def job_reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
     rows = conn.execute(query("job_reclaim_expired"), {"limit": limit}).fetchall()
     return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in rows]
 
 
-def retry_failed(conn: Connection, ids: Sequence[int]) -> list[int]:
+def job_retry(conn: Connection, ids: Sequence[int]) -> list[int]:
     rows = conn.execute(query("job_retry"), {"ids": list(ids)}).fetchall()
     return [int(r[0]) for r in rows]
 
 
-def purge_finished(conn: Connection, older_than_days: float, batch: int = 5000) -> int:
+def job_purge_finished(conn: Connection, older_than_days: float, batch: int = 5000) -> int:
     """Delete done/failed jobs in batches (each its own short statement); returns the count."""
     total = 0
     while True:
@@ -278,13 +273,13 @@ def purge_finished(conn: Connection, older_than_days: float, batch: int = 5000) 
             return total
 
 
-def stats(conn: Connection) -> list[QueueStats]:
+def queue_stats(conn: Connection) -> list[QueueStats]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("queue_stats")).fetchall()
     return [QueueStats(**row) for row in rows]
 
 
-def has_ready(conn: Connection, queues: Sequence[str]) -> bool:
+def queue_has_ready(conn: Connection, queues: Sequence[str]) -> bool:
     row = conn.execute(query("queue_has_ready"), {"queues": list(queues)}).fetchone()
     return bool(row and row[0])
 
@@ -295,7 +290,7 @@ class QueueDepth:
     oldest_ready_age_s: float
 
 
-def depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
+def queue_depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
     """How many jobs are ready in these queues, and how long the oldest has waited."""
     row = conn.execute(query("queue_depth"), {"queues": list(queues)}).fetchone()
     if row is None:
@@ -303,7 +298,7 @@ def depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
     return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
 
 
-def list_jobs(conn: Connection, statuses: Sequence[str], limit: int) -> list[JobRow]:
+def job_list(conn: Connection, statuses: Sequence[str], limit: int) -> list[JobRow]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             query("job_list"), {"statuses": list(statuses), "limit": limit}
@@ -311,9 +306,35 @@ def list_jobs(conn: Connection, statuses: Sequence[str], limit: int) -> list[Job
     return [JobRow(**row) for row in rows]
 
 
-def debounce_kick(conn: Connection, queues: Sequence[str], window_seconds: float) -> list[str]:
+def kick_debounce(conn: Connection, queues: Sequence[str], window_seconds: float) -> list[str]:
     """The queues whose last kick is older than the window, now marked as kicked."""
     rows = conn.execute(
         query("kick_debounce"), {"queues": list(queues), "window_seconds": window_seconds}
     ).fetchall()
     return sorted(str(r[0]) for r in rows)
+
+
+# -- migrations: run by pgdrain.migrate inside one transaction ------------------------------
+
+
+def migration_lock(conn: Connection) -> None:
+    """Serialise concurrent migrations until the transaction ends (pooler-safe: xact lock)."""
+    conn.execute(query("migration_lock"))
+
+
+def migration_ledger_exists(conn: Connection) -> bool:
+    row = conn.execute(query("migration_ledger_exists")).fetchone()
+    return bool(row and row[0])
+
+
+def migration_applied(conn: Connection) -> set[str]:
+    """The versions applied so far; none before the ledger exists."""
+    if not migration_ledger_exists(conn):
+        return set()
+    return {str(r[0]) for r in conn.execute(query("migration_applied")).fetchall()}
+
+
+def migration_record(conn: Connection, migration: Migration) -> None:
+    """Apply one migration file (our own packaged DDL, never input) and record it."""
+    conn.execute(migration.sql)
+    conn.execute(query("migration_record"), {"version": migration.version})

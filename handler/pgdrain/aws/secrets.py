@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from psycopg.conninfo import make_conninfo
 
 from pgdrain.errors import ConfigError, DatabaseUnavailable
+from pgdrain.settings import Settings
 
 SECRET_MAX_AGE_SECONDS = 300  # Powertools' default cache age, stated
 DEFAULT_PORT = 5432
@@ -70,3 +71,12 @@ def _text(value: Mapping[str, object], key: str) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def resolve_conninfo(settings: Settings, *, force_fetch: bool = False) -> str:
+    """DATABASE_URL, else the connection string of the secret PGDRAIN_DB_SECRET_ARN."""
+    if settings.database_url:
+        return settings.database_url
+    if settings.db_secret_arn:
+        return conninfo_from_secret(settings.db_secret_arn, force_fetch=force_fetch)
+    raise ConfigError("no database configured: set DATABASE_URL or PGDRAIN_DB_SECRET_ARN")
