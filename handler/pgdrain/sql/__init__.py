@@ -1,4 +1,7 @@
-"""Load the named statements of sql/queries.sql once, and the migration files in order."""
+"""Load the named statements of sql/queries.sql once, and the migration files in order.
+
+Each statement stands under `-- name: NAME :SHAPE`; SHAPE says what it gives back (one row at
+most, many rows, a row count, nothing), as River's `:one`/`:many` tags do."""
 
 from __future__ import annotations
 
@@ -6,37 +9,56 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import LiteralString
+from typing import Literal, LiteralString, cast, get_args
 
-_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+Shape = Literal["one", "many", "rowcount", "exec"]
+SHAPES: tuple[str, ...] = get_args(Shape)
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)(?: :(\w+))?[ \t]*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Statement:
+    name: str
+    shape: Shape
+    text: str
+
+
+def parse_statements(text: str) -> dict[str, Statement]:
+    """Split a queries file into {name: Statement}; a statement runs to the next name line."""
+    parts = _NAME_LINE.split(text)
+    statements: dict[str, Statement] = {}
+    for name, shape, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
+        if name in statements:
+            raise ValueError(f"queries.sql names {name!r} twice")
+        if shape not in SHAPES:
+            raise ValueError(
+                f"queries.sql: {name!r} needs a shape after its name, one of "
+                + ", ".join(f":{s}" for s in SHAPES)
+            )
+        statements[name] = Statement(name, cast(Shape, shape), body.strip().rstrip(";").strip())
+    return statements
 
 
 def parse_queries(text: str) -> dict[str, str]:
-    """Split a queries file into {name: statement}; a statement runs to the next name line."""
-    parts = _NAME_LINE.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise ValueError(f"queries.sql names {name!r} twice")
-        statement = body.strip().rstrip(";").strip()
-        queries[name] = statement
-    return queries
+    """{name: statement text} of a queries file."""
+    return {name: s.text for name, s in parse_statements(text).items()}
 
 
 @cache
-def _queries() -> dict[str, str]:
+def statements() -> dict[str, Statement]:
     text = resources.files("pgdrain").joinpath("sql/queries.sql").read_text(encoding="utf-8")
-    return parse_queries(text)
+    return parse_statements(text)
 
 
 def query(name: str) -> LiteralString:
     """The statement named `name`. The text comes from our own packaged file, never from input,
     which is why it may be passed to psycopg as a literal query."""
-    return _queries()[name]  # type checkers see str; the text is our own packaged file
+    return statements()[name].text  # type checkers see str; the text is our own packaged file
 
 
 def query_names() -> list[str]:
-    return sorted(_queries())
+    return sorted(statements())
 
 
 @dataclass(frozen=True)

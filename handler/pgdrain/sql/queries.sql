@@ -1,23 +1,26 @@
--- Every statement pgdrain runs against the queue, each under a `-- name:` line.
+-- Every statement pgdrain runs against the queue, each under a `-- name: NAME :SHAPE` line.
+-- NAME is also the name of the pgdrain.store function that runs it (noun first, verb last, as
+-- River names its queries). SHAPE is what the statement gives back: :one (at most one row),
+-- :many (rows), :rowcount (only how many rows it changed), :exec (nothing).
 -- Loaded once by pgdrain.sql; executed only by pgdrain.store.
 -- Parameters are always bound (%(name)s); nothing here is ever formatted into a string.
 -- Every statement after the claim is fenced by attempt_token: a fence condition stands on
 -- a line of its own so that tests can derive the unfenced control from the real statement.
 
--- name: migration_lock
+-- name: migration_lock :exec
 -- Serialise concurrent `pgdrain migrate` runs; released when the transaction ends.
 SELECT pg_advisory_xact_lock(hashtext('pgdrain.migrate'));
 
--- name: migration_ledger_exists
+-- name: migration_ledger_exists :one
 SELECT to_regclass('pgdrain.migrations') IS NOT NULL AS present;
 
--- name: migration_applied
+-- name: migration_applied :many
 SELECT version FROM pgdrain.migrations ORDER BY version;
 
--- name: migration_record
+-- name: migration_record :exec
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
--- name: job_insert
+-- name: job_insert :one
 -- One job. A repeated idempotency key inserts nothing and returns no row.
 INSERT INTO pgdrain.jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
@@ -28,10 +31,10 @@ VALUES
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
--- name: job_find_by_key
+-- name: job_find_by_key :one
 SELECT id FROM pgdrain.jobs WHERE idempotency_key = %(idempotency_key)s;
 
--- name: job_insert_many
+-- name: job_insert_many :many
 -- Many jobs in one statement; rows whose idempotency key exists already are skipped.
 INSERT INTO pgdrain.jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
@@ -47,7 +50,7 @@ FROM unnest(
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
--- name: job_extend_leases
+-- name: job_extend_leases :many
 -- Heartbeat for every job a run holds, in one statement. A job not returned has lost its lease.
 UPDATE pgdrain.jobs AS j
 SET lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
@@ -60,7 +63,7 @@ WHERE j.id = held.id
   AND j.attempt_token = held.token
 RETURNING j.id;
 
--- name: job_complete_and_claim
+-- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
 -- %(limit)s ready jobs in priority order. SKIP LOCKED lets concurrent drains pass each other.
 -- A finished job not returned as completed had lost its lease: its result is not recorded,
@@ -123,7 +126,7 @@ UNION ALL
  FROM claimed
  ORDER BY priority, run_at, id);
 
--- name: job_complete_many
+-- name: job_complete_many :many
 -- Mark finished jobs done without claiming (the run's last flush). The same update as the
 -- `completed` part of job_complete_and_claim; a unit test keeps the two in step.
 UPDATE pgdrain.jobs AS j
@@ -139,7 +142,7 @@ WHERE j.id = held.id
   AND j.attempt_token = held.token
 RETURNING j.id;
 
--- name: job_fail
+-- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
 -- (or at once when %(final)s: the job can never succeed as it is).
 UPDATE pgdrain.jobs AS j
@@ -156,7 +159,7 @@ WHERE j.id = %(id)s
   AND j.attempt_token = %(token)s
 RETURNING j.id, j.status, j.attempts, j.run_at;
 
--- name: job_release_many
+-- name: job_release_many :many
 -- Give back claimed jobs that never started: queued again, the attempt not spent.
 UPDATE pgdrain.jobs AS j
 SET status = 'queued',
@@ -169,7 +172,7 @@ WHERE j.id = held.id
   AND j.attempt_token = held.token
 RETURNING j.id;
 
--- name: job_reclaim_expired
+-- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and
 -- attempts remain, failed otherwise (a job that kills its worker every time must end).
 WITH expired AS (
@@ -199,7 +202,7 @@ WHERE j.id = expired.id
   AND j.attempt_token = expired.attempt_token
 RETURNING j.id, j.status, j.reclaim_count;
 
--- name: job_retry
+-- name: job_retry :many
 -- Operator action: put failed jobs back in the queue with a fresh set of attempts.
 UPDATE pgdrain.jobs
 SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
@@ -207,7 +210,7 @@ WHERE id = ANY(%(ids)s::bigint[])
   AND status = 'failed'
 RETURNING id;
 
--- name: job_purge_finished
+-- name: job_purge_finished :rowcount
 -- Delete one batch of done/failed jobs finished more than %(days)s days ago.
 DELETE FROM pgdrain.jobs
 WHERE id IN (
@@ -217,7 +220,7 @@ WHERE id IN (
     LIMIT %(limit)s
 );
 
--- name: job_list
+-- name: job_list :many
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        run_at, lease_expires_at, last_error
 FROM pgdrain.jobs
@@ -225,7 +228,7 @@ WHERE status = ANY(%(statuses)s::text[])
 ORDER BY id DESC
 LIMIT %(limit)s;
 
--- name: queue_stats
+-- name: queue_stats :many
 -- Counts per queue and status, the age of the oldest ready job, and running jobs whose
 -- lease has expired (non-zero for long means reclaim is not running).
 SELECT queue,
@@ -243,14 +246,14 @@ FROM pgdrain.jobs
 GROUP BY queue
 ORDER BY queue;
 
--- name: queue_has_ready
+-- name: queue_has_ready :one
 -- Is anything ready in these queues? Decides whether a run out of budget continues itself.
 SELECT EXISTS (
     SELECT 1 FROM pgdrain.jobs
     WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
 ) AS ready;
 
--- name: kick_debounce
+-- name: kick_debounce :many
 -- Record a kick for each queue whose last kick is older than the window; the queues returned
 -- are the ones to invoke for. Concurrent callers serialise on the row, so one wins per window.
 INSERT INTO pgdrain.kicks AS k (queue, kicked_at)
@@ -260,7 +263,7 @@ SET kicked_at = excluded.kicked_at
 WHERE k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
 RETURNING k.queue;
 
--- name: queue_depth
+-- name: queue_depth :one
 -- Ready jobs in these queues and the age of the oldest: the backlog a run leaves behind
 -- (the QueueDepth and OldestReadyAgeSeconds metrics). Uses the ready-jobs index.
 SELECT count(*) AS ready,
