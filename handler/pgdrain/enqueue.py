@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast, get_args
 
 from pgdrain import store
 from pgdrain.errors import BadInput
@@ -16,7 +16,7 @@ from pgdrain.settings import QUEUE_NAME
 MAX_PAYLOAD_BYTES = 256 * 1024  # jobs carry ids, not blobs
 MAX_KIND_LENGTH = 200
 MAX_KEY_LENGTH = 500
-RECOVERY_POLICIES = ("auto", "manual")
+RECOVERY_POLICIES: tuple[str, ...] = get_args(store.RecoveryPolicy)
 INT32_MAX = 2**31 - 1
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0  # a century: beyond, timestamps overflow soon
 
@@ -68,7 +68,7 @@ def build_job(
         run_at=run_at,
         delay_seconds=float(delay),
         max_attempts=max_attempts,
-        recovery_policy=recovery_policy,
+        recovery_policy=cast(store.RecoveryPolicy, recovery_policy),  # checked above
         idempotency_key=idempotency_key,
     )
 
@@ -83,7 +83,7 @@ def enqueue(
     delay: float = 0.0,
     priority: int = 0,
     max_attempts: int = 5,
-    recovery_policy: str = "auto",
+    recovery_policy: str = "auto",  # checked: "auto" or "manual"
     idempotency_key: str | None = None,
 ) -> int:
     """Enqueue one job on `conn`, in whatever transaction the caller has open; the caller
@@ -96,7 +96,7 @@ def enqueue(
         delay=delay,
         priority=priority,
         max_attempts=max_attempts,
-        recovery_policy=recovery_policy,
+        recovery_policy=cast(store.RecoveryPolicy, recovery_policy),  # checked above
         idempotency_key=idempotency_key,
     )
     job_id, _created = store.job_insert(conn, job)

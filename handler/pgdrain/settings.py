@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -23,7 +24,8 @@ DEFAULT_RECLAIM_LIMIT = 500
 DEFAULT_MAX_CHAIN = 10  # Lambda stops pure Lambda->Lambda loops at about 16 hops
 DEFAULT_KICK_DEBOUNCE_SECONDS = 2.0
 
-POOLER_MODES = ("session", "transaction")
+PoolerMode = Literal["session", "transaction"]
+POOLER_MODES: tuple[str, ...] = get_args(PoolerMode)
 QUEUE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}\Z")  # \Z: no "name\n"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
@@ -72,15 +74,12 @@ class Settings:
     concurrency: int = DEFAULT_CONCURRENCY
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     reserve_seconds: float = DEFAULT_RESERVE_SECONDS
-    pooler: str = "session"
+    pooler: PoolerMode = "session"
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_SECONDS
     reclaim_limit: int = DEFAULT_RECLAIM_LIMIT
     max_chain: int = DEFAULT_MAX_CHAIN
     kick_debounce_seconds: float = DEFAULT_KICK_DEBOUNCE_SECONDS
     function_name: str | None = None
-    # Safety switches, on in every real run. Tests turn one off to show the failure it prevents.
-    heartbeat: bool = True
-    cap_lease_at_deadline: bool = True
 
     def __post_init__(self) -> None:
         if self.database_url is not None:

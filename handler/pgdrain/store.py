@@ -9,7 +9,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, LiteralString
+from typing import Any, Literal, LiteralString
 
 import psycopg
 from psycopg.rows import dict_row
@@ -18,6 +18,9 @@ from psycopg.types.json import Jsonb
 from pgdrain.sql import Migration, query
 
 Connection = psycopg.Connection[Any]
+# The job states and recovery policies the schema's CHECK constraints allow.
+Status = Literal["queued", "running", "done", "failed"]
+RecoveryPolicy = Literal["auto", "manual"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +61,7 @@ class Fenced:
 @dataclass(frozen=True)
 class Failed:
     id: int
-    status: str  # 'queued' (will retry at run_at) or 'failed' (for good)
+    status: Literal["queued", "failed"]  # queued: retried at run_at; failed: for good
     attempt: int
     run_at: dt.datetime
 
@@ -71,7 +74,7 @@ class LeaseLost:
 @dataclass(frozen=True)
 class Reclaimed:
     id: int
-    status: str  # 'queued' or 'failed'
+    status: Literal["queued", "failed"]
     reclaim_count: int
 
 
@@ -96,7 +99,7 @@ class NewJob:
     run_at: dt.datetime | None = None
     delay_seconds: float = 0.0
     max_attempts: int = 5
-    recovery_policy: str = "auto"
+    recovery_policy: RecoveryPolicy = "auto"
     idempotency_key: str | None = None
 
 
@@ -105,7 +108,7 @@ class JobRow:
     id: int
     queue: str
     kind: str
-    status: str
+    status: Status
     priority: int
     attempts: int
     max_attempts: int

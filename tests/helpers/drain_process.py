@@ -17,6 +17,7 @@ import time
 
 from helpers import ledger_jobs
 from pgdrain import Budget, Settings, drain
+from pgdrain.drain import SafetySwitches
 
 
 def main() -> None:
@@ -40,14 +41,15 @@ def main() -> None:
         concurrency=args.concurrency,
         batch_size=args.batch_size,
         queues=tuple(args.queues.split(",")),
-        heartbeat=not args.no_heartbeat,
-        cap_lease_at_deadline=not args.no_cap,
+    )
+    switches = SafetySwitches(
+        heartbeat=not args.no_heartbeat, cap_lease_at_deadline=not args.no_cap
     )
     budget = Budget.seconds(args.budget)
     if args.hard_kill_at_deadline:
         deadline = time.monotonic() + args.budget
         threading.Thread(target=_kill_at, args=(deadline,), daemon=True).start()
-    result = drain(settings, budget, ledger_jobs.jobs, args.url)
+    result = drain(settings, budget, ledger_jobs.jobs, args.url, switches=switches)
     print(json.dumps(result.as_dict()), flush=True)
 
 

@@ -15,12 +15,18 @@ import pytest
 from helpers import ledger_jobs
 from helpers.fixtures import claim_batch, db_now, drain_process, finished_result, job_row, wait_for
 from pgdrain import Budget, DrainResult, Settings, build_job, drain, enqueue, store
+from pgdrain.drain import SafetySwitches
 
 Conn = psycopg.Connection[Any]
 
 
-def run_drain(url: str, budget: float = 30.0, **settings: Any) -> DrainResult:
-    return drain(Settings(**settings), Budget.seconds(budget), ledger_jobs.jobs, url)
+def run_drain(
+    url: str, budget: float = 30.0, heartbeat: bool = True, **settings: Any
+) -> DrainResult:
+    switches = SafetySwitches(heartbeat=heartbeat)
+    return drain(
+        Settings(**settings), Budget.seconds(budget), ledger_jobs.jobs, url, switches=switches
+    )
 
 
 def in_background(

@@ -2,7 +2,7 @@
 
     python -m soak.control_drain [--no-heartbeat] [--unfenced] -- drain --budget 3 --json
 
---no-heartbeat  Settings(heartbeat=False): leases are never extended.
+--no-heartbeat  SafetySwitches(heartbeat=False): leases are never extended.
 --unfenced      completions are written without the attempt_token line of their statement
                 (job_complete_and_claim, job_complete_many), so a late result of an attempt
                 that lost its lease overwrites the job.
@@ -12,14 +12,14 @@ Everything else is the real CLI: the controls differ from the soak in exactly th
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, LiteralString, cast
 
 from helpers.fixtures import without_line
 from pgdrain import cli, store
-from pgdrain.settings import Settings
+from pgdrain.drain import SafetySwitches, drain
 from pgdrain.sql import query
 
 # The statements that record a completion, and the fence line each loses in the control.
@@ -43,13 +43,9 @@ def main(argv: Sequence[str]) -> int:
     cli_args = [a for a in args.cli_args if a != "--"]
 
     if args.no_heartbeat:
-        from_env = Settings.from_env.__func__  # type: ignore[attr-defined]
-
-        def without_heartbeat(cls: type[Settings], env: Mapping[str, str]) -> Settings:
-            settings: Settings = from_env(cls, env)
-            return dataclasses.replace(settings, heartbeat=False)
-
-        Settings.from_env = classmethod(without_heartbeat)  # type: ignore[method-assign,assignment]
+        # The CLI's drain, with the heartbeat switched off: injected here, never a setting.
+        cli_drain: Any = functools.partial(drain, switches=SafetySwitches(heartbeat=False))
+        cli.drain = cli_drain
     if args.unfenced:
         patched: Any = _unfenced_query
         store.query = patched  # what pgdrain.store runs: the same statements, less the fence

@@ -24,7 +24,6 @@ def test_defaults_with_an_empty_environment() -> None:
     assert s.reclaim_limit == settings_module.DEFAULT_RECLAIM_LIMIT
     assert s.max_chain == settings_module.DEFAULT_MAX_CHAIN
     assert s.kick_debounce_seconds == settings_module.DEFAULT_KICK_DEBOUNCE_SECONDS
-    assert s.heartbeat and s.cap_lease_at_deadline
 
 
 def test_blank_values_mean_the_default() -> None:

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pgdrain.errors import BadEvent, ConfigError
 from pgdrain.settings import Settings, check_queue_name
 
-SCHEDULE, ENQUEUE, CONTINUE = "schedule", "enqueue", "continue"
+TriggerReason = Literal["schedule", "enqueue", "continue"]
+SCHEDULE: TriggerReason = "schedule"
+ENQUEUE: TriggerReason = "enqueue"
+CONTINUE: TriggerReason = "continue"
 SCHEDULE_SOURCES = ("aws.events", "aws.scheduler")
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
 # A real event is a few hundred bytes; an async invoke may carry up to 1 MB.
@@ -34,7 +37,7 @@ MAX_ID_LENGTH = 128
 class Trigger:
     """Why this run started and what it drains."""
 
-    reason: str  # schedule | enqueue | continue
+    reason: TriggerReason
     queues: tuple[str, ...]
     chain: int = 0  # continuations so far: 0 for a schedule or a kick
     event_id: str | None = None  # the EventBridge event id, used as the correlation id

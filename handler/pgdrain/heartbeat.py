@@ -1,0 +1,63 @@
+"""The heartbeat: every lease/3, one statement extends the lease of every attempt the run
+holds. An attempt the statement does not return has lost its lease (reclaimed by another
+run): it is never started, and a running one is told through Job.lease_lost()."""
+
+from __future__ import annotations
+
+import time
+
+from pgdrain import store
+from pgdrain.attempts import Attempts
+from pgdrain.deadline import Deadline
+from pgdrain.session import Session
+from pgdrain.summary import Counters
+
+BEATS_PER_LEASE = 3
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        session: Session,
+        attempts: Attempts,
+        deadline: Deadline,
+        counters: Counters,
+        *,
+        lease_seconds: float,
+        worker_id: str,
+        enabled: bool = True,
+    ) -> None:
+        self._session = session
+        self._attempts = attempts
+        self._deadline = deadline
+        self._counters = counters
+        self._lease_seconds = lease_seconds
+        self._worker_id = worker_id
+        self._enabled = enabled
+        self.interval = lease_seconds / BEATS_PER_LEASE
+        self.next_at = time.monotonic() + self.interval
+
+    def start(self) -> None:
+        """The first beat is due one interval after the first claim, not after the connect."""
+        self.next_at = time.monotonic() + self.interval
+
+    def beat_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_at:
+            self.beat()
+            self.next_at = now + self.interval
+
+    def beat(self) -> None:
+        if not self._enabled:
+            return
+        held = self._attempts.held()
+        if not held:
+            return
+        result = self._session.run(
+            store.job_extend_leases, held, self._lease_seconds, self._deadline.lease_cap()
+        )
+        if not result.lost:
+            return
+        self._attempts.forget_lost(result.lost)
+        for job_id in result.lost:
+            self._counters.lease_lost(job_id, "found by the heartbeat", self._worker_id)

@@ -1,0 +1,97 @@
+"""What a run reports: its counters as they grow (to an observer, so progress leaves the
+process before a hard kill can lose it) and the DrainResult it returns at the end."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import psycopg
+
+from pgdrain import db
+from pgdrain.errors import AuthenticationFailed, DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+# Why a run stopped: nothing was ready, the budget ran out, or an error ended it.
+StopReason = Literal["empty", "budget", "error"]
+# What kind of error ended it: the Lambda edge fetches a rotated secret again on "authentication".
+ErrorKind = Literal["authentication", "unavailable", "database"]
+Counter = Literal["claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"]
+COUNTERS: tuple[Counter, ...] = (
+    "claimed",
+    "done",
+    "retried",
+    "failed",
+    "lease_lost",
+    "reclaimed",
+    "released",
+)
+
+# Called with a counter's name and how much it grew, as the run goes: a Lambda timeout kills
+# the process, so progress must leave it before the end.
+Observer = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    lease_lost: int = 0
+    reclaimed: int = 0
+    released: int = 0
+    abandoned: int = 0  # still running when the run had to return; reclaimable at the deadline
+    stop_reason: StopReason = "empty"
+    more_ready: bool = False  # ready jobs were left (only looked at when the budget ran out)
+    error: str | None = None
+    error_kind: ErrorKind | None = None  # set with an error
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Counters:
+    """The run's counters; each increment is passed on to the observer at once."""
+
+    def __init__(self, observer: Observer | None) -> None:
+        self.values: dict[Counter, int] = dict.fromkeys(COUNTERS, 0)
+        self._observer = observer
+        self._lost_ids: set[int] = set()
+
+    def add(self, name: Counter, n: int) -> None:
+        if n:
+            self.values[name] += n
+            if self._observer is not None:
+                self._observer(name, n)
+
+    def lease_lost(self, job_id: int, how: str, worker: str) -> None:
+        """Log a lost lease every time it is seen; count each job once."""
+        log.warning(
+            "lease lost: another attempt may own this job; %s",
+            how,
+            extra={"job_id": job_id, "worker": worker},
+        )
+        if job_id not in self._lost_ids:
+            self._lost_ids.add(job_id)
+            self.add("lease_lost", 1)
+
+
+def error_kind(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, AuthenticationFailed):
+        return "authentication"
+    if isinstance(exc, DatabaseUnavailable):
+        return "unavailable"
+    return "database"
+
+
+def one_line(exc: BaseException) -> str:
+    if isinstance(exc, psycopg.Error):
+        return db.describe(exc)
+    if isinstance(exc, DatabaseUnavailable):
+        return str(exc)
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
