@@ -7,7 +7,8 @@ in transaction mode. Workers never touch the database; their outcomes come back 
 
 The pieces, each in its own module: attempts.py (what the run holds), claims.py (claiming and
 completing), heartbeat.py, deadline.py, session.py (the one connection), summary.py (counters
-and the result), pool.py (the worker threads)."""
+and the result), execute.py (calling a job's function), pool.py (the worker
+threads)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from pgdrain import store
+from pgdrain import execute, store
 from pgdrain.attempts import Attempts
 from pgdrain.budget import Budget
 from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
@@ -31,7 +32,7 @@ from pgdrain.deadline import Deadline
 from pgdrain.errors import PgdrainError
 from pgdrain.heartbeat import Heartbeat
 from pgdrain.pool import WorkerPool
-from pgdrain.registry import Job, Registry
+from pgdrain.registry import Registry
 from pgdrain.session import Session
 from pgdrain.settings import Settings
 from pgdrain.summary import (
@@ -210,21 +211,7 @@ class _Run:
         return max(0.0, wake_at - now)
 
     def _run_job(self, claimed: store.ClaimedJob) -> None:
-        """In a worker thread: look up the function and call it. No database access here."""
-        function = self.registry.function_for(claimed.kind)
-        function(
-            Job(
-                id=claimed.id,
-                kind=claimed.kind,
-                queue=claimed.queue,
-                payload=claimed.payload,
-                attempt=claimed.attempt,
-                max_attempts=claimed.max_attempts,
-                attempt_token=claimed.attempt_token,
-                _remaining=self.deadline.remaining,
-                _lost_tokens=self.attempts.lost_tokens,
-            )
-        )
+        execute.run_job(self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens)
 
     def _collect(self, pool: WorkerPool[store.ClaimedJob], wait: float) -> None:
         """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait
