@@ -1,5 +1,5 @@
 """The drain run's safety mechanisms, each beside its control: the same timeline with the
-mechanism switched off, showing the failure it prevents (../shared/seeds, article 003)."""
+mechanism switched off, showing the failure it prevents, as docs/reliability.md lists them."""
 
 from __future__ import annotations
 

@@ -132,7 +132,7 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "created_at": "timestamp with time zone",
         "updated_at": "timestamp with time zone",
         "finished_at": "timestamp with time zone",
-        # Not in DESIGN.md's table: 0003 keeps the accepted attempt's token on a done job.
+        # Migration 0003 keeps the accepted attempt's token on a done job.
         "completed_token": "uuid",
     }
 

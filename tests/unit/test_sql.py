@@ -106,7 +106,7 @@ def test_every_write_of_a_leased_job_is_fenced_on_its_own_line() -> None:
                 lines = [line for line in where.splitlines() if FENCE_LINE.match(line)]
                 assert len(lines) == 1, f"{name}: a write of running jobs without its fence line"
                 fenced.add(name)
-    # The transitions DESIGN.md fences: heartbeat, complete, fail, release, reclaim.
+    # The fenced transitions (docs/architecture.md): heartbeat, complete, fail, release, reclaim.
     assert len(fenced) >= 5, fenced
     assert {"job_extend_leases", "job_fail", "job_release_many", "job_reclaim_expired"} <= fenced
 
