@@ -7,8 +7,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Collection
+from dataclasses import dataclass
 
+from pgdrain.deadline import Deadline
+from pgdrain.session import Session
 from pgdrain.store import ClaimedJob, Held
+from pgdrain.summary import Counters
 
 
 class Attempts:
@@ -57,3 +61,15 @@ class Attempts:
         for job_id in lost:
             if job_id in self.running:
                 self.lost_tokens.add(self.running[job_id].attempt_token)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the parts of one run share: its connection, its attempts, its deadline, its
+    counters, and the name it claims under."""
+
+    session: Session
+    attempts: Attempts
+    deadline: Deadline
+    counters: Counters
+    worker_id: str

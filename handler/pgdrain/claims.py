@@ -11,11 +11,8 @@ import logging
 import time
 
 from pgdrain import retry, store
-from pgdrain.attempts import Attempts
-from pgdrain.deadline import Deadline
+from pgdrain.attempts import RunState
 from pgdrain.errors import UnknownJobKind
-from pgdrain.session import Session
-from pgdrain.summary import Counters
 
 log = logging.getLogger(__name__)
 
@@ -27,25 +24,16 @@ COMPLETION_FLUSH_SECONDS = 0.1
 
 class Claims:
     def __init__(
-        self,
-        session: Session,
-        attempts: Attempts,
-        deadline: Deadline,
-        counters: Counters,
-        *,
-        queues: tuple[str, ...],
-        lease_seconds: float,
-        reclaim_limit: int,
-        worker_id: str,
+        self, run: RunState, *, queues: tuple[str, ...], lease_seconds: float, reclaim_limit: int
     ) -> None:
-        self._session = session
-        self._attempts = attempts
-        self._deadline = deadline
-        self._counters = counters
+        self._session = run.session
+        self._attempts = run.attempts
+        self._deadline = run.deadline
+        self._counters = run.counters
+        self._worker_id = run.worker_id
         self._queues = queues
         self._lease_seconds = lease_seconds
         self._reclaim_limit = reclaim_limit
-        self._worker_id = worker_id
 
     def reclaim_expired(self) -> None:
         """Take back jobs whose lease expired (a run that died): queued again, or failed."""

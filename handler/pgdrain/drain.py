@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 
 from pgdrain import execute, store
-from pgdrain.attempts import Attempts
+from pgdrain.attempts import Attempts, RunState
 from pgdrain.budget import Budget
 from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
 from pgdrain.deadline import Deadline
@@ -109,24 +109,15 @@ class _Run:
         self.attempts = Attempts()
         self.deadline = Deadline(budget, settings.reserve_seconds, switches.cap_lease_at_deadline)
         self.session = Session(conninfo, settings, budget)
+        state = RunState(self.session, self.attempts, self.deadline, self.counters, worker_id)
         self.claims = Claims(
-            self.session,
-            self.attempts,
-            self.deadline,
-            self.counters,
+            state,
             queues=queues,
             lease_seconds=settings.lease_seconds,
             reclaim_limit=settings.reclaim_limit,
-            worker_id=worker_id,
         )
         self.heartbeat = Heartbeat(
-            self.session,
-            self.attempts,
-            self.deadline,
-            self.counters,
-            lease_seconds=settings.lease_seconds,
-            worker_id=worker_id,
-            enabled=switches.heartbeat,
+            state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
         )
         # Refill once half the slots are free (or none is busy): short jobs still come in batches.
         self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)

@@ -7,32 +7,15 @@ from __future__ import annotations
 import time
 
 from pgdrain import store
-from pgdrain.attempts import Attempts
-from pgdrain.deadline import Deadline
-from pgdrain.session import Session
-from pgdrain.summary import Counters
+from pgdrain.attempts import RunState
 
 BEATS_PER_LEASE = 3
 
 
 class Heartbeat:
-    def __init__(
-        self,
-        session: Session,
-        attempts: Attempts,
-        deadline: Deadline,
-        counters: Counters,
-        *,
-        lease_seconds: float,
-        worker_id: str,
-        enabled: bool = True,
-    ) -> None:
-        self._session = session
-        self._attempts = attempts
-        self._deadline = deadline
-        self._counters = counters
+    def __init__(self, run: RunState, *, lease_seconds: float, enabled: bool = True) -> None:
+        self._run = run
         self._lease_seconds = lease_seconds
-        self._worker_id = worker_id
         self._enabled = enabled
         self.interval = lease_seconds / BEATS_PER_LEASE
         self.next_at = time.monotonic() + self.interval
@@ -50,14 +33,15 @@ class Heartbeat:
     def beat(self) -> None:
         if not self._enabled:
             return
-        held = self._attempts.held()
+        run = self._run
+        held = run.attempts.held()
         if not held:
             return
-        result = self._session.run(
-            store.job_extend_leases, held, self._lease_seconds, self._deadline.lease_cap()
+        result = run.session.run(
+            store.job_extend_leases, held, self._lease_seconds, run.deadline.lease_cap()
         )
         if not result.lost:
             return
-        self._attempts.forget_lost(result.lost)
+        run.attempts.forget_lost(result.lost)
         for job_id in result.lost:
-            self._counters.lease_lost(job_id, "found by the heartbeat", self._worker_id)
+            run.counters.lease_lost(job_id, "found by the heartbeat", run.worker_id)
