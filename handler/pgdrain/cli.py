@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
 import logging
 import os
@@ -98,8 +99,17 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
 
 
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's, through the package metadata)."""
+    try:
+        return importlib.metadata.version("pgdrain")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pgdrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pgdrain {installed_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

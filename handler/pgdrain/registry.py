@@ -69,13 +69,19 @@ class Registry:
 
 def load_registry(module_name: str) -> Registry:
     """Import the module named by PGDRAIN_JOBS and return the Registry it defines (the first
-    module attribute that is one; by convention `jobs`)."""
+    module attribute that is one; by convention `jobs`).
+
+    Where it is looked for: the Python path. The `pgdrain` command puts the current directory
+    first on it (cli.main; a console script would not), so a jobs module beside where you run
+    `pgdrain drain` is found, as `python -m` would find it; in Lambda the code root (handler/,
+    the working directory) is on the path."""
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             raise ConfigError(
-                f"PGDRAIN_JOBS: module {module_name!r} was not found on the Python path"
+                f"PGDRAIN_JOBS: module {module_name!r} was not found on the Python path "
+                "(which holds the current directory when run by the pgdrain command)"
             ) from None
         raise
     preferred = getattr(module, "jobs", None)

@@ -4,14 +4,26 @@ resources. Also the reader itself: intrinsics, Globals, env.json overrides, the 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aws_lambda_powertools import Metrics
 
+from helpers.aws import emf_records
 from pgdrain.aws import local_invoke
+from pgdrain.aws.metrics import (
+    AGE_METRIC,
+    COUNT_METRICS,
+    DEPTH_METRIC,
+    ProgressMetrics,
+    metrics_namespace,
+)
 from pgdrain.errors import BadInput
 from pgdrain.settings import ENV_VARIABLES, Settings
 
@@ -63,7 +75,7 @@ def test_the_function_is_what_sam_builds(
     names = {line.split(">")[0].split("=")[0].split("[")[0] for line in requirements if line}
     assert names == {"psycopg", "aws-lambda-powertools"}  # boto3 comes with the runtime
     assert any(line.startswith("psycopg[binary]") for line in requirements)
-    for name in ("Timeout", "MemorySize", "ReservedConcurrentExecutions"):
+    for name in ("Timeout", "MemorySize"):
         assert props[name] == {"Ref": name}
     (event,) = props["Events"].values()
     assert event["Type"] == "ScheduleV2"
@@ -119,7 +131,8 @@ def test_no_policy_has_a_wildcard_action_or_resource(template: dict[str, Any]) -
 def test_the_function_may_invoke_itself_by_its_explicit_name(template: dict[str, Any]) -> None:
     props = template["Resources"]["DrainFunction"]["Properties"]
     assert props["FunctionName"] == {"Fn::Sub": "${AWS::StackName}-drain"}
-    (invoke,) = [s for s in _statements(template) if s["Action"] == "lambda:InvokeFunction"]
+    (invoke,) = [s for s in _statements(template) if s.get("Sid") == "ContinueItself"]
+    assert invoke["Action"] == "lambda:InvokeFunction"
     assert invoke["Resource"]["Fn::Sub"].endswith(":function:${AWS::StackName}-drain")
     (secret,) = [s for s in _statements(template) if s["Action"] == "secretsmanager:GetSecretValue"]
     assert secret["Resource"] == {"Ref": "DatabaseSecretArn"}
@@ -132,6 +145,118 @@ def test_the_vpc_is_optional(template: dict[str, Any]) -> None:
     resolver = local_invoke.Resolver(template)
     assert resolver.condition("HasVpc") is False  # by default
     assert resolver.resolve(vpc) is local_invoke.NO_VALUE
+
+
+def test_reserved_concurrency_is_unset_unless_given(template: dict[str, Any]) -> None:
+    """A new account's limit is 10 and 10 must stay unreserved: any reservation fails there."""
+    parameter = template["Parameters"]["ReservedConcurrentExecutions"]
+    assert (parameter["Type"], parameter["Default"]) == ("String", "")
+    reserved = template["Resources"]["DrainFunction"]["Properties"]["ReservedConcurrentExecutions"]
+    assert reserved == {
+        "Fn::If": [
+            "HasReservedConcurrency",
+            {"Ref": "ReservedConcurrentExecutions"},
+            {"Ref": "AWS::NoValue"},
+        ]
+    }
+    resolver = local_invoke.Resolver(template)
+    assert resolver.resolve(reserved) is local_invoke.NO_VALUE  # by default
+    resolver.parameters["ReservedConcurrentExecutions"] = "3"
+    assert resolver.resolve(reserved) == "3"
+
+
+def test_tracing_logging_and_retention_are_parameters(template: dict[str, Any]) -> None:
+    props = template["Resources"]["DrainFunction"]["Properties"]
+    parameters = template["Parameters"]
+    assert props["Tracing"] == {"Ref": "Tracing"}
+    assert parameters["Tracing"]["AllowedValues"] == ["Active", "PassThrough"]
+    assert parameters["Tracing"]["Default"] == "PassThrough"  # off unless asked for
+    logging_config = props["LoggingConfig"]
+    assert logging_config["LogFormat"] == "JSON"
+    assert logging_config["ApplicationLogLevel"] == {"Ref": "LogLevel"}
+    # EMF lines carry no "level": Lambda files them as INFO, so a stricter filter drops metrics.
+    assert parameters["LogLevel"]["AllowedValues"] == ["DEBUG", "INFO"]
+    assert logging_config["LogGroup"] == {"Ref": "DrainLogGroup"}
+    log_group = template["Resources"]["DrainLogGroup"]["Properties"]
+    assert log_group["RetentionInDays"] == {"Ref": "LogRetentionInDays"}
+    assert log_group["LogGroupName"] == {"Fn::Sub": "/aws/lambda/${AWS::StackName}-drain"}
+
+
+def test_the_kick_policy_is_an_output_granting_one_action_on_the_function(
+    template: dict[str, Any],
+) -> None:
+    policy = template["Resources"]["KickPolicy"]
+    assert policy["Type"] == "AWS::IAM::ManagedPolicy"
+    (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert statement["Action"] == "lambda:InvokeFunction"
+    assert statement["Resource"] == {"Fn::GetAtt": ["DrainFunction", "Arn"]}
+    assert template["Outputs"]["KickPolicyArn"]["Value"] == {"Ref": "KickPolicy"}
+
+
+ALARMS = {
+    "OldestReadyAgeAlarm": AGE_METRIC,
+    "FailedJobsAlarm": COUNT_METRICS["failed"],
+    "LostLeasesAlarm": COUNT_METRICS["lease_lost"],
+}
+
+
+def _emitted_dimensions(environment: dict[str, str]) -> dict[str, str]:
+    """The dimensions of what the function prints, built as handler/app.py builds Metrics."""
+    metrics = Metrics(namespace=metrics_namespace(environment))
+    metrics.clear_metrics()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        progress = ProgressMetrics(metrics, interval=3600)
+        progress.observe("failed", 1)
+        progress.close()
+    metrics.clear_metrics()
+    (record,) = emf_records(out.getvalue())
+    (directive,) = record["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == "pgdrain"
+    (names,) = directive["Dimensions"]
+    return {name: record[name] for name in names}
+
+
+def test_the_alarms_watch_what_the_function_emits(
+    template: dict[str, Any], spec: local_invoke.FunctionSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in spec.environment.items():
+        monkeypatch.setenv(name, value)
+    emitted = _emitted_dimensions(spec.environment)
+    assert emitted == {"service": "local"}  # the stack's name (`local` under pgdrain invoke)
+    resolver = local_invoke.Resolver(template)
+    resources = template["Resources"]
+    for alarm, metric in ALARMS.items():
+        props = resources[alarm]["Properties"]
+        assert (props["Namespace"], props["MetricName"]) == ("pgdrain", metric)
+        dimensions = {d["Name"]: resolver.resolve(d["Value"]) for d in props["Dimensions"]}
+        assert dimensions == emitted, alarm
+    failed_events = resources["FailedEventsAlarm"]["Properties"]
+    assert failed_events["Namespace"] == "AWS/SQS"
+    assert failed_events["Dimensions"] == [
+        {"Name": "QueueName", "Value": {"Fn::GetAtt": ["FailedEventsQueue", "QueueName"]}}
+    ]
+    for alarm in (*ALARMS, "FailedEventsAlarm"):
+        props = resources[alarm]["Properties"]
+        assert props["AlarmActions"] == [{"Ref": "AlarmTopic"}], alarm
+        assert props["TreatMissingData"] == "notBreaching", alarm  # no run is not a breach
+
+
+def test_the_dashboard_graphs_every_metric_the_function_emits(template: dict[str, Any]) -> None:
+    body, variables = template["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+    assert set(variables) == {"FunctionName", "QueueName"}
+    text = re.sub(r"\$\{[^}]+\}", "X", body)  # every ${...} substituted, as CloudFormation does
+    widgets = json.loads(text)["widgets"]
+    graphed = set()
+    for widget in widgets:
+        for row in widget["properties"].get("metrics", []):
+            if row[0] == "pgdrain":
+                assert row[2] == "service", row
+                graphed.add(row[1])
+    assert graphed == {*COUNT_METRICS.values(), DEPTH_METRIC, AGE_METRIC}
+    assert "${AWS::StackName}" in body
+    (alarms,) = [w for w in widgets if w["type"] == "alarm"]
+    assert len(alarms["properties"]["alarms"]) == 4
 
 
 # -- the reader -------------------------------------------------------------------------------

@@ -95,7 +95,10 @@ def load_template(path: Path) -> dict[str, Any]:
     try:
         import yaml
     except ImportError:
-        raise BadInput("`pgdrain invoke` needs PyYAML: pip install PyYAML") from None
+        raise BadInput(
+            "`pgdrain invoke` reads template.yaml with PyYAML, which is not installed: "
+            "pip install 'pgdrain[invoke]'"
+        ) from None
 
     class CloudFormationLoader(yaml.SafeLoader):
         pass
