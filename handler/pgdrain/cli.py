@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgdrain import db, embedded, store
+from pgdrain import db, embedded, jsonbound, store
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job
@@ -239,15 +239,12 @@ def parse_payload(text: str) -> Any:
                     text = handle.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise BadInput(f"--payload {text}: cannot read it: {exc}") from None
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeError) as exc:
-        raise BadInput(f"--payload is not valid JSON: {exc}") from None
+    return jsonbound.loads(text, "--payload")
 
 
 def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
     changes: dict[str, Any] = {}
-    if getattr(args, "queues", None):
+    if getattr(args, "queues", None) is not None:  # `--queues ''` names no queue: refused
         changes["queues"] = parse_queues(args.queues, "--queues")
     if getattr(args, "concurrency", None):
         changes["concurrency"] = args.concurrency

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from pgdrain import store
+from pgdrain import jsonbound, store
 from pgdrain.errors import BadInput
 from pgdrain.settings import QUEUE_NAME
 
@@ -116,6 +116,7 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
 
 
 def _check_payload(payload: Any) -> None:
+    jsonbound.check_value_depth(payload, "payload")  # before json.dumps, which would recurse
     try:
         # Measured as stored: UTF-8, non-ASCII characters not escaped.
         encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")

@@ -82,6 +82,17 @@ def _assert_bad_input(run: Run, fragment: str) -> None:
 # -- CLI arguments and settings: exit 2, one line, nothing written -----------------------------
 
 LONG = str(10**30)
+DEEP_TEXT = "[" * 50_000 + "]" * 50_000  # 100 KB: under Linux's 128 KiB per argument
+
+
+def nested(depth: int) -> Any:
+    """A value `depth` lists deep, built without recursion."""
+    value: Any = {}
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_CLI = {
     # arguments
     "payload-invalid-json": (["enqueue", "ok", "--payload", '{"a": '], {}, "not valid JSON"),
@@ -96,6 +107,9 @@ BAD_CLI = {
         "not a plain queue name",
     ),
     "drain-queues-sql": (["drain", "--queues", "a;DROP TABLE pgdrain.jobs"], {}, "--queues"),
+    "drain-queues-empty": (["drain", "--queues", ""], {}, "--queues names no queue"),
+    "drain-queues-commas": (["drain", "--queues", " , "], {}, "--queues names no queue"),
+    "payload-deep": (["enqueue", "ok", "--payload", DEEP_TEXT], {}, "nests deeper than 64"),
     "count-zero": (["enqueue", "ok", "--count", "0"], {}, "at least 1"),
     "count-negative": (["enqueue", "ok", "--count", "-5"], {}, "at least 1"),
     "count-huge": (["enqueue", "ok", "--count", LONG], {}, "at most"),
@@ -195,6 +209,32 @@ def test_cli_a_10mb_payload_is_refused(secret_url: str, conn: Conn, tmp_path: Pa
     with pytest.raises(BadInput, match="the limit is"):
         enqueue(conn, "ok", {"blob": "x" * TEN_MB})
     assert count_jobs(conn) == 0
+
+
+def test_cli_invoke_event_not_utf8_deep_or_huge(
+    secret_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    """`pgdrain invoke -e FILE`: an event file of Latin-1 bytes, one nested 100,000 levels,
+    and /dev/zero (endless: only Lambda's 6 MB limit is read) are each one line, exit 2."""
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'{"pgdrain": {"reason": "caf\xe9"}}')
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    cases = {latin1: "is not UTF-8 text: byte 0xe9", deep: "nests deeper than 64"}
+    cases[Path("/dev/zero")] = "larger than Lambda's limit"
+    for path, fragment in cases.items():
+        _assert_bad_input(run_cli(secret_url, "invoke", "-e", str(path)), fragment)
+    piped = run_cli(secret_url, "invoke", "-e", "-", stdin=b'{"a": "\xff"}')
+    _assert_bad_input(piped, "the event - is not UTF-8 text")
+    assert count_jobs(conn) == 0
+
+
+def test_api_a_deeply_nested_payload_is_refused(conn: Conn) -> None:
+    """enqueue() measures the depth before json.dumps, which would raise RecursionError."""
+    with pytest.raises(BadInput, match="payload nests deeper than 64 levels"):
+        enqueue(conn, "ok", nested(100_000))
+    enqueue(conn, "ok", nested(63))  # 64 levels with the innermost object: accepted
+    assert count_jobs(conn) == 1
 
 
 def test_cli_a_nul_byte_cannot_be_an_argument(secret_url: str, conn: Conn) -> None:
@@ -318,6 +358,11 @@ BAD_EVENTS: dict[str, tuple[Any, str]] = {
         "not a queue name",
     ),
     "oversized": ({**SCHEDULED, "detail": {"padding": "x" * 1_000_000}}, "bytes; the limit"),
+    "deep": ({"pgdrain": nested(100_000)}, "the event nests deeper than 64 levels"),
+    "deep-detail": (
+        {**SCHEDULED, "detail": "[" * 5_000 + "]" * 5_000},
+        "'detail' nests deeper than 64 levels",
+    ),
 }
 
 
