@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import psycopg
 from pgdrain import db, embedded, jsonbound, store
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
-from pgdrain.enqueue import build_job
+from pgdrain.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_size
 from pgdrain.errors import BadInput, PgdrainError
 from pgdrain.migrate import migrate
 from pgdrain.registry import load_registry
@@ -28,6 +29,10 @@ DEFAULT_CLI_BUDGET_SECONDS = 60.0
 MAX_NUMBER = 1e9  # seconds (--delay, --budget) or days; larger values overflow in PostgreSQL
 MAX_BIGINT = 2**63 - 1
 MAX_ENQUEUE_COUNT = 1_000_000
+MAX_ENQUEUE_TOTAL_BYTES = 256 * 1024 * 1024  # --count x payload: what one command may add
+# A payload file may be pretty-printed or use \u escapes: its text may be larger than the
+# payload as stored, which build_job checks against MAX_PAYLOAD_BYTES once it is parsed.
+MAX_PAYLOAD_TEXT_BYTES = 4 * MAX_PAYLOAD_BYTES
 MAX_PURGE_DAYS = 36_500.0
 STATUSES = ("queued", "running", "done", "failed")
 
@@ -202,11 +207,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    payload = parse_payload(args.payload)
     if args.count > MAX_ENQUEUE_COUNT:
         raise BadInput(f"--count must be at most {MAX_ENQUEUE_COUNT} (got {args.count})")
     if args.key is not None and args.count > 1:
         raise BadInput("--key names one job; it cannot be combined with --count > 1")
+    payload = parse_payload(args.payload)
     job = build_job(
         args.kind,
         payload,
@@ -217,29 +222,57 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         recovery_policy=args.recovery_policy,
         idempotency_key=args.key,
     )
+    total = payload_size(payload) * args.count
+    if total > MAX_ENQUEUE_TOTAL_BYTES:
+        raise BadInput(
+            f"--count {args.count} x a payload of {total // args.count} bytes is {total} bytes; "
+            f"the limit for one enqueue is {MAX_ENQUEUE_TOTAL_BYTES}"
+        )
     with _connect(settings) as conn, conn.transaction():
         if args.count == 1:
             job_id, created = store.job_insert(conn, job)
             print(f"enqueued job {job_id}" if created else f"job {job_id} exists (same key)")
         else:
-            ids = store.job_insert_many(conn, [job] * args.count)
+            # In chunks, one transaction: the jobs are never all in memory, nor in one message.
+            ids = enqueue_many(conn, itertools.repeat(job, args.count))
             print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
     return EXIT_OK
 
 
 def parse_payload(text: str) -> Any:
-    """--payload JSON, or @FILE to read the JSON from a file (@- for standard input)."""
+    """--payload JSON, or @FILE to read the JSON from a file (@- for standard input). A file's
+    size is checked before it is read, and at most MAX_PAYLOAD_TEXT_BYTES + 1 bytes are read
+    from anything (so /dev/zero, an endless pipe or a huge file costs no memory)."""
     if text.startswith("@"):
         source = text[1:]
         try:
             if source == "-":
-                text = sys.stdin.read()
+                data = sys.stdin.buffer.read(MAX_PAYLOAD_TEXT_BYTES + 1)
             else:
-                with open(source, encoding="utf-8") as handle:
-                    text = handle.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BadInput(f"--payload {text}: cannot read it: {exc}") from None
+                with open(source, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size  # 0 for devices and pipes
+                    if size > MAX_PAYLOAD_TEXT_BYTES:
+                        raise BadInput(_payload_too_big(text, size))
+                    data = handle.read(MAX_PAYLOAD_TEXT_BYTES + 1)
+        except OSError as exc:
+            raise BadInput(f"--payload {text}: cannot read it: {exc.strerror}") from None
+        if len(data) > MAX_PAYLOAD_TEXT_BYTES:
+            raise BadInput(_payload_too_big(text, None))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadInput(
+                f"--payload {text}: cannot read it: not UTF-8 text (offset {exc.start})"
+            ) from None
     return jsonbound.loads(text, "--payload")
+
+
+def _payload_too_big(source: str, size: int | None) -> str:
+    what = f"is {size} bytes" if size is not None else "is longer than that"
+    return (
+        f"--payload {source} {what}; the limit is {MAX_PAYLOAD_TEXT_BYTES} bytes of text "
+        f"({MAX_PAYLOAD_BYTES} as stored)"
+    )
 
 
 def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pgdrain import jsonbound, store
@@ -14,6 +14,9 @@ from pgdrain.errors import BadInput
 from pgdrain.settings import QUEUE_NAME
 
 MAX_PAYLOAD_BYTES = 256 * 1024  # jobs carry ids, not blobs
+# enqueue_many sends at most this many rows, and about this much payload, per statement.
+CHUNK_ROWS = 5000
+CHUNK_BYTES = 8 * 1024 * 1024
 MAX_KIND_LENGTH = 200
 MAX_KEY_LENGTH = 500
 RECOVERY_POLICIES = ("auto", "manual")
@@ -104,8 +107,37 @@ def enqueue(
 
 
 def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[int]:
-    """Enqueue many jobs (built with build_job) in one statement; returns the ids created."""
-    return store.job_insert_many(conn, list(jobs))
+    """Enqueue many jobs (built with build_job) in one transaction (a savepoint inside the
+    caller's, if one is open): all or none. Returns the ids created. `jobs` is consumed lazily
+    and sent in chunks of at most CHUNK_ROWS rows and about CHUNK_BYTES of payload, so a
+    generator of a million jobs never sits in memory, nor in one message to the server."""
+    ids: list[int] = []
+    with conn.transaction():
+        for chunk in _chunks(jobs):
+            ids.extend(store.job_insert_many(conn, chunk))
+    return ids
+
+
+def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[list[store.NewJob]]:
+    chunk: list[store.NewJob] = []
+    chunk_bytes = 0
+    last_payload: object = object()
+    last_size = 0
+    for job in jobs:
+        if job.payload is not last_payload:  # the same payload repeated is measured once
+            last_payload, last_size = job.payload, payload_size(job.payload)
+        if chunk and (len(chunk) >= CHUNK_ROWS or chunk_bytes + last_size > CHUNK_BYTES):
+            yield chunk
+            chunk, chunk_bytes = [], 0
+        chunk.append(job)
+        chunk_bytes += last_size
+    if chunk:
+        yield chunk
+
+
+def payload_size(payload: Any) -> int:
+    """Bytes of the payload as stored (UTF-8 JSON); build_job has checked it encodes."""
+    return len(json.dumps({} if payload is None else payload, ensure_ascii=False).encode())
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:

@@ -110,6 +110,13 @@ BAD_CLI = {
     "drain-queues-empty": (["drain", "--queues", ""], {}, "--queues names no queue"),
     "drain-queues-commas": (["drain", "--queues", " , "], {}, "--queues names no queue"),
     "payload-deep": (["enqueue", "ok", "--payload", DEEP_TEXT], {}, "nests deeper than 64"),
+    "payload-dev-zero": (["enqueue", "ok", "--payload", "@/dev/zero"], {}, "longer than that"),
+    "payload-missing-file": (["enqueue", "ok", "--payload", "@/no/such.json"], {}, "No such file"),
+    "count-times-payload": (
+        ["enqueue", "ok", "--payload", '{"p": "' + "x" * 100_000 + '"}', "--count", "3000"],
+        {},
+        "the limit for one enqueue is 268435456",
+    ),
     "count-zero": (["enqueue", "ok", "--count", "0"], {}, "at least 1"),
     "count-negative": (["enqueue", "ok", "--count", "-5"], {}, "at least 1"),
     "count-huge": (["enqueue", "ok", "--count", LONG], {}, "at most"),
@@ -208,6 +215,22 @@ def test_cli_a_10mb_payload_is_refused(secret_url: str, conn: Conn, tmp_path: Pa
     _assert_bad_input(run_cli(secret_url, "enqueue", "ok", "--payload", f"@{binary}"), "read")
     with pytest.raises(BadInput, match="the limit is"):
         enqueue(conn, "ok", {"blob": "x" * TEN_MB})
+    assert count_jobs(conn) == 0
+
+
+def test_cli_a_payload_file_is_measured_before_it_is_read(
+    secret_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    """A sparse 10 GiB file: its size is refused from stat alone (reading it whole was a
+    MemoryError); a FIFO (size 0 to stat) fed more than the limit is cut off after limit + 1
+    bytes."""
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as handle:
+        handle.truncate(10 * 1024**3)
+    run = run_cli(secret_url, "enqueue", "ok", "--payload", f"@{huge}")
+    _assert_bad_input(run, "is 10737418240 bytes; the limit is 1048576 bytes of text")
+    piped = run_cli(secret_url, "enqueue", "ok", "--payload", "@-", stdin=b" " * (3 * 1024**2))
+    _assert_bad_input(piped, "@- is longer than that; the limit is 1048576")
     assert count_jobs(conn) == 0
 
 
