@@ -21,7 +21,7 @@ from pgdrain.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_
 from pgdrain.errors import BadInput, PgdrainError
 from pgdrain.migrate import migrate
 from pgdrain.registry import load_registry
-from pgdrain.report import format_result, format_stats
+from pgdrain.report import format_result, format_stats, printable
 from pgdrain.settings import Settings, parse_queues
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -44,13 +44,14 @@ _STANDARD_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message
 
 class _ReadableFormatter(logging.Formatter):
     """One line per record, with the structured fields (`extra=`) as key=value: the same
-    records the Lambda logs as JSON, readable in a terminal."""
+    records the Lambda logs as JSON, readable in a terminal. Messages and fields carry job
+    data (kinds, errors): their control characters are escaped."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = printable(super().formatMessage(record))
         fields = {k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_FIELDS}
         if fields:
-            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            line += " " + " ".join(f"{k}={printable(v)}" for k, v in fields.items())
         return line
 
 
@@ -315,10 +316,10 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         rows = store.job_list(conn, args.status or list(STATUSES), args.limit)
-    for r in rows:
-        error = f"  {r.last_error}" if r.last_error else ""
+    for r in rows:  # kind, queue and error are job data: escaped for the terminal
+        error = f"  {printable(r.last_error)}" if r.last_error else ""
         print(
-            f"{r.id:>8} {r.queue:<12} {r.kind:<14} {r.status:<8} "
+            f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind):<14} {r.status:<8} "
             f"attempt {r.attempts}/{r.max_attempts} reclaims {r.reclaim_count}{error}"
         )
     return EXIT_OK

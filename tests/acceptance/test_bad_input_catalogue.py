@@ -287,6 +287,28 @@ def test_cli_sql_metacharacters_in_a_kind_or_key_are_only_text(secret_url: str, 
     assert "no function is registered for job kind" in job["last_error"]
 
 
+RAW_CONTROLS = ("\x1b", "\r", "\x07", "\u202e")
+
+
+def test_cli_control_characters_from_job_data_are_escaped(secret_url: str, conn: Conn) -> None:
+    """A job error text with ESC sequences, CR, LF, BEL and a right-to-left override, and a kind
+    with an OSC title sequence: `drain` (its log lines) and `jobs` show them as escapes, one
+    line per record, nothing acting on the terminal."""
+    _enqueue_kind(conn, "explode_ansi", max_attempts=1)
+    _enqueue_kind(conn, "\x1b]0;pwned\x07", max_attempts=1)
+    drained = run_cli(secret_url, "-v", "drain", "--budget", "30")
+    assert drained.code == EXIT_OK, drained
+    listed = run_cli(secret_url, "jobs")
+    assert listed.code == EXIT_OK, listed
+    for text in (drained.out, drained.err, listed.out, listed.err):
+        assert not any(c in text for c in RAW_CONTROLS), text
+    assert "\\x1b[2J\\rgotcha\\n\\u202eevil\\x07" in listed.out, listed.out
+    assert "\\x1b]0;pwned\\x07" in listed.out, listed.out
+    assert len(listed.out.splitlines()) == 2, listed.out
+    assert "kind=\\x1b]0;pwned\\x07 " in drained.err, drained.err
+    assert all(line.startswith("pgdrain: ") for line in drained.err.splitlines()), drained.err
+
+
 def test_cli_drain_with_the_database_down_exits_1_with_one_error_line(conn: Conn) -> None:
     url = f"postgresql://app:{PASSWORD}@127.0.0.1:{free_port()}/nowhere"
     run = run_cli(url, "drain", "--budget", "3")
