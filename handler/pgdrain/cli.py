@@ -288,8 +288,8 @@ def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def _run_drain(settings: Settings, budget_seconds: float) -> DrainResult:
+    registry = load_registry(settings.jobs_module)  # first: a broken module claims nothing
     conninfo = conninfo_or_embedded(settings)
-    registry = load_registry(settings.jobs_module)
     return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
 
 
@@ -363,6 +363,8 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
     print(json.dumps(result.payload))
+    if isinstance(result.payload, dict) and result.payload.get("error_kind") == "configuration":
+        return EXIT_BAD_INPUT  # the function's settings or job module: nothing was run
     return EXIT_FAILURE if result.failed else EXIT_OK
 
 

@@ -309,6 +309,44 @@ def test_cli_control_characters_from_job_data_are_escaped(secret_url: str, conn:
     assert all(line.startswith("pgdrain: ") for line in drained.err.splitlines()), drained.err
 
 
+BROKEN_MODULES = {
+    "syntax-error": ("def broken(:\n", "SyntaxError: "),
+    "raises": ("raise RuntimeError('no config file')\n", "RuntimeError: no config file"),
+    "missing-dependency": (
+        "import no_such_dependency_xyz\n",
+        "ModuleNotFoundError: No module named 'no_such_dependency_xyz'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("source", "fragment"), BROKEN_MODULES.values(), ids=BROKEN_MODULES.keys())
+def test_a_job_module_that_fails_to_import(
+    secret_url: str, conn: Conn, tmp_path: Path, source: str, fragment: str
+) -> None:
+    """PGDRAIN_JOBS names a module whose import fails: `drain` and `invoke` exit 2 with one line
+    naming the module, the error and its file; the Lambda's cold start reports the same line
+    for each invocation; nothing is claimed (they were tracebacks, or a claim of the queue)."""
+    (tmp_path / "broken_jobs.py").write_text(source)
+    job_id = _enqueue_kind(conn, "ok")
+    path = os.pathsep.join([str(ROOT / "handler"), str(HERE), str(tmp_path)])
+    expected = f"PGDRAIN_JOBS: module 'broken_jobs' failed to import: {fragment}"
+
+    drained = run_cli(secret_url, "drain", PGDRAIN_JOBS="broken_jobs", PYTHONPATH=path)
+    _assert_bad_input(drained, expected)
+    assert "broken_jobs.py, line " in drained.err
+
+    env_json = tmp_path / "env.json"
+    env_json.write_text('{"Parameters": {"PGDRAIN_JOBS": "broken_jobs"}}')
+    invoked = run_cli(secret_url, "invoke", "-n", str(env_json), PYTHONPATH=path)
+    assert invoked.code == EXIT_BAD_INPUT, invoked
+    result = invoked.result()
+    assert result["ok"] is False and result["error"].startswith(expected), result
+    assert result["error_kind"] == "configuration" and "\n" not in result["error"]
+
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("queued", 0)
+
+
 def test_cli_drain_with_the_database_down_exits_1_with_one_error_line(conn: Conn) -> None:
     url = f"postgresql://app:{PASSWORD}@127.0.0.1:{free_port()}/nowhere"
     run = run_cli(url, "drain", "--budget", "3")
