@@ -35,6 +35,9 @@ MAX_ENQUEUE_TOTAL_BYTES = 256 * 1024 * 1024  # --count x payload: what one comma
 MAX_PAYLOAD_TEXT_BYTES = 4 * MAX_PAYLOAD_BYTES
 MAX_PURGE_DAYS = 36_500.0
 STATUSES = ("queued", "running", "done", "failed")
+# DrainResult.error_kind values that mean the settings are wrong. "configuration" needs the
+# drain loop to name a ConfigError so (pgdrain.drain._error_kind); "authentication" it does.
+CONFIG_ERROR_KINDS = ("authentication", "configuration")
 
 log = logging.getLogger("pgdrain")
 
@@ -300,7 +303,10 @@ def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(result.as_dict()))
     else:
         print(format_result(result))
-    return EXIT_FAILURE if result.stop_reason == "error" else EXIT_OK
+    if result.stop_reason != "error":
+        return EXIT_OK
+    # Settings that cannot work (credentials, host, sslmode...) are bad input, not an outage.
+    return EXIT_BAD_INPUT if result.error_kind in CONFIG_ERROR_KINDS else EXIT_FAILURE
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:

@@ -158,6 +158,21 @@ BAD_CLI = {
         {"DATABASE_URL": f"postgresql://app:{PASSWORD}@[::1/db"},
         "DATABASE_URL is malformed",
     ),
+    "database-host-unresolvable": (
+        ["enqueue", "ok"],
+        {"DATABASE_URL": f"postgresql://app:{PASSWORD}@no-such-host.invalid/app"},
+        "cannot work: failed to resolve host",
+    ),
+    "database-sslmode-bogus": (
+        ["enqueue", "ok"],
+        {"DATABASE_URL": f"postgresql://app:{PASSWORD}@127.0.0.1/app?sslmode=bogus"},
+        "cannot work: invalid sslmode value",
+    ),
+    "database-port-not-a-number": (
+        ["stats"],
+        {"DATABASE_URL": f"host=127.0.0.1 port=abc user=app password={PASSWORD}"},
+        'cannot work: invalid integer value "abc" for connection option "port"',
+    ),
     "database-url-not-a-url": (
         ["drain"],
         {"DATABASE_URL": f"host=localhost password {PASSWORD}"},
