@@ -317,9 +317,26 @@ def kick_debounce(conn: Connection, queues: Sequence[str], window_seconds: float
 # -- migrations: run by pgdrain.migrate inside one transaction ------------------------------
 
 
+def migration_lock_timeout(conn: Connection, timeout_ms: int) -> None:
+    """Wait at most this long for any lock, until the transaction ends."""
+    conn.execute(query("migration_lock_timeout"), {"timeout": f"{timeout_ms}ms"})
+
+
 def migration_lock(conn: Connection) -> None:
     """Serialise concurrent migrations until the transaction ends (pooler-safe: xact lock)."""
     conn.execute(query("migration_lock"))
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    pid: int
+    role: str
+    application: str
+
+
+def migration_lock_holders(conn: Connection) -> list[LockHolder]:
+    rows = conn.execute(query("migration_lock_holders")).fetchall()
+    return [LockHolder(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
 
 def migration_ledger_exists(conn: Connection) -> bool:

@@ -7,9 +7,28 @@
 -- Every statement after the claim is fenced by attempt_token: a fence condition stands on
 -- a line of its own so that tests can derive the unfenced control from the real statement.
 
+-- name: migration_lock_timeout :exec
+-- How long the migration waits for any lock (its own advisory lock, or a table a session
+-- holds), for this transaction only (is_local = true: pooler-safe).
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
 -- name: migration_lock :exec
 -- Serialise concurrent `pgdrain migrate` runs; released when the transaction ends.
 SELECT pg_advisory_xact_lock(hashtext('pgdrain.migrate'));
+
+-- name: migration_lock_holders :many
+-- Who holds the migration lock (an advisory lock on a bigint key: classid holds its high 32
+-- bits, objid its low 32 bits, objsubid 1).
+SELECT l.pid, coalesce(a.usename, '?') AS role, coalesce(a.application_name, '') AS application
+FROM pg_catalog.pg_locks AS l
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory'
+  AND l.granted
+  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+  AND l.objsubid = 1
+  AND l.classid::bigint = ((hashtext('pgdrain.migrate')::bigint >> 32) & 4294967295)
+  AND l.objid::bigint = (hashtext('pgdrain.migrate')::bigint & 4294967295)
+ORDER BY l.pid;
 
 -- name: migration_ledger_exists :one
 SELECT to_regclass('pgdrain.migrations') IS NOT NULL AS present;
