@@ -130,25 +130,32 @@ def _new_job_params(job: NewJob) -> dict[str, Any]:
 
 
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
-    """Insert one job in the caller's transaction. Returns (id, created); a repeated
-    idempotency key returns the existing job's id and created=False."""
-    row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
-    if row is not None:
-        return int(row[0]), True
-    assert job.idempotency_key is not None  # only a known key inserts nothing
-    existing = job_find_by_key(conn, job.idempotency_key)
-    if existing is None:  # the other insert rolled back between our two statements
-        return job_insert(conn, job)
-    return existing, False
+    """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
+    held by an unfinished (queued or running) job of the same queue returns that job's id and
+    created=False."""
+    while True:
+        row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
+        if row is not None:
+            return int(row[0]), True
+        assert job.idempotency_key is not None  # only a held key inserts nothing
+        existing = job_find_by_key(conn, job.queue, job.idempotency_key)
+        if existing is not None:
+            return existing, False
+        # The holder finished (freeing the key) or its insert rolled back between our two
+        # statements: insert again. Safe to repeat: nothing was written, and a held key
+        # still inserts nothing.
 
 
-def job_find_by_key(conn: Connection, idempotency_key: str) -> int | None:
-    row = conn.execute(query("job_find_by_key"), {"idempotency_key": idempotency_key}).fetchone()
+def job_find_by_key(conn: Connection, queue: str, idempotency_key: str) -> int | None:
+    row = conn.execute(
+        query("job_find_by_key"), {"queue": queue, "idempotency_key": idempotency_key}
+    ).fetchone()
     return None if row is None else int(row[0])
 
 
 def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
-    """Insert many jobs in one statement; returns the ids created (known keys are skipped)."""
+    """Insert many jobs in one statement; returns the ids created (a key held by an
+    unfinished job of the same queue is skipped)."""
     if not jobs:
         return []
     params = {
