@@ -247,3 +247,15 @@ def test_the_test_servers_are_reachable_by_url(server_url: str) -> None:
     with connect(_with(server_url, dbname="postgres"), fake) as conn:  # type: ignore[attr-defined]
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert fake.sleeps == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="drain.py's _error_kind must name a ConfigError 'configuration' (the lead's file); "
+    "until then the drain stops at once but exits 1. Remove this mark with that line.",
+)
+def test_cli_drain_to_an_unresolvable_host_exits_2_at_once() -> None:
+    url = "postgresql://app:pw@no-such-host.invalid:5432/app"
+    run = run_pgdrain("drain", "--budget", "30", env={"DATABASE_URL": url})
+    assert "retrying" not in run.err and "failed to resolve host" in run.out
+    assert run.code == EXIT_BAD_INPUT, run
