@@ -78,7 +78,6 @@ _MISCONFIGURED_TEXTS = (
     "failed to resolve host",
     "invalid connection option",
     "server does not support ssl",
-    "sslmode value",
     "could not open certificate file",
     "root certificate file",
     "certificate verify failed",
