@@ -264,6 +264,11 @@ def test_cli_invoke_event_not_utf8_deep_or_huge(
         _assert_bad_input(run_cli(secret_url, "invoke", "-e", str(path)), fragment)
     piped = run_cli(secret_url, "invoke", "-e", "-", stdin=b'{"a": "\xff"}')
     _assert_bad_input(piped, "the event - is not UTF-8 text")
+    env_json = tmp_path / "env.json"  # --env-vars: the same rules
+    env_json.write_bytes(b'{"Parameters": {"PGDRAIN_QUEUES": "caf\xe9"}}')
+    _assert_bad_input(run_cli(secret_url, "invoke", "-n", str(env_json)), "is not UTF-8 text")
+    env_json.write_text('{"Parameters": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _assert_bad_input(run_cli(secret_url, "invoke", "-n", str(env_json)), "nests deeper than 64")
     assert count_jobs(conn) == 0
 
 
