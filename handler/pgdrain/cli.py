@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
+import itertools
 import json
 import logging
 import os
@@ -14,14 +15,14 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from pgdrain import db, embedded, store
+from pgdrain import db, embedded, jsonbound, store
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
-from pgdrain.enqueue import build_job
+from pgdrain.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_size
 from pgdrain.errors import BadInput, PgdrainError
 from pgdrain.migrate import migrate
 from pgdrain.registry import load_registry
-from pgdrain.report import format_result, format_stats
+from pgdrain.report import format_result, format_stats, printable
 from pgdrain.settings import Settings, parse_queues
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -29,8 +30,14 @@ DEFAULT_CLI_BUDGET_SECONDS = 60.0
 MAX_NUMBER = 1e9  # seconds (--delay, --budget) or days; larger values overflow in PostgreSQL
 MAX_BIGINT = 2**63 - 1
 MAX_ENQUEUE_COUNT = 1_000_000
+MAX_ENQUEUE_TOTAL_BYTES = 256 * 1024 * 1024  # --count x payload: what one command may add
+# A payload file may be pretty-printed or use \u escapes: its text may be larger than the
+# payload as stored, which build_job checks against MAX_PAYLOAD_BYTES once it is parsed.
+MAX_PAYLOAD_TEXT_BYTES = 4 * MAX_PAYLOAD_BYTES
 MAX_PURGE_DAYS = 36_500.0
 STATUSES = ("queued", "running", "done", "failed")
+# DrainResult.error_kind values that mean the settings are wrong (summary.error_kind).
+CONFIG_ERROR_KINDS = ("authentication", "configuration")
 
 log = logging.getLogger("pgdrain")
 
@@ -40,13 +47,14 @@ _STANDARD_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message
 
 class _ReadableFormatter(logging.Formatter):
     """One line per record, with the structured fields (`extra=`) as key=value: the same
-    records the Lambda logs as JSON, readable in a terminal."""
+    records the Lambda logs as JSON, readable in a terminal. Messages and fields carry job
+    data (kinds, errors): their control characters are escaped."""
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = printable(super().formatMessage(record))
         fields = {k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_FIELDS}
         if fields:
-            line += " " + " ".join(f"{k}={v}" for k, v in fields.items())
+            line += " " + " ".join(f"{k}={printable(v)}" for k, v in fields.items())
         return line
 
 
@@ -212,11 +220,11 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    payload = parse_payload(args.payload)
     if args.count > MAX_ENQUEUE_COUNT:
         raise BadInput(f"--count must be at most {MAX_ENQUEUE_COUNT} (got {args.count})")
     if args.key is not None and args.count > 1:
         raise BadInput("--key names one job; it cannot be combined with --count > 1")
+    payload = parse_payload(args.payload)
     job = build_job(
         args.kind,
         payload,
@@ -227,37 +235,62 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         recovery_policy=args.recovery_policy,
         idempotency_key=args.key,
     )
+    total = payload_size(payload) * args.count
+    if total > MAX_ENQUEUE_TOTAL_BYTES:
+        raise BadInput(
+            f"--count {args.count} x a payload of {total // args.count} bytes is {total} bytes; "
+            f"the limit for one enqueue is {MAX_ENQUEUE_TOTAL_BYTES}"
+        )
     with _connect(settings) as conn, conn.transaction():
         if args.count == 1:
             job_id, created = store.job_insert(conn, job)
             print(f"enqueued job {job_id}" if created else f"job {job_id} exists (same key)")
         else:
-            ids = store.job_insert_many(conn, [job] * args.count)
+            # In chunks, one transaction: the jobs are never all in memory, nor in one message.
+            ids = enqueue_many(conn, itertools.repeat(job, args.count))
             print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
     return EXIT_OK
 
 
 def parse_payload(text: str) -> Any:
-    """--payload JSON, or @FILE to read the JSON from a file (@- for standard input)."""
+    """--payload JSON, or @FILE to read the JSON from a file (@- for standard input). A file's
+    size is checked before it is read, and at most MAX_PAYLOAD_TEXT_BYTES + 1 bytes are read
+    from anything (so /dev/zero, an endless pipe or a huge file costs no memory)."""
     if text.startswith("@"):
         source = text[1:]
         try:
             if source == "-":
-                text = sys.stdin.read()
+                data = sys.stdin.buffer.read(MAX_PAYLOAD_TEXT_BYTES + 1)
             else:
-                with open(source, encoding="utf-8") as handle:
-                    text = handle.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise BadInput(f"--payload {text}: cannot read it: {exc}") from None
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, UnicodeError) as exc:
-        raise BadInput(f"--payload is not valid JSON: {exc}") from None
+                with open(source, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size  # 0 for devices and pipes
+                    if size > MAX_PAYLOAD_TEXT_BYTES:
+                        raise BadInput(_payload_too_big(text, size))
+                    data = handle.read(MAX_PAYLOAD_TEXT_BYTES + 1)
+        except OSError as exc:
+            raise BadInput(f"--payload {text}: cannot read it: {exc.strerror}") from None
+        if len(data) > MAX_PAYLOAD_TEXT_BYTES:
+            raise BadInput(_payload_too_big(text, None))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadInput(
+                f"--payload {text}: cannot read it: not UTF-8 text (offset {exc.start})"
+            ) from None
+    return jsonbound.loads(text, "--payload")
+
+
+def _payload_too_big(source: str, size: int | None) -> str:
+    what = f"is {size} bytes" if size is not None else "is longer than that"
+    return (
+        f"--payload {source} {what}; the limit is {MAX_PAYLOAD_TEXT_BYTES} bytes of text "
+        f"({MAX_PAYLOAD_BYTES} as stored)"
+    )
 
 
 def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
     changes: dict[str, Any] = {}
-    if getattr(args, "queues", None):
+    if getattr(args, "queues", None) is not None:  # `--queues ''` names no queue: refused
         changes["queues"] = parse_queues(args.queues, "--queues")
     if getattr(args, "concurrency", None):
         changes["concurrency"] = args.concurrency
@@ -267,8 +300,8 @@ def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def _run_drain(settings: Settings, budget_seconds: float) -> DrainResult:
+    registry = load_registry(settings.jobs_module)  # first: a broken module claims nothing
     conninfo = conninfo_or_embedded(settings)
-    registry = load_registry(settings.jobs_module)
     return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
 
 
@@ -279,7 +312,10 @@ def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(result.as_dict()))
     else:
         print(format_result(result))
-    return EXIT_FAILURE if result.stop_reason == "error" else EXIT_OK
+    if result.stop_reason != "error":
+        return EXIT_OK
+    # Settings that cannot work (credentials, host, sslmode...) are bad input, not an outage.
+    return EXIT_BAD_INPUT if result.error_kind in CONFIG_ERROR_KINDS else EXIT_FAILURE
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
@@ -295,10 +331,10 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         rows = store.job_list(conn, args.status or list(STATUSES), args.limit)
-    for r in rows:
-        error = f"  {r.last_error}" if r.last_error else ""
+    for r in rows:  # kind, queue and error are job data: escaped for the terminal
+        error = f"  {printable(r.last_error)}" if r.last_error else ""
         print(
-            f"{r.id:>8} {r.queue:<12} {r.kind:<14} {r.status:<8} "
+            f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind):<14} {r.status:<8} "
             f"attempt {r.attempts}/{r.max_attempts} reclaims {r.reclaim_count}{error}"
         )
     return EXIT_OK
@@ -342,6 +378,8 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
     print(json.dumps(result.payload))
+    if isinstance(result.payload, dict) and result.payload.get("error_kind") == "configuration":
+        return EXIT_BAD_INPUT  # the function's settings or job module: nothing was run
     return EXIT_FAILURE if result.failed else EXIT_OK
 
 

@@ -1,10 +1,20 @@
-"""Connections: opened per run, with a bounded connect timeout and retries inside the time
-budget (a suspended serverless database takes seconds to resume). Driver errors are
-translated into pgdrain's own here."""
+"""Connections: opened per run, with a bounded connect timeout. Driver errors are translated
+into pgdrain's own here, in two kinds:
+
+- the server is not up yet (connection refused or timed out, "the database system is starting
+  up", too many connections, Neon's proxy refusing while its compute starts, an Aurora
+  Serverless v2 resume, which holds the connection until it times out): retried with jittered
+  exponential backoff inside the time budget;
+- the settings cannot work (a bad sslmode or port value, a host name that does not resolve,
+  a wrong password, an unknown database or role): DatabaseMisconfigured at once, since
+  retrying only spends the budget (a DNS failure was retried for 4 min 48 s).
+
+An error of neither kind is not retried either: DatabaseUnavailable at once, with its text."""
 
 from __future__ import annotations
 
 import logging
+import random
 import re
 import time
 from collections.abc import Callable
@@ -13,7 +23,12 @@ from typing import Any
 import psycopg
 
 from pgdrain.budget import Budget
-from pgdrain.errors import AuthenticationFailed, ConfigError, DatabaseUnavailable
+from pgdrain.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    DatabaseMisconfigured,
+    DatabaseUnavailable,
+)
 from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,6 +42,46 @@ MIN_CONNECT_TIMEOUT_SECONDS = 2  # libpq treats 1 as 2 anyway
 # Retrying these cannot help.
 _FATAL_SQLSTATES = ("28000", "28P01", "3D000")
 _MISSING_ROLE_OR_DATABASE = re.compile(r'FATAL:\s+(role|database) ".*" does not exist')
+# 57P03 cannot_connect_now ("the database system is starting up" / "is not yet accepting
+# connections" / "is shutting down" during a restart); 53300 too_many_connections; 53400
+# configuration_limit_exceeded (a role's CONNECTION LIMIT).
+_NOT_UP_YET_SQLSTATES = ("57P03", "53300", "53400")
+# libpq reports a failed connection before any SQLSTATE exists: its texts, lower-cased.
+_NOT_UP_YET_TEXTS = (
+    "connection refused",  # the port is closed: the server is not (yet) listening
+    "timeout expired",  # connect_timeout: a resuming Aurora holds the connection this long
+    "timed out",
+    "the database system is starting up",
+    "the database system is not yet accepting connections",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "too many connections",
+    "too many clients",
+    "failed to acquire permit",  # Neon's proxy while the compute starts (10-40 s)
+    "compute is starting",
+    "couldn't connect to compute node",
+    "server closed the connection unexpectedly",
+    "connection reset by peer",
+    "no route to host",
+    "network is unreachable",
+    "temporary failure in name resolution",  # EAI_AGAIN: DNS itself is not up yet
+    "ssl syscall error",
+)
+_MISCONFIGURED_TEXTS = (
+    "invalid sslmode value",
+    "invalid integer value",  # port=abc and other numeric options
+    "invalid port number",
+    "could not translate host name",  # older libpq: DNS says the name does not exist
+    "name or service not known",
+    "nodename nor servname provided",
+    "no address associated with hostname",
+    "failed to resolve host",
+    "invalid connection option",
+    "server does not support ssl",
+    "could not open certificate file",
+    "root certificate file",
+    "certificate verify failed",
+)
 
 
 def connection_kwargs(settings: Settings, timeout: float) -> dict[str, Any]:
@@ -51,9 +106,14 @@ def connect(
     budget: Budget,
     *,
     sleep: Callable[[float], None] = time.sleep,
+    jitter: Callable[[], float] = random.random,
 ) -> psycopg.Connection[Any]:
-    """Connect, retrying with backoff while the budget (less the reserve) allows."""
-    delay = FIRST_RETRY_DELAY_SECONDS
+    """Connect. While the server is not up yet, retry after a jittered exponential backoff
+    (`jitter()` in [0, 1) scales each wait, so that functions started together do not all
+    knock on a starting Neon compute at the same moment), as long as the budget less the
+    reserve allows. Settings that cannot work fail at once (DatabaseMisconfigured). Connecting
+    is safe to repeat: a failed attempt leaves nothing open on the server."""
+    ceiling = FIRST_RETRY_DELAY_SECONDS
     attempt = 0
     while True:
         attempt += 1
@@ -70,17 +130,42 @@ def connect(
             reason = describe(exc)
             if is_authentication_failure(exc):
                 raise AuthenticationFailed(f"database refused the credentials: {reason}") from exc
+            if is_misconfiguration(exc):
+                raise DatabaseMisconfigured(
+                    f"the database connection settings cannot work: {reason}"
+                ) from None
+            if not is_not_up_yet(exc):
+                raise DatabaseUnavailable(f"database connection failed: {reason}") from None
+            # Full jitter: a wait anywhere from 0 to the doubling ceiling.
+            delay = ceiling * jitter()
             left = budget.remaining() - settings.reserve_seconds
             if left <= delay:
                 raise DatabaseUnavailable(
                     f"database unreachable after {attempt} attempt(s): {reason}"
-                ) from exc
+                ) from None
             log.warning(
                 "database not reachable yet, retrying",
                 extra={"attempt": attempt, "retry_in_s": round(delay, 2), "reason": reason},
             )
             sleep(delay)
-            delay = min(delay * 2, MAX_RETRY_DELAY_SECONDS)
+            ceiling = min(ceiling * 2, MAX_RETRY_DELAY_SECONDS)
+
+
+def is_not_up_yet(exc: psycopg.Error) -> bool:
+    """The server (or its proxy) exists but does not take connections yet: worth a retry."""
+    if (exc.sqlstate or _sqlstate_from_diag(exc)) in _NOT_UP_YET_SQLSTATES:
+        return True
+    text = str(exc).lower()
+    return any(fragment in text for fragment in _NOT_UP_YET_TEXTS)
+
+
+def is_misconfiguration(exc: psycopg.Error) -> bool:
+    """A setting that cannot work however long we wait (checked after is_not_up_yet's
+    SQLSTATEs would not match: these come from libpq before any server answered)."""
+    text = str(exc).lower()
+    if "temporary failure in name resolution" in text:
+        return False  # DNS is not up yet, the name may well exist
+    return any(fragment in text for fragment in _MISCONFIGURED_TEXTS)
 
 
 def is_authentication_failure(exc: psycopg.Error) -> bool:
@@ -106,4 +191,6 @@ def _sqlstate_from_diag(exc: psycopg.Error) -> str | None:
 def describe(exc: BaseException) -> str:
     """The first line of a driver error, without libpq's multi-line detail."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    return lines[0].removeprefix("connection is bad: ")  # psycopg's wrapper adds nothing

@@ -6,14 +6,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, cast, get_args
 
-from pgdrain import store
+from pgdrain import jsonbound, store
 from pgdrain.errors import BadInput
 from pgdrain.settings import QUEUE_NAME
 
 MAX_PAYLOAD_BYTES = 256 * 1024  # jobs carry ids, not blobs
+# enqueue_many sends at most this many rows, and about this much payload, per statement.
+CHUNK_ROWS = 5000
+CHUNK_BYTES = 8 * 1024 * 1024
 MAX_KIND_LENGTH = 200
 MAX_KEY_LENGTH = 500
 RECOVERY_POLICIES: tuple[str, ...] = get_args(store.RecoveryPolicy)
@@ -87,7 +90,14 @@ def enqueue(
     idempotency_key: str | None = None,
 ) -> int:
     """Enqueue one job on `conn`, in whatever transaction the caller has open; the caller
-    commits. Returns the job id; a repeated idempotency_key returns the existing job's id."""
+    commits. Returns the job id.
+
+    idempotency_key: while a job of the same `queue` with this key is queued or running
+    (waiting, retrying after a failure, or being worked), enqueueing the key again inserts
+    nothing and returns that job's id (whatever the new kind and payload). Once that job is
+    done or failed, the key is free: the same key enqueues a new job. Keys of different
+    queues never collide. (As River's unique jobs ByQueue with a ByState of the unfinished
+    states, and Procrastinate's queueing_lock, which holds only while a job waits.)"""
     job = build_job(
         kind,
         payload,
@@ -104,8 +114,37 @@ def enqueue(
 
 
 def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[int]:
-    """Enqueue many jobs (built with build_job) in one statement; returns the ids created."""
-    return store.job_insert_many(conn, list(jobs))
+    """Enqueue many jobs (built with build_job) in one transaction (a savepoint inside the
+    caller's, if one is open): all or none. Returns the ids created. `jobs` is consumed lazily
+    and sent in chunks of at most CHUNK_ROWS rows and about CHUNK_BYTES of payload, so a
+    generator of a million jobs never sits in memory, nor in one message to the server."""
+    ids: list[int] = []
+    with conn.transaction():
+        for chunk in _chunks(jobs):
+            ids.extend(store.job_insert_many(conn, chunk))
+    return ids
+
+
+def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[list[store.NewJob]]:
+    chunk: list[store.NewJob] = []
+    chunk_bytes = 0
+    last_payload: object = object()
+    last_size = 0
+    for job in jobs:
+        if job.payload is not last_payload:  # the same payload repeated is measured once
+            last_payload, last_size = job.payload, payload_size(job.payload)
+        if chunk and (len(chunk) >= CHUNK_ROWS or chunk_bytes + last_size > CHUNK_BYTES):
+            yield chunk
+            chunk, chunk_bytes = [], 0
+        chunk.append(job)
+        chunk_bytes += last_size
+    if chunk:
+        yield chunk
+
+
+def payload_size(payload: Any) -> int:
+    """Bytes of the payload as stored (UTF-8 JSON); build_job has checked it encodes."""
+    return len(json.dumps({} if payload is None else payload, ensure_ascii=False).encode())
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
@@ -116,6 +155,7 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
 
 
 def _check_payload(payload: Any) -> None:
+    jsonbound.check_value_depth(payload, "payload")  # before json.dumps, which would recurse
     try:
         # Measured as stored: UTF-8, non-ASCII characters not escaped.
         encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")

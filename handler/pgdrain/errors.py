@@ -20,12 +20,18 @@ class BadEvent(BadInput):
     """A Lambda event pgdrain does not understand; no database work was done."""
 
 
+class DatabaseMisconfigured(ConfigError):
+    """The connection settings cannot work (a bad sslmode or port value, a host name that does
+    not resolve, a database or role that does not exist): retrying cannot help."""
+
+
 class DatabaseUnavailable(PgdrainError):
     """The database could not be reached within the time budget."""
 
 
-class AuthenticationFailed(DatabaseUnavailable):
-    """The database refused the credentials."""
+class AuthenticationFailed(DatabaseMisconfigured):
+    """The database refused the credentials (a wrong password, an unknown role or database).
+    Not retried; the Lambda reads its secret again once, in case it was rotated."""
 
 
 class UnknownJobKind(PgdrainError):

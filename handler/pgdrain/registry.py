@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import traceback
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -83,7 +84,9 @@ def load_registry(module_name: str) -> Registry:
                 f"PGDRAIN_JOBS: module {module_name!r} was not found on the Python path "
                 "(which holds the current directory when run by the pgdrain command)"
             ) from None
-        raise
+        raise ConfigError(_import_failure(module_name, exc)) from None
+    except Exception as exc:  # the user's module: anything its top level raises, in one line
+        raise ConfigError(_import_failure(module_name, exc)) from None
     preferred = getattr(module, "jobs", None)
     if isinstance(preferred, Registry):
         return preferred
@@ -91,3 +94,18 @@ def load_registry(module_name: str) -> Registry:
         if isinstance(value, Registry):
             return value
     raise ConfigError(f"PGDRAIN_JOBS: module {module_name!r} defines no pgdrain.Registry")
+
+
+def _import_failure(module_name: str, exc: Exception) -> str:
+    """One line: the module, the error, and where it was raised (the innermost frame, or the
+    file and line of a syntax error)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{exc.filename}, line {exc.lineno}"
+    else:
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else ""
+    return f"PGDRAIN_JOBS: module {module_name!r} failed to import: {text}" + (
+        f" ({where})" if where else ""
+    )

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 
 from pgdrain import store
 from pgdrain.drain import DrainResult
+
+# Characters that reorder the text shown after them (the "Trojan Source" controls); category
+# Cf, so listed here beside the Cc control characters.
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+
+
+def printable(text: object) -> str:
+    """`text` safe for a terminal: control characters (ESC sequences, CR, newlines, DEL, C1)
+    and bidirectional overrides from job data are shown as escapes (\\x1b, \\u202e)
+    instead of acting on the terminal or splitting a line."""
+    value = str(text)
+    if value.isprintable():  # the common case, in C
+        return value
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) == "Cc" or ch in _BIDI_CONTROLS
+        else ch
+        for ch in value
+    )
 
 
 def format_result(result: DrainResult) -> str:
@@ -14,7 +36,7 @@ def format_result(result: DrainResult) -> str:
         f"failed {result.failed}, lease lost {result.lease_lost}, reclaimed {result.reclaimed}, "
         f"released {result.released}; stopped: {result.stop_reason} after {result.elapsed_s}s"
     )
-    return line + (f" ({result.error})" if result.error else "")
+    return line + (f" ({printable(result.error)})" if result.error else "")
 
 
 def format_stats(rows: Sequence[store.QueueStats]) -> str:
@@ -23,7 +45,7 @@ def format_stats(rows: Sequence[store.QueueStats]) -> str:
     lines = [header]
     for r in rows:
         lines.append(
-            f"{r.queue:<16}{r.queued:>8}{r.ready:>8}{r.running:>9}{r.done:>8}{r.failed:>8}"
+            f"{printable(r.queue):<16}{r.queued:>8}{r.ready:>8}{r.running:>9}{r.done:>8}{r.failed:>8}"
             f"{r.oldest_ready_age_s:>13.1f}s{r.expired_leases:>9}"
         )
     if not rows:

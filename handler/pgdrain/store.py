@@ -133,25 +133,32 @@ def _new_job_params(job: NewJob) -> dict[str, Any]:
 
 
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
-    """Insert one job in the caller's transaction. Returns (id, created); a repeated
-    idempotency key returns the existing job's id and created=False."""
-    row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
-    if row is not None:
-        return int(row[0]), True
-    assert job.idempotency_key is not None  # only a known key inserts nothing
-    existing = job_find_by_key(conn, job.idempotency_key)
-    if existing is None:  # the other insert rolled back between our two statements
-        return job_insert(conn, job)
-    return existing, False
+    """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
+    held by an unfinished (queued or running) job of the same queue returns that job's id and
+    created=False."""
+    while True:
+        row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
+        if row is not None:
+            return int(row[0]), True
+        assert job.idempotency_key is not None  # only a held key inserts nothing
+        existing = job_find_by_key(conn, job.queue, job.idempotency_key)
+        if existing is not None:
+            return existing, False
+        # The holder finished (freeing the key) or its insert rolled back between our two
+        # statements: insert again. Safe to repeat: nothing was written, and a held key
+        # still inserts nothing.
 
 
-def job_find_by_key(conn: Connection, idempotency_key: str) -> int | None:
-    row = conn.execute(query("job_find_by_key"), {"idempotency_key": idempotency_key}).fetchone()
+def job_find_by_key(conn: Connection, queue: str, idempotency_key: str) -> int | None:
+    row = conn.execute(
+        query("job_find_by_key"), {"queue": queue, "idempotency_key": idempotency_key}
+    ).fetchone()
     return None if row is None else int(row[0])
 
 
 def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
-    """Insert many jobs in one statement; returns the ids created (known keys are skipped)."""
+    """Insert many jobs in one statement; returns the ids created (a key held by an
+    unfinished job of the same queue is skipped)."""
     if not jobs:
         return []
     params = {
@@ -320,9 +327,26 @@ def kick_debounce(conn: Connection, queues: Sequence[str], window_seconds: float
 # -- migrations: run by pgdrain.migrate inside one transaction ------------------------------
 
 
+def migration_lock_timeout(conn: Connection, timeout_ms: int) -> None:
+    """Wait at most this long for any lock, until the transaction ends."""
+    conn.execute(query("migration_lock_timeout"), {"timeout": f"{timeout_ms}ms"})
+
+
 def migration_lock(conn: Connection) -> None:
     """Serialise concurrent migrations until the transaction ends (pooler-safe: xact lock)."""
     conn.execute(query("migration_lock"))
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    pid: int
+    role: str
+    application: str
+
+
+def migration_lock_holders(conn: Connection) -> list[LockHolder]:
+    rows = conn.execute(query("migration_lock_holders")).fetchall()
+    return [LockHolder(int(r[0]), str(r[1]), str(r[2])) for r in rows]
 
 
 def migration_ledger_exists(conn: Connection) -> bool:

@@ -11,14 +11,14 @@ from typing import Any, Literal
 import psycopg
 
 from pgdrain import db
-from pgdrain.errors import AuthenticationFailed, DatabaseUnavailable
+from pgdrain.errors import AuthenticationFailed, ConfigError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
 # Why a run stopped: nothing was ready, the budget ran out, or an error ended it.
 StopReason = Literal["empty", "budget", "error"]
 # What kind of error ended it: the Lambda edge fetches a rotated secret again on "authentication".
-ErrorKind = Literal["authentication", "unavailable", "database"]
+ErrorKind = Literal["authentication", "configuration", "unavailable", "database"]
 Counter = Literal["claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"]
 COUNTERS: tuple[Counter, ...] = (
     "claimed",
@@ -84,6 +84,8 @@ class Counters:
 def error_kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, AuthenticationFailed):
         return "authentication"
+    if isinstance(exc, ConfigError):  # a setting that cannot work: retrying will not help
+        return "configuration"
     if isinstance(exc, DatabaseUnavailable):
         return "unavailable"
     return "database"

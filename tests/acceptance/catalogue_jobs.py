@@ -40,3 +40,9 @@ def suicide(job: Job) -> None:
     """Ends its whole process at once: nothing in `finally` runs, as in a crash or an OOM kill."""
     if _misbehaves(job):
         os._exit(9)
+
+
+@jobs.job("explode_ansi")
+def explode_ansi(job: Job) -> None:
+    """Fails with an error text that would clear the screen, rewrite the line and reverse it."""
+    raise RuntimeError("\x1b[2J\rgotcha\n\u202eevil\x07")

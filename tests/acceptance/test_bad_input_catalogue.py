@@ -82,6 +82,17 @@ def _assert_bad_input(run: Run, fragment: str) -> None:
 # -- CLI arguments and settings: exit 2, one line, nothing written -----------------------------
 
 LONG = str(10**30)
+DEEP_TEXT = "[" * 50_000 + "]" * 50_000  # 100 KB: under Linux's 128 KiB per argument
+
+
+def nested(depth: int) -> Any:
+    """A value `depth` lists deep, built without recursion."""
+    value: Any = {}
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_CLI = {
     # arguments
     "payload-invalid-json": (["enqueue", "ok", "--payload", '{"a": '], {}, "not valid JSON"),
@@ -96,6 +107,16 @@ BAD_CLI = {
         "not a plain queue name",
     ),
     "drain-queues-sql": (["drain", "--queues", "a;DROP TABLE pgdrain.jobs"], {}, "--queues"),
+    "drain-queues-empty": (["drain", "--queues", ""], {}, "--queues names no queue"),
+    "drain-queues-commas": (["drain", "--queues", " , "], {}, "--queues names no queue"),
+    "payload-deep": (["enqueue", "ok", "--payload", DEEP_TEXT], {}, "nests deeper than 64"),
+    "payload-dev-zero": (["enqueue", "ok", "--payload", "@/dev/zero"], {}, "longer than that"),
+    "payload-missing-file": (["enqueue", "ok", "--payload", "@/no/such.json"], {}, "No such file"),
+    "count-times-payload": (
+        ["enqueue", "ok", "--payload", '{"p": "' + "x" * 100_000 + '"}', "--count", "3000"],
+        {},
+        "the limit for one enqueue is 268435456",
+    ),
     "count-zero": (["enqueue", "ok", "--count", "0"], {}, "at least 1"),
     "count-negative": (["enqueue", "ok", "--count", "-5"], {}, "at least 1"),
     "count-huge": (["enqueue", "ok", "--count", LONG], {}, "at most"),
@@ -136,6 +157,21 @@ BAD_CLI = {
         ["enqueue", "ok"],
         {"DATABASE_URL": f"postgresql://app:{PASSWORD}@[::1/db"},
         "DATABASE_URL is malformed",
+    ),
+    "database-host-unresolvable": (
+        ["enqueue", "ok"],
+        {"DATABASE_URL": f"postgresql://app:{PASSWORD}@no-such-host.invalid/app"},
+        "cannot work: failed to resolve host",
+    ),
+    "database-sslmode-bogus": (
+        ["enqueue", "ok"],
+        {"DATABASE_URL": f"postgresql://app:{PASSWORD}@127.0.0.1/app?sslmode=bogus"},
+        "cannot work: invalid sslmode value",
+    ),
+    "database-port-not-a-number": (
+        ["stats"],
+        {"DATABASE_URL": f"host=127.0.0.1 port=abc user=app password={PASSWORD}"},
+        'cannot work: invalid integer value "abc" for connection option "port"',
     ),
     "database-url-not-a-url": (
         ["drain"],
@@ -197,6 +233,53 @@ def test_cli_a_10mb_payload_is_refused(secret_url: str, conn: Conn, tmp_path: Pa
     assert count_jobs(conn) == 0
 
 
+def test_cli_a_payload_file_is_measured_before_it_is_read(
+    secret_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    """A sparse 10 GiB file: its size is refused from stat alone (reading it whole was a
+    MemoryError); a FIFO (size 0 to stat) fed more than the limit is cut off after limit + 1
+    bytes."""
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as handle:
+        handle.truncate(10 * 1024**3)
+    run = run_cli(secret_url, "enqueue", "ok", "--payload", f"@{huge}")
+    _assert_bad_input(run, "is 10737418240 bytes; the limit is 1048576 bytes of text")
+    piped = run_cli(secret_url, "enqueue", "ok", "--payload", "@-", stdin=b" " * (3 * 1024**2))
+    _assert_bad_input(piped, "@- is longer than that; the limit is 1048576")
+    assert count_jobs(conn) == 0
+
+
+def test_cli_invoke_event_not_utf8_deep_or_huge(
+    secret_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    """`pgdrain invoke -e FILE`: an event file of Latin-1 bytes, one nested 100,000 levels,
+    and /dev/zero (endless: only Lambda's 6 MB limit is read) are each one line, exit 2."""
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'{"pgdrain": {"reason": "caf\xe9"}}')
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    cases = {latin1: "is not UTF-8 text: byte 0xe9", deep: "nests deeper than 64"}
+    cases[Path("/dev/zero")] = "larger than Lambda's limit"
+    for path, fragment in cases.items():
+        _assert_bad_input(run_cli(secret_url, "invoke", "-e", str(path)), fragment)
+    piped = run_cli(secret_url, "invoke", "-e", "-", stdin=b'{"a": "\xff"}')
+    _assert_bad_input(piped, "the event - is not UTF-8 text")
+    env_json = tmp_path / "env.json"  # --env-vars: the same rules
+    env_json.write_bytes(b'{"Parameters": {"PGDRAIN_QUEUES": "caf\xe9"}}')
+    _assert_bad_input(run_cli(secret_url, "invoke", "-n", str(env_json)), "is not UTF-8 text")
+    env_json.write_text('{"Parameters": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _assert_bad_input(run_cli(secret_url, "invoke", "-n", str(env_json)), "nests deeper than 64")
+    assert count_jobs(conn) == 0
+
+
+def test_api_a_deeply_nested_payload_is_refused(conn: Conn) -> None:
+    """enqueue() measures the depth before json.dumps, which would raise RecursionError."""
+    with pytest.raises(BadInput, match="payload nests deeper than 64 levels"):
+        enqueue(conn, "ok", nested(100_000))
+    enqueue(conn, "ok", nested(63))  # 64 levels with the innermost object: accepted
+    assert count_jobs(conn) == 1
+
+
 def test_cli_a_nul_byte_cannot_be_an_argument(secret_url: str, conn: Conn) -> None:
     """argv is NUL-terminated: the OS cannot pass one. Through the API, a kind with a NUL is
     refused (PostgreSQL text cannot hold it); a "\\u0000" escape in --payload is BAD_CLI's."""
@@ -222,6 +305,66 @@ def test_cli_sql_metacharacters_in_a_kind_or_key_are_only_text(secret_url: str, 
     job = job_row(conn, row[0])
     assert job["status"] == "failed"
     assert "no function is registered for job kind" in job["last_error"]
+
+
+RAW_CONTROLS = ("\x1b", "\r", "\x07", "\u202e")
+
+
+def test_cli_control_characters_from_job_data_are_escaped(secret_url: str, conn: Conn) -> None:
+    """A job error text with ESC sequences, CR, LF, BEL and a right-to-left override, and a kind
+    with an OSC title sequence: `drain` (its log lines) and `jobs` show them as escapes, one
+    line per record, nothing acting on the terminal."""
+    _enqueue_kind(conn, "explode_ansi", max_attempts=1)
+    _enqueue_kind(conn, "\x1b]0;pwned\x07", max_attempts=1)
+    drained = run_cli(secret_url, "-v", "drain", "--budget", "30")
+    assert drained.code == EXIT_OK, drained
+    listed = run_cli(secret_url, "jobs")
+    assert listed.code == EXIT_OK, listed
+    for text in (drained.out, drained.err, listed.out, listed.err):
+        assert not any(c in text for c in RAW_CONTROLS), text
+    assert "\\x1b[2J\\rgotcha\\n\\u202eevil\\x07" in listed.out, listed.out
+    assert "\\x1b]0;pwned\\x07" in listed.out, listed.out
+    assert len(listed.out.splitlines()) == 2, listed.out
+    assert "kind=\\x1b]0;pwned\\x07 " in drained.err, drained.err
+    assert all(line.startswith("pgdrain: ") for line in drained.err.splitlines()), drained.err
+
+
+BROKEN_MODULES = {
+    "syntax-error": ("def broken(:\n", "SyntaxError: "),
+    "raises": ("raise RuntimeError('no config file')\n", "RuntimeError: no config file"),
+    "missing-dependency": (
+        "import no_such_dependency_xyz\n",
+        "ModuleNotFoundError: No module named 'no_such_dependency_xyz'",
+    ),
+}
+
+
+@pytest.mark.parametrize(("source", "fragment"), BROKEN_MODULES.values(), ids=BROKEN_MODULES.keys())
+def test_a_job_module_that_fails_to_import(
+    secret_url: str, conn: Conn, tmp_path: Path, source: str, fragment: str
+) -> None:
+    """PGDRAIN_JOBS names a module whose import fails: `drain` and `invoke` exit 2 with one line
+    naming the module, the error and its file; the Lambda's cold start reports the same line
+    for each invocation; nothing is claimed (they were tracebacks, or a claim of the queue)."""
+    (tmp_path / "broken_jobs.py").write_text(source)
+    job_id = _enqueue_kind(conn, "ok")
+    path = os.pathsep.join([str(ROOT / "handler"), str(HERE), str(tmp_path)])
+    expected = f"PGDRAIN_JOBS: module 'broken_jobs' failed to import: {fragment}"
+
+    drained = run_cli(secret_url, "drain", PGDRAIN_JOBS="broken_jobs", PYTHONPATH=path)
+    _assert_bad_input(drained, expected)
+    assert "broken_jobs.py, line " in drained.err
+
+    env_json = tmp_path / "env.json"
+    env_json.write_text('{"Parameters": {"PGDRAIN_JOBS": "broken_jobs"}}')
+    invoked = run_cli(secret_url, "invoke", "-n", str(env_json), PYTHONPATH=path)
+    assert invoked.code == EXIT_BAD_INPUT, invoked
+    result = invoked.result()
+    assert result["ok"] is False and result["error"].startswith(expected), result
+    assert result["error_kind"] == "configuration" and "\n" not in result["error"]
+
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("queued", 0)
 
 
 def test_cli_drain_with_the_database_down_exits_1_with_one_error_line(conn: Conn) -> None:
@@ -318,6 +461,11 @@ BAD_EVENTS: dict[str, tuple[Any, str]] = {
         "not a queue name",
     ),
     "oversized": ({**SCHEDULED, "detail": {"padding": "x" * 1_000_000}}, "bytes; the limit"),
+    "deep": ({"pgdrain": nested(100_000)}, "the event nests deeper than 64 levels"),
+    "deep-detail": (
+        {**SCHEDULED, "detail": "[" * 5_000 + "]" * 5_000},
+        "'detail' nests deeper than 64 levels",
+    ),
 }
 
 

@@ -57,16 +57,19 @@ def mocked_aws() -> Iterator[None]:
     from aws_lambda_powertools.utilities import parameters
     from moto import mock_aws
 
+    from pgdrain.aws import secrets
     from pgdrain.aws.lambda_api import reset_clients
 
     reset_clients()
     parameters.clear_caches()
+    secrets.clear_cache()
     try:
         with mock_aws(config={"lambda": {"use_docker": False}}):
             yield
     finally:
         reset_clients()
         parameters.clear_caches()
+        secrets.clear_cache()
 
 
 def create_function(name: str = FUNCTION_NAME) -> str:

@@ -259,7 +259,11 @@ def test_the_bad_event_control_the_listener_sees_a_connection_attempt(
 def test_a_bad_setting_is_reported_by_every_invocation(function: Function, conn: Conn) -> None:
     function.configure(PGDRAIN_BATCH_SIZE="lots")
     result = function.invoke(SCHEDULED_EVENT)
-    assert result == {"ok": False, "error": "PGDRAIN_BATCH_SIZE='lots' is not a whole number"}
+    assert result == {
+        "ok": False,
+        "error": "PGDRAIN_BATCH_SIZE='lots' is not a whole number",
+        "error_kind": "configuration",
+    }
 
 
 # -- credentials from Secrets Manager ---------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from importlib import resources
@@ -21,8 +22,9 @@ import pytest
 from psycopg import sql
 
 import jobs as example_jobs
-from helpers.fixtures import claim_batch, job_row
+from helpers.fixtures import claim_batch, job_row, wait_for
 from pgdrain import Budget, Settings, build_job, drain, enqueue, store
+from pgdrain.migrate import MigrationLocked, migrate
 
 Conn = psycopg.Connection[Any]
 ROLE = "pgdrain_worker"
@@ -166,6 +168,112 @@ def test_control_a_login_role_outside_the_group_cannot_drain(
     result = drain(SETTINGS, Budget.seconds(10), example_jobs.jobs, outsider_url)
     assert result.stop_reason == "error"
     assert "permission denied" in str(result.error)
+
+
+# What PUBLIC holds by default and worker_role.sql takes away in the queue's database. Each
+# must fail for the worker there, and (the control) succeed for the same login role in a
+# database where the file was not applied.
+PUBLIC_BY_DEFAULT = (
+    "CREATE TEMP TABLE intruder (id int)",
+    "SELECT lo_create(0)",
+    "SELECT lo_creat(-1)",
+    "SELECT lo_from_bytea(0, 'data'::bytea)",
+    "SELECT lo_put(lo_create(0), 0, 'data'::bytea)",
+)
+
+
+@pytest.mark.parametrize("statement", PUBLIC_BY_DEFAULT)
+def test_the_worker_may_not_use_temp_tables_or_large_objects(
+    granted: str, admin_url: str, empty_db_url: str, statement: str
+) -> None:
+    for name in _login_role(admin_url, member=True):
+        with psycopg.connect(_as(granted, name)) as worker:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                worker.execute(cast(LiteralString, statement))
+        # Control: the same role, where the file was not applied (PUBLIC's defaults).
+        with psycopg.connect(_as(empty_db_url, name)) as worker:
+            with worker.transaction(force_rollback=True):
+                worker.execute(cast(LiteralString, statement))
+
+
+def test_connect_to_other_databases_is_the_owners_choice(
+    granted: str, admin_url: str, empty_db_url: str
+) -> None:
+    """By default the worker can connect to any database (PUBLIC holds CONNECT). Revoking it
+    from PUBLIC on another database shuts the worker out there; revoking it on the queue's own
+    database does not, since worker_role.sql granted CONNECT to pgdrain_worker itself."""
+    for name in _login_role(admin_url, member=True):
+        other = _as(empty_db_url, name)
+        with psycopg.connect(other) as worker:  # the default: allowed
+            assert worker.execute("SELECT 1").fetchone() == (1,)
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            for url in (empty_db_url, granted):
+                dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+                admin.execute(
+                    sql.SQL("REVOKE CONNECT ON DATABASE {} FROM PUBLIC").format(
+                        sql.Identifier(str(dbname))
+                    )
+                )
+        with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+            psycopg.connect(other).close()
+        with psycopg.connect(_as(granted, name)) as worker:
+            assert worker.execute("SELECT 1").fetchone() == (1,)
+        for outsider in _login_role(admin_url, member=False):
+            with pytest.raises(psycopg.OperationalError, match="permission denied for database"):
+                psycopg.connect(_as(granted, outsider)).close()
+
+
+def _hold_the_migration_lock(worker: Conn) -> int:
+    worker.execute("SELECT pg_advisory_lock(hashtext('pgdrain.migrate'))")
+    row = worker.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_worker_holding_the_migration_lock_cannot_hang_migrate(
+    worker_url: str, granted: str
+) -> None:
+    """Any role may take an advisory lock. migrate waits at most its lock timeout, applies
+    nothing, and names the session in its way."""
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        pid = _hold_the_migration_lock(worker)
+        role = psycopg.conninfo.conninfo_to_dict(worker_url)["user"]
+        with psycopg.connect(granted, autocommit=True) as owner:
+            with pytest.raises(MigrationLocked) as raised:
+                migrate(owner, lock_timeout_s=0.2)
+    message = str(raised.value)
+    assert f"the migration lock is held by pid {pid} (role {role!r}" in message
+    assert "applied nothing" in message and "\n" not in message
+
+
+def test_control_without_the_lock_timeout_migrate_waits_for_the_worker(
+    worker_url: str, granted: str
+) -> None:
+    """The same lock, no timeout: migrate blocks for as long as the worker holds it (seen in
+    pg_locks, not timed), and goes on only when the worker lets go."""
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        _hold_the_migration_lock(worker)
+        outcome: list[object] = []
+
+        def run() -> None:
+            with psycopg.connect(granted, autocommit=True) as owner:
+                outcome.append(migrate(owner, lock_timeout_s=None))
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        with psycopg.connect(granted, autocommit=True) as observer:
+
+            def waiting() -> bool:
+                row = observer.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone()
+                return bool(row and row[0])
+
+            wait_for(waiting, what="migrate to wait for the advisory lock")
+            assert thread.is_alive() and outcome == []
+        worker.execute("SELECT pg_advisory_unlock(hashtext('pgdrain.migrate'))")
+        thread.join(timeout=60)
+    assert not thread.is_alive() and len(outcome) == 1
 
 
 def test_migrate_as_the_worker_fails_with_one_line(worker_url: str) -> None:

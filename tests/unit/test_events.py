@@ -81,7 +81,7 @@ BAD = [
     ("other service", {"Records": []}, "unknown event (Records)"),
     ("wrong source", {**RULE_EVENT, "source": "my.app"}, "unknown event"),
     ("detail a list", {**RULE_EVENT, "detail": []}, "'detail' is a list, not an object"),
-    ("detail bad json", {**SCHEDULER_EVENT, "detail": "{"}, "'detail' is not JSON"),
+    ("detail bad json", {**SCHEDULER_EVENT, "detail": "{"}, "'detail' is not valid JSON"),
     ("body a string", {"pgdrain": "enqueue"}, "'pgdrain' is a string, not an object"),
     ("extra top key", {**_kick(), "extra": 1}, "unexpected top-level key(s) extra"),
     ("no reason", {"pgdrain": {"queues": ["emails"]}}, "'reason' is null"),

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pgdrain.errors import BadEvent, ConfigError
+from pgdrain import jsonbound
+from pgdrain.errors import BadEvent, BadInput, ConfigError
 from pgdrain.settings import Settings, check_queue_name
 
 TriggerReason = Literal["schedule", "enqueue", "continue"]
@@ -47,6 +48,10 @@ def parse(event: object, settings: Settings) -> Trigger:
     """The Trigger an event asks for, or BadEvent."""
     if not isinstance(event, dict):
         raise BadEvent(f"the event is {_kind(event)}, not a JSON object")
+    try:
+        jsonbound.check_value_depth(event, "the event")  # before json.dumps, which would recurse
+    except BadInput as exc:
+        raise BadEvent(str(exc)) from None
     size = _size(event)
     if size > MAX_EVENT_BYTES:
         raise BadEvent(f"the event is {size} bytes; the limit is {MAX_EVENT_BYTES}")
@@ -82,9 +87,9 @@ def _parse_schedule(event: dict[str, Any], settings: Settings) -> Trigger:
     detail = event.get("detail", {})
     if isinstance(detail, str):  # EventBridge Scheduler sends the detail as the string "{}"
         try:
-            detail = json.loads(detail)
-        except json.JSONDecodeError:
-            raise BadEvent("scheduled event: 'detail' is not JSON") from None
+            detail = jsonbound.loads(detail, "scheduled event: 'detail'")
+        except BadInput as exc:
+            raise BadEvent(str(exc)) from None
     if not isinstance(detail, dict):
         raise BadEvent(f"scheduled event: 'detail' is {_kind(detail)}, not an object")
     return Trigger(SCHEDULE, settings.queues, 0, correlation_id(event))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import sys
 import threading
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pgdrain import jsonbound
 from pgdrain.errors import BadInput
 
 DEFAULT_TEMPLATE = "template.yaml"
@@ -33,6 +33,7 @@ SAM_DEFAULT_MEMORY = 128
 LOCAL_ACCOUNT = "123456789012"
 LOCAL_STACK = "local"
 DATABASE_VARIABLES = ("DATABASE_URL", "PGDRAIN_DB_SECRET_ARN")
+MAX_EVENT_BYTES = 6 * 1024 * 1024  # Lambda's payload limit for a synchronous invoke
 
 
 class Unresolved:
@@ -331,11 +332,12 @@ def read_overrides(path: Path, spec: FunctionSpec) -> tuple[dict[str, str], tupl
     """sam's env.json: {"Parameters": {...all functions...}, "LogicalId": {...one function...}}.
     Returns the overrides for the template's declared variables, and the names ignored."""
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{path} is not valid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path} is not UTF-8 text (offset {exc.start})") from None
+    document = jsonbound.loads(text, str(path))
     if not isinstance(document, dict):
         raise BadInput(f"{path} must be a JSON object of variables per function")
     merged: dict[str, object] = {}
@@ -389,17 +391,29 @@ def function_environment(
 
 
 def read_event(path: str | None) -> Any:
-    """The event: a JSON file, "-" for stdin, or {} when none is given (as sam does)."""
+    """The event: a JSON file, "-" for stdin, or {} when none is given (as sam does). At most
+    Lambda's own limit is read (so /dev/zero or an endless pipe ends too); it must be UTF-8
+    JSON nested no deeper than jsonbound.MAX_DEPTH."""
     if path is None:
         return {}
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_EVENT_BYTES + 1)
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_EVENT_BYTES + 1)
     except OSError as exc:
         raise BadInput(f"cannot read the event {path}: {exc.strerror}") from None
+    if len(data) > MAX_EVENT_BYTES:
+        raise BadInput(f"the event {path} is larger than Lambda's limit of {MAX_EVENT_BYTES} bytes")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"the event {path} is not valid JSON: {exc}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        byte = data[exc.start]
+        raise BadInput(
+            f"the event {path} is not UTF-8 text: byte 0x{byte:02x} at offset {exc.start}"
+        ) from None
+    return jsonbound.loads(text, f"the event {path}")
 
 
 def invoke(

@@ -70,7 +70,7 @@ def handle(
     logger.set_correlation_id(events.correlation_id(event))
     if runtime.settings is None or runtime.registry is None:
         logger.error("configuration error: %s", runtime.error)
-        return {"ok": False, "error": runtime.error}
+        return {"ok": False, "error": runtime.error, "error_kind": "configuration"}
     settings = runtime.settings
     try:
         trigger = events.parse(event, settings)

@@ -4,7 +4,11 @@ database refuses them, as after a rotation. Nothing here logs or raises a secret
 
 from __future__ import annotations
 
+import os
+import re
+import threading
 from collections.abc import Mapping
+from typing import Any
 
 from psycopg.conninfo import make_conninfo
 
@@ -15,20 +19,64 @@ SECRET_MAX_AGE_SECONDS = 300  # Powertools' default cache age, stated
 DEFAULT_PORT = 5432
 DEFAULT_DBNAME = "postgres"
 SECRET_SHAPE = "an RDS secret: a JSON object with host, port, username, password, dbname"
+_SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:([a-z0-9-]+):\d{12}:secret:.+")
+
+# One Powertools SecretsProvider (its client and its value cache) per region, made on first use.
+_providers: dict[str, Any] = {}
+_providers_lock = threading.Lock()
 
 
-def conninfo_from_secret(arn: str, *, force_fetch: bool = False) -> str:
+def _provider(region: str) -> Any:
+    from aws_lambda_powertools.utilities.parameters import SecretsProvider
+    from botocore.config import Config
+
+    with _providers_lock:
+        if region not in _providers:
+            _providers[region] = SecretsProvider(boto_config=Config(region_name=region))
+        return _providers[region]
+
+
+def clear_cache() -> None:
+    """Forget the providers and the secrets they cached (tests, between mocked accounts)."""
+    with _providers_lock:
+        _providers.clear()
+
+
+def secret_region(arn: str, env: Mapping[str, str]) -> str:
+    """The region of the secret: the ARN's own (a secret lives in one region, whatever
+    AWS_REGION says), else AWS_REGION / AWS_DEFAULT_REGION for a secret given by name."""
+    match = _SECRET_ARN.match(arn)
+    if match:
+        return match.group(1)
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        return region
+    raise ConfigError(
+        "PGDRAIN_DB_SECRET_ARN is not an ARN with a region "
+        "(arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME) and AWS_REGION is not set"
+    )
+
+
+def conninfo_from_secret(
+    arn: str, *, force_fetch: bool = False, env: Mapping[str, str] = os.environ
+) -> str:
     """A libpq connection string built from the secret `arn` (boto3 is imported only here)."""
-    from aws_lambda_powertools.utilities import parameters
     from aws_lambda_powertools.utilities.parameters.exceptions import (
         GetParameterError,
         TransformParameterError,
     )
+    from botocore.exceptions import BotoCoreError
 
+    region = secret_region(arn, env)
     try:
-        value = parameters.get_secret(
+        value = _provider(region).get(
             arn, transform="json", force_fetch=force_fetch, max_age=SECRET_MAX_AGE_SECONDS
         )
+    except BotoCoreError as exc:  # no credentials, an unreachable endpoint: its class, one line
+        raise DatabaseUnavailable(
+            f"PGDRAIN_DB_SECRET_ARN: could not read the secret: {type(exc).__name__}: "
+            f"{_first_line(exc)}"
+        ) from None
     except TransformParameterError:
         raise ConfigError(
             f"PGDRAIN_DB_SECRET_ARN: the secret is not JSON; expected {SECRET_SHAPE}"

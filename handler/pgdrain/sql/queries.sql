@@ -7,9 +7,28 @@
 -- Every statement after the claim is fenced by attempt_token: a fence condition stands on
 -- a line of its own so that tests can derive the unfenced control from the real statement.
 
+-- name: migration_lock_timeout :exec
+-- How long the migration waits for any lock (its own advisory lock, or a table a session
+-- holds), for this transaction only (is_local = true: pooler-safe).
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
 -- name: migration_lock :exec
 -- Serialise concurrent `pgdrain migrate` runs; released when the transaction ends.
 SELECT pg_advisory_xact_lock(hashtext('pgdrain.migrate'));
+
+-- name: migration_lock_holders :many
+-- Who holds the migration lock (an advisory lock on a bigint key: classid holds its high 32
+-- bits, objid its low 32 bits, objsubid 1).
+SELECT l.pid, coalesce(a.usename, '?') AS role, coalesce(a.application_name, '') AS application
+FROM pg_catalog.pg_locks AS l
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory'
+  AND l.granted
+  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+  AND l.objsubid = 1
+  AND l.classid::bigint = ((hashtext('pgdrain.migrate')::bigint >> 32) & 4294967295)
+  AND l.objid::bigint = (hashtext('pgdrain.migrate')::bigint & 4294967295)
+ORDER BY l.pid;
 
 -- name: migration_ledger_exists :one
 SELECT to_regclass('pgdrain.migrations') IS NOT NULL AS present;
@@ -21,18 +40,24 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
 -- name: job_insert :one
--- One job. A repeated idempotency key inserts nothing and returns no row.
+-- One job. A key held by an unfinished job of the same queue inserts nothing, no row.
 INSERT INTO pgdrain.jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
 VALUES
     (%(queue)s, %(kind)s, %(payload)s, %(priority)s,
      coalesce(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
      %(max_attempts)s, %(recovery_policy)s, %(idempotency_key)s)
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL AND status IN ('queued', 'running')
+    DO NOTHING
 RETURNING id;
 
 -- name: job_find_by_key :one
-SELECT id FROM pgdrain.jobs WHERE idempotency_key = %(idempotency_key)s;
+-- The unfinished job of this queue that holds the key (at most one: jobs_active_key_idx).
+SELECT id FROM pgdrain.jobs
+WHERE queue = %(queue)s
+  AND idempotency_key = %(idempotency_key)s
+  AND status IN ('queued', 'running');
 
 -- name: job_insert_many :many
 -- Many jobs in one statement; rows whose idempotency key exists already are skipped.
@@ -47,7 +72,9 @@ FROM unnest(
     %(recovery_policies)s::text[], %(idempotency_keys)s::text[]
 ) AS t(queue, kind, payload, priority, run_at, delay_seconds, max_attempts,
        recovery_policy, idempotency_key)
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+ON CONFLICT (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL AND status IN ('queued', 'running')
+    DO NOTHING
 RETURNING id;
 
 -- name: job_extend_leases :many
@@ -203,12 +230,19 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status, j.reclaim_count;
 
 -- name: job_retry :many
--- Operator action: put failed jobs back in the queue with a fresh set of attempts.
-UPDATE pgdrain.jobs
+-- Operator action: put failed jobs back in the queue with a fresh set of attempts. A failed
+-- job freed its idempotency key; if a newer unfinished job of its queue holds that key now,
+-- it is not retried (that job already does the work), and is not returned.
+UPDATE pgdrain.jobs AS j
 SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
-WHERE id = ANY(%(ids)s::bigint[])
-  AND status = 'failed'
-RETURNING id;
+WHERE j.id = ANY(%(ids)s::bigint[])
+  AND j.status = 'failed'
+  AND (j.idempotency_key IS NULL OR NOT EXISTS (
+      SELECT FROM pgdrain.jobs AS o
+      WHERE o.queue = j.queue
+        AND o.idempotency_key = j.idempotency_key
+        AND o.status IN ('queued', 'running')))
+RETURNING j.id;
 
 -- name: job_purge_finished :rowcount
 -- Delete one batch of done/failed jobs finished more than %(days)s days ago.

@@ -1,11 +1,33 @@
 -- pgdrain_worker: the privileges the drain function needs, and nothing more.
 --
--- A NOLOGIN group role: USAGE on schema pgdrain; SELECT, INSERT, UPDATE, DELETE on
--- pgdrain.jobs and pgdrain.kicks; USAGE on the jobs id sequence (an enqueue from a job).
--- No DDL (it owns nothing and may create nothing), no access to pgdrain.migrations.
+-- A NOLOGIN group role: CONNECT to this database; USAGE on schema pgdrain; SELECT, INSERT,
+-- UPDATE, DELETE on pgdrain.jobs and pgdrain.kicks; USAGE on the jobs id sequence (an enqueue
+-- from a job). No DDL (it owns nothing and may create nothing), no access to
+-- pgdrain.migrations.
 --
--- Run it as the owner of the pgdrain schema, after `pgdrain migrate`, in each database that
--- holds a queue (roles are cluster-wide, grants are per database; running it again is safe):
+-- PostgreSQL grants some privileges to PUBLIC (every role), and a role cannot be refused what
+-- PUBLIC holds. So, in this database only, this file also takes from PUBLIC:
+--   * TEMPORARY (temporary tables), and
+--   * EXECUTE on the server-side large-object functions (lo_create, lo_put, lowrite, ...):
+--     the drain needs neither. Give them back to a role of yours that does:
+--       GRANT TEMPORARY ON DATABASE mydb TO app_role;
+--       GRANT EXECUTE ON FUNCTION lo_create(oid) TO app_role;   -- etc.
+-- The large-object functions belong to the bootstrap superuser: without superuser rights the
+-- REVOKE is skipped with a WARNING (managed services such as RDS: see docs/reliability.md).
+--
+-- Left to you (it changes every role): CONNECT to the OTHER databases of the cluster is also
+-- PUBLIC's by default, so the worker can connect to them (and see their catalogs, not their
+-- tables). Close that per database, after granting CONNECT to the roles that use it:
+--       REVOKE CONNECT ON DATABASE otherdb FROM PUBLIC;
+-- or restrict the worker's login role to this database in pg_hba.conf. This database keeps
+-- working for the worker either way: it holds CONNECT here itself.
+--
+-- Advisory locks cannot be refused to a role: `pgdrain migrate` waits at most 30 s for its
+-- lock, then names the session that holds it, so a worker cannot make a migration hang.
+--
+-- Run it as the owner of the pgdrain schema (a superuser for the large-object part), after
+-- `pgdrain migrate`, in each database that holds a queue (roles are cluster-wide, grants are
+-- per database; running it again is safe):
 --
 --   psql "$ADMIN_DATABASE_URL" -v ON_ERROR_STOP=1 -f worker_role.sql
 --   psql "$ADMIN_DATABASE_URL" -c "CREATE ROLE drain_fn LOGIN PASSWORD '…' IN ROLE pgdrain_worker"
@@ -26,3 +48,26 @@ $$;
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.jobs, pgdrain.kicks TO pgdrain_worker;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_worker;
+
+DO $$
+DECLARE
+    fn regprocedure;
+BEGIN
+    -- The database's name is not known in advance: format() quotes it as an identifier.
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO pgdrain_worker', current_database());
+    EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', current_database());
+    IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE WARNING 'pgdrain_worker: not a superuser, so the large-object functions stay '
+            'executable by PUBLIC in this database';
+        RETURN;
+    END IF;
+    FOR fn IN
+        SELECT p.oid::regprocedure
+        FROM pg_catalog.pg_proc AS p
+        WHERE p.pronamespace = 'pg_catalog'::regnamespace
+          AND (p.proname LIKE 'lo\_%' OR p.proname IN ('loread', 'lowrite'))
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', fn);
+    END LOOP;
+END
+$$;

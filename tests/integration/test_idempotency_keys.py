@@ -1,0 +1,110 @@
+"""Idempotency keys (migration 0004): unique per queue, and only among unfinished jobs. While a
+job with the key is queued or running, the key returns that job; once it is done or failed,
+the key is free and enqueues a new job. A failed job whose key was taken since is not retried
+by `pgdrain retry` (the newer job does the work)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from helpers.fixtures import claim_batch, complete_one, job_row
+from pgdrain import enqueue, store
+from pgdrain.migrate import migrate
+from pgdrain.sql import migrations
+
+Conn = psycopg.Connection[Any]
+
+
+def _id(row: tuple[Any, ...] | None) -> int:
+    assert row is not None
+    return int(row[0])
+
+
+def _claim(conn: Conn, queue: str = "default") -> store.ClaimedJob:
+    [job] = claim_batch(conn, [queue], 1, "test", 30.0, None)
+    return job
+
+
+def test_a_key_returns_the_unfinished_job_queued_or_running(conn: Conn) -> None:
+    first = enqueue(conn, "noop", idempotency_key="order-42")
+    assert enqueue(conn, "noop", {"other": True}, idempotency_key="order-42") == first
+    _claim(conn)
+    assert job_row(conn, first)["status"] == "running"
+    assert enqueue(conn, "noop", idempotency_key="order-42") == first
+
+
+def test_keys_of_different_queues_do_not_collide(conn: Conn) -> None:
+    emails = enqueue(conn, "noop", queue="emails", idempotency_key="order-42")
+    sms = enqueue(conn, "noop", queue="sms", idempotency_key="order-42")
+    assert emails != sms
+    assert enqueue(conn, "noop", queue="sms", idempotency_key="order-42") == sms
+
+
+def test_a_done_job_frees_its_key(conn: Conn) -> None:
+    """Was: the same key returned the old, done job's id for ever."""
+    first = enqueue(conn, "noop", idempotency_key="nightly-2026-12-01")
+    assert complete_one(conn, _claim(conn).held)
+    second = enqueue(conn, "noop", idempotency_key="nightly-2026-12-01")
+    assert second != first
+    assert (job_row(conn, first)["status"], job_row(conn, second)["status"]) == (
+        "done",
+        "queued",
+    )
+
+
+def test_a_failed_job_frees_its_key_and_is_not_retried_over_a_newer_one(conn: Conn) -> None:
+    first = enqueue(conn, "noop", idempotency_key="k", max_attempts=1)
+    failed = store.job_fail(conn, _claim(conn).held, "boom", 0.0, final=True)
+    assert not isinstance(failed, store.LeaseLost)
+    assert job_row(conn, first)["status"] == "failed"
+    second = enqueue(conn, "noop", idempotency_key="k")
+    assert second != first
+    # The newer job holds the key: retrying the failed one would make two; it is left failed.
+    assert store.job_retry(conn, [first]) == []
+    assert job_row(conn, first)["status"] == "failed"
+    # Control: once the newer job is done, the key is free and the retry goes through.
+    assert complete_one(conn, _claim(conn).held)
+    assert store.job_retry(conn, [first]) == [first]
+    assert job_row(conn, first)["status"] == "queued"
+
+
+def test_enqueue_many_skips_only_keys_held_in_the_same_queue(conn: Conn) -> None:
+    from pgdrain import build_job, enqueue_many
+
+    held = enqueue(conn, "noop", idempotency_key="a")
+    ids = enqueue_many(
+        conn,
+        [
+            build_job("noop", idempotency_key="a"),  # held in default: skipped
+            build_job("noop", queue_name="other", idempotency_key="a"),
+            build_job("noop", idempotency_key="b"),
+        ],
+    )
+    assert len(ids) == 2 and held not in ids
+
+
+def test_migration_0004_keeps_existing_rows_and_frees_finished_keys(empty_db_url: str) -> None:
+    """A database at 0003 with keys under the old rule (one per database), some on finished
+    jobs: 0004 applies, every row stays, and a finished job's key enqueues anew."""
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        with conn.transaction():
+            for migration in migrations():
+                if migration.version < "0004":
+                    store.migration_record(conn, migration)
+        # Rows as 0003's code wrote them (today's enqueue speaks 0004's index).
+        insert = "INSERT INTO pgdrain.jobs (kind, idempotency_key) VALUES ('noop', %s) RETURNING id"
+        done = _id(conn.execute(insert, ("done-key",)).fetchone())
+        conn.execute(
+            "UPDATE pgdrain.jobs SET status = 'done', finished_at = now() WHERE id = %s", (done,)
+        )
+        queued = _id(conn.execute(insert, ("queued-key",)).fetchone())
+        before = conn.execute("SELECT id, status, idempotency_key FROM pgdrain.jobs").fetchall()
+
+        assert migrate(conn).applied == ("0004_idempotency_per_queue.sql",)
+
+        after = conn.execute("SELECT id, status, idempotency_key FROM pgdrain.jobs").fetchall()
+        assert sorted(after) == sorted(before)
+        assert enqueue(conn, "noop", idempotency_key="queued-key") == queued
+        assert enqueue(conn, "noop", idempotency_key="done-key") not in (done, queued)
