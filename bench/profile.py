@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from bench import run
 from bench.common import HANDLER, REPO, Server, log, resolve_server, run_workers
@@ -251,7 +252,8 @@ def markdown(prof: dict[str, Any]) -> list[str]:
     out = ["## Where a drain's time goes (default settings)", ""]
     out.append(
         f"Measured at pgdrain {env['pgdrain']} on {env['date']} ({env['server']}; load "
-        f"{env['load_start']}) by `python -m bench.profile --write` (the command and what it "
+        f"{env['load_start']}; {env.get('commit', '')}) by `python -m bench.profile --write` "
+        "(the command and what it "
         "measures: the top of `bench/profile.py`). A drain of "
         f"{prof['jobs']:,} pre-enqueued no-op jobs at batch {prof['batch']}, concurrency "
         f"{prof['concurrency']}, in its own process; medians of {prof['reps']} runs with no "
@@ -311,6 +313,12 @@ def markdown(prof: dict[str, Any]) -> list[str]:
     return out
 
 
+def _show(url: str, setting: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone()
+    return str(row[0]) if row else "?"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.profile",
@@ -331,6 +339,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     admin, source = resolve_server()
     server = Server(admin)
     env = run.environment(server, source)
+    # A statement's database time includes its commit: what that costs depends on these.
+    env["commit"] = ", ".join(
+        f"{name} {_show(admin, name)}"
+        for name in ("synchronous_commit", "fsync", "wal_sync_method")
+    )
     prof: dict[str, Any] = {
         "env": env,
         "jobs": args.jobs,

@@ -574,7 +574,7 @@ def markdown(res: Results, png_name: str) -> str:
     add(
         f"The script, and the options for batch {best} and one client (the `{shape}` "
         "shape). To see where a drain process spends its time: `.venv-bench/bin/python -m "
-        f"bench.profile --batch {best}` (py-spy)."
+        f"bench.profile --batch {best} --concurrency {best}` (cProfile and py-spy)."
     )
     add("")
     add("```")
@@ -603,8 +603,10 @@ def markdown(res: Results, png_name: str) -> str:
     add(
         "`make bench` (against `DATABASE_URL` if set, else an embedded PostgreSQL; it "
         "creates `.venv-bench` with the peers first). `.venv-bench/bin/python -m bench.run "
-        "--help` for the options. Two tools that are not part of it: `python -m "
-        "bench.profile --batch N` (py-spy: where a drain process spends its CPU) and "
+        "--help` for the options; `.venv-bench/bin/python -m bench.run --only bigtable` "
+        "runs the big-table section alone and merges it into this file. Two tools that are "
+        "not part of it: `.venv-bench/bin/python -m bench.profile --write` (where a drain's "
+        "time goes, at the default settings or `--batch N --concurrency N`) and "
         "`python -m bench.proposals` (pgdrain against `bench/prototype.py`, a leaner loop "
         "that is not pgdrain, and against a claim that reaches its rows by primary key, "
         "each beside its SQL ceiling)."
