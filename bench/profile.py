@@ -1,110 +1,399 @@
-"""Where a drain's time goes: `python -m bench.profile [--batch N] [--jobs N]`.
+"""Where a drain's time goes, at the default settings. One command, from the repository root:
 
-Drains pre-enqueued no-op jobs in one worker process under py-spy and prints the functions
-with the most samples, by self time (the frame on top of the stack) and inclusive (anywhere
-on the stack), each as a share of the samples taken after the imports. By default only the
-thread holding the GIL is sampled: that is the CPU a Python drain process has to spend, and
-waiting on the socket or on a queue does not count. Not part of `make bench`; run it with
-.venv-bench's Python (py-spy is installed there)."""
+    make .venv-bench/.installed    # once: the bench virtualenv (py-spy is installed there)
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
+        .venv-bench/bin/python -m bench.profile --write
+
+Without DATABASE_URL an embedded PostgreSQL is started. Without --write it only prints.
+--write stores the figures in docs/benchmarks.json and rewrites docs/benchmarks.md (its
+"Where a drain's time goes" section; the other sections are read back from the JSON). Not
+part of `make bench`. Each measurement drains --jobs pre-enqueued no-op jobs on a fresh
+database copied from one template, at pgdrain's default batch size and concurrency unless
+--batch/--concurrency say otherwise:
+
+1. The breakdown, no profiler attached, --reps times (medians): the drain runs in a worker
+   process as in `make bench`. Measured: its wall time; its CPU time, every thread (getrusage);
+   and, from pg_stat_database of its own database once its backend has exited, the time the
+   server spent executing its statements (active_time) and how many it ran (xact_commit: each
+   statement is its own transaction). Per job: Python = process CPU / jobs; database =
+   active_time / jobs (and per statement, i.e. per batch); the rest = wall - both: neither the
+   process's Python nor a statement was running (round-trip latency, waking threads, the
+   scheduler of a shared machine).
+2. cProfile, in this process: the drain loop's thread and each job thread get a profiler of
+   their own; the functions with the most own time, per kind of thread. cProfile slows Python
+   down (every call is timed), so its seconds are shares, not costs.
+3. py-spy (if installed and allowed to attach): the worker process sampled, only the thread
+   holding the GIL, so waiting on the socket or on a queue does not count: the CPU the drain
+   spends, by function (self time)."""
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
+import json
+import pstats
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
 
 from bench import run
-from bench.common import Server, log, resolve_server, run_workers
+from bench.common import HANDLER, REPO, Server, log, resolve_server, run_workers
+from pgdrain.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
+
+# -- 1. the breakdown ----------------------------------------------------------------------------
 
 
-def summarise(raw: Path, top: int) -> str:
-    """Top functions of a py-spy raw (collapsed stacks) file."""
+def _db_counters(server: Server, dbname: str) -> tuple[float, int]:
+    """(active_time ms, xact_commit) of one database, once no backend of it is left (a
+    backend reports its counts when it exits)."""
+    with psycopg.connect(server.admin_url, autocommit=True) as conn:
+        for _ in range(500):
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (dbname,)
+            ).fetchone()
+            if row and row[0] == 0:
+                break
+            time.sleep(0.01)
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT active_time, xact_commit FROM pg_stat_database WHERE datname = %s", (dbname,)
+        ).fetchone()
+    assert row is not None
+    return float(row[0]), int(row[1])
+
+
+def breakdown_once(
+    server: Server, template: str, jobs: int, batch: int, conc: int
+) -> dict[str, Any]:
+    name = server.create(template)
+    try:
+        url = server.url(name)
+        active0, xacts0 = _db_counters(server, name)
+        argv = ["pgdrain", "--url", url, "--batch", str(batch), "--concurrency", str(conc)]
+        wall, (result,) = run_workers(1, argv)
+        active1, xacts1 = _db_counters(server, name)
+        ok, detail = run.verify_pgdrain(url, jobs)
+    finally:
+        server.drop(name)
+    if not ok or result["error"] is not None:
+        raise SystemExit(f"the drain did not process every job once: {detail}")
+    return {
+        "wall_s": wall,
+        "cpu_s": result["cpu_s"],
+        "db_active_s": (active1 - active0) / 1000.0,
+        "statements": xacts1 - xacts0,
+    }
+
+
+def breakdown(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
+    """Medians over the repetitions, per job (µs) and per statement."""
+
+    def med(key: str) -> float:
+        return float(statistics.median(r[key] for r in reps))
+
+    wall, cpu, db, statements = med("wall_s"), med("cpu_s"), med("db_active_s"), med("statements")
+    return {
+        "jobs_per_s": jobs / wall,
+        "wall_us_per_job": wall / jobs * 1e6,
+        "python_us_per_job": cpu / jobs * 1e6,
+        "db_us_per_job": db / jobs * 1e6,
+        "rest_us_per_job": (wall - cpu - db) / jobs * 1e6,
+        "statements": statements,
+        "jobs_per_statement": jobs / statements,
+        "db_us_per_statement": db / statements * 1e6,
+        "cpu_ms_per_1000_jobs": cpu / jobs * 1e6,
+    }
+
+
+# -- 2. cProfile -------------------------------------------------------------------------------
+
+
+def cprofile_drain(url: str, batch: int, conc: int) -> tuple[pstats.Stats, pstats.Stats | None]:
+    """Drain in this process with a profiler on the drain's thread and one on each job thread
+    (a thread's first profile event swaps in a cProfile of its own). Returns (drain thread,
+    job threads merged)."""
+    if str(HANDLER) not in sys.path:
+        sys.path.insert(0, str(HANDLER))
+    from pgdrain import Budget, Settings, drain
+    from pgdrain.registry import load_registry
+
+    registry = load_registry("jobs")
+    settings = Settings(batch_size=batch, concurrency=conc)
+    thread_profiles: list[cProfile.Profile] = []
+
+    def start_thread_profile(frame: Any, event: str, arg: Any) -> None:
+        sys.setprofile(None)
+        profile = cProfile.Profile()
+        thread_profiles.append(profile)
+        profile.enable()
+
+    main = cProfile.Profile()
+    threading.setprofile(start_thread_profile)
+    try:
+        main.enable()
+        drain(settings, Budget.seconds(600.0), registry, url)
+        main.disable()
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    jobs_stats = pstats.Stats(*thread_profiles) if thread_profiles else None
+    return pstats.Stats(main), jobs_stats
+
+
+# Calls in which a thread waits (for the database, for work, for an outcome): their own time
+# is not work, so the tables rank the rest.
+WAITS = (
+    "wait (psycopg/connection.py",
+    "<method 'get' of '_queue.SimpleQueue' objects>",
+    "<method 'acquire' of '_thread.lock' objects>",
+    "<built-in method time.sleep>",
+    "<built-in method select.select>",
+)
+
+
+def top_functions(stats: pstats.Stats, top: int) -> dict[str, Any]:
+    """The thread's profiled seconds, the share of them spent waiting, and the functions with
+    the most own time among the rest, as shares of the rest."""
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(entry[2] for entry in raw.values()) or 1.0
+    named = [(_function_name(key), entry[2]) for key, entry in raw.items()]
+    waiting = sum(t for name, t in named if name.startswith(WAITS))
+    working = [(name, t) for name, t in named if not name.startswith(WAITS)]
+    busy = sum(t for _, t in working) or 1.0
+    rows = sorted(working, key=lambda nt: nt[1], reverse=True)[:top]
+    return {
+        "total_s": total,
+        "waiting_share": waiting / total,
+        "top": [(name, t / busy) for name, t in rows],
+    }
+
+
+def _function_name(key: tuple[str, int, str]) -> str:
+    path, line, name = key
+    if path == "~":
+        return name  # a built-in: "<method 'get' of '_queue.SimpleQueue' objects>"
+    parts = Path(path).parts
+    return f"{name} ({'/'.join(parts[-2:])}:{line})"
+
+
+# -- 3. py-spy ---------------------------------------------------------------------------------
+
+
+def pyspy_path() -> str | None:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return found if Path(found).exists() else None
+
+
+def pyspy_top(raw: Path, top: int) -> tuple[int, list[tuple[str, float]]]:
+    """(samples, the functions with the most self samples and their share) of a py-spy raw
+    (collapsed stacks) file, the imports left out (they happen before the clock starts)."""
     own: collections.Counter[str] = collections.Counter()
-    inclusive: collections.Counter[str] = collections.Counter()
-    per_thread: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack:
             continue
-        count = int(count_text)
-        frames = stack.split(";")
-        thread = ""
-        if frames and frames[0].startswith("thread ("):
-            thread, frames = frames[0].split(")")[0] + ")", frames[1:]
+        frames = [f for f in stack.split(";") if not f.startswith(("thread (", "process "))]
         if not frames or any("importlib._bootstrap" in f for f in frames):
-            continue  # imports happen before the clock starts
-        if thread:
-            per_thread[thread] += count
+            continue
+        count = int(count_text)
         total += count
-        names = [_short(f) for f in frames]
-        own[names[-1]] += count
-        for name in set(names):
-            inclusive[name] += count
-    out = [f"{total} non-idle samples"]
-    if per_thread:
-        out.append("by thread: " + ", ".join(f"{t} {n / total:.0%}" for t, n in per_thread.items()))
-    out.append("")
-    out.append("self time:")
-    out += [f"  {n / total:6.1%}  {name}" for name, n in own.most_common(top)]
-    out.append("")
-    out.append("inclusive:")
-    out += [f"  {n / total:6.1%}  {name}" for name, n in inclusive.most_common(top)]
-    return "\n".join(out)
+        own[_short(frames[-1])] += count
+    return total, [(name, n / total) for name, n in own.most_common(top)]
 
 
 def _short(frame: str) -> str:
-    """`fn (path/to/module.py:123)` -> `fn (module.py)`: one entry per function."""
+    """`fn (path/to/module.py:123)` -> `fn (to/module.py)`: one entry per function."""
     name, _, where = frame.partition(" (")
     path = where.rstrip(")").rsplit(":", 1)[0]
     return f"{name} ({'/'.join(Path(path).parts[-2:])})"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
-    parser.add_argument("--prototype", action="store_true", help="profile bench/prototype.py")
-    parser.add_argument(
-        "--all-threads",
-        action="store_true",
-        help="sample every non-idle thread, not only the one holding the GIL",
+def pyspy_drain(
+    server: Server, template: str, spy: str, jobs: int, batch: int, conc: int, top: int
+) -> tuple[int, list[tuple[str, float]], float]:
+    raw = Path(tempfile.mkstemp(prefix="pgdrain-profile-", suffix=".txt")[1])
+    try:
+        with server.fresh(template) as url:
+            prefix = [spy, "record", "--format", "raw", "--threads", "--gil", "--rate", "1000"]
+            prefix += ["--nonblocking", "--output", str(raw), "--"]
+            argv = ["pgdrain", "--url", url, "--batch", str(batch), "--concurrency", str(conc)]
+            wall, _ = run_workers(1, argv, prefix=prefix)
+            ok, detail = run.verify_pgdrain(url, jobs)
+        if not ok:
+            raise SystemExit(f"the drain under py-spy did not process every job once: {detail}")
+        samples, rows = pyspy_top(raw, top)
+        return samples, rows, jobs / wall
+    finally:
+        raw.unlink(missing_ok=True)
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+def _table(rows: list[tuple[str, float]]) -> list[str]:
+    out = ["| function | share |", "|---|---:|"]
+    out += [f"| `{name}` | {share:.1%} |" for name, share in rows]
+    return out
+
+
+def markdown(prof: dict[str, Any]) -> list[str]:
+    b, env = prof["breakdown"], prof["env"]
+    out = ["## Where a drain's time goes (default settings)", ""]
+    out.append(
+        f"Measured at pgdrain {env['pgdrain']} on {env['date']} ({env['server']}; load "
+        f"{env['load_start']}; {env.get('commit', '')}) by `python -m bench.profile --write` "
+        "(the command and what it "
+        "measures: the top of `bench/profile.py`). A drain of "
+        f"{prof['jobs']:,} pre-enqueued no-op jobs at batch {prof['batch']}, concurrency "
+        f"{prof['concurrency']}, in its own process; medians of {prof['reps']} runs with no "
+        "profiler attached."
     )
-    parser.add_argument("--raw", type=Path, default=None, help="keep py-spy's raw output here")
+    out.append("")
+    out.append("| per job | µs | share |")
+    out.append("|---|---:|---:|")
+    wall = b["wall_us_per_job"]
+    for label, key in (
+        ("Python: the drain process's CPU, all threads (getrusage)", "python_us_per_job"),
+        (
+            "database: its statements executing, commit included (pg_stat_database.active_time)",
+            "db_us_per_job",
+        ),
+        ("the rest: waiting (round trips, waking threads, the scheduler)", "rest_us_per_job"),
+        ("wall", "wall_us_per_job"),
+    ):
+        out.append(f"| {label} | {b[key]:.1f} | {b[key] / wall:.0%} |")
+    out.append("")
+    out.append(
+        f"{b['jobs_per_s']:,.0f} jobs/s; {b['statements']:,.0f} statements "
+        f"({b['jobs_per_statement']:.1f} jobs each: one `job_complete_and_claim` per batch, "
+        f"and the run's few others), {b['db_us_per_statement']:.0f} µs of database time "
+        f"each. CPU per 1,000 no-op jobs: **{b['cpu_ms_per_1000_jobs']:.0f} ms** of the "
+        "drain process (the database's own CPU not included). Python and the database "
+        "alternate: while a statement runs the drain's thread waits for it, and while the "
+        "drain's Python runs (dispatch, outcomes, the next statement's parameters) the "
+        "database waits, so the three add up to the wall time."
+    )
+    out.append("")
+    for key, who in (
+        ("cprofile_main", "the drain's own thread (the loop that talks to the database)"),
+        ("cprofile_jobs", f"the {prof['concurrency']} job threads together"),
+    ):
+        cp = prof.get(key)
+        if not cp:
+            continue
+        out.append(
+            f"cProfile, {who}: {cp['waiting_share']:.0%} of its profiled time is spent "
+            "waiting (on the socket for a statement's result, or on a queue for work or "
+            "outcomes); the functions with the most own time in the rest, as shares of it:"
+        )
+        out.append("")
+        out += _table([(n, s) for n, s in cp["top"]])
+        out.append("")
+    if prof.get("pyspy"):
+        spy = prof["pyspy"]
+        out.append(
+            f"py-spy, the thread holding the GIL only ({spy['samples']:,} samples at 1 kHz; "
+            f"{spy['jobs_per_s']:,.0f} jobs/s under it): where the drain process spends its "
+            "CPU, by function (self time)."
+        )
+        out.append("")
+        out += _table([(n, s) for n, s in spy["top"]])
+        out.append("")
+    return out
+
+
+def _show(url: str, setting: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(setting))).fetchone()
+    return str(row[0]) if row else "?"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.profile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--reps", type=int, default=3, help="runs of the breakdown")
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--no-py-spy", action="store_true")
+    parser.add_argument("--write", action="store_true", help="into docs/benchmarks.md")
+    parser.add_argument("--json", type=Path, default=REPO / "docs" / "benchmarks.json")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    admin, _ = resolve_server()
+    admin, source = resolve_server()
     server = Server(admin)
-    raw = args.raw or Path(tempfile.mkstemp(prefix="pgdrain-profile-", suffix=".txt")[1])
+    env = run.environment(server, source)
+    # A statement's database time includes its commit: what that costs depends on these.
+    env["commit"] = ", ".join(
+        f"{name} {_show(admin, name)}"
+        for name in ("synchronous_commit", "fsync", "wal_sync_method")
+    )
+    prof: dict[str, Any] = {
+        "env": env,
+        "jobs": args.jobs,
+        "batch": args.batch,
+        "concurrency": args.concurrency,
+        "reps": args.reps,
+    }
     try:
         template = run.pgdrain_template(server, args.jobs)
-        kind = "prototype" if args.prototype else "pgdrain"
+        log(f"breakdown: {args.reps} drains of {args.jobs:,} no-op jobs, no profiler")
+        reps = []
+        for _ in range(args.reps):
+            reps.append(breakdown_once(server, template, args.jobs, args.batch, args.concurrency))
+            log(f"  {json.dumps(reps[-1])}")
+        prof["breakdown_runs"] = reps
+        prof["breakdown"] = breakdown(reps, args.jobs)
+        log(f"  per job: {json.dumps(prof['breakdown'])}")
+
+        log("cProfile: one drain in this process")
         with server.fresh(template) as url:
-            prefix = [spy, "record", "--format", "raw", "--threads", "--rate", str(args.rate)]
-            prefix += [] if args.all_threads else ["--gil"]
-            prefix += ["--output", str(raw), "--"]
-            conc = run.concurrency_for(run.Config(), args.batch)
-            argv = [kind, "--url", url, "--batch", str(args.batch), "--concurrency", str(conc)]
-            wall, _results = run_workers(1, argv, prefix=prefix)
+            main_stats, job_stats = cprofile_drain(url, args.batch, args.concurrency)
             ok, detail = run.verify_pgdrain(url, args.jobs)
-        log(
-            f"{kind} batch {args.batch}, concurrency {conc}: {args.jobs / wall:,.0f} jobs/s "
-            f"under py-spy ({detail})"
-        )
         if not ok:
-            raise SystemExit("the profiled drain did not process every job once")
-        print(summarise(raw, args.top))
+            raise SystemExit(f"the profiled drain did not process every job once: {detail}")
+        prof["cprofile_main"] = top_functions(main_stats, args.top)
+        prof["cprofile_jobs"] = top_functions(job_stats, args.top) if job_stats else None
+
+        spy = None if args.no_py_spy else pyspy_path()
+        if spy is not None:
+            log("py-spy: one drain in a worker process")
+            try:
+                samples, rows, rate = pyspy_drain(
+                    server, template, spy, args.jobs, args.batch, args.concurrency, args.top
+                )
+                prof["pyspy"] = {"samples": samples, "top": rows, "jobs_per_s": rate}
+            except (subprocess.SubprocessError, RuntimeError, TimeoutError) as exc:
+                log(f"  py-spy did not run here: {exc}")
     finally:
         server.drop_all()
-        if args.raw is None:
-            raw.unlink(missing_ok=True)
+
+    prof["markdown"] = markdown(prof)
+    print("\n".join(prof["markdown"]))
+    if args.write:
+        from bench import report
+
+        res = run.load(args.json)
+        res.info["profile"] = prof
+        run.save(res, args.json)
+        report.write(res, args.out)
+        log(f"wrote {args.out} (its profile section; the rest from {args.json})")
 
 
 if __name__ == "__main__":

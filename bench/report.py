@@ -196,6 +196,93 @@ def write(res: Results, out: Path) -> None:
     out.write_text(markdown(res, png.name))
 
 
+BIGTABLE_ORDER = [
+    "has_ready",
+    "has_ready_empty",
+    "claim",
+    "claim_empty",
+    "depth",
+    "stats",
+    "reclaim",
+]
+
+
+def _plan(case: dict[str, Any]) -> str:
+    scan = "**Seq Scan**" if case["seq_scan"] else ""
+    used = ", ".join(f"`{i}`" for i in case["indexes"])
+    return "; ".join(x for x in (scan, used) if x) or "-"
+
+
+def bigtable_section(big: dict[str, Any] | None) -> list[str]:
+    """`## Big table`: each end-of-run statement on 2M finished + 200k queued rows."""
+    if not big:
+        return []
+    env, rows = big["env"], big["rows"]
+    now = {c["key"]: c for c in big["cases"] if c["version"] == "now"}
+    before = {c["key"]: c for c in big["cases"] if c["version"] == "before"}
+    out = ["## Big table: the statements that end a run, on a long history", ""]
+    out.append(
+        f"Measured at pgdrain {env['pgdrain']} on {env['date']} ({env['server']}; load "
+        f"{env['load_start']}), by `python -m bench.run --only bigtable` (or `make bench`). "
+        f"One table of {rows['finished']:,} finished rows (5% failed) and {rows['queued']:,} "
+        f"queued ({rows['ready']:,} ready, the rest due tomorrow; three priorities; four "
+        "queues, and a fifth whose jobs are all delayed: a run's last claim and ready check "
+        f"find nothing there), {rows['running']} running; {_n(rows['table_mb'])} MB with its "
+        "indexes, vacuumed and analysed. Each statement is timed from the client (execute "
+        f"and fetch) {big['runs']} times after {big['warmup']} untimed runs; ms are the median "
+        "(and the 90th percentile). Statements that write run in a transaction rolled back "
+        "each time. *Before* is the statement's text before issue 15 (kept in "
+        "`bench/bigtable.py`) on the same table with migration 0005's indexes dropped: the "
+        "statements and schema as they were."
+    )
+    out.append("")
+    out.append("| statement | before: ms | before: plan | now: ms (p90) | now: plan |")
+    out.append("|---|---:|---|---:|---|")
+    for key in BIGTABLE_ORDER:
+        case = now.get(key)
+        if case is None:
+            continue
+        old = before.get(key)
+        out.append(
+            f"| {case['label']} | {_n(old['median_ms'], 2) if old else 'same text'} | "
+            f"{_plan(old) if old else ''} | {_n(case['median_ms'], 2)} "
+            f"({_n(case['p90_ms'], 2)}) | {_plan(case)} |"
+        )
+    out.append("")
+    out.append(
+        "What changed (migration 0005 and `queries.sql`): `jobs_queued_run_at_idx` (queue, "
+        "run_at) over queued rows lets the ready check probe the range `run_at <= now()` once "
+        "per queue; as `queue = ANY(...)` over the table, the planner expected a ready row "
+        "early in a sequential scan and read the whole history first. The claim probes the "
+        "same index per queue before its priority-ordered scan, so a queue with nothing ready "
+        "is passed over at once; before, the scan walked every delayed row of the queue "
+        "(jobs_ready_idx orders by priority first, so `run_at <= now()` bounds nothing). "
+        "The guard does not help a queue whose ready jobs all sit behind many delayed jobs "
+        "of a more urgent priority: the claim still walks those. queue_depth counts the "
+        "ready rows of the same index (exact, so it grows with the ready backlog, never with "
+        "the history)."
+    )
+    out.append("")
+    out.append(
+        "`pgdrain stats`: queued, ready, running, expired leases and the oldest ready age "
+        "are exact, read from the partial indexes of queued and running rows (their cost "
+        "grows with the backlog). **done and failed are exact up to 10,000 per queue and "
+        "read 10000 above that**: counting every finished row each time is what made stats "
+        "slow, so each count stops at the bound, an index-only scan of "
+        "`jobs_finished_queue_idx` (queue, status) over finished rows, and the queues that "
+        "only have history are found by skipping through that index, one probe per queue."
+    )
+    out.append("")
+    return out
+
+
+def profile_section(prof: dict[str, Any] | None) -> list[str]:
+    """`## Where a drain's time goes`: written by `python -m bench.profile --write`."""
+    if not prof:
+        return []
+    return [str(line) for line in prof["markdown"]] + [""]
+
+
 def markdown(res: Results, png_name: str) -> str:
     cfg = res.config
     env = res.info["env"]
@@ -451,6 +538,8 @@ def markdown(res: Results, png_name: str) -> str:
             "run that compiles the bytecode."
         )
         add("")
+    lines += bigtable_section(res.info.get("bigtable"))
+    lines += profile_section(res.info.get("profile"))
     add("## How the ceiling is measured")
     add("")
     shape = res.info.get("ceiling_shape", "")
@@ -485,7 +574,7 @@ def markdown(res: Results, png_name: str) -> str:
     add(
         f"The script, and the options for batch {best} and one client (the `{shape}` "
         "shape). To see where a drain process spends its time: `.venv-bench/bin/python -m "
-        f"bench.profile --batch {best}` (py-spy)."
+        f"bench.profile --batch {best} --concurrency {best}` (cProfile and py-spy)."
     )
     add("")
     add("```")
@@ -514,8 +603,10 @@ def markdown(res: Results, png_name: str) -> str:
     add(
         "`make bench` (against `DATABASE_URL` if set, else an embedded PostgreSQL; it "
         "creates `.venv-bench` with the peers first). `.venv-bench/bin/python -m bench.run "
-        "--help` for the options. Two tools that are not part of it: `python -m "
-        "bench.profile --batch N` (py-spy: where a drain process spends its CPU) and "
+        "--help` for the options; `.venv-bench/bin/python -m bench.run --only bigtable` "
+        "runs the big-table section alone and merges it into this file. Two tools that are "
+        "not part of it: `.venv-bench/bin/python -m bench.profile --write` (where a drain's "
+        "time goes, at the default settings or `--batch N --concurrency N`) and "
         "`python -m bench.proposals` (pgdrain against `bench/prototype.py`, a leaner loop "
         "that is not pgdrain, and against a claim that reaches its rows by primary key, "
         "each beside its SQL ceiling)."

@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from bench import ceiling, peers, report
+from bench import bigtable, ceiling, peers, report
 from bench.common import (
     HANDLER,
     REPO,
@@ -59,6 +59,7 @@ class Config:
     import_runs: int = 10
     peers: bool = True
     prototype: bool = False
+    bigtable_runs: int = 25
 
 
 @dataclass
@@ -403,6 +404,13 @@ def enqueue(server: Server, cfg: Config, res: Results) -> None:
     server.drop(tpl)
 
 
+def big_table(server: Server, cfg: Config, res: Results, env: dict[str, Any]) -> None:
+    log("stage 8: the big table (2M finished, 200k queued): each end-of-run statement")
+    figures = bigtable.measure(server, runs=cfg.bigtable_runs)
+    figures["env"] = env  # its own: `--only bigtable` measures it apart from the rest
+    res.info["bigtable"] = figures
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -445,8 +453,23 @@ def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     parser.add_argument(
         "--render", type=Path, default=None, help="only rewrite --out from a --json file"
     )
+    parser.add_argument(
+        "--only",
+        choices=["bigtable"],
+        default=None,
+        help="run this section alone; the other sections' figures are read back from --json",
+    )
+    parser.add_argument(
+        "--bigtable-runs", type=int, default=25, help="timed runs of each big-table statement"
+    )
     args = parser.parse_args(argv)
-    cfg = Config(reps=args.reps, jobs=args.jobs, peers=not args.no_peers, prototype=args.prototype)
+    cfg = Config(
+        reps=args.reps,
+        jobs=args.jobs,
+        peers=not args.no_peers,
+        prototype=args.prototype,
+        bigtable_runs=args.bigtable_runs,
+    )
     return cfg, args
 
 
@@ -467,10 +490,42 @@ def load(path: Path) -> Results:
     return res
 
 
+def save(res: Results, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {"info": res.info, "figures": {k: f.as_dict() for k, f in res.figures.items()}},
+            indent=1,
+            default=str,
+        )
+    )
+
+
+def only_bigtable(cfg: Config, args: argparse.Namespace) -> None:
+    """The big-table section alone, merged into the figures of the last whole run."""
+    if not args.json.exists():
+        raise SystemExit(f"--only needs the last whole run's figures in {args.json}")
+    res = load(args.json)
+    res.config.bigtable_runs = cfg.bigtable_runs
+    res.info["config"] = dataclasses.asdict(res.config)
+    admin_url, source = resolve_server()
+    server = Server(admin_url)
+    try:
+        big_table(server, res.config, res, environment(server, source))
+    finally:
+        server.drop_all()
+    save(res, args.json)
+    report.write(res, args.out)
+    log(f"wrote {args.out} (the big-table section; the rest from {args.json})")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     cfg, args = parse(sys.argv[1:] if argv is None else argv)
     if args.render:
         report.write(load(args.render), args.out)
+        return
+    if args.only == "bigtable":
+        only_bigtable(cfg, args)
         return
     began = time.monotonic()
     admin_url, source = resolve_server()
@@ -485,20 +540,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         empty_run(server, cfg, res)
         cold_start(cfg, res)
         enqueue(server, cfg, res)
+        big_table(server, cfg, res, res.info["env"])
     finally:
         server.drop_all()
     res.info["env"]["load_end"] = load_average()
     res.info["elapsed_s"] = time.monotonic() - began
     res.info["config"] = dataclasses.asdict(cfg)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {"info": res.info, "figures": {k: f.as_dict() for k, f in res.figures.items()}},
-                indent=1,
-                default=str,
-            )
-        )
+        save(res, args.json)
     report.write(res, args.out)
     log(f"wrote {args.out} in {res.info['elapsed_s']:.0f} s")
 

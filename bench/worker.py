@@ -43,6 +43,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
 
 
+def _cpu_seconds() -> float:
+    """CPU time (user + system) of this whole process, every thread included."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_pgdrain(args: argparse.Namespace) -> None:
     from pgdrain import Budget, Settings, drain
     from pgdrain.registry import load_registry
@@ -59,7 +65,9 @@ def run_pgdrain(args: argparse.Namespace) -> None:
     if profiler is not None:
         profiler.start()
     start = time.time()
+    cpu_start = _cpu_seconds()
     result = drain(settings, Budget.seconds(args.budget), registry, args.url)
+    cpu_s = _cpu_seconds() - cpu_start
     end = time.time()
     if profiler is not None:
         profiler.stop()
@@ -73,6 +81,7 @@ def run_pgdrain(args: argparse.Namespace) -> None:
         stop_reason=result.stop_reason,
         error=result.error,
         rss_mb=peak_rss_mb(),
+        cpu_s=cpu_s,
     )
 
 

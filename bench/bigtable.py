@@ -1,0 +1,288 @@
+"""The big-table case of issue 15: the statements that end a run, the claim, queue_depth,
+queue_stats and reclaim, timed on a table of 2,000,000 finished rows and 200,000 queued ones.
+
+`python -m bench.run --only bigtable` runs this section alone and rewrites docs/benchmarks.md
+with the other sections' figures read back from docs/benchmarks.json; `make bench` runs it
+with the rest.
+
+The table: finished rows first (the oldest lead the heap, as in a table that has lived), 5%
+of them failed, over four queues; then the backlog over the same queues, half ready and half
+due tomorrow, three priorities; a fifth queue whose 20,000 jobs are all delayed (a run's last
+claim and ready check find nothing there); 100 running jobs, 10 of them with an expired
+lease. VACUUM ANALYZE, as autovacuum would have left it.
+
+Each statement runs `warmup` times, then `runs` times, timed from the client (execute and
+fetch, one round trip on a local socket): the median and the 90th percentile are reported.
+A statement that writes (the claim, reclaim) runs in a transaction rolled back each time, so
+every run sees the same table. Each is planned as a run plans it: the claim, repeated within
+a run, as a prepared statement (psycopg prepares it at its sixth execution; PostgreSQL then
+keeps a generic plan if it costs no more); the others, run once per run on a fresh
+connection, with a plan of their own each time (never prepared). Beside each figure: the
+indexes its plan uses and whether it holds a sequential scan of pgdrain.jobs. The statements
+as they were before issue 15 are timed the same way on the same table without migration
+0005's indexes (their text is kept below): the schema and statements as they were."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql
+
+from bench.common import Server, log
+from pgdrain.sql import query
+
+FINISHED = 2_000_000
+QUEUED = 200_000
+DELAYED_ONLY_JOBS = 20_000
+QUEUES = ["default", "email", "reports", "webhooks"]
+DELAYED_ONLY = "reminders"
+NEW_INDEXES = ["jobs_queued_run_at_idx", "jobs_finished_queue_idx"]  # migration 0005's
+
+SEED: list[LiteralString] = [
+    """INSERT INTO pgdrain.jobs (queue, kind, status, attempts, run_at, finished_at)
+       SELECT (%(queues)s::text[])[1 + mod(g, 4)], 'noop',
+              CASE WHEN mod(g, 20) = 0 THEN 'failed' ELSE 'done' END, 1,
+              now() - interval '3 days' + g * interval '100 ms',
+              now() - interval '3 days' + g * interval '100 ms'
+       FROM generate_series(1, %(finished)s) AS g""",
+    """INSERT INTO pgdrain.jobs (queue, kind, priority, run_at)
+       SELECT (%(queues)s::text[])[1 + mod(g, 4)], 'noop', mod(g / 4, 3),
+              CASE WHEN mod(g / 12, 2) = 0 THEN now() - g * interval '1 ms'
+                   ELSE now() + interval '1 day' + g * interval '1 s' END
+       FROM generate_series(1, %(queued)s) AS g""",
+    """INSERT INTO pgdrain.jobs (queue, kind, priority, run_at)
+       SELECT %(delayed_queue)s, 'noop', mod(g, 3), now() + interval '1 day' + g * interval '1 s'
+       FROM generate_series(1, %(delayed)s) AS g""",
+    """INSERT INTO pgdrain.jobs (queue, kind, status, attempts, lease_expires_at, leased_by,
+                               attempt_token, heartbeat_at)
+       SELECT 'default', 'noop', 'running', 1, now() + (g - 11) * interval '1 minute', 'w',
+              gen_random_uuid(), now()
+       FROM generate_series(1, 100) AS g""",
+]
+
+# The statements as they were before issue 15 (commit 82125ec), for the comparison.
+BEFORE_HAS_READY: LiteralString = """SELECT EXISTS (
+    SELECT 1 FROM pgdrain.jobs
+    WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+) AS ready"""
+
+BEFORE_STATS: LiteralString = """SELECT queue,
+       count(*) FILTER (WHERE status = 'queued')                      AS queued,
+       count(*) FILTER (WHERE status = 'queued' AND run_at <= now())  AS ready,
+       count(*) FILTER (WHERE status = 'running')                     AS running,
+       count(*) FILTER (WHERE status = 'done')                        AS done,
+       count(*) FILTER (WHERE status = 'failed')                      AS failed,
+       coalesce(extract(epoch FROM now() - min(run_at)
+                FILTER (WHERE status = 'queued' AND run_at <= now())), 0)::float8
+                                                                      AS oldest_ready_age_s,
+       count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now())
+                                                                      AS expired_leases
+FROM pgdrain.jobs
+GROUP BY queue
+ORDER BY queue"""
+
+
+def _before_claim() -> LiteralString:
+    """The claim without the empty-queue guard that issue 15 added."""
+    statement = query("job_complete_and_claim")
+    start = statement.index("    -- A queue with nothing ready is passed over")
+    end = statement.index(") AS has_ready\n") + len(") AS has_ready\n")
+    return statement[:start] + statement[end:]
+
+
+def _claim(queues: list[str]) -> dict[str, Any]:
+    return {
+        "done_ids": [],
+        "done_tokens": [],
+        "queues": queues,
+        "limit": 10,
+        "worker": "bench",
+        "lease_seconds": 30.0,
+        "cap_seconds": None,
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    label: str
+    statement: LiteralString
+    params: dict[str, Any]
+    writes: bool = False
+    repeated: bool = False  # run many times per connection (prepared), else once per run
+    version: str = "now"  # "now" (HEAD's queries.sql) or "before" (the text before issue 15)
+
+
+def cases() -> list[Case]:
+    now = [
+        Case(
+            "has_ready", "queue_has_ready, 4 queues", query("queue_has_ready"), {"queues": QUEUES}
+        ),
+        Case(
+            "has_ready_empty",
+            "queue_has_ready, nothing ready",
+            query("queue_has_ready"),
+            {"queues": [DELAYED_ONLY]},
+        ),
+        Case(
+            "claim",
+            "job_complete_and_claim, batch 10, 4 queues",
+            query("job_complete_and_claim"),
+            _claim(QUEUES),
+            writes=True,
+            repeated=True,
+        ),
+        Case(
+            "claim_empty",
+            "job_complete_and_claim, nothing ready (a run's last claim)",
+            query("job_complete_and_claim"),
+            _claim([DELAYED_ONLY]),
+            writes=True,
+            repeated=True,
+        ),
+        Case("depth", "queue_depth, 4 queues", query("queue_depth"), {"queues": QUEUES}),
+        Case("stats", "queue_stats (`pgdrain stats`)", query("queue_stats"), {}),
+        Case(
+            "reclaim",
+            "job_reclaim_expired, limit 100",
+            query("job_reclaim_expired"),
+            {"limit": 100},
+            writes=True,
+        ),
+    ]
+    before = [
+        Case("has_ready", "", BEFORE_HAS_READY, {"queues": QUEUES}, version="before"),
+        Case("has_ready_empty", "", BEFORE_HAS_READY, {"queues": [DELAYED_ONLY]}, version="before"),
+        Case("claim", "", _before_claim(), _claim(QUEUES), True, True, "before"),
+        Case("claim_empty", "", _before_claim(), _claim([DELAYED_ONLY]), True, True, "before"),
+        Case("stats", "", BEFORE_STATS, {}, version="before"),
+    ]
+    return now + before
+
+
+def template(server: Server) -> str:
+    """A migrated database holding the big table."""
+    from pgdrain.migrate import migrate
+
+    name = server.create()
+    with psycopg.connect(server.url(name), autocommit=True) as conn:
+        migrate(conn)
+        params = {
+            "queues": QUEUES,
+            "finished": FINISHED,
+            "queued": QUEUED,
+            "delayed_queue": DELAYED_ONLY,
+            "delayed": DELAYED_ONLY_JOBS,
+        }
+        for statement in SEED:
+            conn.execute(statement, params)
+        conn.execute("VACUUM ANALYZE pgdrain.jobs")
+    return name
+
+
+def _nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(plan, dict):
+        if "Node Type" in plan:
+            yield plan
+        for value in plan.values():
+            yield from _nodes(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            yield from _nodes(value)
+
+
+def plan_summary(conn: psycopg.Connection[Any], case: Case) -> tuple[list[str], bool]:
+    """(indexes the plan uses, whether it scans pgdrain.jobs sequentially)."""
+    with conn.transaction(force_rollback=True):
+        row = conn.execute("EXPLAIN (FORMAT JSON) " + case.statement, case.params).fetchone()
+    assert row is not None
+    nodes = list(_nodes(row[0]))
+    indexes = sorted({n["Index Name"] for n in nodes if "Index Name" in n})
+    seq = any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "jobs" for n in nodes)
+    return indexes, seq
+
+
+def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int) -> list[float]:
+    """Milliseconds per execution (execute + fetch), `runs` of them after `warmup`."""
+    out: list[float] = []
+    for i in range(warmup + runs):
+        if case.writes:
+            conn.execute("BEGIN")
+        began = time.perf_counter()
+        prepare = None if case.repeated else False  # None: psycopg's own threshold, as a drain
+        conn.execute(case.statement, case.params, prepare=prepare).fetchall()
+        elapsed = time.perf_counter() - began
+        if case.writes:
+            conn.execute("ROLLBACK")
+        if i >= warmup:
+            out.append(elapsed * 1000.0)
+    return out
+
+
+def measure(server: Server, runs: int = 25, warmup: int = 6) -> dict[str, Any]:
+    """The section's figures: {"rows": {...}, "cases": [{key, version, label, ms, ...}]}."""
+    log(f"big table: {FINISHED:,} finished + {QUEUED:,} queued (+{DELAYED_ONLY_JOBS:,} delayed)")
+    began = time.monotonic()
+    name = template(server)
+    build_s = time.monotonic() - began
+    log(f"  built in {build_s:.0f} s; timing each statement {runs} times")
+    results: list[dict[str, Any]] = []
+    dropped = False
+    try:
+        with psycopg.connect(server.url(name), autocommit=True) as conn:
+            # A sequential scan of a big table starts where the last one reported it was
+            # (synchronize_seqscans), so right after a scan that stopped among the queued rows
+            # at the heap's end the old ready check looks fast. Each scan here starts at the
+            # first page, as one does on a table nobody else has just scanned.
+            conn.execute("SET synchronize_seqscans = off")
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE status IN ('done', 'failed')),"
+                " count(*) FILTER (WHERE status = 'queued'),"
+                " count(*) FILTER (WHERE status = 'queued' AND run_at <= now()),"
+                " count(*) FILTER (WHERE status = 'running'),"
+                " pg_total_relation_size('pgdrain.jobs')"
+                " FROM pgdrain.jobs"
+            ).fetchone()
+            assert row is not None
+            rows = {
+                "finished": row[0],
+                "queued": row[1],
+                "ready": row[2],
+                "running": row[3],
+                "table_mb": row[4] / 1e6,
+            }
+            for case in cases():
+                if case.version == "before" and not dropped:
+                    # Before issue 15 the schema had no migration 0005 either.
+                    for index in NEW_INDEXES:
+                        conn.execute(sql.SQL("DROP INDEX pgdrain.{}").format(sql.Identifier(index)))
+                    dropped = True
+                indexes, seq = plan_summary(conn, case)
+                ms = time_case(conn, case, runs, warmup)
+                median = statistics.median(ms)
+                p90 = statistics.quantiles(ms, n=10)[-1]
+                results.append(
+                    {
+                        "key": case.key,
+                        "version": case.version,
+                        "label": case.label,
+                        "median_ms": median,
+                        "p90_ms": p90,
+                        "values_ms": ms,
+                        "indexes": indexes,
+                        "seq_scan": seq,
+                    }
+                )
+                scan = "SEQ SCAN" if seq else "no seq scan"
+                log(
+                    f"  {case.version:>6} {case.key:<16} {median:8.3f} ms (p90 {p90:.3f}); "
+                    f"{scan}; {', '.join(indexes)}"
+                )
+    finally:
+        server.drop(name)
+    return {"rows": rows, "runs": runs, "warmup": warmup, "build_s": build_s, "cases": results}

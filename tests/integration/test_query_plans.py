@@ -1,0 +1,321 @@
+"""The statements that end a run, the claim, queue_depth, queue_stats and reclaim use their
+indexes on a table whose history dwarfs its backlog (issue 15): each plan must name the
+index meant for it and hold no sequential scan of pgdrain.jobs.
+
+The table is big enough that the planner's choice is real: the statements these replaced
+read every finished row here (a control below shows one doing it), and dropping an index
+makes its check fail (a control per check, in a rolled-back transaction). The rewritten
+statements also give the answers the old ones gave (the old text is kept here as the oracle).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgdrain import store
+from pgdrain.sql import query
+
+Conn = psycopg.Connection[Any]
+
+QUEUES = ["default", "email", "reports", "webhooks"]
+DELAYED_ONLY = "reminders"  # queued jobs, none of them ready: the run's last, empty claim
+HISTORY_ONLY = "archive"  # finished jobs and nothing else
+RUNNING_ONLY = "solo"  # running jobs and nothing else
+FINISHED = 1_000_000
+QUEUED = 100_000
+STATS_BOUND = 10_000  # queue_stats counts done and failed up to this, per queue
+
+# History first (the oldest rows lead the heap, as in a real table), then the backlog: half of
+# it ready, half due tomorrow, three priorities, and queues that hold only one kind of row.
+SEED = [
+    """INSERT INTO pgdrain.jobs (queue, kind, status, attempts, run_at, finished_at)
+        SELECT (%(queues)s::text[])[1 + mod(g, 4)], 'noop',
+               CASE WHEN mod(g, 20) = 0 THEN 'failed' ELSE 'done' END, 1,
+               now() - interval '3 days' + g * interval '100 ms',
+               now() - interval '3 days' + g * interval '100 ms'
+        FROM generate_series(1, %(finished)s) AS g""",
+    """INSERT INTO pgdrain.jobs (queue, kind, status, attempts, finished_at)
+       SELECT 'archive', 'noop', 'done', 1, now() - interval '4 days'
+       FROM generate_series(1, 1000) AS g""",
+    """INSERT INTO pgdrain.jobs (queue, kind, priority, run_at)
+        SELECT (%(queues)s::text[])[1 + mod(g, 4)], 'noop', mod(g / 4, 3),
+               CASE WHEN mod(g / 12, 2) = 0 THEN now() - g * interval '1 ms'
+                    ELSE now() + interval '1 day' + g * interval '1 s' END
+        FROM generate_series(1, %(queued)s) AS g""",
+    """INSERT INTO pgdrain.jobs (queue, kind, priority, run_at)
+       SELECT 'reminders', 'noop', mod(g, 3), now() + interval '1 day' + g * interval '1 s'
+       FROM generate_series(1, 5000) AS g""",
+    """INSERT INTO pgdrain.jobs (queue, kind, status, attempts, lease_expires_at, leased_by,
+                                attempt_token, heartbeat_at)
+       SELECT CASE WHEN g <= 10 THEN 'solo' ELSE 'default' END, 'noop', 'running', 1,
+              now() + (g - 20) * interval '1 minute', 'w', gen_random_uuid(), now()
+       FROM generate_series(1, 200) AS g""",
+]
+
+
+@pytest.fixture(scope="module")
+def big(module_db_url: str) -> Iterator[Conn]:
+    with psycopg.connect(module_db_url, autocommit=True) as conn:
+        for statement in SEED:
+            conn.execute(statement, {"queues": QUEUES, "finished": FINISHED, "queued": QUEUED})
+        # As autovacuum leaves a table whose history no longer changes: the visibility map set,
+        # so that the planner counts finished rows from the index alone (without it, stats'
+        # bounded counts are planned as a sequential scan that stops at the bound).
+        conn.execute("VACUUM ANALYZE pgdrain.jobs")
+        yield conn
+
+
+# -- reading a plan ----------------------------------------------------------------------------
+
+
+def _nodes(plan: Any) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, sub-plans and CTEs included."""
+    if isinstance(plan, dict):
+        if "Node Type" in plan:
+            yield plan
+        for value in plan.values():
+            yield from _nodes(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            yield from _nodes(value)
+
+
+def plan_problems(plan: Any, intended: set[str]) -> list[str]:
+    """What is wrong with a plan: an intended index it does not use, a sequential scan of
+    pgdrain.jobs. Empty when the plan is as meant."""
+    nodes = list(_nodes(plan))
+    used = {n["Index Name"] for n in nodes if "Index Name" in n}
+    problems = [f"does not use {name}" for name in sorted(intended - used)]
+    problems += [
+        f"{n['Node Type']} of pgdrain.jobs"
+        for n in nodes
+        if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "jobs"
+    ]
+    return problems
+
+
+def _explain(conn: Conn, statement: str, params: dict[str, Any], analyze: bool = False) -> Any:
+    """The plan of one statement; a statement that writes runs (under ANALYZE) in a rolled-back
+    transaction."""
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " if analyze else "EXPLAIN (FORMAT JSON) "
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(explain + statement, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _claim_params(queues: list[str], done_ids: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "done_ids": done_ids or [],
+        "done_tokens": [None] * len(done_ids or []),
+        "queues": queues,
+        "limit": 10,
+        "worker": "w",
+        "lease_seconds": 30.0,
+        "cap_seconds": None,
+    }
+
+
+# (case id, statement name, parameters, the indexes its plan must use)
+CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
+    ("ready check", "queue_has_ready", {"queues": QUEUES}, {"jobs_queued_run_at_idx"}),
+    (
+        "ready check, nothing ready",
+        "queue_has_ready",
+        {"queues": [DELAYED_ONLY]},
+        {"jobs_queued_run_at_idx"},
+    ),
+    (
+        "claim",
+        "job_complete_and_claim",
+        _claim_params(QUEUES),
+        {"jobs_ready_idx", "jobs_queued_run_at_idx", "jobs_pkey"},
+    ),
+    (
+        "claim with completions",
+        "job_complete_and_claim",
+        _claim_params(QUEUES, done_ids=list(range(1, 11))),
+        {"jobs_ready_idx", "jobs_queued_run_at_idx", "jobs_pkey"},
+    ),
+    (
+        "last claim, nothing ready",
+        "job_complete_and_claim",
+        _claim_params([DELAYED_ONLY]),
+        {"jobs_queued_run_at_idx"},
+    ),
+    ("queue depth", "queue_depth", {"queues": QUEUES}, {"jobs_queued_run_at_idx"}),
+    (
+        "stats",
+        "queue_stats",
+        {},
+        {"jobs_queued_run_at_idx", "jobs_lease_idx", "jobs_finished_queue_idx"},
+    ),
+    ("reclaim", "job_reclaim_expired", {"limit": 100}, {"jobs_lease_idx"}),
+]
+IDS = [case[0] for case in CASES]
+
+
+@pytest.mark.parametrize(("case", "name", "params", "intended"), CASES, ids=IDS)
+def test_the_statement_uses_its_indexes_on_a_big_table(
+    big: Conn, case: str, name: str, params: dict[str, Any], intended: set[str]
+) -> None:
+    plan = _explain(big, query(name), params)
+    assert plan_problems(plan, intended) == [], plan
+
+
+def _generic_plan(conn: Conn, statement: str, params: dict[str, Any]) -> Any:
+    """The plan PostgreSQL keeps for a prepared statement whatever its parameters: the drain
+    prepares what it runs repeatedly (psycopg, from a statement's sixth execution), and after
+    five runs the server may switch to this plan."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
+    args = sql.SQL("")
+    if names:
+        args = sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(params[n]) for n in names))
+    conn.execute(sql.SQL("PREPARE plan_check AS {}").format(sql.SQL(numbered)))
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            row = conn.execute(
+                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE plan_check{}").format(args)
+            ).fetchone()
+    finally:
+        conn.execute("DEALLOCATE plan_check")
+    assert row is not None
+    return row[0]
+
+
+@pytest.mark.parametrize(("case", "name", "params", "intended"), CASES, ids=IDS)
+def test_its_generic_plan_uses_its_indexes_too(
+    big: Conn, case: str, name: str, params: dict[str, Any], intended: set[str]
+) -> None:
+    plan = _generic_plan(big, query(name), params)
+    assert plan_problems(plan, intended) == [], plan
+
+
+@pytest.mark.parametrize(("case", "name", "params", "intended"), CASES, ids=IDS)
+def test_control_without_its_index_the_check_fails(
+    big: Conn, case: str, name: str, params: dict[str, Any], intended: set[str]
+) -> None:
+    """The same statement and data with one index gone: the check above must say so. (The
+    primary key stays: it is the table's, not this issue's.)"""
+    dropped = sorted(intended - {"jobs_pkey"})
+    with big.transaction(force_rollback=True):
+        for index in dropped:
+            big.execute(sql.SQL("DROP INDEX pgdrain.{}").format(sql.Identifier(index)))
+        row = big.execute("EXPLAIN (FORMAT JSON) " + query(name), params).fetchone()
+    assert row is not None
+    problems = plan_problems(row[0], intended)
+    assert {f"does not use {index}" for index in dropped} <= set(problems), problems
+
+
+# -- the statements these replaced: the reproduction, and the oracle for the answers -----------
+
+BEFORE_HAS_READY = """SELECT EXISTS (
+    SELECT 1 FROM pgdrain.jobs
+    WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+) AS ready"""
+
+BEFORE_STATS = """SELECT queue,
+       count(*) FILTER (WHERE status = 'queued')                      AS queued,
+       count(*) FILTER (WHERE status = 'queued' AND run_at <= now())  AS ready,
+       count(*) FILTER (WHERE status = 'running')                     AS running,
+       count(*) FILTER (WHERE status = 'done')                        AS done,
+       count(*) FILTER (WHERE status = 'failed')                      AS failed,
+       coalesce(extract(epoch FROM now() - min(run_at)
+                FILTER (WHERE status = 'queued' AND run_at <= now())), 0)::float8
+                                                                      AS oldest_ready_age_s,
+       count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now())
+                                                                      AS expired_leases
+FROM pgdrain.jobs
+GROUP BY queue
+ORDER BY queue"""
+
+BEFORE_DEPTH = """SELECT count(*) AS ready,
+       coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
+FROM pgdrain.jobs
+WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()"""
+
+
+def _without_ready_guard(statement: str) -> str:
+    """The claim as it was before the empty-queue guard: the guard's lateral join removed."""
+    guarded = re.compile(r"\n\s*CROSS JOIN LATERAL \(\n\s*SELECT 1 FROM .*?\) AS has_ready", re.S)
+    stripped, count = guarded.subn("", statement)
+    assert count == 1, "the claim's empty-queue guard is not where this test expects it"
+    return stripped
+
+
+@pytest.mark.parametrize(
+    ("statement", "params"),
+    [(BEFORE_HAS_READY, {"queues": QUEUES}), (BEFORE_STATS, {})],
+    ids=["ready check", "stats"],
+)
+def test_control_the_statements_before_read_every_finished_row(
+    big: Conn, statement: str, params: dict[str, Any]
+) -> None:
+    """On this table the old texts scan pgdrain.jobs: the data is big enough for the checks
+    above to mean something."""
+    problems = plan_problems(_explain(big, statement, params), set())
+    assert "Seq Scan of pgdrain.jobs" in problems
+
+
+def _ready_index_scans(plan: Any) -> list[int]:
+    """How many times each scan of jobs_ready_idx ran (EXPLAIN ANALYZE)."""
+    return [n["Actual Loops"] for n in _nodes(plan) if n.get("Index Name") == "jobs_ready_idx"]
+
+
+def test_the_last_empty_claim_does_not_walk_the_delayed_jobs(big: Conn) -> None:
+    """Nothing in the queue is ready: the guard answers from one probe, and the priority-
+    ordered scan that would walk all 5,000 delayed rows never runs."""
+    plan = _explain(big, query("job_complete_and_claim"), _claim_params([DELAYED_ONLY]), True)
+    assert _ready_index_scans(plan) == [0]
+
+
+def test_control_without_the_guard_the_empty_claim_walks_the_queue(big: Conn) -> None:
+    statement = _without_ready_guard(query("job_complete_and_claim"))
+    plan = _explain(big, statement, _claim_params([DELAYED_ONLY]), True)
+    assert _ready_index_scans(plan) == [1]
+
+
+def test_the_checks_answer_as_the_statements_before_them(big: Conn) -> None:
+    for queues in (QUEUES, [DELAYED_ONLY], [RUNNING_ONLY, "no-such-queue"], ["email"]):
+        row = big.execute(BEFORE_HAS_READY, {"queues": queues}).fetchone()
+        assert row is not None
+        assert store.queue_has_ready(big, queues) is row[0], queues
+        with big.transaction():  # one snapshot, one now(): both must agree exactly
+            old = big.execute(BEFORE_DEPTH, {"queues": queues}).fetchone()
+            new = store.queue_depth(big, queues)
+        assert old is not None
+        assert (new.ready, new.oldest_ready_age_s) == (old[0], old[1]), queues
+
+
+def test_stats_answer_as_before_with_finished_counts_bounded(big: Conn) -> None:
+    with big.transaction():  # one snapshot, one now()
+        old = big.execute(BEFORE_STATS).fetchall()
+        new = store.queue_stats(big)
+    expected = [
+        store.QueueStats(
+            queue=r[0],
+            queued=r[1],
+            ready=r[2],
+            running=r[3],
+            done=min(r[4], STATS_BOUND),
+            failed=min(r[5], STATS_BOUND),
+            oldest_ready_age_s=r[6],
+            expired_leases=r[7],
+        )
+        for r in old
+    ]
+    assert new == expected
+    by_queue = {s.queue: s for s in new}
+    # The bound is reached here (75,000 done per queue), and each kind of queue is listed.
+    assert by_queue["default"].done == STATS_BOUND
+    assert by_queue[HISTORY_ONLY].done == 1000
+    assert (by_queue[RUNNING_ONLY].running, by_queue[RUNNING_ONLY].expired_leases) == (10, 10)
+    assert (by_queue[DELAYED_ONLY].queued, by_queue[DELAYED_ONLY].ready) == (5000, 0)
