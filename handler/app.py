@@ -14,7 +14,10 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pgdrain.aws import run
 from pgdrain.aws.metrics import metrics_namespace
 
-logger = Logger(service="pgdrain")  # also formats the pgdrain.* library loggers
+# POWERTOOLS_SERVICE_NAME names the service in every log line (template.yaml sets it); Logger
+# reads it when no service is passed, and falls back to "pgdrain" here. The Logger also formats
+# the pgdrain.* library loggers.
+logger = Logger(service=os.environ.get("POWERTOOLS_SERVICE_NAME") or "pgdrain")
 metrics = Metrics(namespace=metrics_namespace(os.environ))
 runtime = run.cold_start(os.environ)
 

@@ -174,7 +174,8 @@ RETURNING j.id;
 
 -- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and
--- attempts remain, failed otherwise (a job that kills its worker every time must end).
+-- attempts remain, failed when they are spent (a job that kills its worker every time must
+-- end), parked when the policy is manual (a person decides: `pgdrain retry ID`).
 WITH expired AS (
     SELECT id, attempt_token
     FROM pgdrain.jobs
@@ -185,12 +186,13 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgdrain.jobs AS j
-SET status = CASE WHEN j.recovery_policy = 'auto' AND j.attempts < j.max_attempts
-                  THEN 'queued' ELSE 'failed' END,
+SET status = CASE WHEN j.recovery_policy = 'manual' THEN 'parked'
+                  WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'failed' END,
     run_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts < j.max_attempts
                   THEN now() ELSE j.run_at END,
-    finished_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts < j.max_attempts
-                       THEN NULL ELSE now() END,
+    -- A parked job is not finished: retention never deletes it.
+    finished_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts >= j.max_attempts
+                       THEN now() END,
     reclaim_count = j.reclaim_count + 1,
     last_error = 'lease expired before completion (attempt ' || j.attempts || ' of '
                  || j.max_attempts || ', held by ' || j.leased_by || ')',
@@ -203,28 +205,38 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status, j.reclaim_count;
 
 -- name: job_retry :many
--- Operator action: put failed jobs back in the queue with a fresh set of attempts.
+-- Operator action: put failed, parked or cancelled jobs back in the queue with a fresh set
+-- of attempts. Safe to run twice: a job already queued again no longer matches.
 UPDATE pgdrain.jobs
 SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
 WHERE id = ANY(%(ids)s::bigint[])
-  AND status = 'failed'
+  AND status IN ('failed', 'parked', 'cancelled')
 RETURNING id;
 
 -- name: job_purge_finished :rowcount
--- Delete one batch of done/failed jobs finished more than %(days)s days ago.
+-- Delete one batch of finished jobs (%(statuses)s: done, failed, cancelled) that finished
+-- more than %(days)s days ago, in one queue or all (%(queue)s NULL). Purge and retention
+-- both run it batch by batch; safe to run twice: a deleted row matches nothing.
 DELETE FROM pgdrain.jobs
 WHERE id IN (
     SELECT id FROM pgdrain.jobs
-    WHERE status IN ('done', 'failed')
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND status = ANY(%(statuses)s::text[])
       AND finished_at < now() - %(days)s * interval '1 day'
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     LIMIT %(limit)s
 );
 
 -- name: job_list :many
+-- The newest jobs matching the filters; a NULL filter matches every job. --since compares
+-- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
-       run_at, lease_expires_at, last_error
+       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error
 FROM pgdrain.jobs
 WHERE status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
@@ -234,9 +246,12 @@ LIMIT %(limit)s;
 SELECT queue,
        count(*) FILTER (WHERE status = 'queued')                      AS queued,
        count(*) FILTER (WHERE status = 'queued' AND run_at <= now())  AS ready,
+       count(*) FILTER (WHERE status = 'queued' AND run_at > now())   AS delayed,
        count(*) FILTER (WHERE status = 'running')                     AS running,
        count(*) FILTER (WHERE status = 'done')                        AS done,
        count(*) FILTER (WHERE status = 'failed')                      AS failed,
+       count(*) FILTER (WHERE status = 'parked')                      AS parked,
+       count(*) FILTER (WHERE status = 'cancelled')                   AS cancelled,
        coalesce(extract(epoch FROM now() - min(run_at)
                 FILTER (WHERE status = 'queued' AND run_at <= now())), 0)::float8
                                                                       AS oldest_ready_age_s,
@@ -270,3 +285,52 @@ SELECT count(*) AS ready,
        coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
 FROM pgdrain.jobs
 WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
+
+-- name: job_show :one
+-- Every column of one job, as JSON (so a column added by a later migration, such as the
+-- error history, shows without changing this statement).
+SELECT to_jsonb(j) AS job FROM pgdrain.jobs AS j WHERE j.id = %(id)s;
+
+-- name: job_retry_matching :many
+-- Operator action by filter: queue again the jobs in %(statuses)s (failed, parked) matching
+-- the filters (a NULL filter matches every job), with a fresh set of attempts. `--dry-run`
+-- runs it in a transaction that is rolled back. Safe to run twice: a job queued again no
+-- longer matches.
+UPDATE pgdrain.jobs
+SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+WHERE status IN ('failed', 'parked')
+  AND status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+RETURNING id, queue, kind;
+
+-- name: job_cancel :many
+-- Operator action: a queued or parked job never runs; a running one loses its lease (status
+-- and token change), so its run's heartbeat reports it lost, job.lease_lost() turns true and
+-- the fenced completion or failure of that attempt is refused. Returns each cancelled job with
+-- the status it had. Safe to run twice: a cancelled job no longer matches.
+WITH target AS (
+    SELECT id, status
+    FROM pgdrain.jobs
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('queued', 'running', 'parked')
+    FOR UPDATE
+)
+UPDATE pgdrain.jobs AS j
+SET status = 'cancelled',
+    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM target
+WHERE j.id = target.id
+RETURNING j.id, target.status AS was;
+
+-- name: job_count_finished :one
+-- What job_purge_finished would delete, counted (purge --dry-run): the same conditions.
+SELECT count(*) AS jobs
+FROM pgdrain.jobs
+WHERE status IN ('done', 'failed', 'cancelled')
+  AND status = ANY(%(statuses)s::text[])
+  AND finished_at < now() - %(days)s * interval '1 day'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text);
