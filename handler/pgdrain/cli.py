@@ -12,7 +12,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 
 import psycopg
 
@@ -61,14 +61,19 @@ class _DefaultsFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        default = action.default
-        if (
-            action.option_strings
-            and default not in (None, False, argparse.SUPPRESS)
-            and "default" not in text
-        ):
+        if action.option_strings and _shows_default(action) and "default" not in text:
             text = f"{text} (default: %(default)s)".strip()
         return text
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    """A default worth printing: not absent, not a flag's False, not argparse's SUPPRESS."""
+    return not (
+        action.default is None or action.default is False or action.default == argparse.SUPPRESS
+    )
+
+
+_Action = TypeVar("_Action", bound=argparse.Action)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +82,13 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
+
+    def _add_action(self, action: _Action) -> _Action:
+        # argparse prints no help text for an option without any, so its default would not
+        # show: give it one that is only the default.
+        if action.option_strings and action.help is None and _shows_default(action):
+            action.help = "(default: %(default)s)"
+        return super()._add_action(action)
 
     def error(self, message: str) -> NoReturn:
         print(f"pgdrain: error: {message}", file=sys.stderr)
