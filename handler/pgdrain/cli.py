@@ -323,7 +323,16 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgdrain import demo
 
-    return demo.run(settings, conninfo_or_embedded(settings), count=args.count, budget=args.budget)
+    embedded_dir = (
+        None if settings.database_url or settings.db_secret_arn else embedded.data_dir_in_use()
+    )
+    return demo.run(
+        settings,
+        conninfo_or_embedded(settings),
+        count=args.count,
+        budget=args.budget,
+        embedded_dir=embedded_dir,
+    )
 
 
 # -- operator commands: see and fix what happened (docs/operations.md) ----------------------
@@ -367,6 +376,18 @@ def _add_operator_commands(commands: Any) -> None:
         "cancel", help="cancel jobs: a queued one never runs, a running one loses its lease"
     )
     p.add_argument("ids", nargs="+", type=_positive_int, help="job ids")
+
+    p = commands.add_parser(
+        "server", help="the embedded PostgreSQL the CLI starts when DATABASE_URL is unset"
+    )
+    actions = p.add_subparsers(
+        dest="server_command", metavar="stop", required=True, parser_class=_Parser
+    )
+    actions.add_parser(
+        "stop",
+        help=f"stop it (its data, in ${embedded.DATA_DIR_VARIABLE} or "
+        f"{embedded.default_data_dir()}, is kept)",
+    )
 
     p = commands.add_parser(
         "purge", help="delete done, failed and cancelled jobs older than N days"
@@ -543,6 +564,15 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    folder = embedded.data_dir_in_use()
+    if embedded.stop(folder):
+        print(f"stopped the embedded PostgreSQL in {folder}")
+    else:
+        print(f"the embedded PostgreSQL in {folder} is not running")
+    return EXIT_OK
+
+
 PURGE_BATCH = 5000
 
 
@@ -576,6 +606,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "retry": cmd_retry,
     "purge": cmd_purge,
     "cancel": cmd_cancel,
+    "server": cmd_server,
     "demo": cmd_demo,
     "invoke": cmd_invoke,
 }

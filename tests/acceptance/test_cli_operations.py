@@ -425,6 +425,8 @@ BAD_INPUT: list[tuple[str, Sequence[str], str]] = [
     ("cancel: not an id", ["cancel", "x1"], "ids"),
     ("purge: bad queue", ["purge", "--dry-run", "--queue", "a b"], "--queue"),
     ("purge: negative days", ["purge", "--older-than-days", "-1"], "--older-than-days"),
+    ("server: no action", ["server"], "stop"),
+    ("server: unknown action", ["server", "start"], "start"),
 ]
 
 
@@ -444,3 +446,73 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     line = only_line(run.err)
     assert line.startswith("pgdrain: ") and fragment in line, line
     assert conn.execute("SELECT * FROM pgdrain.jobs ORDER BY id").fetchall() == before
+
+
+# -- the embedded server the CLI leaves running ------------------------------------------------
+
+
+def test_server_stop_stops_the_embedded_postgresql_left_running(tmp_path: Path) -> None:
+    """With no DATABASE_URL the CLI starts an embedded PostgreSQL and leaves it running for
+    the next command (shown first: it is still up after the command exits); `pgdrain server
+    stop` stops it, keeps its data, and says so; a second stop finds nothing to stop."""
+    data = tmp_path / "pgdata"
+    env = {"PGDRAIN_DATA_DIR": str(data), "PYTHONPATH": str(ROOT / "handler")}
+    drop = ("PGDRAIN_", "DATABASE_URL")
+
+    migrated = run_pgdrain("migrate", env=env, drop=drop)
+    assert migrated.code == EXIT_OK, migrated
+    pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+    os.kill(pid, 0)  # still running after the command that started it exited
+
+    stopped = run_pgdrain("server", "stop", env=env, drop=drop)
+    assert (stopped.code, stopped.out.strip(), stopped.err) == (
+        EXIT_OK,
+        f"stopped the embedded PostgreSQL in {data}",
+        "",
+    )
+    assert not (data / "postmaster.pid").exists()
+    assert (data / "PG_VERSION").exists()  # the data is kept
+    again = run_pgdrain("server", "stop", env=env, drop=drop)
+    assert (again.code, again.out.strip()) == (
+        EXIT_OK,
+        f"the embedded PostgreSQL in {data} is not running",
+    )
+    # The next command starts it again, with the schema it had.
+    restarted = run_pgdrain("migrate", env=env, drop=drop)
+    assert restarted.out.strip() == "nothing to apply: the schema is up to date"
+    assert run_pgdrain("server", "stop", env=env, drop=drop).code == EXIT_OK
+
+
+# -- the demo ------------------------------------------------------------------------------------
+
+
+def test_the_demo_prints_only_commands_that_run_as_printed(db_url: str) -> None:
+    """`pgdrain demo`, then every command it printed, pasted into a shell as printed (its
+    trailing `# why` is a shell comment); and its warnings are explained."""
+    env = {"DATABASE_URL": db_url, "PYTHONPATH": str(ROOT / "handler")}
+    demo = run_pgdrain("demo", "--count", "20", env=env)
+    assert demo.code == EXIT_OK, demo
+    lines = demo.out.splitlines()
+    commands = [line.removeprefix("drain: ") for line in lines if " invoke -e " in line]
+    commands += [line.strip() for line in lines if line.startswith("  ")]
+    assert len(commands) == 6, demo.out
+    explained = [line for line in lines if line.startswith("warnings: ")]
+    assert explained == [
+        "warnings: 1, as the demo intends: 1 job(s) failed for good (the 'fail' kind; "
+        "'failed' below)"
+    ], demo.out
+
+    shell_env = {k: v for k, v in os.environ.items() if not k.startswith("PGDRAIN_")}
+    shell_env.update(env)
+    for command in commands:
+        done = subprocess.run(
+            command,
+            shell=True,
+            cwd=ROOT,
+            env=shell_env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_SECONDS,
+            check=False,
+        )
+        assert done.returncode == EXIT_OK, (command, done.stderr)
