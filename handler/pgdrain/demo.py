@@ -52,12 +52,13 @@ def run(
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
         applied = migrate(conn).applied
         print(f"migrate: {', '.join(applied) or 'up to date'}")
-        jobs = demo_jobs(count)
+        *jobs, failing = demo_jobs(count)
         with conn.transaction():
             ids = store.job_insert_many(conn, jobs)
+            failed_id, _ = store.job_insert(conn, failing)  # its own insert: its id, for sure
         flaky = sum(1 for j in jobs if j.kind == "flaky")
         print(
-            f"enqueued {len(ids)} jobs on queue {DEMO_QUEUE!r}: {len(ids) - flaky - 1} quick, "
+            f"enqueued {len(ids) + 1} jobs on queue {DEMO_QUEUE!r}: {len(ids) - flaky} quick, "
             f"{flaky} flaky (fail once, then succeed), 1 that always fails"
         )
 
@@ -79,7 +80,6 @@ def run(
 
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
         print(format_stats(store.queue_stats(conn)))
-    failed_id = ids[-1]  # the job that always fails is enqueued last
     print("look further:")
     for command, why in (
         (f"jobs --queue {DEMO_QUEUE} --status failed", "the job that failed, and why"),

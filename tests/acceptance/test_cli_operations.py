@@ -214,9 +214,13 @@ def test_stats_watch_redraws_until_ctrl_c_then_exits_0(conn: Conn, db_url: str) 
         assert watch.stdout is not None
         first = json.loads(watch.stdout.readline())
         enqueue(conn, "ok")
-        # The view redraws: a later line shows the second job (read until it does).
-        while json.loads(watch.stdout.readline())[0]["ready"] != 2:
-            pass
+        # The view redraws: a later line shows the second job (read until it does; a watch
+        # that stopped redrawing fails on the empty line of its ended output).
+        for _ in range(1000):
+            if json.loads(watch.stdout.readline())[0]["ready"] == 2:
+                break
+        else:
+            raise AssertionError("the watch never showed the second job")
         assert first[0]["ready"] == 1
         watch.send_signal(signal.SIGINT)
         _out, err = watch.communicate(timeout=TIMEOUT_SECONDS)
@@ -516,3 +520,6 @@ def test_the_demo_prints_only_commands_that_run_as_printed(db_url: str) -> None:
             check=False,
         )
         assert done.returncode == EXIT_OK, (command, done.stderr)
+        if " jobs show " in command:  # the job it points at is the one that failed
+            shown = dict(line.split(None, 1) for line in done.stdout.splitlines()[:4])
+            assert (shown["kind"], shown["status"]) == ("fail", "failed"), done.stdout
