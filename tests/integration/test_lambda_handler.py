@@ -586,9 +586,12 @@ def test_the_handler_module_does_not_import_boto3() -> None:
 
 
 def test_powertools_service_name_names_the_service() -> None:
-    """POWERTOOLS_SERVICE_NAME (template.yaml sets it) is the service in every log line; the
-    control without it shows the fallback."""
-    probe = "import app; print(app.logger.service)"
+    """POWERTOOLS_SERVICE_NAME (template.yaml sets it) is the service in every log line, the
+    library's own (pgdrain.*) included; the control without it shows the fallback."""
+    probe = (
+        "import app, logging; logging.getLogger('pgdrain.probe').warning('probe');"
+        " print(app.logger.service)"
+    )
     names = []
     for service in ("billing-drain", None):
         env = {
@@ -608,8 +611,11 @@ def test_powertools_service_name_names_the_service() -> None:
             check=True,
             timeout=60,
         )
-        names.append(done.stdout.strip())
-    assert names == ["billing-drain", "pgdrain"]
+        *records, service = done.stdout.strip().splitlines()
+        [record] = log_records("\n".join(records))  # the library's line, as JSON
+        assert (record["message"], record["level"]) == ("probe", "WARNING")
+        names.append((service, record["service"]))
+    assert names == [("billing-drain", "billing-drain"), ("pgdrain", "pgdrain")]
 
 
 # -- retention in the scheduled run ------------------------------------------------------------
