@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from helpers.cli import (
     run_pgdrain,
 )
 from helpers.fixtures import claim_batch, complete_one, job_row, wait_for
-from pgdrain import enqueue, store
+from pgdrain import embedded, enqueue, store
 
 Conn = psycopg.Connection[Any]
 HERE = Path(__file__).resolve().parent
@@ -455,11 +456,23 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
 # -- the embedded server the CLI leaves running ------------------------------------------------
 
 
-def test_server_stop_stops_the_embedded_postgresql_left_running(tmp_path: Path) -> None:
+def test_server_stop_stops_the_embedded_postgresql_left_running() -> None:
     """With no DATABASE_URL the CLI starts an embedded PostgreSQL and leaves it running for
     the next command (shown first: it is still up after the command exits); `pgdrain server
-    stop` stops it, keeps its data, and says so; a second stop finds nothing to stop."""
-    data = tmp_path / "pgdata"
+    stop` stops it, keeps its data, and says so; a second stop finds nothing to stop.
+
+    The data lives in a directory of its own, not under pytest's tmp_path: the server runs as
+    another user (pgserver's, when root), and a pytest session starting meanwhile resets the
+    permissions of /tmp/pytest-of-USER and removes old runs' folders under a live server."""
+    with tempfile.TemporaryDirectory(prefix="pgdrain-server-stop-") as folder:
+        data = Path(folder) / "pgdata"
+        try:
+            _stop_a_server_left_running(data)
+        finally:
+            embedded.stop(data)  # whatever failed above, leave no server running
+
+
+def _stop_a_server_left_running(data: Path) -> None:
     env = {"PGDRAIN_DATA_DIR": str(data), "PYTHONPATH": str(ROOT / "handler")}
     drop = ("PGDRAIN_", "DATABASE_URL")
 
