@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS public.pgdrain_demo_greetings (
     attempt    integer     NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 )"""
+CREATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('pgdrain_demo_greetings'))"
 INSERT_GREETING = """
 INSERT INTO public.pgdrain_demo_greetings (job_id, greeting, attempt)
 VALUES (%(job_id)s, %(greeting)s, %(attempt)s)
@@ -64,7 +65,11 @@ def greet(job: Job) -> None:
     """Writes a visible result, idempotently: a second attempt of the same job changes nothing."""
     name = str(job.payload.get("name", "world"))
     with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
-        conn.execute(GREETINGS_TABLE)
+        # Two greet jobs running at once would race in CREATE TABLE IF NOT EXISTS (PostgreSQL
+        # raises a unique violation for the loser): take turns while creating it.
+        with conn.transaction():
+            conn.execute(CREATE_LOCK)
+            conn.execute(GREETINGS_TABLE)
         conn.execute(
             INSERT_GREETING,
             {"job_id": job.id, "greeting": f"hello, {name}", "attempt": job.attempt},

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import importlib.metadata
 import itertools
 import json
 import logging
 import os
+import re
 import sys
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 
 import psycopg
 
@@ -22,8 +25,15 @@ from pgdrain.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_
 from pgdrain.errors import BadInput, PgdrainError
 from pgdrain.migrate import migrate
 from pgdrain.registry import load_registry
-from pgdrain.report import format_result, format_stats, printable
-from pgdrain.settings import Settings, parse_queues
+from pgdrain.report import (
+    format_job,
+    format_job_line,
+    format_result,
+    format_stats,
+    job_as_dict,
+    printable,
+)
+from pgdrain.settings import QUEUE_NAME, Settings, parse_queues
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_CLI_BUDGET_SECONDS = 60.0
@@ -35,7 +45,9 @@ MAX_ENQUEUE_TOTAL_BYTES = 256 * 1024 * 1024  # --count x payload: what one comma
 # payload as stored, which build_job checks against MAX_PAYLOAD_BYTES once it is parsed.
 MAX_PAYLOAD_TEXT_BYTES = 4 * MAX_PAYLOAD_BYTES
 MAX_PURGE_DAYS = 36_500.0
-STATUSES = ("queued", "running", "done", "failed")
+STATUSES = store.STATUSES
+MAX_SINCE_DAYS = 36_500.0
+MAX_KIND_LENGTH = 200
 # DrainResult.error_kind values that mean the settings are wrong (summary.error_kind).
 CONFIG_ERROR_KINDS = ("authentication", "configuration")
 
@@ -58,8 +70,41 @@ class _ReadableFormatter(logging.Formatter):
         return line
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's --help line ends with its default (argparse's
+    ArgumentDefaultsHelpFormatter, also for options without help text), unless the text
+    already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and _shows_default(action) and "default" not in text:
+            text = f"{text} (default: %(default)s)".strip()
+        return text
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    """A default worth printing: not absent, not a flag's False, not argparse's SUPPRESS."""
+    return not (
+        action.default is None or action.default is False or action.default == argparse.SUPPRESS
+    )
+
+
+_Action = TypeVar("_Action", bound=argparse.Action)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2."""
+    """argparse, but a usage error is one line and exit code 2, and --help shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _add_action(self, action: _Action) -> _Action:
+        # argparse prints no help text for an option without any, so its default would not
+        # show: give it one that is only the default.
+        if action.option_strings and action.help is None and _shows_default(action):
+            action.help = "(default: %(default)s)"
+        return super()._add_action(action)
 
     def error(self, message: str) -> NoReturn:
         print(f"pgdrain: error: {message}", file=sys.stderr)
@@ -141,18 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_int_between(1, 1000), help="1 to 1000")
     p.add_argument("--json", action="store_true")
 
-    p = commands.add_parser("stats", help="counts per queue and status")
-    p.add_argument("--json", action="store_true")
-
-    p = commands.add_parser("jobs", help="list recent jobs")
-    p.add_argument("--status", action="append", choices=STATUSES)
-    p.add_argument("--limit", type=_positive_int, default=20)
-
-    p = commands.add_parser("retry", help="put failed jobs back in the queue")
-    p.add_argument("ids", nargs="+", type=_positive_int)
-
-    p = commands.add_parser("purge", help="delete done/failed jobs older than N days")
-    p.add_argument("--older-than-days", type=_non_negative_float, default=7.0)
+    _add_operator_commands(commands)
 
     p = commands.add_parser(
         "invoke", help="run the Lambda handler in-process as `sam local invoke` does (no Docker)"
@@ -318,48 +352,6 @@ def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_BAD_INPUT if result.error_kind in CONFIG_ERROR_KINDS else EXIT_FAILURE
 
 
-def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    with _connect(settings) as conn:
-        rows = store.queue_stats(conn)
-    if args.json:
-        print(json.dumps([dataclasses.asdict(r) for r in rows]))
-        return EXIT_OK
-    print(format_stats(rows))
-    return EXIT_OK
-
-
-def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
-    with _connect(settings) as conn:
-        rows = store.job_list(conn, args.status or list(STATUSES), args.limit)
-    for r in rows:  # kind, queue and error are job data: escaped for the terminal
-        error = f"  {printable(r.last_error)}" if r.last_error else ""
-        print(
-            f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind):<14} {r.status:<8} "
-            f"attempt {r.attempts}/{r.max_attempts} reclaims {r.reclaim_count}{error}"
-        )
-    return EXIT_OK
-
-
-def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
-    with _connect(settings) as conn:
-        retried = store.job_retry(conn, args.ids)
-    missing = sorted(set(args.ids) - set(retried))
-    print(f"queued again: {retried or 'none'}")
-    if missing:
-        print(f"pgdrain: error: not failed (or unknown): {missing}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
-
-
-def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
-    if args.older_than_days > MAX_PURGE_DAYS:
-        raise BadInput(f"--older-than-days must be at most {MAX_PURGE_DAYS:g}")
-    with _connect(settings) as conn:
-        deleted = store.job_purge_finished(conn, args.older_than_days)
-    print(f"deleted {deleted} finished jobs")
-    return EXIT_OK
-
-
 def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
     from pathlib import Path
 
@@ -386,7 +378,278 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgdrain import demo
 
-    return demo.run(settings, conninfo_or_embedded(settings), count=args.count, budget=args.budget)
+    embedded_dir = (
+        None if settings.database_url or settings.db_secret_arn else embedded.data_dir_in_use()
+    )
+    return demo.run(
+        settings,
+        conninfo_or_embedded(settings),
+        count=args.count,
+        budget=args.budget,
+        embedded_dir=embedded_dir,
+    )
+
+
+# -- operator commands: see and fix what happened (docs/operations.md) ----------------------
+
+
+def _add_operator_commands(commands: Any) -> None:
+    p = commands.add_parser("stats", help="counts per queue: ready, running, delayed, failed...")
+    p.add_argument("--json", action="store_true", help="one JSON array (documented fields)")
+    p.add_argument(
+        "--watch",
+        type=_watch_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS until Ctrl-C (with --json: one array per line)",
+    )
+
+    p = commands.add_parser("jobs", help="list recent jobs (newest first), or `jobs show ID`")
+    _add_filters(p)
+    p.add_argument("--status", action="append", choices=STATUSES, help="repeat for several")
+    p.add_argument("--limit", type=_positive_int, default=20, help="at most this many")
+    p.add_argument("--json", action="store_true", help="one JSON array (documented fields)")
+    shown = p.add_subparsers(dest="jobs_command", parser_class=_Parser)
+    show = shown.add_parser("show", help="every field of one job, and its error history")
+    show.add_argument("id", type=_positive_int)
+    show.add_argument(
+        "--json", dest="show_json", action="store_true", help="one JSON object: every column"
+    )
+
+    p = commands.add_parser(
+        "retry",
+        help="queue failed, parked or cancelled jobs again: by id, or by filter",
+        description="`retry ID...`, or `retry --failed|--parked [--queue Q] [--kind K] "
+        "[--since T]`. A retried job starts again with a fresh set of attempts.",
+    )
+    p.add_argument("ids", nargs="*", type=_positive_int, help="job ids")
+    p.add_argument("--failed", action="store_true", help="every failed job matching the filters")
+    p.add_argument("--parked", action="store_true", help="every parked job matching the filters")
+    _add_filters(p)
+    p.add_argument("--dry-run", action="store_true", help="print what would change; change nothing")
+
+    p = commands.add_parser(
+        "cancel", help="cancel jobs: a queued one never runs, a running one loses its lease"
+    )
+    p.add_argument("ids", nargs="+", type=_positive_int, help="job ids")
+
+    p = commands.add_parser(
+        "server", help="the embedded PostgreSQL the CLI starts when DATABASE_URL is unset"
+    )
+    actions = p.add_subparsers(
+        dest="server_command", metavar="stop", required=True, parser_class=_Parser
+    )
+    actions.add_parser(
+        "stop",
+        help=f"stop it (its data, in ${embedded.DATA_DIR_VARIABLE} or "
+        f"{embedded.default_data_dir()}, is kept)",
+    )
+
+    p = commands.add_parser(
+        "purge", help="delete done, failed and cancelled jobs older than N days"
+    )
+    p.add_argument("--older-than-days", type=_non_negative_float, default=7.0)
+    p.add_argument("--queue", type=_queue_name, help="only this queue (default: every queue)")
+    p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queue", type=_queue_name, help="only this queue")
+    p.add_argument("--kind", type=_kind, help="only this job kind")
+    p.add_argument(
+        "--since",
+        type=_since,
+        metavar="T",
+        help="changed state since T: an ISO 8601 time (UTC unless it says) or an age "
+        "such as 90s, 30m, 2h, 7d",
+    )
+
+
+def _watch_seconds(text: str) -> float:
+    value = _non_negative_float(text)
+    if value < 0.5:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0.5 seconds")
+    return value
+
+
+def _queue_name(text: str) -> str:
+    if not QUEUE_NAME.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name")
+    return text
+
+
+def _kind(text: str) -> str:
+    if not text or len(text) > MAX_KIND_LENGTH or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a job kind (printable, 1 to {MAX_KIND_LENGTH} characters)"
+        )
+    return text
+
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])\Z")
+_AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _since(text: str) -> dt.datetime:
+    """An age (`90s`, `30m`, `2h`, `7d`: that long ago) or an ISO 8601 time (naive = UTC)."""
+    now = dt.datetime.now(dt.UTC)
+    if match := _AGE.match(text):
+        seconds = float(match[1]) * _AGE_UNITS[match[2]]
+        if seconds > MAX_SINCE_DAYS * 86400:
+            raise argparse.ArgumentTypeError(f"{text!r} reaches back more than 100 years")
+        return now - dt.timedelta(seconds=seconds)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an age (90s, 30m, 2h, 7d) nor an ISO 8601 time"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        if args.watch is None:
+            _print_stats(store.queue_stats(conn), args.json, clear=False)
+            return EXIT_OK
+        clear = sys.stdout.isatty() and not args.json
+        try:
+            while True:
+                _print_stats(store.queue_stats(conn), args.json, clear=clear)
+                time.sleep(args.watch)
+        except KeyboardInterrupt:  # Ctrl-C is how a watch ends: a normal exit
+            return EXIT_OK
+
+
+def _print_stats(rows: Sequence[store.QueueStats], as_json: bool, *, clear: bool) -> None:
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows]), flush=True)
+        return
+    if clear:
+        print("\x1b[H\x1b[2J", end="")  # home and clear: the view redraws in place
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    print(f"{stamp}\n{format_stats(rows)}", flush=True)
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    if args.jobs_command == "show":
+        return _show_job(args, settings)
+    with _connect(settings) as conn:
+        rows = store.job_list(
+            conn,
+            args.status or list(STATUSES),
+            args.limit,
+            queue=args.queue,
+            kind=args.kind,
+            since=args.since,
+        )
+    if args.json:
+        print(json.dumps([job_as_dict(r) for r in rows]))
+    else:
+        for r in rows:
+            print(format_job_line(r))
+    return EXIT_OK
+
+
+def _show_job(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        job = store.job_show(conn, args.id)
+    if job is None:
+        print(f"pgdrain: error: no job {args.id}", file=sys.stderr)
+        return EXIT_FAILURE
+    as_json = args.show_json or args.json
+    print(json.dumps(job, sort_keys=True) if as_json else format_job(job))
+    return EXIT_OK
+
+
+RetryStatus = Literal["failed", "parked"]
+
+
+def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
+    statuses: list[RetryStatus] = []
+    if args.failed:
+        statuses.append("failed")
+    if args.parked:
+        statuses.append("parked")
+    filtered = args.queue is not None or args.kind is not None or args.since is not None
+    if args.ids and (statuses or filtered):
+        raise BadInput("give job ids or a filter (--failed/--parked ...), not both")
+    if not args.ids and not statuses:
+        raise BadInput("name the jobs: ids, or --failed and/or --parked (with filters)")
+    verb = "would queue again" if args.dry_run else "queued again"
+    with _connect(settings) as conn:
+        with conn.transaction() as tx:
+            if args.ids:
+                retried = store.job_retry(conn, args.ids)
+                matched = []
+            else:
+                matched = store.job_retry_matching(
+                    conn, statuses, queue=args.queue, kind=args.kind, since=args.since
+                )
+                retried = [m.id for m in matched]
+            if args.dry_run:  # the same statement, rolled back: exactly what a real run does
+                raise psycopg.Rollback(tx)
+    if args.ids:
+        missing = sorted(set(args.ids) - set(retried))
+        print(f"{verb}: {sorted(retried) or 'none'}")
+        if missing:
+            print(
+                f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURE
+        return EXIT_OK
+    print(f"{verb}: {len(matched)} jobs")
+    for m in sorted(matched, key=lambda m: m.id):
+        print(f"{m.id:>8} {m.queue:<12} {m.kind}")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        cancelled = store.job_cancel(conn, args.ids)
+    for c in cancelled:
+        note = (
+            " (its run loses the lease; its outcome will be refused)" if c.was == "running" else ""
+        )
+        print(f"cancelled {c.id} (was {c.was}){note}")
+    missing = sorted(set(args.ids) - {c.id for c in cancelled})
+    if missing:
+        print(f"pgdrain: error: already finished (or unknown): {missing}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    folder = embedded.data_dir_in_use()
+    if embedded.stop(folder):
+        print(f"stopped the embedded PostgreSQL in {folder}")
+    else:
+        print(f"the embedded PostgreSQL in {folder} is not running")
+    return EXIT_OK
+
+
+PURGE_BATCH = 5000
+
+
+def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
+    if args.older_than_days > MAX_PURGE_DAYS:
+        raise BadInput(f"--older-than-days must be at most {MAX_PURGE_DAYS:g}")
+    where = f" in queue {args.queue!r}" if args.queue else ""
+    with _connect(settings) as conn:
+        if args.dry_run:
+            count = store.job_count_finished(conn, args.older_than_days, queue=args.queue)
+            print(f"would delete {count} finished jobs{where}")
+            return EXIT_OK
+        deleted = 0
+        while True:  # batches, each its own short statement (autocommit)
+            batch = store.job_purge_finished(
+                conn, args.older_than_days, PURGE_BATCH, queue=args.queue
+            )
+            deleted += batch
+            if batch < PURGE_BATCH:
+                break
+    print(f"deleted {deleted} finished jobs{where}")
+    return EXIT_OK
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
@@ -397,6 +660,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "jobs": cmd_jobs,
     "retry": cmd_retry,
     "purge": cmd_purge,
+    "cancel": cmd_cancel,
+    "server": cmd_server,
     "demo": cmd_demo,
     "invoke": cmd_invoke,
 }

@@ -1,12 +1,16 @@
 """`pgdrain demo`: migrate, enqueue a mix of the example jobs, drain them the way the deployed
-function does (the scheduled event through `pgdrain invoke`), print what happened."""
+function does (the scheduled event through `pgdrain invoke`), print what happened, and the
+commands to look further. Every command it prints runs as printed (a test runs each)."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
-import tempfile
+import os
+import shlex
+import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from pgdrain.settings import Settings
 DEMO_QUEUE = "demo"
 TEMPLATE = Path("template.yaml")
 SCHEDULE_EVENT = Path("infra/events/schedule.json")
+DEMO_ENV = Path("infra/env.demo.json")  # {"Parameters": {"PGDRAIN_QUEUES": "demo"}}
 
 
 def demo_jobs(count: int) -> list[store.NewJob]:
@@ -40,55 +45,126 @@ def demo_jobs(count: int) -> list[store.NewJob]:
     return jobs
 
 
-def run(settings: Settings, conninfo: str, *, count: int, budget: float) -> int:
+def run(
+    settings: Settings, conninfo: str, *, count: int, budget: float, embedded_dir: Path | None
+) -> int:
+    """embedded_dir: where the embedded PostgreSQL keeps its data, when the demo uses it."""
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
         applied = migrate(conn).applied
         print(f"migrate: {', '.join(applied) or 'up to date'}")
+        *jobs, failing = demo_jobs(count)
         with conn.transaction():
-            ids = store.job_insert_many(conn, demo_jobs(count))
-        print(f"enqueued {len(ids)} jobs on queue {DEMO_QUEUE!r}")
+            ids = store.job_insert_many(conn, jobs)
+            failed_id, _ = store.job_insert(conn, failing)  # its own insert: its id, for sure
+        flaky = sum(1 for j in jobs if j.kind == "flaky")
+        print(
+            f"enqueued {len(ids) + 1} jobs on queue {DEMO_QUEUE!r}: {len(ids) - flaky} quick, "
+            f"{flaky} flaky (fail once, then succeed), 1 that always fails"
+        )
 
-    if TEMPLATE.is_file() and SCHEDULE_EVENT.is_file():
-        result = _drain_through_invoke()
+    pgdrain = program()
+    if TEMPLATE.is_file() and SCHEDULE_EVENT.is_file() and DEMO_ENV.is_file():
+        print(
+            f"drain: {pgdrain} invoke -e {SCHEDULE_EVENT} --env-vars {DEMO_ENV}"
+            f"    # the scheduled event, the handler and settings from {TEMPLATE}"
+        )
+        result, warnings = _drain_through_invoke()
     else:  # run outside the repository: no template to invoke
-        print("drain: no template.yaml here; draining directly")
+        print(f"drain: {pgdrain} drain --queues {DEMO_QUEUE} --budget {budget:g}")
         settings = dataclasses.replace(settings, queues=(DEMO_QUEUE,))
         registry = load_registry(settings.jobs_module)
         result = drain(settings, Budget.seconds(budget), registry, conninfo)
+        warnings = result.retried + result.failed  # one warning line each (pgdrain.claims)
     print(f"drain: {format_result(result)}")
+    print(explain_warnings(warnings, retried=result.retried, failed=result.failed))
 
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
         print(format_stats(store.queue_stats(conn)))
+    print("look further:")
+    for command, why in (
+        (f"jobs --queue {DEMO_QUEUE} --status failed", "the job that failed, and why"),
+        (f"jobs show {failed_id}", "every field of it"),
+        (f"retry --failed --queue {DEMO_QUEUE} --dry-run", "what a retry would queue again"),
+        (f"drain --queues {DEMO_QUEUE} --budget 30", "once the retries' backoff has passed"),
+        ("stats", "the counts again"),
+    ):
+        print(f"  {pgdrain} {command}    # {why}")
+    if embedded_dir is not None:
+        print(
+            f"The embedded PostgreSQL (data in {embedded_dir}) keeps running for these "
+            f"commands; stop it with: {pgdrain} server stop"
+        )
     return 0 if result.stop_reason != "error" else 1
 
 
-def _drain_through_invoke() -> DrainResult:
-    """`pgdrain invoke -e infra/events/schedule.json --env-vars <demo env.json>`, in-process:
-    the function's handler, settings and timeout from template.yaml, the scheduled event."""
+def explain_warnings(warnings: int, *, retried: int, failed: int) -> str:
+    """The demo's warnings are expected: say where each comes from."""
+    if warnings == 0:
+        return "warnings: none"
+    parts = []
+    if retried:
+        parts.append(
+            f"{retried} flaky job(s) failed an attempt and will be retried after a backoff "
+            "('delayed' below)"
+        )
+    if failed:
+        parts.append(f"{failed} job(s) failed for good (the 'fail' kind; 'failed' below)")
+    expected = retried + failed
+    text = f"warnings: {warnings}, as the demo intends: " + "; ".join(parts)
+    if warnings > expected:
+        text += f"; {warnings - expected} other(s): see the function's log (the invoke above)"
+    return text
+
+
+def program() -> str:
+    """How to run this same `pgdrain` again from this directory, as the user typed it or on
+    PATH: the commands the demo prints must run as printed."""
+    argv0 = Path(sys.argv[0])
+    if argv0.name != "pgdrain":  # python -m pgdrain.cli
+        return f"{shlex.quote(sys.executable)} -m pgdrain.cli"
+    on_path = shutil.which("pgdrain")
+    if on_path and Path(on_path).resolve() == argv0.resolve():
+        return "pgdrain"
+    path = Path(os.path.relpath(argv0.resolve()))
+    text = str(path if path.parts[0] == ".." or path.is_absolute() else Path(".") / path)
+    if not text.startswith(("/", ".")):
+        text = "./" + text
+    return shlex.quote(text)
+
+
+def _drain_through_invoke() -> tuple[DrainResult, int]:
+    """`pgdrain invoke -e infra/events/schedule.json --env-vars infra/env.demo.json`,
+    in-process: the function's handler, settings and timeout from template.yaml, the scheduled
+    event. The database comes from this process's DATABASE_URL (the CLI exports the embedded
+    one's), which fills the template's empty DATABASE_URL. Returns the result and how many
+    warnings the function logged."""
     from pgdrain.aws import local_invoke
 
-    # The database comes from this process's DATABASE_URL (the CLI exports the embedded one's),
-    # which fills the template's empty DATABASE_URL.
-    overrides = {"Parameters": {"PGDRAIN_QUEUES": DEMO_QUEUE}}
-    with tempfile.TemporaryDirectory(prefix="pgdrain-demo-") as folder:
-        env_json = Path(folder) / "env.json"
-        env_json.write_text(json.dumps(overrides), encoding="utf-8")
-        print(
-            f"drain: pgdrain invoke -e {SCHEDULE_EVENT} --env-vars <env.json: "
-            f"PGDRAIN_QUEUES={DEMO_QUEUE}>  (the scheduled event, handler from {TEMPLATE})"
-        )
-        output = io.StringIO()
-        invoked = local_invoke.invoke(
-            template=TEMPLATE,
-            event_path=str(SCHEDULE_EVENT),
-            env_vars_path=str(env_json),
-            output=output,
-        )
+    output = io.StringIO()
+    invoked = local_invoke.invoke(
+        template=TEMPLATE,
+        event_path=str(SCHEDULE_EVENT),
+        env_vars_path=str(DEMO_ENV),
+        output=output,
+    )
     payload = invoked.payload
     if not isinstance(payload, dict) or not isinstance(payload.get("result"), dict):
         raise PgdrainError(f"the handler failed: {json.dumps(payload)}")
-    print(_digest(output.getvalue().splitlines()))
-    return DrainResult(**payload["result"])
+    lines = output.getvalue().splitlines()
+    print(_digest(lines))
+    return DrainResult(**payload["result"]), _count_level(lines, "WARNING")
+
+
+def _count_level(lines: Iterable[str], level: str) -> int:
+    count = 0
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("level") == level:
+            count += 1
+    return count
 
 
 def _digest(lines: Iterable[str]) -> str:

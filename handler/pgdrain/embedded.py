@@ -4,10 +4,11 @@ fresh machine needs no database server for `make demo` or `make test`."""
 from __future__ import annotations
 
 import os
+import subprocess
 import warnings
 from pathlib import Path
 
-from pgdrain.errors import ConfigError
+from pgdrain.errors import ConfigError, PgdrainError
 
 DATA_DIR_VARIABLE = "PGDRAIN_DATA_DIR"
 
@@ -16,6 +17,10 @@ def default_data_dir() -> Path:
     """Where the CLI keeps its embedded database between commands."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "pgdrain" / "pgdata"
+
+
+def data_dir_in_use() -> Path:
+    return Path(os.environ.get(DATA_DIR_VARIABLE) or default_data_dir())
 
 
 def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
@@ -31,9 +36,49 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
             "DATABASE_URL is not set and the embedded PostgreSQL (pgserver, CPython 3.9-3.12) "
             "is not installed: set DATABASE_URL or `pip install pgdrain[embedded]`"
         ) from None
-    folder = data_dir or Path(os.environ.get(DATA_DIR_VARIABLE) or default_data_dir())
+    folder = data_dir or data_dir_in_use()
     folder.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         server = get_server(folder, cleanup_mode=None if keep_running else "stop")
     return str(server.get_uri())
+
+
+# pgserver runs PostgreSQL as this system user when started by root (PostgreSQL refuses root).
+PGSERVER_ROOT_USER = "pgserver"
+STOP_TIMEOUT_SECONDS = 60
+
+
+def stop(data_dir: Path | None = None) -> bool:
+    """Stop the embedded server that the CLI left running (`pgdrain server stop`): pg_ctl's
+    fast shutdown, which ends open sessions and waits until the server is down. Returns False
+    when it was not running. Safe to run twice: the second finds no server."""
+    folder = data_dir or data_dir_in_use()
+    if not (folder / "postmaster.pid").is_file():
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as in start(): XDG_RUNTIME_DIR
+            from pgserver._commands import POSTGRES_BIN_PATH
+    except ImportError:
+        raise ConfigError(
+            "the embedded PostgreSQL (pgserver) is not installed, so there is none to stop"
+        ) from None
+    user = PGSERVER_ROOT_USER if hasattr(os, "geteuid") and os.geteuid() == 0 else None
+    done = subprocess.run(
+        [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(folder), "-w", "-m", "fast", "stop"],
+        user=user,
+        capture_output=True,
+        text=True,
+        timeout=STOP_TIMEOUT_SECONDS,
+        check=False,
+    )
+    if done.returncode != 0:
+        if not (folder / "postmaster.pid").is_file():  # it stopped in the meantime
+            return False
+        message = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise PgdrainError(
+            f"pg_ctl could not stop the server in {folder}: "
+            + (message[-1] if message else f"exit {done.returncode}")
+        )
+    return True

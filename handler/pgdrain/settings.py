@@ -23,6 +23,9 @@ DEFAULT_CONNECT_TIMEOUT_SECONDS = 20.0  # an Aurora Serverless v2 resume takes a
 DEFAULT_RECLAIM_LIMIT = 500
 DEFAULT_MAX_CHAIN = 10  # Lambda stops pure Lambda->Lambda loops at about 16 hops
 DEFAULT_KICK_DEBOUNCE_SECONDS = 2.0
+DEFAULT_RETAIN_DONE_DAYS = 7.0  # the scheduled run deletes finished jobs older than these
+DEFAULT_RETAIN_FAILED_DAYS = 30.0  # failed and cancelled: kept longer, to read why
+MAX_RETAIN_DAYS = 36_500.0
 
 PoolerMode = Literal["session", "transaction"]
 POOLER_MODES: tuple[str, ...] = get_args(PoolerMode)
@@ -45,6 +48,8 @@ ENV_VARIABLES = (
     "PGDRAIN_MAX_CHAIN",
     "PGDRAIN_KICK_DEBOUNCE_SECONDS",
     "PGDRAIN_FUNCTION_NAME",
+    "PGDRAIN_RETAIN_DONE",
+    "PGDRAIN_RETAIN_FAILED",
 )
 
 
@@ -80,6 +85,8 @@ class Settings:
     max_chain: int = DEFAULT_MAX_CHAIN
     kick_debounce_seconds: float = DEFAULT_KICK_DEBOUNCE_SECONDS
     function_name: str | None = None
+    retain_done_days: float = DEFAULT_RETAIN_DONE_DAYS
+    retain_failed_days: float = DEFAULT_RETAIN_FAILED_DAYS
 
     def __post_init__(self) -> None:
         if self.database_url is not None:
@@ -97,6 +104,15 @@ class Settings:
             "PGDRAIN_KICK_DEBOUNCE_SECONDS",
             "from 0 to 3600",
         )
+        for variable, days in (
+            ("PGDRAIN_RETAIN_DONE", self.retain_done_days),
+            ("PGDRAIN_RETAIN_FAILED", self.retain_failed_days),
+        ):
+            _require(
+                0 <= days <= MAX_RETAIN_DAYS,
+                variable,
+                f"a number of days from 0 to {MAX_RETAIN_DAYS:g}",
+            )
         if not self.queues:
             raise ConfigError("PGDRAIN_QUEUES names no queue")
         for name in self.queues:
@@ -137,6 +153,12 @@ class Settings:
         ):
             if (raw := text(name)) is not None:
                 kwargs[attr] = _seconds(name, raw)
+        for name, attr in (
+            ("PGDRAIN_RETAIN_DONE", "retain_done_days"),
+            ("PGDRAIN_RETAIN_FAILED", "retain_failed_days"),
+        ):
+            if (raw := text(name)) is not None:
+                kwargs[attr] = _days(name, raw)
         return cls(**kwargs)  # type: ignore[arg-type]
 
 
@@ -170,4 +192,15 @@ def _seconds(variable: str, raw: str) -> float:
         raise ConfigError(f"{variable}={raw!r} is not a number of seconds") from None
     if not math.isfinite(value):
         raise ConfigError(f"{variable}={raw!r} is not a finite number of seconds")
+    return value
+
+
+def _days(variable: str, raw: str) -> float:
+    """A number of days (fractions allowed: 0.5 is twelve hours); no other unit."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{variable}={raw!r} is not a number of days") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{variable}={raw!r} is not a finite number of days") from None
     return value

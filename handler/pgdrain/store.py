@@ -19,7 +19,10 @@ from pgdrain.sql import Migration, query
 
 Connection = psycopg.Connection[Any]
 # The job states and recovery policies the schema's CHECK constraints allow.
-Status = Literal["queued", "running", "done", "failed"]
+Status = Literal["queued", "running", "done", "failed", "parked", "cancelled"]
+STATUSES: tuple[Status, ...] = ("queued", "running", "done", "failed", "parked", "cancelled")
+FinishedStatus = Literal["done", "failed", "cancelled"]  # what purge and retention delete
+FINISHED: tuple[FinishedStatus, ...] = ("done", "failed", "cancelled")
 RecoveryPolicy = Literal["auto", "manual"]
 
 
@@ -74,18 +77,25 @@ class LeaseLost:
 @dataclass(frozen=True)
 class Reclaimed:
     id: int
-    status: Literal["queued", "failed"]
+    status: Literal["queued", "failed", "parked"]  # parked: recovery_policy manual
     reclaim_count: int
+
+
+# queue_stats counts done, failed, parked and cancelled jobs up to this many per queue.
+STATS_HISTORY_BOUND = 10_000
 
 
 @dataclass(frozen=True)
 class QueueStats:
     queue: str
-    queued: int
+    queued: int  # ready + delayed
     ready: int
+    delayed: int  # queued with run_at in the future (a delay, a retry's backoff)
     running: int
     done: int
     failed: int
+    parked: int
+    cancelled: int
     oldest_ready_age_s: float
     expired_leases: int
 
@@ -115,6 +125,9 @@ class JobRow:
     reclaim_count: int
     run_at: dt.datetime
     lease_expires_at: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
     last_error: str | None
 
 
@@ -273,14 +286,21 @@ def job_retry(conn: Connection, ids: Sequence[int]) -> list[int]:
     return [int(r[0]) for r in rows]
 
 
-def job_purge_finished(conn: Connection, older_than_days: float, batch: int = 5000) -> int:
-    """Delete done/failed jobs in batches (each its own short statement); returns the count."""
-    total = 0
-    while True:
-        cur = conn.execute(query("job_purge_finished"), {"days": older_than_days, "limit": batch})
-        total += cur.rowcount
-        if cur.rowcount < batch:
-            return total
+def job_purge_finished(
+    conn: Connection,
+    older_than_days: float,
+    batch: int = 5000,
+    *,
+    statuses: Sequence[FinishedStatus] = FINISHED,
+    queue: str | None = None,
+) -> int:
+    """Delete one batch of at most `batch` finished jobs older than `older_than_days`;
+    returns how many. Callers loop until a batch comes back short (pgdrain.retention)."""
+    cur = conn.execute(
+        query("job_purge_finished"),
+        {"days": older_than_days, "limit": batch, "statuses": list(statuses), "queue": queue},
+    )
+    return cur.rowcount
 
 
 def queue_stats(conn: Connection) -> list[QueueStats]:
@@ -308,11 +328,25 @@ def queue_depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
     return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
 
 
-def job_list(conn: Connection, statuses: Sequence[str], limit: int) -> list[JobRow]:
+def job_list(
+    conn: Connection,
+    statuses: Sequence[str],
+    limit: int,
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+) -> list[JobRow]:
+    """The newest `limit` jobs matching the filters (None matches every job)."""
+    params = {
+        "statuses": list(statuses),
+        "limit": limit,
+        "queue": queue,
+        "kind": kind,
+        "since": since,
+    }
     with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            query("job_list"), {"statuses": list(statuses), "limit": limit}
-        ).fetchall()
+        rows = cur.execute(query("job_list"), params).fetchall()
     return [JobRow(**row) for row in rows]
 
 
@@ -365,3 +399,63 @@ def migration_record(conn: Connection, migration: Migration) -> None:
     """Apply one migration file (our own packaged DDL, never input) and record it."""
     conn.execute(migration.sql)
     conn.execute(query("migration_record"), {"version": migration.version})
+
+
+# -- operator actions (pgdrain jobs show / retry / cancel / purge) ---------------------------
+
+
+def job_show(conn: Connection, job_id: int) -> dict[str, Any] | None:
+    """Every column of one job (JSON types: timestamps as ISO text), or None if unknown."""
+    row = conn.execute(query("job_show"), {"id": job_id}).fetchone()
+    if row is None:
+        return None
+    job: dict[str, Any] = row[0]
+    return job
+
+
+@dataclass(frozen=True)
+class Matched:
+    """A job an operator action by filter changed (or, in a dry run, would change)."""
+
+    id: int
+    queue: str
+    kind: str
+
+
+def job_retry_matching(
+    conn: Connection,
+    statuses: Sequence[Literal["failed", "parked"]],
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+) -> list[Matched]:
+    """Queue again every failed/parked job matching the filters (None matches all)."""
+    params = {"statuses": list(statuses), "queue": queue, "kind": kind, "since": since}
+    rows = conn.execute(query("job_retry_matching"), params).fetchall()
+    return [Matched(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    id: int
+    was: Literal["queued", "running", "parked"]
+
+
+def job_cancel(conn: Connection, ids: Sequence[int]) -> list[Cancelled]:
+    """Cancel these jobs; those already finished (or unknown) are not returned."""
+    rows = conn.execute(query("job_cancel"), {"ids": list(ids)}).fetchall()
+    return sorted((Cancelled(int(r[0]), r[1]) for r in rows), key=lambda c: c.id)
+
+
+def job_count_finished(
+    conn: Connection,
+    older_than_days: float,
+    *,
+    statuses: Sequence[FinishedStatus] = FINISHED,
+    queue: str | None = None,
+) -> int:
+    """How many jobs job_purge_finished would delete, in all its batches."""
+    params = {"days": older_than_days, "statuses": list(statuses), "queue": queue}
+    row = conn.execute(query("job_count_finished"), params).fetchone()
+    return 0 if row is None else int(row[0])

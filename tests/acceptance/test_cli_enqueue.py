@@ -106,9 +106,12 @@ def test_stats_json_shape(conn: Conn, db_url: str) -> None:
             "queue",
             "queued",
             "ready",
+            "delayed",
             "running",
             "done",
             "failed",
+            "parked",
+            "cancelled",
             "oldest_ready_age_s",
             "expired_leases",
         }
@@ -117,6 +120,7 @@ def test_stats_json_shape(conn: Conn, db_url: str) -> None:
     default, images = stats
     assert (default["queued"], default["ready"], default["done"]) == (3, 3, 0)
     assert (images["queued"], images["ready"], images["oldest_ready_age_s"]) == (1, 0, 0.0)
+    assert images["delayed"] == 1
 
 
 def test_stats_json_on_an_empty_queue_is_an_empty_list(db_url: str) -> None:

@@ -30,6 +30,7 @@ METRIC_NAMES = (
     "Reclaimed",
     "QueueDepth",
     "OldestReadyAgeSeconds",
+    "JobsDeleted",  # scheduled runs only
 )
 
 

@@ -102,7 +102,7 @@ def test_migration_0004_keeps_existing_rows_and_frees_finished_keys(empty_db_url
         queued = _id(conn.execute(insert, ("queued-key",)).fetchone())
         before = conn.execute("SELECT id, status, idempotency_key FROM pgdrain.jobs").fetchall()
 
-        assert migrate(conn).applied == ("0004_idempotency_per_queue.sql",)
+        assert migrate(conn).applied[0] == "0004_idempotency_per_queue.sql"
 
         after = conn.execute("SELECT id, status, idempotency_key FROM pgdrain.jobs").fetchall()
         assert sorted(after) == sorted(before)

@@ -587,3 +587,90 @@ def test_the_handler_module_does_not_import_boto3() -> None:
         timeout=60,
     )
     assert done.stdout.split() == ["False", "False"], done.stderr
+
+
+def test_powertools_service_name_names_the_service() -> None:
+    """POWERTOOLS_SERVICE_NAME (template.yaml sets it) is the service in every log line, the
+    library's own (pgdrain.*) included; the control without it shows the fallback."""
+    probe = (
+        "import app, logging; logging.getLogger('pgdrain.probe').warning('probe');"
+        " print(app.logger.service)"
+    )
+    names = []
+    for service in ("billing-drain", None):
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PGDRAIN_", "AWS_", "POWERTOOLS_"))
+        }
+        env["PYTHONPATH"] = str(ROOT / "handler")
+        if service is not None:
+            env["POWERTOOLS_SERVICE_NAME"] = service
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            env=env,
+            cwd=ROOT / "handler",
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        *records, service = done.stdout.strip().splitlines()
+        [record] = log_records("\n".join(records))  # the library's line, as JSON
+        assert (record["message"], record["level"]) == ("probe", "WARNING")
+        names.append((service, record["service"]))
+    assert names == [("billing-drain", "billing-drain"), ("pgdrain", "pgdrain")]
+
+
+# -- retention in the scheduled run ------------------------------------------------------------
+
+
+def _finished_long_ago(conn: Conn, status: str, days: float, queue_name: str = "default") -> int:
+    job_id = enqueue(conn, "noop", queue=queue_name)
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = %s, attempts = 1,"
+        " finished_at = now() - %s * interval '1 day' WHERE id = %s",
+        (status, days, job_id),
+    )
+    return job_id
+
+
+@pytest.mark.parametrize(
+    "event",
+    [SCHEDULED_EVENT, {"pgdrain": {"reason": "enqueue", "queues": ["default"]}}],
+    ids=["schedule", "control: enqueue"],
+)
+def test_the_scheduled_run_deletes_finished_jobs_past_their_retention(
+    function: Function,
+    conn: Conn,
+    capsys: pytest.CaptureFixture[str],
+    event: dict[str, Any],
+) -> None:
+    """Only the scheduled run deletes (the enqueue-triggered run, same rows, is the control);
+    done jobs past PGDRAIN_RETAIN_DONE, failed and cancelled past PGDRAIN_RETAIN_FAILED; it
+    reports the counts in the summary, a log line and the JobsDeleted metric."""
+    function.configure(PGDRAIN_RETAIN_DONE="2", PGDRAIN_RETAIN_FAILED="10")
+    old_done = _finished_long_ago(conn, "done", 3)
+    young_done = _finished_long_ago(conn, "done", 1)
+    old_failed = _finished_long_ago(conn, "failed", 11)
+    old_cancelled = _finished_long_ago(conn, "cancelled", 11)
+    young_failed = _finished_long_ago(conn, "failed", 3)
+    other_queue = _finished_long_ago(conn, "done", 3, queue_name="elsewhere")
+    capsys.readouterr()
+
+    result = function.invoke(event)
+
+    assert result["ok"] is True, result
+    left = {int(r[0]) for r in conn.execute("SELECT id FROM pgdrain.jobs")}
+    if result["trigger"] != "schedule":
+        assert result["retention"] is None
+        assert len(left) == 6
+        return
+    # Retention is for the table, not a queue: every queue's old rows go.
+    assert left == {young_done, young_failed}
+    assert not {old_done, old_failed, old_cancelled, other_queue} & left
+    assert result["retention"] == {"done": 2, "failed": 2, "complete": True}
+    totals = metric_totals(emf_records(capsys.readouterr().out))
+    assert totals["JobsDeleted"] == 4
+    [line] = [r for r in function.log_lines() if r["message"] == "retention deleted finished jobs"]
+    assert (line["deleted_done"], line["deleted_failed"]) == (2, 2)

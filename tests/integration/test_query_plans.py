@@ -225,9 +225,12 @@ BEFORE_HAS_READY = """SELECT EXISTS (
 BEFORE_STATS = """SELECT queue,
        count(*) FILTER (WHERE status = 'queued')                      AS queued,
        count(*) FILTER (WHERE status = 'queued' AND run_at <= now())  AS ready,
+       count(*) FILTER (WHERE status = 'queued' AND run_at > now())   AS delayed,
        count(*) FILTER (WHERE status = 'running')                     AS running,
        count(*) FILTER (WHERE status = 'done')                        AS done,
        count(*) FILTER (WHERE status = 'failed')                      AS failed,
+       count(*) FILTER (WHERE status = 'parked')                      AS parked,
+       count(*) FILTER (WHERE status = 'cancelled')                   AS cancelled,
        coalesce(extract(epoch FROM now() - min(run_at)
                 FILTER (WHERE status = 'queued' AND run_at <= now())), 0)::float8
                                                                       AS oldest_ready_age_s,
@@ -304,11 +307,14 @@ def test_stats_answer_as_before_with_finished_counts_bounded(big: Conn) -> None:
             queue=r[0],
             queued=r[1],
             ready=r[2],
-            running=r[3],
-            done=min(r[4], STATS_BOUND),
-            failed=min(r[5], STATS_BOUND),
-            oldest_ready_age_s=r[6],
-            expired_leases=r[7],
+            delayed=r[3],
+            running=r[4],
+            done=min(r[5], STATS_BOUND),
+            failed=min(r[6], STATS_BOUND),
+            parked=min(r[7], STATS_BOUND),
+            cancelled=min(r[8], STATS_BOUND),
+            oldest_ready_age_s=r[9],
+            expired_leases=r[10],
         )
         for r in old
     ]

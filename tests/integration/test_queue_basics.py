@@ -113,12 +113,25 @@ def test_reclaim_requeues_an_expired_lease_and_counts_it(conn: Conn) -> None:
     assert "lease expired" in job_row(conn, job_id)["last_error"]
 
 
-def test_reclaim_fails_a_manual_job_instead_of_retrying_it(conn: Conn) -> None:
-    enqueue(conn, "noop", recovery_policy="manual")
+def test_reclaim_parks_a_manual_job_instead_of_retrying_it(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop", recovery_policy="manual")
+    _claim(conn, lease=1)
+    conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
+    [reclaimed] = store.job_reclaim_expired(conn, 10)
+    assert reclaimed.status == "parked"
+    row = job_row(conn, job_id)
+    # Not finished (retention never deletes it), not ready (no run claims it), no lease.
+    assert (row["finished_at"], row["attempt_token"]) == (None, None)
+    assert _claim(conn) == []
+
+
+def test_reclaim_fails_an_auto_job_whose_attempts_are_spent(conn: Conn) -> None:
+    job_id = enqueue(conn, "noop", max_attempts=1)
     _claim(conn, lease=1)
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 second'")
     [reclaimed] = store.job_reclaim_expired(conn, 10)
     assert reclaimed.status == "failed"
+    assert job_row(conn, job_id)["finished_at"] is not None
 
 
 def test_stats_counts_per_queue_and_status(conn: Conn) -> None:

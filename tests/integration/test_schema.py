@@ -41,6 +41,8 @@ IMPOSSIBLE_ROWS = [
     ("negative reclaim_count", {"reclaim_count": "-1"}, "jobs_counts_chk"),
     ("max_attempts 0", {"max_attempts": "0"}, "jobs_counts_chk"),
     ("unknown status", {"status": "'paused'"}, "jobs_status_chk"),
+    ("parked with a lease", {"status": "'parked'", **LEASE}, "jobs_lease_chk"),
+    ("cancelled with a lease", {"status": "'cancelled'", **LEASE}, "jobs_lease_chk"),
     ("unknown recovery_policy", {"recovery_policy": "'sometimes'"}, "jobs_recovery_policy_chk"),
     ("empty kind", {"kind": "''"}, "jobs_kind_chk"),
     ("empty queue", {"queue": "''"}, "jobs_queue_chk"),
@@ -134,6 +136,8 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "finished_at": "timestamp with time zone",
         # Migration 0003 keeps the accepted attempt's token on a done job.
         "completed_token": "uuid",
+        # 0007 (and the job-author half's 0008, whichever runs first): each attempt's error.
+        "errors": "jsonb",
     }
 
 

@@ -98,6 +98,11 @@ BAD_VALUES = [
     ("PGDRAIN_JOBS", "jobs; import os"),
     ("PGDRAIN_JOBS", "app..jobs"),
     ("PGDRAIN_JOBS", "app/jobs"),
+    ("PGDRAIN_RETAIN_DONE", "7d"),
+    ("PGDRAIN_RETAIN_DONE", "-1"),
+    ("PGDRAIN_RETAIN_DONE", "nan"),
+    ("PGDRAIN_RETAIN_FAILED", "36501"),
+    ("PGDRAIN_RETAIN_FAILED", "inf"),
 ]
 
 
@@ -180,3 +185,12 @@ def test_constructing_settings_directly_is_validated_too() -> None:
         Settings(queues=("emails\n",))  # `$` would match before a final newline
     with pytest.raises(ConfigError, match="PGDRAIN_JOBS"):
         Settings(jobs_module="jobs\n")
+
+
+def test_retention_is_a_number_of_days_with_defaults() -> None:
+    s = Settings.from_env({})
+    assert (s.retain_done_days, s.retain_failed_days) == (7.0, 30.0)
+    s = Settings.from_env({"PGDRAIN_RETAIN_DONE": "0.5", "PGDRAIN_RETAIN_FAILED": "0"})
+    assert (s.retain_done_days, s.retain_failed_days) == (0.5, 0.0)
+    s = Settings.from_env({"PGDRAIN_RETAIN_FAILED": "36500"})
+    assert s.retain_failed_days == 36500.0

@@ -28,6 +28,7 @@ COUNT_METRICS = {
 }
 DEPTH_METRIC = "QueueDepth"
 AGE_METRIC = "OldestReadyAgeSeconds"
+DELETED_METRIC = "JobsDeleted"  # scheduled runs: finished jobs deleted by retention
 
 
 def metrics_namespace(env: Mapping[str, str]) -> str:

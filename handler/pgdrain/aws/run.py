@@ -17,11 +17,11 @@ import psycopg
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from pgdrain import db, store
+from pgdrain import db, retention, store
 from pgdrain.aws import events
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
 from pgdrain.aws.lambda_api import invoke_async
-from pgdrain.aws.metrics import AGE_METRIC, DEPTH_METRIC, ProgressMetrics
+from pgdrain.aws.metrics import AGE_METRIC, DELETED_METRIC, DEPTH_METRIC, ProgressMetrics
 from pgdrain.aws.secrets import resolve_conninfo
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, Observer, drain
@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 # (db.MIN_CONNECT_TIMEOUT_SECONDS plus a query).
 DEPTH_MIN_REMAINING_SECONDS = 2.5
 SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain invoke`
+# A scheduled run keeps this share of its budget (at most RETENTION_MAX_SECONDS) from the
+# drain for retention afterwards, when the database is awake: a queue busy enough to use every
+# run's whole budget still has its old jobs deleted.
+RETENTION_SHARE = 0.1
+RETENTION_MAX_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,15 +91,24 @@ def handle(
     )
     worker_id = f"{context.function_name}:{context.aws_request_id}"
     with ProgressMetrics(metrics) as progress:
+        drain_budget = budget
+        if trigger.reason == "schedule":
+            kept = min(RETENTION_MAX_SECONDS, RETENTION_SHARE * budget.remaining())
+            drain_budget = Budget(lambda: budget.remaining() - kept)
         try:
             result, conninfo = _drain(
-                settings, runtime.registry, trigger, budget, worker_id, progress.observe
+                settings, runtime.registry, trigger, drain_budget, worker_id, progress.observe
             )
         except PgdrainError as exc:  # no database configured, or its secret unreadable
             logger.error("run failed: %s", exc)
             return {"ok": False, "error": str(exc), "trigger": trigger.reason}
         progress.flush()
         continued = _continue(trigger, result, settings, context, logger)
+        deleted = None
+        if trigger.reason == "schedule" and result.stop_reason != "error":
+            deleted = _retention(settings, conninfo, budget, logger)
+            if deleted is not None:
+                progress.gauge(DELETED_METRIC, deleted.done + deleted.failed, MetricUnit.Count)
         depth = _depth(settings, conninfo, budget, trigger, result)
         if depth is not None:
             progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
@@ -109,6 +123,8 @@ def handle(
         "result": result.as_dict(),
         "continued": continued,
         "queue_depth": None if depth is None else depth.ready,
+        # Scheduled runs only: finished jobs deleted past PGDRAIN_RETAIN_DONE/_FAILED.
+        "retention": None if deleted is None else deleted.as_dict(),
     }
     if result.stop_reason == "error":
         logger.error("run failed: %s", result.error)
@@ -155,6 +171,47 @@ def _drain(
         observer=observer,
     )
     return result, fresh
+
+
+def _retention(
+    settings: Settings, conninfo: str, budget: Budget, logger: Logger
+) -> retention.RetentionResult | None:
+    """Delete finished jobs past their retention, within RETENTION_MAX_SECONDS and never into
+    the reserve. A failure is logged and skipped: the next scheduled run tries again."""
+    started = budget.remaining()
+    share = Budget(
+        lambda: min(
+            RETENTION_MAX_SECONDS - (started - budget.remaining()),
+            budget.remaining() - settings.reserve_seconds,
+        )
+    )
+    if share.exhausted(retention.MIN_REMAINING_SECONDS):
+        return None
+    quick = dataclasses.replace(
+        settings, connect_timeout=max(0.5, min(settings.connect_timeout, share.remaining()))
+    )
+    try:
+        with db.connect(conninfo, quick, share) as conn:
+            deleted = retention.run_once(
+                conn,
+                retain_done_days=settings.retain_done_days,
+                retain_failed_days=settings.retain_failed_days,
+                budget=share,
+            )
+    except (PgdrainError, psycopg.Error) as exc:
+        logger.warning("retention skipped: %s", exc)
+        return None
+    logger.info(
+        "retention deleted finished jobs",
+        extra={
+            "deleted_done": deleted.done,
+            "deleted_failed": deleted.failed,
+            "retention_complete": deleted.complete,
+            "retain_done_days": settings.retain_done_days,
+            "retain_failed_days": settings.retain_failed_days,
+        },
+    )
+    return deleted
 
 
 def _failed_before_work(result: DrainResult) -> bool:

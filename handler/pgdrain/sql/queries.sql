@@ -212,7 +212,8 @@ RETURNING j.id;
 
 -- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and
--- attempts remain, failed otherwise (a job that kills its worker every time must end).
+-- attempts remain, failed when they are spent (a job that kills its worker every time must
+-- end), parked when the policy is manual (a person decides: `pgdrain retry ID`).
 WITH expired AS (
     SELECT id, attempt_token
     FROM pgdrain.jobs
@@ -223,12 +224,13 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgdrain.jobs AS j
-SET status = CASE WHEN j.recovery_policy = 'auto' AND j.attempts < j.max_attempts
-                  THEN 'queued' ELSE 'failed' END,
+SET status = CASE WHEN j.recovery_policy = 'manual' THEN 'parked'
+                  WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'failed' END,
     run_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts < j.max_attempts
                   THEN now() ELSE j.run_at END,
-    finished_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts < j.max_attempts
-                       THEN NULL ELSE now() END,
+    -- A parked job is not finished: retention never deletes it.
+    finished_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts >= j.max_attempts
+                       THEN now() END,
     reclaim_count = j.reclaim_count + 1,
     last_error = 'lease expired before completion (attempt ' || j.attempts || ' of '
                  || j.max_attempts || ', held by ' || j.leased_by || ')',
@@ -241,13 +243,14 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status, j.reclaim_count;
 
 -- name: job_retry :many
--- Operator action: put failed jobs back in the queue with a fresh set of attempts. A failed
+-- Operator action: put failed, parked or cancelled jobs back in the queue with a fresh set
+-- of attempts. Safe to run twice: a job already queued again no longer matches. A finished
 -- job freed its idempotency key; if a newer unfinished job of its queue holds that key now,
 -- it is not retried (that job already does the work), and is not returned.
 UPDATE pgdrain.jobs AS j
 SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
 WHERE j.id = ANY(%(ids)s::bigint[])
-  AND j.status = 'failed'
+  AND j.status IN ('failed', 'parked', 'cancelled')
   AND (j.idempotency_key IS NULL OR NOT EXISTS (
       SELECT FROM pgdrain.jobs AS o
       WHERE o.queue = j.queue
@@ -256,40 +259,49 @@ WHERE j.id = ANY(%(ids)s::bigint[])
 RETURNING j.id;
 
 -- name: job_purge_finished :rowcount
--- Delete one batch of done/failed jobs finished more than %(days)s days ago.
+-- Delete one batch of finished jobs (%(statuses)s: done, failed, cancelled) that finished
+-- more than %(days)s days ago, in one queue or all (%(queue)s NULL). Purge and retention
+-- both run it batch by batch; safe to run twice: a deleted row matches nothing.
 DELETE FROM pgdrain.jobs
 WHERE id IN (
     SELECT id FROM pgdrain.jobs
-    WHERE status IN ('done', 'failed')
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND status = ANY(%(statuses)s::text[])
       AND finished_at < now() - %(days)s * interval '1 day'
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
     LIMIT %(limit)s
 );
 
 -- name: job_list :many
+-- The newest jobs matching the filters; a NULL filter matches every job. --since compares
+-- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
-       run_at, lease_expires_at, last_error
+       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error
 FROM pgdrain.jobs
 WHERE status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: queue_stats :many
 -- Counts per queue and status, the age of the oldest ready job, and running jobs whose
--- lease has expired (non-zero for long means reclaim is not running). queued, ready, running
--- and expired_leases are exact, read from the partial indexes of queued and running rows
--- (their cost grows with the backlog, not the history). done and failed are exact up to
--- 10,000 per queue and read as 10000 above that: counting a history of millions of rows
--- each time is what made stats slow, so each count stops at the bound (an index-only scan
--- of jobs_finished_queue_idx). The queues that only have history are found by skipping
--- through the same index, one probe per queue.
+-- lease has expired (non-zero for long means reclaim is not running). queued, ready, delayed,
+-- running and expired_leases are exact, read from the partial indexes of queued and running
+-- rows (their cost grows with the backlog, not the history). done, failed, parked and
+-- cancelled are exact up to 10,000 per queue and read as 10000 above that: counting a history
+-- of millions of rows each time is what made stats slow, so each count stops at the bound (an
+-- index-only scan of jobs_finished_queue_idx). The queues that only have history are found by
+-- skipping through the same index, one probe per queue.
 WITH RECURSIVE finished_queue AS (
     (SELECT queue FROM pgdrain.jobs
-     WHERE status IN ('done', 'failed')
+     WHERE status IN ('done', 'failed', 'parked', 'cancelled')
      ORDER BY queue
      LIMIT 1)
     UNION ALL
     SELECT (SELECT j.queue FROM pgdrain.jobs AS j
-            WHERE j.status IN ('done', 'failed')
+            WHERE j.status IN ('done', 'failed', 'parked', 'cancelled')
               AND j.queue > f.queue
             ORDER BY j.queue
             LIMIT 1)
@@ -302,13 +314,20 @@ WITH RECURSIVE finished_queue AS (
                                   LIMIT 10000) AS bounded) AS done,
            (SELECT count(*) FROM (SELECT 1 FROM pgdrain.jobs AS j
                                   WHERE j.status = 'failed' AND j.queue = f.queue
-                                  LIMIT 10000) AS bounded) AS failed
+                                  LIMIT 10000) AS bounded) AS failed,
+           (SELECT count(*) FROM (SELECT 1 FROM pgdrain.jobs AS j
+                                  WHERE j.status = 'parked' AND j.queue = f.queue
+                                  LIMIT 10000) AS bounded) AS parked,
+           (SELECT count(*) FROM (SELECT 1 FROM pgdrain.jobs AS j
+                                  WHERE j.status = 'cancelled' AND j.queue = f.queue
+                                  LIMIT 10000) AS bounded) AS cancelled
     FROM finished_queue AS f
     WHERE f.queue IS NOT NULL
 ), queued AS (
     SELECT queue,
            count(*) AS queued,
            count(*) FILTER (WHERE run_at <= now()) AS ready,
+           count(*) FILTER (WHERE run_at > now()) AS delayed,
            min(run_at) FILTER (WHERE run_at <= now()) AS oldest_ready_at
     FROM pgdrain.jobs
     WHERE status = 'queued'
@@ -324,9 +343,12 @@ WITH RECURSIVE finished_queue AS (
 SELECT coalesce(queued.queue, running.queue, finished.queue) AS queue,
        coalesce(queued.queued, 0)                             AS queued,
        coalesce(queued.ready, 0)                              AS ready,
+       coalesce(queued.delayed, 0)                            AS delayed,
        coalesce(running.running, 0)                           AS running,
        coalesce(finished.done, 0)                             AS done,
        coalesce(finished.failed, 0)                           AS failed,
+       coalesce(finished.parked, 0)                           AS parked,
+       coalesce(finished.cancelled, 0)                        AS cancelled,
        coalesce(extract(epoch FROM now() - queued.oldest_ready_at), 0)::float8
                                                               AS oldest_ready_age_s,
        coalesce(running.expired_leases, 0)                    AS expired_leases
@@ -372,3 +394,52 @@ SELECT count(*) AS ready,
        coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
 FROM pgdrain.jobs
 WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
+
+-- name: job_show :one
+-- Every column of one job, as JSON (so a column added by a later migration, such as the
+-- error history, shows without changing this statement).
+SELECT to_jsonb(j) AS job FROM pgdrain.jobs AS j WHERE j.id = %(id)s;
+
+-- name: job_retry_matching :many
+-- Operator action by filter: queue again the jobs in %(statuses)s (failed, parked) matching
+-- the filters (a NULL filter matches every job), with a fresh set of attempts. `--dry-run`
+-- runs it in a transaction that is rolled back. Safe to run twice: a job queued again no
+-- longer matches.
+UPDATE pgdrain.jobs
+SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+WHERE status IN ('failed', 'parked')
+  AND status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+RETURNING id, queue, kind;
+
+-- name: job_cancel :many
+-- Operator action: a queued or parked job never runs; a running one loses its lease (status
+-- and token change), so its run's heartbeat reports it lost, job.lease_lost() turns true and
+-- the fenced completion or failure of that attempt is refused. Returns each cancelled job with
+-- the status it had. Safe to run twice: a cancelled job no longer matches.
+WITH target AS (
+    SELECT id, status
+    FROM pgdrain.jobs
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('queued', 'running', 'parked')
+    FOR UPDATE
+)
+UPDATE pgdrain.jobs AS j
+SET status = 'cancelled',
+    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM target
+WHERE j.id = target.id
+RETURNING j.id, target.status AS was;
+
+-- name: job_count_finished :one
+-- What job_purge_finished would delete, counted (purge --dry-run): the same conditions.
+SELECT count(*) AS jobs
+FROM pgdrain.jobs
+WHERE status IN ('done', 'failed', 'cancelled')
+  AND status = ANY(%(statuses)s::text[])
+  AND finished_at < now() - %(days)s * interval '1 day'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text);
