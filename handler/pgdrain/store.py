@@ -237,10 +237,19 @@ def job_release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
 
 
 def job_fail(
-    conn: Connection, job: Held, error: str, delay_seconds: float, final: bool = False
+    conn: Connection,
+    job: Held,
+    error: str,
+    delay_seconds: float,
+    final: bool = False,
+    *,
+    error_record: dict[str, Any] | None = None,
+    spend_attempt: bool = True,
 ) -> Failed | LeaseLost:
     """Record a failed attempt: retry after delay_seconds, or `failed` when attempts are spent
-    (or at once when `final`: the job can never succeed as it is)."""
+    (or at once when `final`: the job can never succeed as it is). `error_record` (text values
+    already storable: no NUL, no lone surrogate) joins the job's error history, with the
+    attempt number and time; `spend_attempt=False` (a snooze) gives the attempt back."""
     row = conn.execute(
         query("job_fail"),
         {
@@ -249,6 +258,8 @@ def job_fail(
             "error": error,
             "delay_seconds": delay_seconds,
             "final": final,
+            "spend_attempt": spend_attempt,
+            "error_record": None if error_record is None else Jsonb(error_record),
         },
     ).fetchone()
     if row is None:

@@ -134,6 +134,8 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "finished_at": "timestamp with time zone",
         # Not in DESIGN.md's table: 0003 keeps the accepted attempt's token on a done job.
         "completed_token": "uuid",
+        # 0008: every failed attempt's error (River's `errors` array).
+        "errors": "jsonb",
     }
 
 

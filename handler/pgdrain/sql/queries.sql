@@ -144,14 +144,27 @@ RETURNING j.id;
 
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
--- (or at once when %(final)s: the job can never succeed as it is).
+-- (or at once when %(final)s: discarded, cancelled). A snooze (%(spend_attempt)s false) gives
+-- the attempt back and is queued whatever attempts are left. %(error_record)s (a JSON object,
+-- or NULL for a snooze) is appended to the job's error history with the attempt number and
+-- the database's time, in this same fenced statement; the history keeps the latest 50.
 UPDATE pgdrain.jobs AS j
-SET status = CASE WHEN %(final)s OR j.attempts >= j.max_attempts THEN 'failed'
-                  ELSE 'queued' END,
-    run_at = CASE WHEN %(final)s OR j.attempts >= j.max_attempts THEN j.run_at
+SET status = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
+                  THEN 'failed' ELSE 'queued' END,
+    run_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
+                  THEN j.run_at
                   ELSE now() + make_interval(secs => %(delay_seconds)s) END,
-    finished_at = CASE WHEN %(final)s OR j.attempts >= j.max_attempts THEN now() END,
+    finished_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
+                       THEN now() END,
+    attempts = CASE WHEN %(spend_attempt)s THEN j.attempts ELSE j.attempts - 1 END,
     last_error = %(error)s,
+    errors = CASE WHEN %(error_record)s::jsonb IS NULL THEN j.errors
+                  ELSE (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0
+                             ELSE j.errors END)
+                       || jsonb_build_array(%(error_record)s::jsonb
+                                            || jsonb_build_object('attempt', j.attempts,
+                                                                  'at', now()))
+             END,
     lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
     updated_at = now()
 WHERE j.id = %(id)s
