@@ -3,7 +3,7 @@
 from pgdrain.aws.kick import kick
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
-from pgdrain.enqueue import build_job, enqueue, enqueue_many
+from pgdrain.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
 from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
 from pgdrain.outcomes import Cancel, Discard, JobOutcome, RetryIn, Snooze
 from pgdrain.registry import Job, Registry
@@ -30,5 +30,6 @@ __all__ = [
     "drain",
     "enqueue",
     "enqueue_many",
+    "enqueue_statement",
     "kick",
 ]

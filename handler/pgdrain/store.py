@@ -15,7 +15,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgdrain.sql import Migration, query
+from pgdrain.sql import Migration, query, statements
 
 Connection = psycopg.Connection[Any]
 # The job states and recovery policies the schema's CHECK constraints allow.
@@ -130,6 +130,20 @@ def _new_job_params(job: NewJob) -> dict[str, Any]:
         "recovery_policy": job.recovery_policy,
         "idempotency_key": job.idempotency_key,
     }
+
+
+def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
+    """job_insert's text and its parameters as plain values (the payload as JSON text), for
+    an application to run on its own driver, in its own transaction (enqueue_statement).
+    Runs nothing itself: the statement is the one job_insert runs."""
+    params = _new_job_params(job)
+    params["payload"] = json.dumps(
+        {} if job.payload is None else job.payload, ensure_ascii=False, allow_nan=False
+    )
+    text = statements()["job_insert"].text
+    # Without its comment lines: an application may log it, and drivers need not parse them.
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
+    return text, params
 
 
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:

@@ -21,13 +21,19 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
 -- name: job_insert :one
--- One job. A repeated idempotency key inserts nothing and returns no row.
+-- One job. A repeated idempotency key inserts nothing and returns no row. Every parameter
+-- carries its type (CAST, not `::`, which SQLAlchemy's `:name` binds would misread), so any
+-- driver can run this statement with plain values, the payload as JSON text:
+-- pgdrain.enqueue_statement hands it to applications on other drivers.
 INSERT INTO pgdrain.jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
 VALUES
-    (%(queue)s, %(kind)s, %(payload)s, %(priority)s,
-     coalesce(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
-     %(max_attempts)s, %(recovery_policy)s, %(idempotency_key)s)
+    (CAST(%(queue)s AS text), CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),
+     CAST(%(priority)s AS int),
+     coalesce(CAST(%(run_at)s AS timestamptz),
+              now() + make_interval(secs => CAST(%(delay_seconds)s AS float8))),
+     CAST(%(max_attempts)s AS int), CAST(%(recovery_policy)s AS text),
+     CAST(%(idempotency_key)s AS text))
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
