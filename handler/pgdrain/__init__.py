@@ -6,6 +6,7 @@ from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
 from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
 from pgdrain.outcomes import Cancel, Discard, JobOutcome, RetryIn, Snooze
+from pgdrain.periodic import next_periodic_slot
 from pgdrain.registry import Job, Registry
 from pgdrain.retry import RetryPolicy
 from pgdrain.settings import Settings
@@ -32,4 +33,5 @@ __all__ = [
     "enqueue_many",
     "enqueue_statement",
     "kick",
+    "next_periodic_slot",
 ]

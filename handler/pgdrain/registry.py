@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgdrain import periodic as periodic_mod
 from pgdrain import retry, store
 from pgdrain.errors import BadInput, ConfigError, UnknownJobKind
 from pgdrain.retry import RetryPolicy
@@ -74,6 +75,7 @@ class Registry:
     def __init__(self) -> None:
         self._kinds: dict[str, Registered] = {}
         self._middleware: list[Middleware] = []
+        self._periodic: list[periodic_mod.Periodic] = []
 
     def job(
         self,
@@ -101,6 +103,62 @@ class Registry:
             return fn
 
         return register
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: dt.timedelta | None = None,
+        kind: str | None = None,
+        payload: Any = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        recovery_policy: str | None = None,
+    ) -> Callable[[JobFunction], JobFunction]:
+        """Decorator: register `fn` as kind `kind` (default: its name), with the options of
+        `job()`, and enqueue it with `payload` at each slot of `cron` (5 fields, UTC) or
+        `every` (a rate; slots at multiples of it since 1970-01-01 UTC). Each slot is enqueued
+        once, by whatever run starts after it falls due (periodic.enqueue_due)."""
+        schedule: periodic_mod.Schedule
+        if cron is not None and every is None:
+            schedule = periodic_mod.Cron(cron)
+        elif every is not None and cron is None:
+            schedule = periodic_mod.Every(every)
+        else:
+            raise ValueError("periodic: give a cron expression or every=, one of the two")
+
+        def register(fn: JobFunction) -> JobFunction:
+            name = kind or fn.__name__
+            self.job(
+                name,
+                queue=queue,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+                priority=priority,
+                recovery_policy=recovery_policy,
+            )(fn)
+            entry = periodic_mod.Periodic(
+                name,
+                schedule,
+                payload,
+                **self.defaults(name),  # the kind's queue, priority, max_attempts, policy
+            )
+            try:
+                entry.job_for(periodic_mod.EPOCH)  # a payload enqueue would refuse
+            except BadInput as exc:
+                raise ValueError(f"periodic job kind {name!r}: {exc}") from None
+            self._periodic.append(entry)
+            return fn
+
+        return register
+
+    @property
+    def periodics(self) -> tuple[periodic_mod.Periodic, ...]:
+        return tuple(self._periodic)
 
     def middleware(self, fn: Middleware) -> Middleware:
         """Register `fn(job) -> context manager` to wrap every job's function (usable as a
