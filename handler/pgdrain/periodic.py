@@ -8,8 +8,9 @@ next moment a slot falls due, to set the wake-at time so the database sleeps unt
 Missed slots are not back-filled: after a quiet spell, only the latest slot that fell due is
 enqueued (a periodic job is "the latest state", not a ledger of every tick).
 
-The cron parser is ours (about 80 lines, tested): croniter, the usual package, was declared
-unmaintained by its author in 2024, and five fields need no dependency."""
+The cron parser is ours (about 80 lines, tested): croniter, the usual package, was announced
+unmaintained by its author in late 2024 (it lives on under pallets-eco), and five fields need
+no dependency."""
 
 from __future__ import annotations
 
