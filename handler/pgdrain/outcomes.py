@@ -9,15 +9,22 @@ fenced statement (store.job_fail)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pgdrain import retry
 from pgdrain.errors import UnknownJobKind
+
+log = logging.getLogger(__name__)
 
 MAX_ERROR_LENGTH = 2000  # last_error and each record's message
 MAX_TRACEBACK_LENGTH = 8000  # per record; the end of a traceback is kept (where it was raised)
+# The longest delay written (a century, as enqueue allows): beyond, PostgreSQL's interval
+# arithmetic overflows and the statement recording the failure would fail.
+MAX_DELAY_SECONDS = 100 * 365 * 86400.0
 
 
 class JobOutcome(Exception):
@@ -27,8 +34,8 @@ class JobOutcome(Exception):
 def _seconds(value: float, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{what} needs a finite number of seconds")
-    if value < 0:
-        raise ValueError(f"{what} needs a non-negative number of seconds")
+    if not 0 <= value <= MAX_DELAY_SECONDS:
+        raise ValueError(f"{what} needs 0 to {MAX_DELAY_SECONDS:g} seconds")
     return float(value)
 
 
@@ -101,10 +108,36 @@ def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) 
             "every function yet)",
             MAX_ERROR_LENGTH,
         )
-        return Decision(message, backoff(attempt), False, True, True, error_type, "")
+        return Decision(message, delay(backoff, attempt), False, True, True, error_type, "")
     return Decision(
-        error_text(error), backoff(attempt), False, True, True, error_type, traceback_text(error)
+        error_text(error),
+        delay(backoff, attempt),
+        False,
+        True,
+        True,
+        error_type,
+        traceback_text(error),
     )
+
+
+def delay(backoff: Callable[[int], float], attempt: int) -> float:
+    """A kind's backoff for `attempt`, or the default backoff when the kind's function raises
+    or gives no storable number of seconds (a bad delay must not stop the run)."""
+    try:
+        seconds = backoff(attempt)
+        if (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not 0 <= seconds <= MAX_DELAY_SECONDS
+        ):
+            raise ValueError(f"backoff returned {seconds!r}")
+        return float(seconds)
+    except Exception as exc:  # user code: fall back, and say so
+        log.warning(
+            "a kind's backoff failed; the default backoff is used",
+            extra={"attempt": attempt, "error": error_text(exc)},
+        )
+        return retry.backoff_seconds(attempt)
 
 
 def sanitize(text: str) -> str:

@@ -245,11 +245,48 @@ def test_discard_and_cancel_fail_the_job_at_once(
 
 
 def test_outcome_exceptions_reject_bad_seconds() -> None:
-    for bad in (-1, float("nan"), float("inf"), True):
+    for bad in (-1, float("nan"), float("inf"), True, 1e300):
         with pytest.raises(ValueError):
             RetryIn(bad)
         with pytest.raises(ValueError):
             Snooze(bad)
+
+
+@pytest.mark.parametrize(
+    "backoff",
+    [lambda attempt: float("nan"), lambda attempt: 1e300, lambda attempt: 1 / 0],
+    ids=["nan", "overflow", "raises"],
+)
+def test_a_kinds_bad_backoff_falls_back_to_the_default_and_the_run_goes_on(
+    db_url: str, conn: Conn, backoff: Any
+) -> None:
+    registry = Registry()
+
+    @registry.job("bad_backoff", backoff=backoff)
+    def bad_backoff(job: Job) -> None:
+        raise RuntimeError("fails")
+
+    job_id = enqueue(conn, "bad_backoff")
+    result = run(db_url, registry)
+    assert (result.stop_reason, result.retried) == ("empty", 1)
+    assert 5 < _seconds_until_run(conn, job_id) <= 12.5  # the default: 10 s ± 25 %
+
+
+def test_control_without_the_fallback_a_bad_backoff_stops_the_run(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same run with the kind's backoff used as it comes: PostgreSQL refuses the interval,
+    the run stops, and the job is left `running`."""
+    monkeypatch.setattr(outcomes, "delay", lambda backoff, attempt: backoff(attempt))
+    registry = Registry()
+
+    @registry.job("bad_backoff", backoff=lambda attempt: 1e300)
+    def bad_backoff(job: Job) -> None:
+        raise RuntimeError("fails")
+
+    job_id = enqueue(conn, "bad_backoff")
+    assert run(db_url, registry).stop_reason == "error"
+    assert job_row(conn, job_id)["status"] == "running"
 
 
 # -- an unknown kind is retried, as River does ----------------------------------------------
