@@ -54,8 +54,9 @@ def _call(
     lost_tokens: Collection[uuid.UUID],
 ) -> None:
     timeout = registered.options.timeout
-    started = time.monotonic()
+    started = 0.0
     if timeout is not None:
+        started = time.monotonic()
         ends = started + timeout
         budget_left = remaining
 
@@ -73,24 +74,32 @@ def _call(
         _remaining=remaining,
         _lost_tokens=lost_tokens,
     )
-    with ExitStack() as stack:
-        for middleware in registry.middlewares:
-            stack.enter_context(middleware(job))
-        if registered.is_async:
-            _run_async(registered.function(job), timeout)
-        else:
-            result = registered.function(job)
-            if inspect.isawaitable(result):
-                if inspect.iscoroutine(result):
-                    result.close()  # never started: close it, so no "never awaited" warning
-                raise NotAwaited(
-                    f"the function for job kind {claimed.kind!r} returned an awaitable "
-                    "instead of running: declare it `async def`, or await it inside"
-                )
+    middlewares = registry.middlewares
+    if middlewares:
+        with ExitStack() as stack:
+            for middleware in middlewares:
+                stack.enter_context(middleware(job))
+            _invoke(registered, job, timeout)
+    else:  # the common case, without an ExitStack per job (~1 µs of a ~3 µs overhead)
+        _invoke(registered, job, timeout)
     if timeout is not None and (elapsed := time.monotonic() - started) > timeout:
         # A late result is not accepted: the attempt fails (and is retried) as a timeout.
         raise JobTimeout(
             f"job kind {claimed.kind!r} ran {elapsed:.1f} s, over its timeout of {timeout:g} s"
+        )
+
+
+def _invoke(registered: Registered, job: Job, timeout: float | None) -> None:
+    if registered.is_async:
+        _run_async(registered.function(job), timeout)
+        return
+    result = registered.function(job)
+    if result is not None and inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never started: close it, so no "never awaited" warning
+        raise NotAwaited(
+            f"the function for job kind {job.kind!r} returned an awaitable "
+            "instead of running: declare it `async def`, or await it inside"
         )
 
 

@@ -167,8 +167,9 @@ class Registry:
         return fn
 
     @property
-    def middlewares(self) -> tuple[Middleware, ...]:
-        return tuple(self._middleware)
+    def middlewares(self) -> list[Middleware]:
+        """The registered middleware, outermost first (the registry's own list: read it)."""
+        return self._middleware
 
     def registered(self, kind: str) -> Registered:
         try:
