@@ -11,12 +11,15 @@ import uuid
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgdrain import periodic as periodic_mod
 from pgdrain import retry, store
 from pgdrain.errors import BadInput, ConfigError, UnknownJobKind
 from pgdrain.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from pgdrain.enqueue import ParamStyle
 
 JobFunction = Callable[["Job"], object]
 
@@ -216,6 +219,40 @@ class Registry:
             conn,
             kind,
             payload,
+            run_at=run_at,
+            delay=delay,
+            idempotency_key=idempotency_key,
+            **self.defaults(
+                kind,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                recovery_policy=recovery_policy,
+            ),
+        )
+
+    def enqueue_statement(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        paramstyle: ParamStyle = "pyformat",
+        queue: str | None = None,
+        run_at: dt.datetime | None = None,
+        delay: float = 0.0,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        recovery_policy: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[str, dict[str, Any] | list[Any]]:
+        """pgdrain.enqueue_statement (the insert as (sql, params) for any driver) with this
+        kind's decorator options as the defaults (an argument given here wins)."""
+        from pgdrain.enqueue import enqueue_statement
+
+        return enqueue_statement(
+            kind,
+            payload,
+            paramstyle=paramstyle,
             run_at=run_at,
             delay=delay,
             idempotency_key=idempotency_key,

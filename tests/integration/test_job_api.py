@@ -220,6 +220,14 @@ def test_an_argument_given_at_enqueue_wins_over_the_kinds_default(conn: Conn) ->
     )
 
 
+def test_enqueue_statement_through_the_registry_takes_the_kinds_defaults(conn: Conn) -> None:
+    sql, params = jobs.enqueue_statement("shaped", {"to": "a@example.com"}, priority=1)
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    job = job_row(conn, row[0])
+    assert (job["queue"], job["priority"], job["max_attempts"]) == ("emails", 1, 7)
+
+
 def test_plain_enqueue_keeps_its_own_defaults(conn: Conn) -> None:
     row = job_row(conn, enqueue(conn, "shaped"))
     assert (row["queue"], row["priority"], row["max_attempts"]) == ("default", 0, 5)
