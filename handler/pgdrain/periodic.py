@@ -1,9 +1,10 @@
 """Periodic jobs declared in code: a 5-field cron expression or a fixed rate, in UTC.
 
 No scheduler process and no extra AWS resource: every drain run calls `enqueue_due` as it
-starts, which enqueues the latest due slot of each periodic kind once (the slot's idempotency
-key makes a second run's insert a no-op), and `next_periodic_slot` gives the control plane the
-next moment a slot falls due, to set the wake-at time so the database sleeps until then.
+starts, which enqueues the latest due slot of each periodic kind once (pgdrain.periodic_slots
+keeps the latest slot enqueued per kind, so a second run's insert is a no-op, whatever became
+of the first slot's job), and `next_periodic_slot` gives the control plane the next moment a
+slot falls due, to set the wake-at time so the database sleeps until then.
 
 Missed slots are not back-filled: after a quiet spell, only the latest slot that fell due is
 enqueued (a periodic job is "the latest state", not a ledger of every tick).
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 
 UTC = dt.UTC
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
-KEY_PREFIX = "pgdrain:periodic"
 # Far enough to find the next slot of any valid expression (Feb 29 on a given weekday recurs
 # within 28 years); an expression with no slot in that span (Feb 30) is refused at parse time.
 _SEARCH_YEARS = 29
@@ -149,11 +149,8 @@ class Periodic:
     max_attempts: int = 5
     recovery_policy: str = "auto"
 
-    def key(self, slot: dt.datetime) -> str:
-        """The slot's idempotency key: unique, so the slot is enqueued once."""
-        return f"{KEY_PREFIX}:{self.kind}:{slot.strftime('%Y-%m-%dT%H:%MZ')}"
-
-    def job_for(self, slot: dt.datetime) -> store.NewJob:
+    def job_for(self) -> store.NewJob:
+        """The job each slot enqueues (validated as enqueue validates)."""
         return build_job(
             self.kind,
             self.payload,
@@ -161,30 +158,33 @@ class Periodic:
             priority=self.priority,
             max_attempts=self.max_attempts,
             recovery_policy=self.recovery_policy,
-            idempotency_key=self.key(slot),
         )
 
 
-def due_jobs(periodics: Iterable[Periodic], now: dt.datetime) -> list[store.NewJob]:
-    """The latest due slot of each periodic kind, as jobs to insert (pure: `now` is given)."""
-    jobs = []
+def due_slots(
+    periodics: Iterable[Periodic], now: dt.datetime
+) -> list[tuple[dt.datetime, store.NewJob]]:
+    """The latest due slot of each periodic kind, with the job to insert for it (pure: `now`
+    is given)."""
+    due = []
     for periodic in periodics:
         slot = periodic.schedule.latest_at_or_before(now)
         if slot is not None:
-            jobs.append(periodic.job_for(slot))
-    return jobs
+            due.append((slot, periodic.job_for()))
+    return due
 
 
 def enqueue_due(
     conn: store.Connection, periodics: Sequence[Periodic], now: dt.datetime | None = None
 ) -> int:
     """Enqueue each periodic kind's latest due slot; returns how many were new. One statement
-    (job_insert_many, autocommit on a run's connection); a slot already enqueued by any run is
-    skipped by its idempotency key, so running this twice (a retry after a reconnect, two runs
-    at once) enqueues nothing more."""
+    (store.periodic_enqueue, autocommit on a run's connection); a slot no later than the last
+    one enqueued for its kind is skipped, so running this twice (a retry after a reconnect,
+    two runs at once) enqueues nothing more."""
     if not periodics:
         return 0  # no statement at all for a registry without periodic kinds
-    created = len(store.job_insert_many(conn, due_jobs(periodics, now or dt.datetime.now(UTC))))
+    due = due_slots(periodics, now or dt.datetime.now(UTC))
+    created = len(store.periodic_enqueue(conn, due))
     if created:
         log.info("periodic slots enqueued", extra={"enqueued": created})
     return created

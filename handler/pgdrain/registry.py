@@ -151,7 +151,7 @@ class Registry:
                 **self.defaults(name),  # the kind's queue, priority, max_attempts, policy
             )
             try:
-                entry.job_for(periodic_mod.EPOCH)  # a payload enqueue would refuse
+                entry.job_for()  # a payload enqueue would refuse
             except BadInput as exc:
                 raise ValueError(f"periodic job kind {name!r}: {exc}") from None
             self._periodic.append(entry)

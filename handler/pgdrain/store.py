@@ -182,6 +182,23 @@ def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
     return [int(r[0]) for r in conn.execute(query("job_insert_many"), params).fetchall()]
 
 
+def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]) -> list[int]:
+    """Enqueue each (slot, job) whose slot is later than the last enqueued for its kind, in one
+    statement; returns the ids created (none for a slot enqueued already)."""
+    if not due:
+        return []
+    params = {
+        "kinds": [job.kind for _, job in due],
+        "slots": [slot for slot, _ in due],
+        "queues": [job.queue for _, job in due],
+        "payloads": [Jsonb({} if job.payload is None else job.payload) for _, job in due],
+        "priorities": [job.priority for _, job in due],
+        "max_attempts": [job.max_attempts for _, job in due],
+        "recovery_policies": [job.recovery_policy for _, job in due],
+    }
+    return [int(r[0]) for r in conn.execute(query("periodic_enqueue"), params).fetchall()]
+
+
 def job_complete_and_claim(
     conn: Connection,
     finished: Sequence[Held],

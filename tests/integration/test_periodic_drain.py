@@ -1,5 +1,6 @@
 """Periodic kinds through real drains: each due slot is enqueued once, by whichever run starts
-first after it falls due, and runs; the next run finds the slot taken."""
+first after it falls due, and runs; the next run finds the slot taken, whatever became of the
+first slot's job (done, purged)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgdrain import Budget, Job, Registry, Settings, drain, periodic
+from helpers.fixtures import without_line
+from pgdrain import Budget, Job, Registry, Settings, drain, store
+from pgdrain.sql import query
 
 Conn = psycopg.Connection[Any]
 
@@ -28,28 +31,41 @@ def run(url: str) -> None:
     drain(Settings(queues=("reports",)), Budget.seconds(30), jobs, url)
 
 
-def _periodic_rows(conn: Conn) -> list[tuple[Any, ...]]:
-    return conn.execute(
-        "SELECT kind, status, idempotency_key FROM pgdrain.jobs ORDER BY id"
-    ).fetchall()
+def _statuses(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT status FROM pgdrain.jobs ORDER BY id").fetchall()]
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    ran.clear()
 
 
 def test_a_due_slot_is_enqueued_once_and_runs_once_across_runs(db_url: str, conn: Conn) -> None:
-    ran.clear()
     run(db_url)
     run(db_url)
-    [(kind, status, key)] = _periodic_rows(conn)
-    assert (kind, status) == ("yearly_report", "done")
-    assert key.startswith("pgdrain:periodic:yearly_report:") and key.endswith("-01-01T00:00Z")
+    assert _statuses(conn) == ["done"]
     assert len(ran) == 1
+    row = conn.execute("SELECT kind, to_char(slot, 'MM-DD HH24:MI') FROM pgdrain.periodic_slots")
+    assert row.fetchall() == [("yearly_report", "01-01 00:00")]
 
 
-def test_control_without_the_slot_key_every_run_enqueues_the_slot_again(
+def test_a_slot_whose_job_was_purged_is_not_enqueued_again(db_url: str, conn: Conn) -> None:
+    run(db_url)
+    conn.execute("DELETE FROM pgdrain.jobs")  # retention, or a freed idempotency key
+    run(db_url)
+    assert _statuses(conn) == [] and len(ran) == 1
+
+
+def test_control_without_the_slot_guard_every_run_enqueues_the_slot_again(
     db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ran.clear()
-    monkeypatch.setattr(periodic.Periodic, "key", lambda self, slot: None)
+    unguarded = without_line(query("periodic_enqueue"), "WHERE p.slot < excluded.slot")
+
+    def query_without_guard(name: str) -> str:
+        return unguarded if name == "periodic_enqueue" else query(name)
+
+    monkeypatch.setattr(store, "query", query_without_guard)
     run(db_url)
     run(db_url)
-    assert [status for _, status, _ in _periodic_rows(conn)] == ["done", "done"]
+    assert _statuses(conn) == ["done", "done"]
     assert len(ran) == 2

@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from pgdrain import Job, Registry
-from pgdrain.periodic import Cron, Every, Periodic, due_jobs, next_periodic_slot
+from pgdrain.periodic import Cron, Every, Periodic, due_slots, next_periodic_slot
 
 
 def at(text: str) -> dt.datetime:
@@ -82,13 +82,13 @@ def test_naive_times_are_refused() -> None:
         Cron("* * * * *").next_after(dt.datetime(2026, 12, 1))
 
 
-def test_each_slot_has_its_own_key_and_the_latest_due_slot_only_is_enqueued() -> None:
+def test_only_the_latest_due_slot_is_enqueued() -> None:
     cleanup = Periodic("cleanup", Cron("*/15 * * * *"), {"days": 7}, queue="maintenance")
-    [job] = due_jobs([cleanup], at("2026-12-01 04:44"))
-    assert job.idempotency_key == "pgdrain:periodic:cleanup:2026-12-01T04:30Z"
+    [(slot, job)] = due_slots([cleanup], at("2026-12-01 04:44"))
+    assert slot == at("2026-12-01 04:30")  # not 04:00 or 04:15 as well
     assert (job.kind, job.payload, job.queue) == ("cleanup", {"days": 7}, "maintenance")
-    [same] = due_jobs([cleanup], at("2026-12-01 04:40"))
-    assert same.idempotency_key == job.idempotency_key  # a second run: the same slot
+    [(same, _)] = due_slots([cleanup], at("2026-12-01 04:40"))
+    assert same == slot  # a second run: the same slot
 
 
 def test_next_periodic_slot_is_the_earliest_of_all_kinds() -> None:

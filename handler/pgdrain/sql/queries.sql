@@ -37,6 +37,30 @@ VALUES
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
+-- name: periodic_enqueue :many
+-- The due slot of each periodic kind, enqueued only if later than the slot last enqueued for
+-- that kind (periodic_slots; concurrent runs serialise on its row, so one of them wins): a
+-- slot is enqueued once, and a second run, or a repeat of this statement after a reconnect,
+-- enqueues nothing. Returns the ids of the jobs created.
+WITH due AS (
+    SELECT *
+    FROM unnest(%(kinds)s::text[], %(slots)s::timestamptz[], %(queues)s::text[],
+                %(payloads)s::jsonb[], %(priorities)s::int[], %(max_attempts)s::int[],
+                %(recovery_policies)s::text[])
+         AS d(kind, slot, queue, payload, priority, max_attempts, recovery_policy)
+), taken AS (
+    INSERT INTO pgdrain.periodic_slots AS p (kind, slot)
+    SELECT kind, slot FROM due
+    ON CONFLICT (kind) DO UPDATE SET slot = excluded.slot, enqueued_at = now()
+    WHERE p.slot < excluded.slot
+    RETURNING p.kind
+)
+INSERT INTO pgdrain.jobs (queue, kind, payload, priority, max_attempts, recovery_policy)
+SELECT due.queue, due.kind, due.payload, due.priority, due.max_attempts, due.recovery_policy
+FROM due
+JOIN taken ON taken.kind = due.kind
+RETURNING id;
+
 -- name: job_find_by_key :one
 SELECT id FROM pgdrain.jobs WHERE idempotency_key = %(idempotency_key)s;
 
