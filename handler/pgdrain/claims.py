@@ -105,7 +105,8 @@ class Claims:
             decision = outcomes.decide(error, claimed.attempt, retry.backoff_seconds)
         record = (
             {
-                "error": decision.message,
+                # The record's shape is the one `pgdrain jobs show` reads (migration 0007).
+                "message": decision.message,
                 "type": decision.error_type,
                 "traceback": decision.traceback or None,
             }

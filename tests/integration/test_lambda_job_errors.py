@@ -36,7 +36,7 @@ def test_a_failing_job_is_logged_with_its_traceback_and_kept_in_its_history(
     assert line["correlation_id"] == SCHEDULED_EVENT["id"]
 
     [entry] = job_row(conn, job_id)["errors"]
-    assert (entry["attempt"], entry["error"], entry["type"]) == (
+    assert (entry["attempt"], entry["message"], entry["type"]) == (
         1,
         "RuntimeError: card declined",
         "RuntimeError",
