@@ -105,8 +105,9 @@ class Claims:
             decision = outcomes.decide(error, claimed.attempt, retry.backoff_seconds)
         record = (
             {
-                # The record's shape is the one `pgdrain jobs show` reads (migration 0007).
-                "message": decision.message,
+                # The shape `pgdrain jobs show` reads (migration 0007): it prints "type: message",
+                # so the message goes without the "Type: " that last_error starts with.
+                "message": decision.message.removeprefix(f"{decision.error_type}: "),
                 "type": decision.error_type,
                 "traceback": decision.traceback or None,
             }

@@ -104,7 +104,7 @@ def test_each_failed_attempt_is_kept_with_message_type_traceback_attempt_and_tim
     assert row["last_error"] == "ValueError: boom on attempt 3"
     errors = row["errors"]
     assert [e["attempt"] for e in errors] == [1, 2, 3]
-    assert [e["message"] for e in errors] == [f"ValueError: boom on attempt {n}" for n in (1, 2, 3)]
+    assert [e["message"] for e in errors] == [f"boom on attempt {n}" for n in (1, 2, 3)]
     assert {e["type"] for e in errors} == {"ValueError"}
     for entry in errors:
         assert "Traceback (most recent call last)" in entry["traceback"]
@@ -145,7 +145,8 @@ def test_a_hostile_error_text_is_recorded_and_the_run_goes_on(
     row = job_row(conn, hostile)
     assert (row["status"], row["attempts"]) == ("queued", 1)
     assert row["last_error"] == HOSTILE[kind]
-    assert row["errors"][0]["message"] == HOSTILE[kind]
+    entry = row["errors"][0]
+    assert f"{entry['type']}: {entry['message']}" == HOSTILE[kind]
     assert {job_row(conn, job_id)["status"] for job_id in others} == {"done"}
 
 
@@ -242,6 +243,7 @@ def test_discard_and_cancel_fail_the_job_at_once(
     row = job_row(conn, job_id)
     assert (row["status"], row["attempts"], row["last_error"]) == ("failed", 1, message)
     assert row["errors"][0]["message"] == message and row["finished_at"] is not None
+    assert row["errors"][0]["type"] == kind.capitalize()
 
 
 def test_outcome_exceptions_reject_bad_seconds() -> None:

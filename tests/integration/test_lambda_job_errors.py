@@ -38,7 +38,7 @@ def test_a_failing_job_is_logged_with_its_traceback_and_kept_in_its_history(
     [entry] = job_row(conn, job_id)["errors"]
     assert (entry["attempt"], entry["message"], entry["type"]) == (
         1,
-        "RuntimeError: card declined",
+        "card declined",
         "RuntimeError",
     )
     assert entry["traceback"] == line["traceback"]
