@@ -1,17 +1,21 @@
 """Example job kinds: what your own jobs module looks like. Point PGDRAIN_JOBS at yours.
+docs/jobs.md is the job author's guide.
 
 A job function takes a pgdrain.Job. Returning means done; raising means retry with backoff
-(or failed once max_attempts is reached). Delivery is at least once: a job may run again
-after a crash, so make its effects idempotent (see `greet`, keyed by job id)."""
+(or failed once max_attempts is reached); raising pgdrain.RetryIn, Snooze, Discard or Cancel
+chooses another outcome. `async def` functions run on an event loop. Delivery is at least
+once: a job may run again after a crash, so make its effects idempotent (see `greet`, keyed by
+job id)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
 import psycopg
 
-from pgdrain import Job, Registry
+from pgdrain import Discard, Job, Registry
 
 jobs = Registry()
 
@@ -74,3 +78,19 @@ def greet(job: Job) -> None:
             INSERT_GREETING,
             {"job_id": job.id, "greeting": f"hello, {name}", "attempt": job.attempt},
         )
+
+
+@jobs.job("async_sleep", timeout=60)
+async def async_sleep(job: Job) -> None:
+    """An `async def` job: awaits payload["seconds"] on the worker thread's event loop, and is
+    cancelled if it runs past its kind's 60 s timeout."""
+    await asyncio.sleep(float(job.payload.get("seconds", 0.1)))
+
+
+@jobs.job("resize", max_attempts=3, priority=5)
+def resize(job: Job) -> None:
+    """Per-kind defaults (`jobs.enqueue(conn, "resize", ...)` uses them) and an outcome chosen
+    by raising: a payload that can never work is discarded at once, not retried."""
+    width = job.payload.get("width")
+    if not isinstance(width, int) or width <= 0:
+        raise Discard(f"width must be a positive whole number, got {width!r}")

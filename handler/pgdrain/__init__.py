@@ -3,24 +3,35 @@
 from pgdrain.aws.kick import kick
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
-from pgdrain.enqueue import build_job, enqueue, enqueue_many
+from pgdrain.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
 from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
+from pgdrain.outcomes import Cancel, Discard, JobOutcome, RetryIn, Snooze
+from pgdrain.periodic import next_periodic_slot
 from pgdrain.registry import Job, Registry
+from pgdrain.retry import RetryPolicy
 from pgdrain.settings import Settings
 
 __all__ = [
     "BadInput",
     "Budget",
+    "Cancel",
     "ConfigError",
     "DatabaseUnavailable",
+    "Discard",
     "DrainResult",
     "Job",
+    "JobOutcome",
     "PgdrainError",
     "Registry",
+    "RetryIn",
+    "RetryPolicy",
     "Settings",
+    "Snooze",
     "build_job",
     "drain",
     "enqueue",
     "enqueue_many",
+    "enqueue_statement",
     "kick",
+    "next_periodic_slot",
 ]

@@ -10,13 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
-from pgdrain import retry, store
+from pgdrain import outcomes, retry, store
 from pgdrain.attempts import RunState
-from pgdrain.errors import UnknownJobKind
 
 log = logging.getLogger(__name__)
 
-MAX_ERROR_LENGTH = 2000
 # A finished job is recorded as done with the next claim, or at the latest after this long:
 # one commit for many jobs, without holding results back from the database.
 COMPLETION_FLUSH_SECONDS = 0.1
@@ -84,26 +82,56 @@ class Claims:
             self._lease_lost(job_id, "while releasing it")
 
     def record_failure(self, claimed: store.ClaimedJob, error: BaseException) -> None:
-        message = error_text(error)
-        permanent = isinstance(error, UnknownJobKind)
-        delay = 0.0 if permanent else retry.backoff_seconds(claimed.attempt)
-        if permanent:
-            message = f"{message} (not retried: register the kind, then `pgdrain retry`)"
-        outcome = self._session.run(store.job_fail, claimed.held, message, delay, permanent)
+        """Write a failed attempt's outcome (outcomes.decide) in one fenced statement: retried,
+        snoozed or failed, its error appended to the job's history. The worker thread has
+        usually decided already (AttemptFailed); anything else is decided here with the
+        default backoff. Every text was sanitized and bounded by outcomes, so no error text a
+        job raises (NUL, a lone surrogate, a __str__ that raises) can stop the run."""
+        if isinstance(error, outcomes.AttemptFailed):
+            decision = error.decision
+        else:
+            decision = outcomes.decide(error, claimed.attempt, retry.backoff_seconds)
+        record = (
+            {
+                # The shape `pgdrain jobs show` reads (migration 0007): it prints "type: message",
+                # so the message goes without the "Type: " that last_error starts with.
+                "message": decision.message.removeprefix(f"{decision.error_type}: "),
+                "type": decision.error_type,
+                "traceback": decision.traceback or None,
+            }
+            if decision.record
+            else None
+        )
+        outcome = self._session.run(
+            store.job_fail,
+            claimed.held,
+            decision.message,
+            decision.delay_seconds,
+            decision.final,
+            error_record=record,
+            spend_attempt=decision.spend_attempt,
+        )
         if isinstance(outcome, store.LeaseLost):
             self._lease_lost(claimed.id, "its failure was not recorded")
             return
         final = outcome.status == "failed"
+        # A snooze counts as retried: the job is queued again (its attempt given back).
         self._counters.add("failed" if final else "retried", 1)
         log.warning(
-            "job failed" if final else "job will be retried",
+            "job failed"
+            if final
+            else "job snoozed"
+            if not decision.spend_attempt
+            else "job will be retried",
             extra={
                 "job_id": claimed.id,
                 "kind": claimed.kind,
                 "attempt": claimed.attempt,
                 "max_attempts": claimed.max_attempts,
-                "error_type": type(error).__name__,
-                "retry_in_s": None if final else round(delay, 1),
+                "error_type": decision.error_type,
+                "error": decision.message,
+                "traceback": decision.traceback or None,
+                "retry_in_s": None if final else round(decision.delay_seconds, 1),
             },
         )
 
@@ -114,8 +142,3 @@ class Claims:
 
     def _lease_lost(self, job_id: int, how: str) -> None:
         self._counters.lease_lost(job_id, how, self._worker_id)
-
-
-def error_text(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}"
-    return text[:MAX_ERROR_LENGTH]

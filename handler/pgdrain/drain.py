@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from pgdrain import execute, store
+from pgdrain import execute, periodic, store
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.budget import Budget
 from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
@@ -131,6 +131,8 @@ class _Run:
         try:
             self.session.open()
             self.claims.reclaim_expired()
+            # Due slots of periodic kinds, once each (idempotency keys): no statement when none.
+            self.session.run(periodic.enqueue_due, self.registry.periodics)
             stop_reason = self._loop(pool)
             if stop_reason == "budget":
                 more_ready = self.session.run(store.queue_has_ready, self.queues)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator
-from typing import Any, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from pgdrain import jsonbound, store
 from pgdrain.errors import BadInput
@@ -111,6 +112,65 @@ def enqueue(
     )
     job_id, _created = store.job_insert(conn, job)
     return job_id
+
+
+# How each driver writes a bound parameter (PEP 249's paramstyle, and asyncpg's own).
+ParamStyle = Literal["pyformat", "named", "dollar"]
+PARAMSTYLES: tuple[str, ...] = get_args(ParamStyle)
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def enqueue_statement(
+    kind: str,
+    payload: Any = None,
+    *,
+    paramstyle: ParamStyle = "pyformat",
+    queue: str = "default",
+    run_at: dt.datetime | None = None,
+    delay: float = 0.0,
+    priority: int = 0,
+    max_attempts: int = 5,
+    recovery_policy: str = "auto",
+    idempotency_key: str | None = None,
+) -> tuple[str, dict[str, Any] | list[Any]]:
+    """The insert of one job as (sql, params), for the application to run on its own driver
+    inside its own transaction; validated as enqueue() validates. It returns the new job's
+    `id` as one row, or no row when the idempotency key exists already. Paramstyles:
+
+    - "pyformat": `%(name)s` and a dict: psycopg 3 (sync and async), psycopg2, Django's
+      `connection.cursor()`.
+    - "named": `:name` and a dict: SQLAlchemy's `text()` (`session.execute(text(sql), params)`).
+    - "dollar": `$1, $2, ...` and a list: asyncpg (`await conn.fetchval(sql, *params)`).
+
+    The payload travels as JSON text (cast to jsonb by the statement); every value is bound.
+    docs/jobs.md has an example per driver."""
+    if paramstyle not in PARAMSTYLES:
+        raise BadInput(f"paramstyle must be one of {PARAMSTYLES}")
+    job = build_job(
+        kind,
+        payload,
+        queue_name=queue,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        recovery_policy=recovery_policy,
+        idempotency_key=idempotency_key,
+    )
+    text, params = store.job_insert_statement(job)
+    if paramstyle == "pyformat":
+        return text, params
+    if paramstyle == "named":
+        return _PLACEHOLDER.sub(lambda m: f":{m.group(1)}", text), params
+    order: list[str] = []  # "dollar": numbered by first appearance; a repeated name reuses it
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    text = _PLACEHOLDER.sub(number, text)
+    return text, [params[name] for name in order]
 
 
 def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[int]:

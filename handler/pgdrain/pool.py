@@ -6,6 +6,7 @@ Its lease ends at the run's deadline, so the job is reclaimable then."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from collections.abc import Callable
@@ -13,6 +14,30 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+# Each worker thread keeps one event loop for the `async def` jobs it runs, made on first use
+# and closed when the worker exits: reusing it is cheaper than asyncio.run() per job (a new
+# loop each time; see docs/jobs.md for the figures).
+_worker = threading.local()
+
+
+def thread_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop of the calling worker thread (made on first use), or None outside a
+    WorkerPool's threads."""
+    if not getattr(_worker, "in_pool", False):
+        return None
+    loop: asyncio.AbstractEventLoop | None = getattr(_worker, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _worker.loop = asyncio.new_event_loop()
+    return loop
+
+
+def _close_thread_loop() -> None:
+    loop: asyncio.AbstractEventLoop | None = getattr(_worker, "loop", None)
+    if loop is not None and not loop.is_closed():
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+    _worker.loop = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +67,13 @@ class WorkerPool(Generic[T]):
             self._tasks.put(None)
 
     def _work(self) -> None:
+        _worker.in_pool = True
+        try:
+            self._work_until_closed()
+        finally:
+            _close_thread_loop()
+
+    def _work_until_closed(self) -> None:
         while True:
             item = self._tasks.get()
             if item is None:

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import importlib
+import inspect
+import math
 import traceback
 import uuid
 from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pgdrain.errors import ConfigError, UnknownJobKind
+from pgdrain import periodic as periodic_mod
+from pgdrain import retry, store
+from pgdrain.errors import BadInput, ConfigError, UnknownJobKind
+from pgdrain.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from pgdrain.enqueue import ParamStyle
 
 JobFunction = Callable[["Job"], object]
 
@@ -29,7 +40,7 @@ class Job:
     _lost_tokens: Collection[uuid.UUID] = field(repr=False, compare=False)
 
     def remaining(self) -> float:
-        """Seconds left of the run's budget."""
+        """Seconds left of the run's budget, or of the kind's timeout if that ends first."""
         return self._remaining()
 
     def lease_lost(self) -> bool:
@@ -38,34 +49,271 @@ class Job:
         return self.attempt_token in self._lost_tokens
 
 
+# A middleware is called with each Job and returns a context manager that wraps the job's
+# function: tracing, error reporting, the user's own logging. It sees the job's exception.
+Middleware = Callable[["Job"], AbstractContextManager[object]]
+# A kind's retry delay: a RetryPolicy, or any function of the attempt number (1-based).
+Backoff = RetryPolicy | Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class KindOptions:
+    """Per-kind options from the decorator; None means "not said": enqueue's own default."""
+
+    queue: str | None = None
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    timeout: float | None = None  # seconds: the job's own deadline inside the run's budget
+    priority: int | None = None
+    recovery_policy: str | None = None
+
+
+@dataclass(frozen=True)
+class Registered:
+    function: JobFunction
+    is_async: bool  # an `async def`: run on the worker thread's event loop
+    options: KindOptions
+
+
 class Registry:
     def __init__(self) -> None:
-        self._functions: dict[str, JobFunction] = {}
+        self._kinds: dict[str, Registered] = {}
+        self._middleware: list[Middleware] = []
+        self._periodic: list[periodic_mod.Periodic] = []
 
-    def job(self, kind: str) -> Callable[[JobFunction], JobFunction]:
-        """Decorator: register `fn` as the function for `kind`."""
+    def job(
+        self,
+        kind: str,
+        *,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        recovery_policy: str | None = None,
+    ) -> Callable[[JobFunction], JobFunction]:
+        """Decorator: register `fn` as the function for `kind`. The options are the kind's
+        defaults: `Registry.enqueue` uses them when the caller does not say; `backoff` and
+        `timeout` apply when the job runs. Bad options raise ValueError at import."""
         if not kind or not kind.strip():
             raise ValueError("a job kind must not be empty")
+        options = KindOptions(queue, max_attempts, backoff, timeout, priority, recovery_policy)
+        _check_options(kind, options)
 
         def register(fn: JobFunction) -> JobFunction:
-            if kind in self._functions:
+            if kind in self._kinds:
                 raise ValueError(f"job kind {kind!r} is registered twice")
-            self._functions[kind] = fn
+            self._kinds[kind] = Registered(fn, inspect.iscoroutinefunction(fn), options)
             return fn
 
         return register
 
-    def function_for(self, kind: str) -> JobFunction:
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: dt.timedelta | None = None,
+        kind: str | None = None,
+        payload: Any = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        backoff: Backoff | None = None,
+        timeout: float | None = None,
+        priority: int | None = None,
+        recovery_policy: str | None = None,
+    ) -> Callable[[JobFunction], JobFunction]:
+        """Decorator: register `fn` as kind `kind` (default: its name), with the options of
+        `job()`, and enqueue it with `payload` at each slot of `cron` (5 fields, UTC) or
+        `every` (a rate; slots at multiples of it since 1970-01-01 UTC). Each slot is enqueued
+        once, by whatever run starts after it falls due (periodic.enqueue_due)."""
+        schedule: periodic_mod.Schedule
+        if cron is not None and every is None:
+            schedule = periodic_mod.Cron(cron)
+        elif every is not None and cron is None:
+            schedule = periodic_mod.Every(every)
+        else:
+            raise ValueError("periodic: give a cron expression or every=, one of the two")
+
+        def register(fn: JobFunction) -> JobFunction:
+            name = kind or fn.__name__
+            self.job(
+                name,
+                queue=queue,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+                priority=priority,
+                recovery_policy=recovery_policy,
+            )(fn)
+            entry = periodic_mod.Periodic(
+                name,
+                schedule,
+                payload,
+                **self.defaults(name),  # the kind's queue, priority, max_attempts, policy
+            )
+            try:
+                entry.job_for()  # a payload enqueue would refuse
+            except BadInput as exc:
+                raise ValueError(f"periodic job kind {name!r}: {exc}") from None
+            self._periodic.append(entry)
+            return fn
+
+        return register
+
+    @property
+    def periodics(self) -> tuple[periodic_mod.Periodic, ...]:
+        return tuple(self._periodic)
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Register `fn(job) -> context manager` to wrap every job's function (usable as a
+        decorator). The first registered is the outermost."""
+        self._middleware.append(fn)
+        return fn
+
+    @property
+    def middlewares(self) -> list[Middleware]:
+        """The registered middleware, outermost first (the registry's own list: read it)."""
+        return self._middleware
+
+    def registered(self, kind: str) -> Registered:
         try:
-            return self._functions[kind]
+            return self._kinds[kind]
         except KeyError:
             raise UnknownJobKind(f"no function is registered for job kind {kind!r}") from None
 
+    def function_for(self, kind: str) -> JobFunction:
+        return self.registered(kind).function
+
+    def options(self, kind: str) -> KindOptions:
+        """The kind's options; all unset for a kind this registry does not know."""
+        found = self._kinds.get(kind)
+        return found.options if found else KindOptions()
+
+    def backoff_for(self, kind: str) -> Callable[[int], float]:
+        """The delay before the next attempt after attempt N fails, for this kind."""
+        backoff = self.options(kind).backoff
+        if backoff is None:
+            return retry.backoff_seconds
+        if isinstance(backoff, RetryPolicy):
+            return functools.partial(retry.backoff_seconds, policy=backoff)
+        return backoff
+
+    def enqueue(
+        self,
+        conn: store.Connection,
+        kind: str,
+        payload: Any = None,
+        *,
+        queue: str | None = None,
+        run_at: dt.datetime | None = None,
+        delay: float = 0.0,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        recovery_policy: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> int:
+        """pgdrain.enqueue with this kind's decorator options as the defaults (an argument
+        given here wins). The kind need not be registered: its defaults are then enqueue's."""
+        from pgdrain.enqueue import enqueue  # enqueue does not know registries
+
+        return enqueue(
+            conn,
+            kind,
+            payload,
+            run_at=run_at,
+            delay=delay,
+            idempotency_key=idempotency_key,
+            **self.defaults(
+                kind,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                recovery_policy=recovery_policy,
+            ),
+        )
+
+    def enqueue_statement(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        paramstyle: ParamStyle = "pyformat",
+        queue: str | None = None,
+        run_at: dt.datetime | None = None,
+        delay: float = 0.0,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        recovery_policy: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> tuple[str, dict[str, Any] | list[Any]]:
+        """pgdrain.enqueue_statement (the insert as (sql, params) for any driver) with this
+        kind's decorator options as the defaults (an argument given here wins)."""
+        from pgdrain.enqueue import enqueue_statement
+
+        return enqueue_statement(
+            kind,
+            payload,
+            paramstyle=paramstyle,
+            run_at=run_at,
+            delay=delay,
+            idempotency_key=idempotency_key,
+            **self.defaults(
+                kind,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                recovery_policy=recovery_policy,
+            ),
+        )
+
+    def defaults(self, kind: str, **given: Any) -> dict[str, Any]:
+        """The enqueue fields the caller gave (not None), else the kind's options, else
+        nothing (enqueue's own defaults)."""
+        options = self.options(kind)
+        fields = {
+            "queue": options.queue,
+            "priority": options.priority,
+            "max_attempts": options.max_attempts,
+            "recovery_policy": options.recovery_policy,
+        }
+        merged = {
+            name: given.get(name) if given.get(name) is not None else value
+            for name, value in fields.items()
+        }
+        return {name: value for name, value in merged.items() if value is not None}
+
     def kinds(self) -> list[str]:
-        return sorted(self._functions)
+        return sorted(self._kinds)
 
     def __contains__(self, kind: object) -> bool:
-        return kind in self._functions
+        return kind in self._kinds
+
+
+def _check_options(kind: str, options: KindOptions) -> None:
+    from pgdrain.enqueue import build_job  # the same checks enqueue applies
+
+    try:
+        build_job(
+            kind,
+            queue_name=options.queue or "default",
+            priority=0 if options.priority is None else options.priority,
+            max_attempts=5 if options.max_attempts is None else options.max_attempts,
+            recovery_policy=options.recovery_policy or "auto",
+        )
+    except BadInput as exc:
+        raise ValueError(f"job kind {kind!r}: {exc}") from None
+    timeout = options.timeout
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ValueError(f"job kind {kind!r}: timeout must be a positive number of seconds")
+    if options.backoff is not None and not (
+        isinstance(options.backoff, RetryPolicy) or callable(options.backoff)
+    ):
+        raise ValueError(f"job kind {kind!r}: backoff must be a RetryPolicy or a function")
 
 
 def load_registry(module_name: str) -> Registry:

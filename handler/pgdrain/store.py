@@ -15,7 +15,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgdrain.sql import Migration, query
+from pgdrain.sql import Migration, query, statements
 
 Connection = psycopg.Connection[Any]
 # The job states and recovery policies the schema's CHECK constraints allow.
@@ -145,6 +145,20 @@ def _new_job_params(job: NewJob) -> dict[str, Any]:
     }
 
 
+def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
+    """job_insert's text and its parameters as plain values (the payload as JSON text), for
+    an application to run on its own driver, in its own transaction (enqueue_statement).
+    Runs nothing itself: the statement is the one job_insert runs."""
+    params = _new_job_params(job)
+    params["payload"] = json.dumps(
+        {} if job.payload is None else job.payload, ensure_ascii=False, allow_nan=False
+    )
+    text = statements()["job_insert"].text
+    # Without its comment lines: an application may log it, and drivers need not parse them.
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
+    return text, params
+
+
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
     held by an unfinished (queued or running) job of the same queue returns that job's id and
@@ -186,6 +200,23 @@ def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
         "idempotency_keys": [j.idempotency_key for j in jobs],
     }
     return [int(r[0]) for r in conn.execute(query("job_insert_many"), params).fetchall()]
+
+
+def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]) -> list[int]:
+    """Enqueue each (slot, job) whose slot is later than the last enqueued for its kind, in one
+    statement; returns the ids created (none for a slot enqueued already)."""
+    if not due:
+        return []
+    params = {
+        "kinds": [job.kind for _, job in due],
+        "slots": [slot for slot, _ in due],
+        "queues": [job.queue for _, job in due],
+        "payloads": [Jsonb({} if job.payload is None else job.payload) for _, job in due],
+        "priorities": [job.priority for _, job in due],
+        "max_attempts": [job.max_attempts for _, job in due],
+        "recovery_policies": [job.recovery_policy for _, job in due],
+    }
+    return [int(r[0]) for r in conn.execute(query("periodic_enqueue"), params).fetchall()]
 
 
 def job_complete_and_claim(
@@ -257,10 +288,19 @@ def job_release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
 
 
 def job_fail(
-    conn: Connection, job: Held, error: str, delay_seconds: float, final: bool = False
+    conn: Connection,
+    job: Held,
+    error: str,
+    delay_seconds: float,
+    final: bool = False,
+    *,
+    error_record: dict[str, Any] | None = None,
+    spend_attempt: bool = True,
 ) -> Failed | LeaseLost:
     """Record a failed attempt: retry after delay_seconds, or `failed` when attempts are spent
-    (or at once when `final`: the job can never succeed as it is)."""
+    (or at once when `final`: the job can never succeed as it is). `error_record` (text values
+    already storable: no NUL, no lone surrogate) joins the job's error history, with the
+    attempt number and time; `spend_attempt=False` (a snooze) gives the attempt back."""
     row = conn.execute(
         query("job_fail"),
         {
@@ -269,6 +309,8 @@ def job_fail(
             "error": error,
             "delay_seconds": delay_seconds,
             "final": final,
+            "spend_attempt": spend_attempt,
+            "error_record": None if error_record is None else Jsonb(error_record),
         },
     ).fetchone()
     if row is None:

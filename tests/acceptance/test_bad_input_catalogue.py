@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +57,8 @@ def run_cli(url: str, *args: str | bytes, stdin: bytes = b"", **env: str) -> Run
         stdin=stdin,
     )
     assert PASSWORD not in run.out + run.err, "the password leaked into the output"
-    assert "Traceback" not in run.err, run.err
+    # pgdrain's own crash starts a line; a job's traceback is a logged field (traceback=...).
+    assert not re.search(r"(?m)^Traceback \(most recent call last\)", run.err), run.err
     return run
 
 
@@ -292,7 +294,7 @@ def test_cli_a_nul_byte_cannot_be_an_argument(secret_url: str, conn: Conn) -> No
 
 def test_cli_sql_metacharacters_in_a_kind_or_key_are_only_text(secret_url: str, conn: Conn) -> None:
     """A kind may be any text: it is stored as given (every value is a bound parameter), and
-    the drain fails it as an unknown kind, with a last_error naming it."""
+    the drain retries it as an unknown kind, with a last_error naming it."""
     kind = "x'); DROP TABLE pgdrain.jobs; --"
     key = "k'; DELETE FROM pgdrain.jobs; --"
     run = run_cli(secret_url, "enqueue", kind, "--key", key)
@@ -303,7 +305,7 @@ def test_cli_sql_metacharacters_in_a_kind_or_key_are_only_text(secret_url: str, 
     drained = run_cli(secret_url, "drain", "--budget", "30")
     assert drained.code == EXIT_OK, drained
     job = job_row(conn, row[0])
-    assert job["status"] == "failed"
+    assert (job["status"], job["attempts"]) == ("queued", 1)
     assert "no function is registered for job kind" in job["last_error"]
 
 

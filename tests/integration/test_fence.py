@@ -63,6 +63,8 @@ def _fail_params(held: store.Held) -> dict[str, Any]:
         "error": "stale worker's error",
         "delay_seconds": 0.0,
         "final": False,
+        "spend_attempt": True,
+        "error_record": None,
     }
 
 

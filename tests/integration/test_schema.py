@@ -136,7 +136,7 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "finished_at": "timestamp with time zone",
         # Migration 0003 keeps the accepted attempt's token on a done job.
         "completed_token": "uuid",
-        # 0007 (and the job-author half's 0008, whichever runs first): each attempt's error.
+        # 0007 and 0008 (either creates it): every failed attempt's error, as River's `errors`.
         "errors": "jsonb",
     }
 

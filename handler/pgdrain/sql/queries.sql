@@ -40,16 +40,46 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
 -- name: job_insert :one
--- One job. A key held by an unfinished job of the same queue inserts nothing, no row.
+-- One job. A key held by an unfinished job of the same queue inserts nothing, no row. Every
+-- parameter carries its type (CAST, not `::`, which SQLAlchemy's `:name` binds would misread),
+-- so any driver can run this statement with plain values, the payload as JSON text:
+-- pgdrain.enqueue_statement hands it to applications on other drivers.
 INSERT INTO pgdrain.jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
 VALUES
-    (%(queue)s, %(kind)s, %(payload)s, %(priority)s,
-     coalesce(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
-     %(max_attempts)s, %(recovery_policy)s, %(idempotency_key)s)
+    (CAST(%(queue)s AS text), CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),
+     CAST(%(priority)s AS int),
+     coalesce(CAST(%(run_at)s AS timestamptz),
+              now() + make_interval(secs => CAST(%(delay_seconds)s AS float8))),
+     CAST(%(max_attempts)s AS int), CAST(%(recovery_policy)s AS text),
+     CAST(%(idempotency_key)s AS text))
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL AND status IN ('queued', 'running')
     DO NOTHING
+RETURNING id;
+
+-- name: periodic_enqueue :many
+-- The due slot of each periodic kind, enqueued only if later than the slot last enqueued for
+-- that kind (periodic_slots; concurrent runs serialise on its row, so one of them wins): a
+-- slot is enqueued once, and a second run, or a repeat of this statement after a reconnect,
+-- enqueues nothing. Returns the ids of the jobs created.
+WITH due AS (
+    SELECT *
+    FROM unnest(%(kinds)s::text[], %(slots)s::timestamptz[], %(queues)s::text[],
+                %(payloads)s::jsonb[], %(priorities)s::int[], %(max_attempts)s::int[],
+                %(recovery_policies)s::text[])
+         AS d(kind, slot, queue, payload, priority, max_attempts, recovery_policy)
+), taken AS (
+    INSERT INTO pgdrain.periodic_slots AS p (kind, slot)
+    SELECT kind, slot FROM due
+    ON CONFLICT (kind) DO UPDATE SET slot = excluded.slot, enqueued_at = now()
+    WHERE p.slot < excluded.slot
+    RETURNING p.kind
+)
+INSERT INTO pgdrain.jobs (queue, kind, payload, priority, max_attempts, recovery_policy)
+SELECT due.queue, due.kind, due.payload, due.priority, due.max_attempts, due.recovery_policy
+FROM due
+JOIN taken ON taken.kind = due.kind
 RETURNING id;
 
 -- name: job_find_by_key :one
@@ -182,14 +212,27 @@ RETURNING j.id;
 
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
--- (or at once when %(final)s: the job can never succeed as it is).
+-- (or at once when %(final)s: discarded, cancelled). A snooze (%(spend_attempt)s false) gives
+-- the attempt back and is queued whatever attempts are left. %(error_record)s (a JSON object,
+-- or NULL for a snooze) is appended to the job's error history with the attempt number and
+-- the database's time, in this same fenced statement; the history keeps the latest 50.
 UPDATE pgdrain.jobs AS j
-SET status = CASE WHEN %(final)s OR j.attempts >= j.max_attempts THEN 'failed'
-                  ELSE 'queued' END,
-    run_at = CASE WHEN %(final)s OR j.attempts >= j.max_attempts THEN j.run_at
+SET status = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
+                  THEN 'failed' ELSE 'queued' END,
+    run_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
+                  THEN j.run_at
                   ELSE now() + make_interval(secs => %(delay_seconds)s) END,
-    finished_at = CASE WHEN %(final)s OR j.attempts >= j.max_attempts THEN now() END,
+    finished_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
+                       THEN now() END,
+    attempts = CASE WHEN %(spend_attempt)s THEN j.attempts ELSE j.attempts - 1 END,
     last_error = %(error)s,
+    errors = CASE WHEN %(error_record)s::jsonb IS NULL THEN j.errors
+                  ELSE (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0
+                             ELSE j.errors END)
+                       || jsonb_build_array(%(error_record)s::jsonb
+                                            || jsonb_build_object('attempt', j.attempts,
+                                                                  'at', now()))
+             END,
     lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
     updated_at = now()
 WHERE j.id = %(id)s

@@ -47,6 +47,8 @@ $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.jobs, pgdrain.kicks TO pgdrain_worker;
+-- Periodic jobs: a run records each slot it enqueued, once (migration 0008).
+GRANT SELECT, INSERT, UPDATE ON pgdrain.periodic_slots TO pgdrain_worker;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_worker;
 
 DO $$

@@ -1,0 +1,289 @@
+"""The job author's API through a real drain on a real database: async jobs, middleware,
+per-kind options (defaults at enqueue, backoff, timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.fixtures import job_row
+from pgdrain import Budget, DrainResult, Job, Registry, RetryPolicy, Settings, drain, enqueue
+
+Conn = psycopg.Connection[Any]
+
+jobs = Registry()
+ran: list[tuple[str, int]] = []  # (kind, job id) of every run that got through
+events: list[str] = []  # what the middleware saw
+
+
+@jobs.job("async_ok")
+async def async_ok(job: Job) -> None:
+    await asyncio.sleep(0)
+    ran.append(("async_ok", job.id))
+
+
+@jobs.job("async_loop_id")
+async def async_loop_id(job: Job) -> None:
+    ran.append(("loop", id(asyncio.get_running_loop())))
+
+
+@jobs.job("async_boom")
+async def async_boom(job: Job) -> None:
+    await asyncio.sleep(0)
+    raise ValueError("async boom")
+
+
+async def _helper(job: Job) -> None:
+    ran.append(("helper", job.id))
+
+
+@jobs.job("returns_coroutine")
+def returns_coroutine(job: Job) -> Coroutine[Any, Any, None]:
+    return _helper(job)  # a mistake: nothing awaits it
+
+
+@jobs.job("sync_ok")
+def sync_ok(job: Job) -> None:
+    ran.append(("sync_ok", job.id))
+
+
+@jobs.job(
+    "shaped", queue="emails", priority=-3, max_attempts=7, recovery_policy="manual", timeout=30
+)
+def shaped(job: Job) -> None:
+    ran.append(("shaped", job.id))
+
+
+@jobs.job("own_backoff", backoff=RetryPolicy(base_seconds=1000, cap_seconds=1000, jitter=0))
+def own_backoff(job: Job) -> None:
+    raise RuntimeError("later")
+
+
+@jobs.job("overruns", timeout=0.05)
+def overruns(job: Job) -> None:
+    # Works until its own deadline has passed (job.remaining() reports the timeout's end).
+    while job.remaining() > -0.01:
+        time.sleep(0.005)
+
+
+@jobs.job("async_overruns", timeout=0.05)
+async def async_overruns(job: Job) -> None:
+    await asyncio.Event().wait()  # never set: only the timeout ends it
+
+
+@jobs.job("remaining")
+def remaining(job: Job) -> None:
+    ran.append(("remaining", round(job.remaining())))
+
+
+@jobs.job("remaining_timeout", timeout=5)
+def remaining_timeout(job: Job) -> None:
+    ran.append(("remaining", round(job.remaining())))
+
+
+@jobs.middleware
+def outer(job: Job) -> contextlib.AbstractContextManager[None]:
+    return _tracking("outer", job)
+
+
+@jobs.middleware
+def inner(job: Job) -> contextlib.AbstractContextManager[None]:
+    return _tracking("inner", job)
+
+
+@contextlib.contextmanager
+def _tracking(name: str, job: Job) -> Iterator[None]:
+    events.append(f"{name} enter {job.kind}")
+    try:
+        yield
+    except Exception as exc:
+        events.append(f"{name} saw {type(exc).__name__}")
+        raise
+    events.append(f"{name} exit {job.kind}")
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    ran.clear()
+    events.clear()
+
+
+def run(url: str, **settings: Any) -> DrainResult:
+    return drain(Settings(**settings), Budget.seconds(30), jobs, url)
+
+
+# -- async def jobs -------------------------------------------------------------------------
+
+
+def test_an_async_job_runs_on_an_event_loop(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "async_ok")
+    assert run(db_url).done == 1
+    assert ran == [("async_ok", job_id)]
+    assert job_row(conn, job_id)["status"] == "done"
+
+
+def test_a_worker_thread_reuses_one_event_loop(db_url: str, conn: Conn) -> None:
+    for _ in range(3):
+        enqueue(conn, "async_loop_id")
+    assert run(db_url, concurrency=1).done == 3
+    assert len({loop for _, loop in ran}) == 1
+
+
+def test_an_async_job_that_raises_is_retried_with_its_error(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "async_boom")
+    assert run(db_url).retried == 1
+    assert job_row(conn, job_id)["last_error"] == "ValueError: async boom"
+
+
+def test_a_sync_job_returning_a_coroutine_is_an_error_not_success(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "returns_coroutine")
+    result = run(db_url)
+    assert (result.done, result.retried) == (0, 1)
+    row = job_row(conn, job_id)
+    assert row["last_error"].startswith("NotAwaited: the function for job kind")
+    assert ran == []  # the coroutine never ran (and was closed: no "never awaited" warning)
+
+
+# -- middleware -----------------------------------------------------------------------------
+
+
+def test_middleware_wraps_each_job_outermost_first_and_sees_its_error(
+    db_url: str, conn: Conn
+) -> None:
+    enqueue(conn, "sync_ok")
+    run(db_url)
+    assert events == [
+        "outer enter sync_ok",
+        "inner enter sync_ok",
+        "inner exit sync_ok",
+        "outer exit sync_ok",
+    ]
+    events.clear()
+    enqueue(conn, "async_boom")
+    run(db_url)
+    assert events == [
+        "outer enter async_boom",
+        "inner enter async_boom",
+        "inner saw ValueError",
+        "outer saw ValueError",
+    ]
+
+
+def test_middleware_runs_in_the_jobs_own_thread(db_url: str, conn: Conn) -> None:
+    threads: list[str] = []
+    registry = Registry()
+
+    @registry.middleware
+    def where(job: Job) -> contextlib.AbstractContextManager[None]:
+        threads.append(threading.current_thread().name)
+        return contextlib.nullcontext()
+
+    @registry.job("noop")
+    def noop(job: Job) -> None:
+        pass
+
+    enqueue(conn, "noop")
+    drain(Settings(), Budget.seconds(30), registry, db_url)
+    [name] = threads
+    assert name.startswith("pgdrain-job")
+
+
+# -- per-kind options -----------------------------------------------------------------------
+
+
+def test_enqueue_through_the_registry_takes_the_kinds_defaults(conn: Conn) -> None:
+    job_id = jobs.enqueue(conn, "shaped", {"to": "a@example.com"})
+    row = job_row(conn, job_id)
+    assert (row["queue"], row["priority"], row["max_attempts"], row["recovery_policy"]) == (
+        "emails",
+        -3,
+        7,
+        "manual",
+    )
+
+
+def test_an_argument_given_at_enqueue_wins_over_the_kinds_default(conn: Conn) -> None:
+    job_id = jobs.enqueue(conn, "shaped", queue="urgent", priority=0, max_attempts=1)
+    row = job_row(conn, job_id)
+    assert (row["queue"], row["priority"], row["max_attempts"], row["recovery_policy"]) == (
+        "urgent",
+        0,
+        1,
+        "manual",
+    )
+
+
+def test_enqueue_statement_through_the_registry_takes_the_kinds_defaults(conn: Conn) -> None:
+    sql, params = jobs.enqueue_statement("shaped", {"to": "a@example.com"}, priority=1)
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    job = job_row(conn, row[0])
+    assert (job["queue"], job["priority"], job["max_attempts"]) == ("emails", 1, 7)
+
+
+def test_plain_enqueue_keeps_its_own_defaults(conn: Conn) -> None:
+    row = job_row(conn, enqueue(conn, "shaped"))
+    assert (row["queue"], row["priority"], row["max_attempts"]) == ("default", 0, 5)
+
+
+def test_a_kind_not_registered_enqueues_with_enqueues_defaults(conn: Conn) -> None:
+    row = job_row(conn, jobs.enqueue(conn, "elsewhere"))
+    assert (row["queue"], row["max_attempts"]) == ("default", 5)
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"queue": "no spaces"}, "queue"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"priority": 2**40}, "priority"),
+        ({"recovery_policy": "never"}, "recovery_policy"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"backoff": 3}, "backoff"),
+    ],
+)
+def test_bad_kind_options_fail_at_import(options: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        Registry().job("x", **options)
+
+
+def test_a_kinds_backoff_sets_its_retry_delay(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "own_backoff")
+    run(db_url)
+    row = conn.execute(
+        "SELECT extract(epoch FROM run_at - now())::float8 FROM pgdrain.jobs WHERE id = %s",
+        (job_id,),
+    ).fetchone()
+    assert row is not None and 990 < row[0] <= 1000  # the default would be ~10 s
+
+
+def test_remaining_reports_the_timeout_when_it_ends_before_the_budget(
+    db_url: str, conn: Conn
+) -> None:
+    enqueue(conn, "remaining_timeout")
+    enqueue(conn, "remaining", priority=1)
+    run(db_url, concurrency=1)
+    [(_, with_timeout), (_, budget_only)] = ran
+    assert with_timeout <= 5 < budget_only
+
+
+def test_a_sync_job_returning_after_its_timeout_is_failed(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "overruns")
+    result = run(db_url)
+    assert (result.done, result.retried) == (0, 1)
+    assert "over its timeout of 0.05 s" in job_row(conn, job_id)["last_error"]
+
+
+def test_an_async_job_is_cancelled_at_its_timeout(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "async_overruns")
+    result = run(db_url)
+    assert (result.done, result.retried) == (0, 1)
+    assert "cancelled at its timeout of 0.05 s" in job_row(conn, job_id)["last_error"]

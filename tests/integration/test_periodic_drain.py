@@ -1,0 +1,71 @@
+"""Periodic kinds through real drains: each due slot is enqueued once, by whichever run starts
+first after it falls due, and runs; the next run finds the slot taken, whatever became of the
+first slot's job (done, purged)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.fixtures import without_line
+from pgdrain import Budget, Job, Registry, Settings, drain, store
+from pgdrain.sql import query
+
+Conn = psycopg.Connection[Any]
+
+jobs = Registry()
+ran: list[int] = []
+
+
+# Yearly: the latest due slot is this year's, the same for every run in this test (unless the
+# test straddles midnight on New Year's Eve UTC).
+@jobs.periodic("0 0 1 1 *", kind="yearly_report", payload={"format": "csv"}, queue="reports")
+def yearly_report(job: Job) -> None:
+    assert job.payload == {"format": "csv"}
+    ran.append(job.id)
+
+
+def run(url: str) -> None:
+    drain(Settings(queues=("reports",)), Budget.seconds(30), jobs, url)
+
+
+def _statuses(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT status FROM pgdrain.jobs ORDER BY id").fetchall()]
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    ran.clear()
+
+
+def test_a_due_slot_is_enqueued_once_and_runs_once_across_runs(db_url: str, conn: Conn) -> None:
+    run(db_url)
+    run(db_url)
+    assert _statuses(conn) == ["done"]
+    assert len(ran) == 1
+    row = conn.execute("SELECT kind, to_char(slot, 'MM-DD HH24:MI') FROM pgdrain.periodic_slots")
+    assert row.fetchall() == [("yearly_report", "01-01 00:00")]
+
+
+def test_a_slot_whose_job_was_purged_is_not_enqueued_again(db_url: str, conn: Conn) -> None:
+    run(db_url)
+    conn.execute("DELETE FROM pgdrain.jobs")  # retention, or a freed idempotency key
+    run(db_url)
+    assert _statuses(conn) == [] and len(ran) == 1
+
+
+def test_control_without_the_slot_guard_every_run_enqueues_the_slot_again(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unguarded = without_line(query("periodic_enqueue"), "WHERE p.slot < excluded.slot")
+
+    def query_without_guard(name: str) -> str:
+        return unguarded if name == "periodic_enqueue" else query(name)
+
+    monkeypatch.setattr(store, "query", query_without_guard)
+    run(db_url)
+    run(db_url)
+    assert _statuses(conn) == ["done", "done"]
+    assert len(ran) == 2

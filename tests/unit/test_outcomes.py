@@ -1,0 +1,87 @@
+"""outcomes.decide and the error texts, without a database: what each raised exception
+becomes, and texts made storable and bounded whatever the job raised."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgdrain import Cancel, Discard, RetryIn, Snooze, outcomes
+from pgdrain.errors import UnknownJobKind
+
+
+def _backoff(attempt: int) -> float:
+    return 7.0 * attempt
+
+
+@pytest.mark.parametrize(
+    ("error", "delay", "final", "spend", "record", "message"),
+    [
+        (ValueError("x"), 14.0, False, True, True, "ValueError: x"),
+        (RetryIn(30, "later"), 30.0, False, True, True, "RetryIn: later"),
+        (Snooze(60), 60.0, False, False, False, "Snooze: snoozed for 60 s"),
+        (Discard("bad"), 0.0, True, True, True, "discarded: bad"),
+        (Cancel("stop"), 0.0, True, True, True, "cancelled: stop"),
+        (
+            UnknownJobKind("no function is registered for job kind 'k'"),
+            14.0,
+            False,
+            True,
+            True,
+            "UnknownJobKind: no function is registered for job kind 'k' in this deployment "
+            "(retried: a deploy may not have reached every function yet)",
+        ),
+    ],
+)
+def test_what_each_exception_becomes(
+    error: BaseException, delay: float, final: bool, spend: bool, record: bool, message: str
+) -> None:
+    decision = outcomes.decide(error, 2, _backoff)
+    assert (decision.delay_seconds, decision.final, decision.spend_attempt) == (delay, final, spend)
+    assert (decision.record, decision.message) == (record, message)
+
+
+def test_only_an_ordinary_error_keeps_a_traceback() -> None:
+    try:
+        raise ValueError("with a traceback")
+    except ValueError as exc:
+        decision = outcomes.decide(exc, 1, _backoff)
+    assert decision.traceback.startswith("Traceback (most recent call last)")
+    assert outcomes.decide(Discard("x"), 1, _backoff).traceback == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "stored"),
+    [
+        ("a\x00b", "a\\x00b"),
+        ("bad \udc80 byte", "bad \\udc80 byte"),
+        ("fine: é ✓", "fine: é ✓"),
+    ],
+)
+def test_texts_are_made_storable(text: str, stored: str) -> None:
+    assert outcomes.sanitize(text) == stored
+    stored.encode("utf-8")  # no lone surrogate left
+
+
+def test_a_str_that_raises_or_returns_no_text_falls_back_to_the_type() -> None:
+    class Raises(Exception):
+        def __str__(self) -> str:
+            raise KeyError("no")
+
+    class NotText(Exception):
+        def __str__(self) -> str:
+            return 42  # type: ignore[return-value]
+
+    assert outcomes.error_text(Raises()) == "Raises: <str() raised KeyError>"
+    assert outcomes.error_text(NotText()) == "NotText: <str() raised TypeError>"
+    assert outcomes.error_text(ValueError()) == "ValueError"
+
+
+def test_texts_are_bounded_and_a_traceback_keeps_its_end() -> None:
+    assert len(outcomes.error_text(ValueError("x" * 10_000))) == outcomes.MAX_ERROR_LENGTH
+
+    try:
+        raise ValueError("y" * 9000 + " THE END")
+    except ValueError as exc:
+        text = outcomes.traceback_text(exc)
+    assert len(text) == outcomes.MAX_TRACEBACK_LENGTH
+    assert text.startswith("…") and text.endswith(" THE END\n")  # where it was raised
