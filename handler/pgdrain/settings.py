@@ -23,6 +23,8 @@ DEFAULT_CONNECT_TIMEOUT_SECONDS = 20.0  # an Aurora Serverless v2 resume takes a
 DEFAULT_RECLAIM_LIMIT = 500
 DEFAULT_MAX_CHAIN = 10  # Lambda stops pure Lambda->Lambda loops at about 16 hops
 DEFAULT_KICK_DEBOUNCE_SECONDS = 2.0
+DEFAULT_MAX_RUNS = 10  # concurrent runs in all, fan-out included: each holds one connection
+DEFAULT_WAKE_PRECISION_SECONDS = 60.0  # EventBridge Scheduler's one-shot precision: a minute
 
 PoolerMode = Literal["session", "transaction"]
 POOLER_MODES: tuple[str, ...] = get_args(PoolerMode)
@@ -45,6 +47,10 @@ ENV_VARIABLES = (
     "PGDRAIN_MAX_CHAIN",
     "PGDRAIN_KICK_DEBOUNCE_SECONDS",
     "PGDRAIN_FUNCTION_NAME",
+    "PGDRAIN_MAX_RUNS",
+    "PGDRAIN_SCHEDULE_GROUP",
+    "PGDRAIN_SCHEDULER_ROLE_ARN",
+    "PGDRAIN_WAKE_PRECISION_SECONDS",
 )
 
 
@@ -80,6 +86,12 @@ class Settings:
     max_chain: int = DEFAULT_MAX_CHAIN
     kick_debounce_seconds: float = DEFAULT_KICK_DEBOUNCE_SECONDS
     function_name: str | None = None
+    max_runs: int = DEFAULT_MAX_RUNS
+    # Where a run creates its one-shot wake-up schedules, and the role they invoke through;
+    # without both, the wake-up time is only reported (local runs).
+    schedule_group: str | None = None
+    scheduler_role_arn: str | None = None
+    wake_precision_seconds: float = DEFAULT_WAKE_PRECISION_SECONDS
 
     def __post_init__(self) -> None:
         if self.database_url is not None:
@@ -96,6 +108,12 @@ class Settings:
             0 <= self.kick_debounce_seconds <= 3600,
             "PGDRAIN_KICK_DEBOUNCE_SECONDS",
             "from 0 to 3600",
+        )
+        _require(1 <= self.max_runs <= 1000, "PGDRAIN_MAX_RUNS", "from 1 to 1000")
+        _require(
+            1 <= self.wake_precision_seconds <= 3600,
+            "PGDRAIN_WAKE_PRECISION_SECONDS",
+            "from 1 to 3600",
         )
         if not self.queues:
             raise ConfigError("PGDRAIN_QUEUES names no queue")
@@ -114,6 +132,8 @@ class Settings:
             "database_url": text("DATABASE_URL"),
             "db_secret_arn": text("PGDRAIN_DB_SECRET_ARN"),
             "function_name": text("PGDRAIN_FUNCTION_NAME"),
+            "schedule_group": text("PGDRAIN_SCHEDULE_GROUP"),
+            "scheduler_role_arn": text("PGDRAIN_SCHEDULER_ROLE_ARN"),
         }
         if (raw := text("PGDRAIN_QUEUES")) is not None:
             kwargs["queues"] = parse_queues(raw, "PGDRAIN_QUEUES")
@@ -126,6 +146,7 @@ class Settings:
             ("PGDRAIN_CONCURRENCY", "concurrency"),
             ("PGDRAIN_RECLAIM_LIMIT", "reclaim_limit"),
             ("PGDRAIN_MAX_CHAIN", "max_chain"),
+            ("PGDRAIN_MAX_RUNS", "max_runs"),
         ):
             if (raw := text(name)) is not None:
                 kwargs[attr] = _integer(name, raw)
@@ -134,6 +155,7 @@ class Settings:
             ("PGDRAIN_RESERVE_SECONDS", "reserve_seconds"),
             ("PGDRAIN_CONNECT_TIMEOUT", "connect_timeout"),
             ("PGDRAIN_KICK_DEBOUNCE_SECONDS", "kick_debounce_seconds"),
+            ("PGDRAIN_WAKE_PRECISION_SECONDS", "wake_precision_seconds"),
         ):
             if (raw := text(name)) is not None:
                 kwargs[attr] = _seconds(name, raw)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,12 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pgdrain import db, store
 from pgdrain.aws import events
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
+from pgdrain.aws.control import RunControl
+from pgdrain.aws.fanout import Spawner
 from pgdrain.aws.lambda_api import invoke_async
 from pgdrain.aws.metrics import AGE_METRIC, DEPTH_METRIC, ProgressMetrics
 from pgdrain.aws.secrets import resolve_conninfo
+from pgdrain.aws.wake import Waker
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, Observer, drain
 from pgdrain.errors import BadEvent, BadInput, PgdrainError
@@ -86,9 +89,10 @@ def handle(
     )
     worker_id = f"{context.function_name}:{context.aws_request_id}"
     with ProgressMetrics(metrics) as progress:
+        control = _control(settings, trigger, budget, worker_id, context, progress.count)
         try:
             result, conninfo = _drain(
-                settings, runtime.registry, trigger, budget, worker_id, progress.observe
+                settings, runtime.registry, trigger, budget, worker_id, progress.observe, control
             )
         except PgdrainError as exc:  # no database configured, or its secret unreadable
             logger.error("run failed: %s", exc)
@@ -109,15 +113,43 @@ def handle(
         "result": result.as_dict(),
         "continued": continued,
         "queue_depth": None if depth is None else depth.ready,
+        **control.summary(),
     }
     if result.stop_reason == "error":
         logger.error("run failed: %s", result.error)
     else:
         logger.info(
             "run finished",
-            extra={"stop_reason": result.stop_reason, "continued": continued, "done": result.done},
+            extra={
+                "stop_reason": result.stop_reason,
+                "continued": continued,
+                "done": result.done,
+                **control.summary(),
+            },
         )
     return summary
+
+
+def _control(
+    settings: Settings,
+    trigger: events.Trigger,
+    budget: Budget,
+    worker_id: str,
+    context: LambdaContextLike,
+    count: Callable[[str, int], None],
+) -> RunControl:
+    """The run's control plane. Under `sam local invoke` / `pgdrain invoke` it neither spawns
+    nor schedules (the wake-up time is only reported)."""
+    local = os.environ.get(SAM_LOCAL_VARIABLE) == "true"
+    # The unqualified ARN: the wake-up role and the function's own policy name exactly that.
+    target = None if local else ":".join(context.invoked_function_arn.split(":")[:7])
+    return RunControl(
+        trigger,
+        trigger.run_id or worker_id,
+        budget,
+        waker=Waker(settings, target, count=count),
+        spawner=Spawner(settings, trigger, budget, target, invoke_async, count=count),
+    )
 
 
 def _drain(
@@ -127,6 +159,7 @@ def _drain(
     budget: Budget,
     worker_id: str,
     observer: Observer,
+    control: RunControl,
 ) -> tuple[DrainResult, str]:
     conninfo = resolve_conninfo(settings)
     result = drain(
@@ -137,6 +170,7 @@ def _drain(
         queues=trigger.queues,
         worker_id=worker_id,
         observer=observer,
+        hooks=control,
     )
     if not (_failed_before_work(result) and settings.db_secret_arn and not settings.database_url):
         return result, conninfo
@@ -153,6 +187,7 @@ def _drain(
         queues=trigger.queues,
         worker_id=worker_id,
         observer=observer,
+        hooks=control,
     )
     return result, fresh
 

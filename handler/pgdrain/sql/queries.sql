@@ -98,7 +98,12 @@ WITH completed AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) AS candidate
-    ORDER BY candidate.priority, candidate.run_at, candidate.id
+    -- Fair across queues (round-robin): every queue's first candidate comes before any queue's
+    -- second, so a backlog in one queue cannot make a new job in another wait behind all of it;
+    -- priority orders the jobs within a turn.
+    ORDER BY
+        row_number() OVER (PARTITION BY q.name ORDER BY candidate.priority, candidate.run_at, candidate.id),
+        candidate.priority, candidate.run_at, candidate.id
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE pgdrain.jobs AS j
@@ -254,14 +259,22 @@ SELECT EXISTS (
 ) AS ready;
 
 -- name: kick_debounce :many
--- Record a kick for each queue whose last kick is older than the window; the queues returned
--- are the ones to invoke for. Concurrent callers serialise on the row, so one wins per window.
-INSERT INTO pgdrain.kicks AS k (queue, kicked_at)
-SELECT q, now() FROM unnest(%(queues)s::text[]) AS q
+-- Record a kick for each queue (requested_at, always) and invoke for each queue whose last
+-- invoke is older than the window (kicked_at); `invoke` says which. Concurrent callers
+-- serialise on the row, so one wins per window. A suppressed kick is not lost: a run about to
+-- exit sees its requested_at (run_exit_check) and drains again, and a run that exits clears
+-- kicked_at (run_exit), so the next kick invokes.
+INSERT INTO pgdrain.kicks AS k (queue, kicked_at, requested_at)
+SELECT q, now(), now() FROM unnest(%(queues)s::text[]) AS q
 ON CONFLICT (queue) DO UPDATE
-SET kicked_at = excluded.kicked_at
-WHERE k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
-RETURNING k.queue;
+SET requested_at = excluded.requested_at,
+    kicked_at = CASE WHEN k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
+                     THEN excluded.kicked_at ELSE k.kicked_at END
+RETURNING k.queue, k.kicked_at = now() AS invoke;
+
+-- name: kick_clear :exec
+-- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes.
+UPDATE pgdrain.kicks SET kicked_at = '-infinity' WHERE queue = ANY(%(queues)s::text[]);
 
 -- name: queue_depth :one
 -- Ready jobs in these queues and the age of the oldest: the backlog a run leaves behind
@@ -270,3 +283,114 @@ SELECT count(*) AS ready,
        coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
 FROM pgdrain.jobs
 WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
+
+-- name: queue_ready_count :one
+-- Ready jobs in these queues, counted up to %(limit)s (the fan-out decision only needs to
+-- know whether the backlog exceeds what the runs can finish).
+SELECT count(*) AS ready FROM (
+    SELECT 1 FROM pgdrain.jobs
+    WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+    LIMIT %(limit)s
+) AS ready;
+
+-- name: run_register :exec
+-- A run announces itself once connected (a spawned run replaces the reservation its spawner
+-- made under the same id). Repeating it changes nothing but the deadline: safe to retry.
+INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+VALUES (%(run_id)s, %(queues)s::text[], %(chain)s,
+        now() + make_interval(secs => %(remaining_seconds)s))
+ON CONFLICT (run_id) DO UPDATE
+SET queues = excluded.queues, chain = excluded.chain, deadline = excluded.deadline;
+
+-- name: run_gate_lock :exec
+-- Serialise fan-out decisions until the transaction ends. Taken in a statement of its own, so
+-- that the count that follows reads a snapshot taken after the lock was granted.
+SELECT id FROM pgdrain.run_gate FOR UPDATE;
+
+-- name: run_spawn :many
+-- Reserve new runs until the live runs (deadline not passed) number %(runs_needed)s, and never
+-- more than %(max_runs)s; returns the ids reserved. Each reservation lasts %(reserve_seconds)s, until the
+-- spawned run registers with its own deadline; a spawn that never starts stops counting then.
+-- Run after run_gate_lock in the same transaction.
+INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+SELECT gen_random_uuid()::text, %(queues)s::text[], %(chain)s,
+       now() + make_interval(secs => %(reserve_seconds)s)
+FROM generate_series(
+    1,
+    least(%(runs_needed)s, %(max_runs)s)
+        - (SELECT count(*) FROM pgdrain.runs WHERE deadline > now())::int
+)
+RETURNING run_id;
+
+-- name: run_unregister :exec
+-- Forget a run: one that exits, or a reservation whose invoke failed.
+DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
+
+-- name: run_exit_check :one
+-- A run that found nothing to claim, before it exits: should it drain again, and when is new
+-- work next due in its queues? Locks the queues' kick rows until the transaction ends (then
+-- run_exit clears them), so a kick either lands before this check, where it is seen, or after
+-- the exit, where it invokes. `kicked` is true for a kick whose transaction started after this
+-- one: its enqueue may have committed after this statement's snapshot. An older kick's enqueue
+-- committed before this snapshot, and `ready` sees its job. `due_at` is the earliest run_at of
+-- a queued job still in the future, or lease expiry of a running job (a dead run's jobs
+-- become claimable then): the wake-up this run must make sure of.
+WITH kick AS MATERIALIZED (
+    SELECT requested_at FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE
+)
+SELECT
+    coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
+    -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
+    -- drain again (the lock lasts until this short transaction ends).
+    EXISTS (
+        SELECT 1 FROM pgdrain.jobs
+        WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ) AS ready,
+    least(
+        (SELECT min(run_at) FROM pgdrain.jobs
+         WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at > now()),
+        (SELECT min(lease_expires_at) FROM pgdrain.jobs
+         WHERE status = 'running' AND queue = ANY(%(queues)s::text[]))
+    ) AS due_at;
+
+-- name: run_exit :exec
+-- The run exits: the kicks of its queues no longer wait on it (the next kick invokes), and
+-- it no longer counts as a live run. Both are safe to repeat.
+WITH cleared AS (
+    UPDATE pgdrain.kicks SET kicked_at = '-infinity' WHERE queue = ANY(%(queues)s::text[])
+)
+DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
+
+-- name: wake_reserve :one
+-- Claim the right to create the one-shot schedule for %(wake_at)s, unless an earlier or equal
+-- wake-up of the same queues is pending (created, or being created and reserved_until not
+-- passed). The same run may reserve again (a retried statement). Returns a row when the
+-- caller must create the schedule.
+INSERT INTO pgdrain.wakes AS w (queue_set, wake_at, state, reserved_by, reserved_until)
+VALUES (%(queue_set)s, %(wake_at)s, 'creating', %(run_id)s,
+        now() + make_interval(secs => %(hold_seconds)s))
+ON CONFLICT (queue_set) DO UPDATE
+SET wake_at = excluded.wake_at, state = 'creating', reserved_by = excluded.reserved_by,
+    reserved_until = excluded.reserved_until
+WHERE w.wake_at <= now()
+   OR w.wake_at > excluded.wake_at
+   OR (w.state = 'creating' AND w.reserved_until <= now())
+   OR (w.state = 'creating' AND w.reserved_by = excluded.reserved_by
+       AND w.wake_at = excluded.wake_at)
+RETURNING w.wake_at;
+
+-- name: wake_created :exec
+-- The schedule exists: the reservation becomes a pending wake-up until its time.
+UPDATE pgdrain.wakes SET state = 'created'
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
+
+-- name: wake_release :exec
+-- Creating the schedule failed: drop the reservation, so the next run that ends tries again.
+DELETE FROM pgdrain.wakes
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
+  AND state = 'creating';
