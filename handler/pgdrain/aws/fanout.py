@@ -93,7 +93,8 @@ class Spawner:
             return
         max_runs = self._settings.max_runs
         # Counting past what max_runs runs can finish tells nothing more.
-        limit = math.ceil(rate * remaining * max_runs) + 1
+        per_run = max(self._run_seconds, remaining)
+        limit = math.ceil(rate * (remaining + (max_runs - 1) * per_run)) + 1
         ready = session.run(store.queue_ready_count, self._trigger.queues, limit)
         needed = runs_needed(ready, rate, remaining, self._run_seconds)
         if needed <= 1:
