@@ -127,7 +127,20 @@ def handle(
                 **control.summary(),
             },
         )
+    if result.abandoned and not continued:
+        # Their leases end at this run's deadline, and nothing else would start a run for them
+        # before the hourly schedule. A function error makes Lambda run this event once more
+        # about a minute later (template.yaml: MaximumRetryAttempts 1), as it does after a
+        # timeout; that run reclaims them. Safe to repeat: every run is.
+        raise JobsAbandoned(
+            f"{result.abandoned} job(s) still running at the deadline; their leases end now, "
+            "and failing this invocation makes Lambda retry it to reclaim them"
+        )
     return summary
+
+
+class JobsAbandoned(RuntimeError):
+    """A run returned with jobs still running (they outlasted its budget)."""
 
 
 def _control(
