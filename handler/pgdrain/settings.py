@@ -51,6 +51,7 @@ ENV_VARIABLES = (
     "PGDRAIN_SCHEDULE_GROUP",
     "PGDRAIN_SCHEDULER_ROLE_ARN",
     "PGDRAIN_WAKE_PRECISION_SECONDS",
+    "PGDRAIN_QUEUE_LIMITS",
 )
 
 
@@ -68,6 +69,20 @@ def parse_queues(raw: str, source: str) -> tuple[str, ...]:
     if not names:
         raise ConfigError(f"{source} names no queue")
     return tuple(dict.fromkeys(check_queue_name(n, source) for n in names))
+
+
+def parse_queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
+    """ "emails=2,sms=5" -> (("emails", 2), ("sms", 5))."""
+    limits: dict[str, int] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        name, sep, number = part.partition("=")
+        if not sep:
+            raise ConfigError(f"PGDRAIN_QUEUE_LIMITS: {part!r} is not QUEUE=LIMIT")
+        name = check_queue_name(name.strip(), "PGDRAIN_QUEUE_LIMITS")
+        limits[name] = _integer("PGDRAIN_QUEUE_LIMITS", number.strip())
+    return tuple(sorted(limits.items()))
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,8 @@ class Settings:
     schedule_group: str | None = None
     scheduler_role_arn: str | None = None
     wake_precision_seconds: float = DEFAULT_WAKE_PRECISION_SECONDS
+    # At most this many running jobs per queue across all runs: (("emails", 2),).
+    queue_limits: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.database_url is not None:
@@ -115,6 +132,9 @@ class Settings:
             "PGDRAIN_WAKE_PRECISION_SECONDS",
             "from 1 to 3600",
         )
+        for name, limit in self.queue_limits:
+            check_queue_name(name, "PGDRAIN_QUEUE_LIMITS")
+            _require(1 <= limit <= 100000, "PGDRAIN_QUEUE_LIMITS", "limits from 1 to 100000")
         if not self.queues:
             raise ConfigError("PGDRAIN_QUEUES names no queue")
         for name in self.queues:
@@ -139,6 +159,8 @@ class Settings:
             kwargs["queues"] = parse_queues(raw, "PGDRAIN_QUEUES")
         if (raw := text("PGDRAIN_JOBS")) is not None:
             kwargs["jobs_module"] = raw
+        if (raw := text("PGDRAIN_QUEUE_LIMITS")) is not None:
+            kwargs["queue_limits"] = parse_queue_limits(raw)
         if (raw := text("PGDRAIN_POOLER")) is not None:
             kwargs["pooler"] = raw.lower()
         for name, attr in (

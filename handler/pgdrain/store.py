@@ -401,6 +401,20 @@ def run_exit(conn: Connection, run_id: str, queues: Sequence[str]) -> None:
     conn.execute(query("run_exit"), {"run_id": run_id, "queues": list(queues)})
 
 
+def queue_limit_sync(
+    conn: Connection, queues: Sequence[str], limits: Sequence[tuple[str, int]]
+) -> None:
+    """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max)."""
+    conn.execute(
+        query("queue_limit_sync"),
+        {
+            "queues": list(queues),
+            "limited": [q for q, _ in limits],
+            "limits": [n for _, n in limits],
+        },
+    )
+
+
 def wake_reserve(
     conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str, hold_seconds: float
 ) -> bool:

@@ -48,6 +48,7 @@ class RunControl:
         *,
         waker: Waker,
         spawner: Spawner | None = None,
+        queue_limits: tuple[tuple[str, int], ...] = (),
         trailing_edge: bool = True,
         before_exit_check: Callable[[], None] | None = None,
     ) -> None:
@@ -56,6 +57,7 @@ class RunControl:
         self._budget = budget
         self._waker = waker
         self._spawner = spawner
+        self._queue_limits = tuple((q, n) for q, n in queue_limits if q in trigger.queues)
         self._trailing_edge = trailing_edge
         self._before_exit_check = before_exit_check
         self.wake = WakeOutcome(None, "none")
@@ -69,6 +71,10 @@ class RunControl:
             self.trigger.chain,
             self._budget.remaining(),
         )
+        # Limits configured here are written by every run; a limit removed from the setting is
+        # dropped by the next scheduled run (housekeeping), which costs the others nothing.
+        if self._queue_limits or self.trigger.reason == "schedule":
+            session.run(store.queue_limit_sync, self.trigger.queues, self._queue_limits)
 
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float

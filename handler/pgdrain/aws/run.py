@@ -162,6 +162,7 @@ def _control(
         budget,
         waker=Waker(settings, target, count=count),
         spawner=Spawner(settings, trigger, budget, target, invoke_async, count=count),
+        queue_limits=settings.queue_limits,
     )
 
 

@@ -82,12 +82,30 @@ WITH completed AS (
     WHERE j.id = held.id
       AND j.status = 'running'
       AND j.attempt_token = held.token
-    RETURNING j.id
+    RETURNING j.id, j.queue
+), limits AS MATERIALIZED (
+    -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
+    -- none, and then nothing is locked). The row lock serialises the claims of a limited
+    -- queue, and reads the running count as the last claim committed it.
+    SELECT l.queue, l.max_running - l.running AS free
+    FROM pgdrain.queue_limits AS l
+    WHERE l.queue = ANY(%(queues)s::text[])
+    ORDER BY l.queue
+    FOR UPDATE OF l
+), slots AS (
+    -- How many each queue may claim now: the batch, or its free slots (with the jobs this
+    -- statement completes, whose counts the trigger moves only at its end).
+    SELECT q.name,
+           least(%(limit)s, greatest(0, coalesce(
+               lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
+               %(limit)s))) AS n
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    LEFT JOIN limits AS lim ON lim.queue = q.name
 ), ready AS (
     -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
     -- (`queue = ANY(...)` would sort every ready row first).
     SELECT candidate.id
-    FROM unnest(%(queues)s::text[]) AS q(name)
+    FROM slots AS q
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at
         FROM pgdrain.jobs
@@ -95,7 +113,7 @@ WITH completed AS (
           AND queue = q.name
           AND run_at <= now()
         ORDER BY priority, run_at, id
-        LIMIT %(limit)s
+        LIMIT q.n
         FOR UPDATE SKIP LOCKED
     ) AS candidate
     -- Fair across queues (round-robin): every queue's first candidate comes before any queue's
@@ -290,15 +308,15 @@ WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
 SELECT count(*) AS ready FROM (
     SELECT 1 FROM pgdrain.jobs
     WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
-    LIMIT %(limit)s
+    LIMIT %(limit)s::int
 ) AS ready;
 
 -- name: run_register :exec
 -- A run announces itself once connected (a spawned run replaces the reservation its spawner
 -- made under the same id). Repeating it changes nothing but the deadline: safe to retry.
 INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
-VALUES (%(run_id)s, %(queues)s::text[], %(chain)s,
-        now() + make_interval(secs => %(remaining_seconds)s))
+VALUES (%(run_id)s::text, %(queues)s::text[], %(chain)s::int,
+        now() + make_interval(secs => %(remaining_seconds)s::float8))
 ON CONFLICT (run_id) DO UPDATE
 SET queues = excluded.queues, chain = excluded.chain, deadline = excluded.deadline;
 
@@ -313,11 +331,11 @@ SELECT id FROM pgdrain.run_gate FOR UPDATE;
 -- spawned run registers with its own deadline; a spawn that never starts stops counting then.
 -- Run after run_gate_lock in the same transaction.
 INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
-SELECT gen_random_uuid()::text, %(queues)s::text[], %(chain)s,
-       now() + make_interval(secs => %(reserve_seconds)s)
+SELECT gen_random_uuid()::text, %(queues)s::text[], %(chain)s::int,
+       now() + make_interval(secs => %(reserve_seconds)s::float8)
 FROM generate_series(
     1,
-    least(%(runs_needed)s, %(max_runs)s)
+    least(%(runs_needed)s::int, %(max_runs)s::int)
         - (SELECT count(*) FROM pgdrain.runs WHERE deadline > now())::int
 )
 RETURNING run_id;
@@ -345,11 +363,17 @@ SELECT
     coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
     -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
     -- drain again (the lock lasts until this short transaction ends).
+    -- A queue at its concurrency limit has nothing claimable either: the runs holding its
+    -- slots claim its next jobs as they finish.
     EXISTS (
-        SELECT 1 FROM pgdrain.jobs
-        WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+        SELECT 1 FROM pgdrain.jobs AS j
+        WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM pgdrain.queue_limits AS l
+              WHERE l.queue = j.queue AND l.running >= l.max_running
+          )
         LIMIT 1
-        FOR UPDATE SKIP LOCKED
+        FOR UPDATE OF j SKIP LOCKED
     ) AS ready,
     least(
         (SELECT min(run_at) FROM pgdrain.jobs
@@ -372,8 +396,8 @@ DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
 -- passed). The same run may reserve again (a retried statement). Returns a row when the
 -- caller must create the schedule.
 INSERT INTO pgdrain.wakes AS w (queue_set, wake_at, state, reserved_by, reserved_until)
-VALUES (%(queue_set)s, %(wake_at)s, 'creating', %(run_id)s,
-        now() + make_interval(secs => %(hold_seconds)s))
+VALUES (%(queue_set)s::text, %(wake_at)s::timestamptz, 'creating', %(run_id)s::text,
+        now() + make_interval(secs => %(hold_seconds)s::float8))
 ON CONFLICT (queue_set) DO UPDATE
 SET wake_at = excluded.wake_at, state = 'creating', reserved_by = excluded.reserved_by,
     reserved_until = excluded.reserved_until
@@ -394,3 +418,22 @@ WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(ru
 DELETE FROM pgdrain.wakes
 WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
   AND state = 'creating';
+
+-- name: queue_limit_sync :exec
+-- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues: add or change
+-- the limits given, drop the others. A new limit starts from the queue's running jobs. Safe to
+-- repeat: it writes the same values again.
+WITH wanted AS (
+    SELECT w.queue, w.max_running
+    FROM unnest(%(limited)s::text[], %(limits)s::int[]) AS w(queue, max_running)
+), dropped AS (
+    DELETE FROM pgdrain.queue_limits
+    WHERE queue = ANY(%(queues)s::text[])
+      AND queue NOT IN (SELECT queue FROM wanted)
+)
+INSERT INTO pgdrain.queue_limits AS l (queue, max_running, running)
+SELECT w.queue, w.max_running,
+       (SELECT count(*) FROM pgdrain.jobs AS j WHERE j.status = 'running' AND j.queue = w.queue)
+FROM wanted AS w
+ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running
+WHERE l.max_running <> excluded.max_running;

@@ -32,3 +32,45 @@ CREATE TABLE pgdrain.run_gate (
     CONSTRAINT run_gate_one_row_chk CHECK (id)
 );
 INSERT INTO pgdrain.run_gate DEFAULT VALUES;
+
+-- Per-queue concurrency limits that hold across all concurrent runs (PGDRAIN_QUEUE_LIMITS,
+-- written by runs). `running` counts the queue's running jobs and is kept by the trigger
+-- below, so that a claim reads it through the row lock it takes: a count(*) of jobs would read
+-- the snapshot its statement took before the lock was granted, and two concurrent claims
+-- would both see the old count.
+CREATE TABLE pgdrain.queue_limits (
+    queue       text    PRIMARY KEY,
+    max_running integer NOT NULL,
+    running     integer NOT NULL DEFAULT 0,
+    CONSTRAINT queue_limits_max_chk CHECK (max_running >= 1),
+    CONSTRAINT queue_limits_running_chk CHECK (running >= 0)
+);
+
+-- Once per statement, from its transition tables: the claim (and every statement that ends
+-- an attempt: complete, fail, release, reclaim) moves the counters of limited queues.
+CREATE FUNCTION pgdrain.queue_limits_count() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits) THEN
+        RETURN NULL;  -- no limit configured: the common case costs one lookup
+    END IF;
+    UPDATE pgdrain.queue_limits AS l
+    SET running = greatest(0, l.running + d.delta)
+    FROM (
+        SELECT changes.queue, sum(changes.delta)::int AS delta
+        FROM (
+            SELECT n.queue, 1 AS delta FROM new_rows AS n WHERE n.status = 'running'
+            UNION ALL
+            SELECT o.queue, -1 FROM old_rows AS o WHERE o.status = 'running'
+        ) AS changes
+        GROUP BY changes.queue
+    ) AS d
+    WHERE l.queue = d.queue AND d.delta <> 0;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER jobs_queue_limits_count
+    AFTER UPDATE ON pgdrain.jobs
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION pgdrain.queue_limits_count();
