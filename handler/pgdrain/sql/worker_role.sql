@@ -1,7 +1,9 @@
 -- pgdrain_worker: the privileges the drain function needs, and nothing more.
 --
 -- A NOLOGIN group role: USAGE on schema pgdrain; SELECT, INSERT, UPDATE, DELETE on
--- pgdrain.jobs and pgdrain.kicks; USAGE on the jobs id sequence (an enqueue from a job).
+-- pgdrain.jobs and pgdrain.kicks and the control plane's tables (runs, wakes, queue_limits);
+-- SELECT, UPDATE on pgdrain.run_gate (its row lock); USAGE on the jobs id sequence (an
+-- enqueue from a job).
 -- No DDL (it owns nothing and may create nothing), no access to pgdrain.migrations.
 --
 -- Run it as the owner of the pgdrain schema, after `pgdrain migrate`, in each database that
@@ -25,4 +27,7 @@ $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.jobs, pgdrain.kicks TO pgdrain_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.runs, pgdrain.wakes, pgdrain.queue_limits
+    TO pgdrain_worker;
+GRANT SELECT, UPDATE ON pgdrain.run_gate TO pgdrain_worker;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_worker;
