@@ -312,3 +312,21 @@ def test_runs_ending_at_the_same_moment_create_one_schedule(
     assert errors == []
     assert sorted(outcomes) == ["created"] + ["pending"] * (runs - 1)
     assert len(_schedules(scheduler)) == 1
+
+
+def test_a_run_that_stops_for_time_also_schedules_its_wake_up(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped by its reserve (not by an empty claim), it ends its control-plane state on the
+    short connection it opens after the drain, wake-up included."""
+    _handler_env(monkeypatch, db_url, PGDRAIN_RESERVE_SECONDS="4", PGDRAIN_MAX_RUNS="1")
+    with conn.transaction():
+        enqueue(conn, "sleep", {"seconds": 2.5}, queue="emails")
+    run_at = _delayed(conn, "emails", 600)
+
+    result = _invoke(ENQUEUE_EMAILS, remaining_s=6.0)
+
+    assert result["result"]["stop_reason"] == "budget", result
+    assert (result["result"]["done"], result["continued"]) == (1, False)
+    assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
+    assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)  # unregistered

@@ -85,7 +85,7 @@ class RunControl:
     def before_exit(self, session: Session) -> bool:
         if self._before_exit_check is not None:
             self._before_exit_check()
-        decision = session.run(self._exit_or_again)
+        decision = session.run(self._exit_or_again, True)
         if decision.again:
             self.drained_again += 1
             log.info(
@@ -98,13 +98,22 @@ class RunControl:
         )
         return False
 
-    def _exit_or_again(self, conn: store.Connection) -> ExitDecision:
+    def after_budget(self, session: Session) -> None:
+        """A run that stopped for time, on a short connection of its own after the drain: it
+        exits the same way (the kick window cleared, unregistered) and makes sure of the
+        wake-up for work due later. Ready work is the continuation's, not a reason to stay."""
+        decision = session.run(self._exit_or_again, False)
+        self.wake = self._waker.ensure(
+            session, self.trigger.queues, decision.check.due_at, self.run_id
+        )
+
+    def _exit_or_again(self, conn: store.Connection, may_drain_again: bool) -> ExitDecision:
         # One short transaction: the kick rows stay locked from the check to the exit, so no
         # kick can be suppressed in between. Repeating it (after a reconnect) is safe: the
         # check only reads, and the exit clears and deletes what is already cleared or gone.
         with conn.transaction():
             check = store.run_exit_check(conn, self.trigger.queues)
-            again = self._trailing_edge and (check.kicked or check.ready)
+            again = may_drain_again and self._trailing_edge and (check.kicked or check.ready)
             if not again and self._trailing_edge:
                 store.run_exit(conn, self.run_id, self.trigger.queues)
             elif not again:

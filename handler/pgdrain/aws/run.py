@@ -17,7 +17,7 @@ import psycopg
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from pgdrain import db, store
+from pgdrain import store
 from pgdrain.aws import events
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
 from pgdrain.aws.control import RunControl
@@ -30,6 +30,7 @@ from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, Observer, drain
 from pgdrain.errors import BadEvent, BadInput, PgdrainError
 from pgdrain.registry import Registry, load_registry
+from pgdrain.session import Session
 from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def handle(
             return {"ok": False, "error": str(exc), "trigger": trigger.reason}
         progress.flush()
         continued = _continue(trigger, result, settings, context, logger)
-        depth = _depth(settings, conninfo, budget, trigger, result)
+        depth = _after_drain(settings, conninfo, budget, trigger, result, control)
         if depth is not None:
             progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
             progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
@@ -244,15 +245,18 @@ def _continue(
     return True
 
 
-def _depth(
+def _after_drain(
     settings: Settings,
     conninfo: str,
     budget: Budget,
     trigger: events.Trigger,
     result: DrainResult,
+    control: RunControl,
 ) -> store.QueueDepth | None:
     """The backlog the run leaves: none when it stopped because nothing was ready; measured on
-    a short connection when it stopped for time; unknown after an error or near the deadline."""
+    a short connection when it stopped for time, which also ends the run's control-plane state
+    (kick window, registration) and makes sure of its wake-up; unknown after an error or near
+    the deadline (a run that abandoned jobs is retried by Lambda instead)."""
     if result.stop_reason == "empty":
         return store.QueueDepth(ready=0, oldest_ready_age_s=0.0)
     if result.stop_reason != "budget" or budget.remaining() < DEPTH_MIN_REMAINING_SECONDS:
@@ -260,9 +264,14 @@ def _depth(
     quick = dataclasses.replace(
         settings, connect_timeout=max(0.5, min(settings.connect_timeout, budget.remaining() - 1))
     )
+    session = Session(conninfo, quick, budget)
     try:
-        with db.connect(conninfo, quick, budget) as conn:
-            return store.queue_depth(conn, trigger.queues)
+        session.open()
+        depth = session.run(store.queue_depth, trigger.queues)
+        control.after_budget(session)
+        return depth
     except (PgdrainError, psycopg.Error) as exc:
         log.warning("could not measure the queue depth: %s", exc)
         return None
+    finally:
+        session.close()
