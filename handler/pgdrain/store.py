@@ -309,11 +309,22 @@ def job_list(conn: Connection, statuses: Sequence[str], limit: int) -> list[JobR
     return [JobRow(**row) for row in rows]
 
 
-def kick_debounce(conn: Connection, queues: Sequence[str], window_seconds: float) -> list[str]:
-    """Record a kick for each queue; returns the queues to invoke for (their last invoke is
-    older than the window), now marked as invoked."""
+def kick_debounce(
+    conn: Connection,
+    queues: Sequence[str],
+    window_seconds: float,
+    precision_seconds: float = 60.0,
+) -> list[str]:
+    """Record a kick for each queue; returns the queues to invoke for (they need a run, and
+    their last invoke is older than the window), now marked as invoked. precision_seconds is
+    the wake-up rounding (PGDRAIN_WAKE_PRECISION_SECONDS)."""
     rows = conn.execute(
-        query("kick_debounce"), {"queues": list(queues), "window_seconds": window_seconds}
+        query("kick_debounce"),
+        {
+            "queues": list(queues),
+            "window_seconds": window_seconds,
+            "precision_seconds": precision_seconds,
+        },
     ).fetchall()
     return sorted(str(r[0]) for r in rows if r[1])
 

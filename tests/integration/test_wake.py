@@ -330,3 +330,34 @@ def test_a_run_that_stops_for_time_also_schedules_its_wake_up(
     assert (result["result"]["done"], result["continued"]) == (1, False)
     assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
     assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)  # unregistered
+
+
+def test_kicking_a_job_due_after_a_pending_wake_up_starts_no_run_now(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kicked delayed job is started by the wake-up at (or before) its run_at, not by a run
+    now that finds nothing: kick() invokes only when a queue has work due before any pending
+    wake-up (or none is pending, and the run it starts makes one)."""
+    from helpers.aws import FUNCTION_NAME, InvokeSpy, create_function
+    from pgdrain.aws.kick import kick
+    from pgdrain.aws.lambda_api import lambda_client
+
+    _handler_env(monkeypatch, db_url)
+    create_function()
+    spy = InvokeSpy()
+    client = spy.attach(lambda_client(REGION))
+    settings = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
+
+    _delayed(conn, "emails", 600)
+    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
+    assert _invoke(ENQUEUE_EMAILS)["wake"] == "created"  # the run it started: a wake-up
+
+    _delayed(conn, "emails", 1200)  # due after the pending wake-up: that run will see it
+    assert kick(conn, ["emails"], settings=settings, client=client) == ()
+    earlier = _delayed(conn, "emails", 120)  # due before it: a run now makes an earlier one
+    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
+    assert _invoke(ENQUEUE_EMAILS)["wake_at"] == wake_time(earlier, 60).isoformat()
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")  # ready now: always a run
+    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
+    assert len(spy.calls) == 3

@@ -11,6 +11,8 @@ everything ready, including the jobs of every kick that was coalesced into it.
 The debounce is on the trailing edge (pgdrain.aws.control): a run about to exit drains again
 for a kick that arrived after its last claim, and clears the window when it exits, so the next
 kick invokes. An invoke that fails clears the window too: a failed kick suppresses nothing.
+A queue with nothing ready whose next job is covered by a pending wake-up is not invoked at all:
+a kicked delayed job is started by its wake-up, not by a run now that finds nothing.
 
     with conn.transaction():
         pgdrain.enqueue(conn, "send_email", {"user_id": 42}, queue="emails")
@@ -67,7 +69,9 @@ def kick(
             "commits, or the drain it starts may not see the new jobs"
         )
     with conn.transaction():
-        due = store.kick_debounce(conn, names, settings.kick_debounce_seconds)
+        due = store.kick_debounce(
+            conn, names, settings.kick_debounce_seconds, settings.wake_precision_seconds
+        )
     if not due:
         log.debug("kick debounced: kicked within the window", extra={"queues": names})
         return ()

@@ -277,16 +277,38 @@ SELECT EXISTS (
 ) AS ready;
 
 -- name: kick_debounce :many
--- Record a kick for each queue (requested_at, always) and invoke for each queue whose last
--- invoke is older than the window (kicked_at); `invoke` says which. Concurrent callers
--- serialise on the row, so one wins per window. A suppressed kick is not lost: a run about to
--- exit sees its requested_at (run_exit_check) and drains again, and a run that exits clears
--- kicked_at (run_exit), so the next kick invokes.
+-- Record a kick for each queue (requested_at, always) and invoke for each queue that needs a
+-- run and whose last invoke is older than the window (kicked_at); `invoke` says which.
+-- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
+-- lost: a run about to exit sees its requested_at (run_exit_check) and drains again, and a run
+-- that exits clears kicked_at (run_exit), so the next kick invokes. A queue needs no run when
+-- nothing in it is ready and a wake-up pending for it comes before its next due job: a kicked
+-- delayed job is then started by that wake-up, not by a run now that finds nothing.
+WITH pending AS (
+    SELECT q.name,
+           (SELECT w.wake_at FROM pgdrain.wakes AS w
+            WHERE w.queue_set = q.name AND w.state = 'created' AND w.wake_at > now()) AS wake_at
+    FROM unnest(%(queues)s::text[]) AS q(name)
+), wanted AS (
+    SELECT p.name,
+           p.wake_at IS NULL
+           OR EXISTS (
+               -- Ready now, or due early enough that a run now would schedule an earlier
+               -- wake-up (wake-ups are rounded up to %(precision_seconds)s).
+               SELECT 1 FROM pgdrain.jobs AS j
+               WHERE j.status = 'queued' AND j.queue = p.name
+                 AND j.run_at <= greatest(
+                     now(), p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
+           ) AS needed
+    FROM pending AS p
+)
 INSERT INTO pgdrain.kicks AS k (queue, kicked_at, requested_at)
-SELECT q, now(), now() FROM unnest(%(queues)s::text[]) AS q
+SELECT w.name, CASE WHEN w.needed THEN now() ELSE '-infinity'::timestamptz END, now()
+FROM wanted AS w
 ON CONFLICT (queue) DO UPDATE
 SET requested_at = excluded.requested_at,
-    kicked_at = CASE WHEN k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
+    kicked_at = CASE WHEN excluded.kicked_at = now()
+                      AND k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
                      THEN excluded.kicked_at ELSE k.kicked_at END
 RETURNING k.queue, k.kicked_at = now() AS invoke;
 
