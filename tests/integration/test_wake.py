@@ -361,3 +361,21 @@ def test_kicking_a_job_due_after_a_pending_wake_up_starts_no_run_now(
         enqueue(conn, "noop", {}, queue="emails")  # ready now: always a run
     assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
     assert len(spy.calls) == 3
+
+
+def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url, PGDRAIN_RECLAIM_LIMIT="1")
+    with conn.transaction():
+        for _ in range(2):
+            enqueue(conn, "noop", {}, queue="emails")
+    store.job_complete_and_claim(conn, [], ["emails"], 2, "a-dead-run", 30, None)
+    conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 minute'")
+
+    result = _invoke(ENQUEUE_EMAILS)  # reclaims one (the limit), runs it; the other is due
+
+    assert (result["result"]["reclaimed"], result["result"]["done"]) == (1, 1)
+    wake_at = dt.datetime.fromisoformat(result["wake_at"])
+    assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    assert result["wake"] == "created"

@@ -155,6 +155,9 @@ class Waker:
     ) -> WakeOutcome:
         if due_at is None:
             return WakeOutcome(None, "none")
+        # Work already due (a lease that expired while this run found nothing to claim) is
+        # woken for at the next step: a schedule cannot fire in the past.
+        due_at = max(due_at, dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1))
         wake_at = wake_time(due_at, self._settings.wake_precision_seconds)
         if not self.can_schedule:
             log.info("work due later; no schedule here", extra={"wake_at": wake_at.isoformat()})
