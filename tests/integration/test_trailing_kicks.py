@@ -177,3 +177,17 @@ def test_a_run_is_registered_while_it_runs_and_gone_after_it_exits(db_url: str, 
     drain(RUN_SETTINGS, budget, registry, db_url, queues=["emails"], hooks=control)
     assert seen == [[("run-b", ["emails"])]]
     assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)
+
+
+def test_an_exit_forgets_the_rows_of_runs_long_dead(db_url: str, conn: Conn) -> None:
+    from pgdrain import store
+
+    store.run_register(conn, "died-long-ago", ["emails"], 0, 10)
+    store.run_register(conn, "died-just-now", ["emails"], 0, 10)
+    conn.execute(
+        "UPDATE pgdrain.runs SET deadline = now() - interval '2 hours'"
+        " WHERE run_id = 'died-long-ago'"
+    )
+    store.run_exit(conn, "another-run", ["emails"])
+    rows = conn.execute("SELECT run_id FROM pgdrain.runs").fetchall()
+    assert rows == [("died-just-now",)]

@@ -406,11 +406,14 @@ SELECT
 
 -- name: run_exit :exec
 -- The run exits: the kicks of its queues no longer wait on it (the next kick invokes), and
--- it no longer counts as a live run. Both are safe to repeat.
+-- it no longer counts as a live run. The rows of runs that died (past their deadline for an
+-- hour) go too, so the table stays as small as the number of live runs. Safe to repeat.
 WITH cleared AS (
     UPDATE pgdrain.kicks SET kicked_at = '-infinity' WHERE queue = ANY(%(queues)s::text[])
 )
-DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
+DELETE FROM pgdrain.runs
+WHERE run_id = %(run_id)s
+   OR deadline < now() - interval '1 hour';
 
 -- name: wake_reserve :one
 -- Claim the right to create the one-shot schedule for %(wake_at)s, unless an earlier or equal
