@@ -305,6 +305,7 @@ WITH pending AS (
 INSERT INTO pgdrain.kicks AS k (queue, kicked_at, requested_at)
 SELECT w.name, CASE WHEN w.needed THEN now() ELSE '-infinity'::timestamptz END, now()
 FROM wanted AS w
+ORDER BY w.name  -- every statement locks kick rows in queue order: no deadlock between them
 ON CONFLICT (queue) DO UPDATE
 SET requested_at = excluded.requested_at,
     kicked_at = CASE WHEN excluded.kicked_at = now()
@@ -314,7 +315,14 @@ RETURNING k.queue, k.kicked_at = now() AS invoke;
 
 -- name: kick_clear :exec
 -- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes.
-UPDATE pgdrain.kicks SET kicked_at = '-infinity' WHERE queue = ANY(%(queues)s::text[]);
+-- (The rows are locked in queue order, as every statement on them does.)
+UPDATE pgdrain.kicks SET kicked_at = '-infinity'
+WHERE queue IN (
+    SELECT queue FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE
+);
 
 -- name: queue_depth :one
 -- Ready jobs in these queues and the age of the oldest: the backlog a run leaves behind
