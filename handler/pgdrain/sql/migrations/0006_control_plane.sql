@@ -54,9 +54,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits) THEN
         RETURN NULL;  -- no limit configured: the common case costs one lookup
     END IF;
-    UPDATE pgdrain.queue_limits AS l
-    SET running = greatest(0, l.running + d.delta)
-    FROM (
+    WITH d AS (
         SELECT changes.queue, sum(changes.delta)::int AS delta
         FROM (
             SELECT n.queue, 1 AS delta FROM new_rows AS n WHERE n.status = 'running'
@@ -64,8 +62,19 @@ BEGIN
             SELECT o.queue, -1 FROM old_rows AS o WHERE o.status = 'running'
         ) AS changes
         GROUP BY changes.queue
-    ) AS d
-    WHERE l.queue = d.queue AND d.delta <> 0;
+        HAVING sum(changes.delta) <> 0
+    ), locked AS (
+        -- In queue order, as the claim locks them: two statements never wait on each other
+        -- in opposite orders.
+        SELECT l.queue FROM pgdrain.queue_limits AS l
+        WHERE l.queue IN (SELECT d.queue FROM d)
+        ORDER BY l.queue
+        FOR UPDATE OF l
+    )
+    UPDATE pgdrain.queue_limits AS l
+    SET running = greatest(0, l.running + d.delta)
+    FROM d
+    WHERE l.queue = d.queue AND l.queue IN (SELECT locked.queue FROM locked);
     RETURN NULL;
 END
 $$;
