@@ -379,3 +379,31 @@ def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
     wake_at = dt.datetime.fromisoformat(result["wake_at"])
     assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
     assert result["wake"] == "created"
+
+
+def test_at_the_hop_limit_with_work_left_a_wake_up_starts_a_new_chain(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No continuation past PGDRAIN_MAX_CHAIN: the work left is picked up at the next step by a
+    wake-up (a schedule is not a Lambda hop), not by the hourly safety net."""
+    _handler_env(
+        monkeypatch,
+        db_url,
+        PGDRAIN_RESERVE_SECONDS="4",
+        PGDRAIN_MAX_RUNS="1",
+        PGDRAIN_MAX_CHAIN="0",
+        PGDRAIN_CONCURRENCY="1",
+    )
+    with conn.transaction():
+        for _ in range(2):
+            enqueue(conn, "sleep", {"seconds": 2.5}, queue="emails")
+
+    result = _invoke(ENQUEUE_EMAILS, remaining_s=6.0)
+
+    assert result["result"]["stop_reason"] == "budget", result
+    assert (result["result"]["more_ready"], result["continued"]) == (True, False)
+    wake_at = dt.datetime.fromisoformat(result["wake_at"])
+    assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    assert result["wake"] == "created"
+    (schedule,) = _schedules(scheduler)
+    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["emails"])

@@ -13,6 +13,7 @@ newer than the check's snapshot) or after the exit (it invokes): none falls in b
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -98,14 +99,18 @@ class RunControl:
         )
         return False
 
-    def after_budget(self, session: Session) -> None:
+    def after_budget(self, session: Session, continued: bool) -> None:
         """A run that stopped for time, on a short connection of its own after the drain: it
         exits the same way (the kick window cleared, unregistered) and makes sure of the
-        wake-up for work due later. Ready work is the continuation's, not a reason to stay."""
+        wake-up for work due later. Ready work is the continuation's; when there is none (the
+        hop limit), a wake-up at the next step starts a new chain (a schedule is not a Lambda
+        hop) instead of leaving the work to the hourly safety net."""
         decision = session.run(self._exit_or_again, False)
-        self.wake = self._waker.ensure(
-            session, self.trigger.queues, decision.check.due_at, self.run_id
-        )
+        due_at = decision.check.due_at
+        if decision.check.ready and not continued:
+            now = dt.datetime.now(dt.UTC)
+            due_at = now if due_at is None else min(due_at, now)
+        self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
 
     def _exit_or_again(self, conn: store.Connection, may_drain_again: bool) -> ExitDecision:
         # One short transaction: the kick rows stay locked from the check to the exit, so no

@@ -100,7 +100,7 @@ def handle(
             return {"ok": False, "error": str(exc), "trigger": trigger.reason}
         progress.flush()
         continued = _continue(trigger, result, settings, context, logger)
-        depth = _after_drain(settings, conninfo, budget, trigger, result, control)
+        depth = _after_drain(settings, conninfo, budget, trigger, result, control, continued)
         if depth is not None:
             progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
             progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
@@ -252,6 +252,7 @@ def _after_drain(
     trigger: events.Trigger,
     result: DrainResult,
     control: RunControl,
+    continued: bool,
 ) -> store.QueueDepth | None:
     """The backlog the run leaves: none when it stopped because nothing was ready; measured on
     a short connection when it stopped for time, which also ends the run's control-plane state
@@ -268,7 +269,7 @@ def _after_drain(
     try:
         session.open()
         depth = session.run(store.queue_depth, trigger.queues)
-        control.after_budget(session)
+        control.after_budget(session, continued)
         return depth
     except (PgdrainError, psycopg.Error) as exc:
         log.warning("could not measure the queue depth: %s", exc)
