@@ -226,7 +226,7 @@ def _continue(
     next_chain = trigger.chain + 1
     if next_chain > settings.max_chain:
         logger.warning(
-            "work left, but the continuation cap is reached; the schedule drains the rest",
+            "work left, but the continuation cap is reached; a wake-up starts a new chain",
             extra={"max_chain": settings.max_chain},
         )
         return False
