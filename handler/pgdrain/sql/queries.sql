@@ -65,7 +65,9 @@ RETURNING j.id;
 
 -- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
--- %(limit)s ready jobs in priority order. SKIP LOCKED lets concurrent drains pass each other.
+-- %(limit)s ready jobs, the queues taking turns (round-robin, priority order within a turn)
+-- and each limited queue (pgdrain.queue_limits) kept within its running limit across all
+-- runs. SKIP LOCKED lets concurrent drains pass each other.
 -- A finished job not returned as completed had lost its lease: its result is not recorded,
 -- and completed_token keeps the token of the attempt whose result was. A claimed lease never
 -- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
