@@ -5,7 +5,6 @@ translated into pgdrain's own here."""
 from __future__ import annotations
 
 import logging
-import random
 import re
 import time
 from collections.abc import Callable
@@ -46,21 +45,14 @@ def connection_kwargs(settings: Settings, timeout: float) -> dict[str, Any]:
     return kwargs
 
 
-def equal_jitter(delay: float) -> float:
-    """Half the delay, plus up to the other half at random: runs that failed together (two
-    triggers on a database that is still waking) do not all try again at the same instant."""
-    return delay / 2 + random.uniform(0, delay / 2)
-
-
 def connect(
     conninfo: str,
     settings: Settings,
     budget: Budget,
     *,
     sleep: Callable[[float], None] = time.sleep,
-    jitter: Callable[[float], float] = equal_jitter,
 ) -> psycopg.Connection[Any]:
-    """Connect, retrying with jittered backoff while the budget (less the reserve) allows."""
+    """Connect, retrying with backoff while the budget (less the reserve) allows."""
     delay = FIRST_RETRY_DELAY_SECONDS
     attempt = 0
     while True:
@@ -83,12 +75,11 @@ def connect(
                 raise DatabaseUnavailable(
                     f"database unreachable after {attempt} attempt(s): {reason}"
                 ) from exc
-            wait = jitter(delay)
             log.warning(
                 "database not reachable yet, retrying",
-                extra={"attempt": attempt, "retry_in_s": round(wait, 2), "reason": reason},
+                extra={"attempt": attempt, "retry_in_s": round(delay, 2), "reason": reason},
             )
-            sleep(wait)
+            sleep(delay)
             delay = min(delay * 2, MAX_RETRY_DELAY_SECONDS)
 
 
