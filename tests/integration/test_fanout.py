@@ -18,7 +18,7 @@ from helpers.fixtures import wait_for
 from pgdrain import Budget, Settings, enqueue_many, store
 from pgdrain.aws import events
 from pgdrain.aws import run as lambda_run
-from pgdrain.aws.fanout import runs_needed
+from pgdrain.aws.fanout import runs_needed, useful_runs
 from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.enqueue import build_job
 from pgdrain.session import Session
@@ -52,6 +52,14 @@ def test_runs_needed() -> None:
     assert runs_needed(1000, 10.0, 20.0, 20.0) == 5  # 200 here, 800 / 200 per new run
     assert runs_needed(1000, 10.0, 1.0, 20.0) == 6  # near its end: 10 here, 990 / 200
     assert runs_needed(1000, 0.0, 20.0, 20.0) == 1  # nothing measured yet: no decision
+
+
+def test_limited_queues_want_no_more_runs_than_their_slots() -> None:
+    limited = Settings(queues=("emails", "sms"), concurrency=4, queue_limits=(("emails", 2),))
+    assert useful_runs(limited, ("emails",)) == 1  # 2 slots: one run of 4 fills them
+    assert useful_runs(limited, ("emails", "sms")) == 10  # sms is not limited
+    wide = Settings(concurrency=2, queue_limits=(("default", 7),))
+    assert useful_runs(wide, ("default",)) == 4
 
 
 # -- the cap under concurrent decisions ----------------------------------------------------------

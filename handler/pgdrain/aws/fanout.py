@@ -52,6 +52,16 @@ def runs_needed(
     return 1 + math.ceil((ready - mine) / per_run)
 
 
+def useful_runs(settings: Settings, queues: tuple[str, ...]) -> int:
+    """When every queue of the run has a concurrency limit (PGDRAIN_QUEUE_LIMITS), more runs
+    than the limits' slots can fill would only find no free slot and exit."""
+    limits = dict(settings.queue_limits)
+    if not queues or any(q not in limits for q in queues):
+        return settings.max_runs
+    slots = sum(limits[q] for q in queues)
+    return max(1, min(settings.max_runs, math.ceil(slots / settings.concurrency)))
+
+
 class Spawner:
     def __init__(
         self,
@@ -74,6 +84,7 @@ class Spawner:
         self._next_check = clock() + MIN_MEASURE_SECONDS
         # A spawned run gets a budget like this run's at its start (the function's timeout).
         self._run_seconds = budget.remaining() - settings.reserve_seconds
+        self._useful_runs = useful_runs(settings, trigger.queues)
         self.spawned: list[str] = []
 
     @property
@@ -96,7 +107,7 @@ class Spawner:
         per_run = max(self._run_seconds, remaining)
         limit = math.ceil(rate * (remaining + (max_runs - 1) * per_run)) + 1
         ready = session.run(store.queue_ready_count, self._trigger.queues, limit)
-        needed = runs_needed(ready, rate, remaining, self._run_seconds)
+        needed = min(runs_needed(ready, rate, remaining, self._run_seconds), self._useful_runs)
         if needed <= 1:
             return
         reserved = session.run(
