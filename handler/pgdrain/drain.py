@@ -18,9 +18,9 @@ import queue as queue_mod
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -36,6 +36,7 @@ from pgdrain.registry import Registry
 from pgdrain.session import Session
 from pgdrain.settings import Settings
 from pgdrain.summary import (
+    Counter,
     Counters,
     DrainResult,
     ErrorKind,
@@ -45,7 +46,14 @@ from pgdrain.summary import (
     one_line,
 )
 
-__all__ = ["DrainResult", "Observer", "SafetySwitches", "default_worker_id", "drain"]
+__all__ = [
+    "DrainResult",
+    "Observer",
+    "RunHooks",
+    "SafetySwitches",
+    "default_worker_id",
+    "drain",
+]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +65,33 @@ class SafetySwitches:
 
     heartbeat: bool = True
     cap_lease_at_deadline: bool = True
+
+
+class RunHooks(Protocol):
+    """What the control plane (pgdrain.aws.control) does inside a run, on the run's one
+    connection: register the run once connected, decide on fan-out after each claim, and
+    before exiting on an empty claim say whether to drain again (a kick it may have missed)."""
+
+    def after_connect(self, session: Session) -> None: ...
+
+    def after_round_trip(
+        self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
+    ) -> None: ...
+
+    def before_exit(self, session: Session) -> bool: ...
+
+
+class _NoHooks:
+    def after_connect(self, session: Session) -> None:
+        pass
+
+    def after_round_trip(
+        self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
+    ) -> None:
+        pass
+
+    def before_exit(self, session: Session) -> bool:
+        return False
 
 
 def default_worker_id() -> str:
@@ -73,6 +108,7 @@ def drain(
     worker_id: str | None = None,
     observer: Observer | None = None,
     switches: SafetySwitches = SafetySwitches(),  # frozen: safe as a default
+    hooks: RunHooks | None = None,
 ) -> DrainResult:
     """Run until no job is ready and none is running, or until the budget is spent."""
     return _Run(
@@ -84,6 +120,7 @@ def drain(
         worker_id=worker_id or default_worker_id(),
         observer=observer,
         switches=switches,
+        hooks=hooks or _NoHooks(),
     ).execute()
 
 
@@ -99,8 +136,10 @@ class _Run:
         worker_id: str,
         observer: Observer | None,
         switches: SafetySwitches,
+        hooks: RunHooks,
     ) -> None:
         self.settings = settings
+        self.hooks = hooks
         self.registry = registry
         self.queues = queues
         self.worker_id = worker_id
@@ -130,6 +169,7 @@ class _Run:
         pool: WorkerPool[store.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
         try:
             self.session.open()
+            self.hooks.after_connect(self.session)
             self.claims.reclaim_expired()
             # Due slots of periodic kinds, once each (idempotency keys): no statement when none.
             self.session.run(periodic.enqueue_due, self.registry.periodics)
@@ -173,6 +213,8 @@ class _Run:
                 wanted = min(free, self.settings.batch_size)
                 if wanted > 0 and (not attempts.running or wanted >= self.refill_at):
                     claims.complete_and_claim(wanted)
+                    elapsed = time.monotonic() - self.started
+                    self.hooks.after_round_trip(self.session, dict(self.counters.values), elapsed)
                 while attempts.unstarted and len(attempts.running) < concurrency:
                     pool.submit(attempts.start_next())
             # Finished jobs ride on the next claim; when none came in time, write them alone.
@@ -181,7 +223,11 @@ class _Run:
 
             if not attempts.busy():
                 claims.flush_completions()
-                return "budget" if stopping or deadline.below_reserve() else "empty"
+                if stopping or deadline.below_reserve():
+                    return "budget"
+                if self.hooks.before_exit(self.session):
+                    continue  # a kick came in that the last claim may have missed
+                return "empty"
             if stopping and deadline.at_final_margin():
                 claims.flush_completions()
                 log.warning(

@@ -26,6 +26,8 @@ DEFAULT_KICK_DEBOUNCE_SECONDS = 2.0
 DEFAULT_RETAIN_DONE_DAYS = 7.0  # the scheduled run deletes finished jobs older than these
 DEFAULT_RETAIN_FAILED_DAYS = 30.0  # failed and cancelled: kept longer, to read why
 MAX_RETAIN_DAYS = 36_500.0
+DEFAULT_MAX_RUNS = 10  # concurrent runs in all, fan-out included: each holds one connection
+DEFAULT_WAKE_PRECISION_SECONDS = 60.0  # EventBridge Scheduler's one-shot precision: a minute
 
 PoolerMode = Literal["session", "transaction"]
 POOLER_MODES: tuple[str, ...] = get_args(PoolerMode)
@@ -50,6 +52,11 @@ ENV_VARIABLES = (
     "PGDRAIN_FUNCTION_NAME",
     "PGDRAIN_RETAIN_DONE",
     "PGDRAIN_RETAIN_FAILED",
+    "PGDRAIN_MAX_RUNS",
+    "PGDRAIN_SCHEDULE_GROUP",
+    "PGDRAIN_SCHEDULER_ROLE_ARN",
+    "PGDRAIN_WAKE_PRECISION_SECONDS",
+    "PGDRAIN_QUEUE_LIMITS",
 )
 
 
@@ -67,6 +74,20 @@ def parse_queues(raw: str, source: str) -> tuple[str, ...]:
     if not names:
         raise ConfigError(f"{source} names no queue")
     return tuple(dict.fromkeys(check_queue_name(n, source) for n in names))
+
+
+def parse_queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
+    """ "emails=2,sms=5" -> (("emails", 2), ("sms", 5))."""
+    limits: dict[str, int] = {}
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        name, sep, number = part.partition("=")
+        if not sep:
+            raise ConfigError(f"PGDRAIN_QUEUE_LIMITS: {part!r} is not QUEUE=LIMIT")
+        name = check_queue_name(name.strip(), "PGDRAIN_QUEUE_LIMITS")
+        limits[name] = _integer("PGDRAIN_QUEUE_LIMITS", number.strip())
+    return tuple(sorted(limits.items()))
 
 
 @dataclass(frozen=True)
@@ -87,6 +108,14 @@ class Settings:
     function_name: str | None = None
     retain_done_days: float = DEFAULT_RETAIN_DONE_DAYS
     retain_failed_days: float = DEFAULT_RETAIN_FAILED_DAYS
+    max_runs: int = DEFAULT_MAX_RUNS
+    # Where a run creates its one-shot wake-up schedules, and the role they invoke through;
+    # without both, the wake-up time is only reported (local runs).
+    schedule_group: str | None = None
+    scheduler_role_arn: str | None = None
+    wake_precision_seconds: float = DEFAULT_WAKE_PRECISION_SECONDS
+    # At most this many running jobs per queue across all runs: (("emails", 2),).
+    queue_limits: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.database_url is not None:
@@ -113,6 +142,15 @@ class Settings:
                 variable,
                 f"a number of days from 0 to {MAX_RETAIN_DAYS:g}",
             )
+        _require(1 <= self.max_runs <= 1000, "PGDRAIN_MAX_RUNS", "from 1 to 1000")
+        _require(
+            1 <= self.wake_precision_seconds <= 3600,
+            "PGDRAIN_WAKE_PRECISION_SECONDS",
+            "from 1 to 3600",
+        )
+        for name, limit in self.queue_limits:
+            check_queue_name(name, "PGDRAIN_QUEUE_LIMITS")
+            _require(1 <= limit <= 100000, "PGDRAIN_QUEUE_LIMITS", "limits from 1 to 100000")
         if not self.queues:
             raise ConfigError("PGDRAIN_QUEUES names no queue")
         for name in self.queues:
@@ -130,11 +168,15 @@ class Settings:
             "database_url": text("DATABASE_URL"),
             "db_secret_arn": text("PGDRAIN_DB_SECRET_ARN"),
             "function_name": text("PGDRAIN_FUNCTION_NAME"),
+            "schedule_group": text("PGDRAIN_SCHEDULE_GROUP"),
+            "scheduler_role_arn": text("PGDRAIN_SCHEDULER_ROLE_ARN"),
         }
         if (raw := text("PGDRAIN_QUEUES")) is not None:
             kwargs["queues"] = parse_queues(raw, "PGDRAIN_QUEUES")
         if (raw := text("PGDRAIN_JOBS")) is not None:
             kwargs["jobs_module"] = raw
+        if (raw := text("PGDRAIN_QUEUE_LIMITS")) is not None:
+            kwargs["queue_limits"] = parse_queue_limits(raw)
         if (raw := text("PGDRAIN_POOLER")) is not None:
             kwargs["pooler"] = raw.lower()
         for name, attr in (
@@ -142,6 +184,7 @@ class Settings:
             ("PGDRAIN_CONCURRENCY", "concurrency"),
             ("PGDRAIN_RECLAIM_LIMIT", "reclaim_limit"),
             ("PGDRAIN_MAX_CHAIN", "max_chain"),
+            ("PGDRAIN_MAX_RUNS", "max_runs"),
         ):
             if (raw := text(name)) is not None:
                 kwargs[attr] = _integer(name, raw)
@@ -150,6 +193,7 @@ class Settings:
             ("PGDRAIN_RESERVE_SECONDS", "reserve_seconds"),
             ("PGDRAIN_CONNECT_TIMEOUT", "connect_timeout"),
             ("PGDRAIN_KICK_DEBOUNCE_SECONDS", "kick_debounce_seconds"),
+            ("PGDRAIN_WAKE_PRECISION_SECONDS", "wake_precision_seconds"),
         ):
             if (raw := text(name)) is not None:
                 kwargs[attr] = _seconds(name, raw)

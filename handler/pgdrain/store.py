@@ -392,12 +392,150 @@ def job_list(
     return [JobRow(**row) for row in rows]
 
 
-def kick_debounce(conn: Connection, queues: Sequence[str], window_seconds: float) -> list[str]:
-    """The queues whose last kick is older than the window, now marked as kicked."""
+def kick_debounce(
+    conn: Connection,
+    queues: Sequence[str],
+    window_seconds: float,
+    precision_seconds: float = 60.0,
+) -> list[str]:
+    """Record a kick for each queue; returns the queues to invoke for (they need a run, and
+    their last invoke is older than the window), now marked as invoked. precision_seconds is
+    the wake-up rounding (PGDRAIN_WAKE_PRECISION_SECONDS)."""
     rows = conn.execute(
-        query("kick_debounce"), {"queues": list(queues), "window_seconds": window_seconds}
+        query("kick_debounce"),
+        {
+            "queues": list(queues),
+            "window_seconds": window_seconds,
+            "precision_seconds": precision_seconds,
+        },
     ).fetchall()
-    return sorted(str(r[0]) for r in rows)
+    return sorted(str(r[0]) for r in rows if r[1])
+
+
+def kick_clear(conn: Connection, queues: Sequence[str]) -> None:
+    """Forget the last invoke of these queues (it failed): the next kick invokes."""
+    conn.execute(query("kick_clear"), {"queues": list(queues)})
+
+
+# -- the control plane: runs, fan-out, exit, wake-ups (pgdrain.aws) -------------------------
+
+
+def queue_ready_count(conn: Connection, queues: Sequence[str], limit: int) -> int:
+    """Ready jobs in these queues, counted up to `limit`."""
+    row = conn.execute(
+        query("queue_ready_count"), {"queues": list(queues), "limit": limit}
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def run_register(
+    conn: Connection, run_id: str, queues: Sequence[str], chain: int, remaining_seconds: float
+) -> None:
+    """Count this run as live until its deadline (now + remaining_seconds, database clock)."""
+    conn.execute(
+        query("run_register"),
+        {
+            "run_id": run_id,
+            "queues": list(queues),
+            "chain": chain,
+            "remaining_seconds": remaining_seconds,
+        },
+    )
+
+
+def run_gate_lock(conn: Connection) -> None:
+    """Hold the fan-out gate until the transaction ends."""
+    conn.execute(query("run_gate_lock"))
+
+
+def run_spawn(
+    conn: Connection,
+    queues: Sequence[str],
+    chain: int,
+    runs_needed: int,
+    max_runs: int,
+    reserve_seconds: float,
+) -> list[str]:
+    """Reserve new runs until `runs_needed` are live, never more than `max_runs`; returns the
+    reserved run ids. Decisions serialise on the gate, so concurrent spawners keep the cap."""
+    with conn.transaction():
+        run_gate_lock(conn)
+        rows = conn.execute(
+            query("run_spawn"),
+            {
+                "queues": list(queues),
+                "chain": chain,
+                "runs_needed": runs_needed,
+                "max_runs": max_runs,
+                "reserve_seconds": reserve_seconds,
+            },
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def run_unregister(conn: Connection, run_id: str) -> None:
+    conn.execute(query("run_unregister"), {"run_id": run_id})
+
+
+@dataclass(frozen=True)
+class ExitCheck:
+    kicked: bool  # a kick arrived that this run's last claim may not have seen
+    ready: bool  # a job is ready now
+    due_at: dt.datetime | None  # when new work is next due in these queues
+
+
+def run_exit_check(conn: Connection, queues: Sequence[str]) -> ExitCheck:
+    """Run inside the transaction that run_exit ends (it locks the queues' kick rows)."""
+    row = conn.execute(query("run_exit_check"), {"queues": list(queues)}).fetchone()
+    assert row is not None  # a SELECT without FROM returns one row
+    return ExitCheck(kicked=bool(row[0]), ready=bool(row[1]), due_at=row[2])
+
+
+def run_exit(conn: Connection, run_id: str, queues: Sequence[str]) -> None:
+    conn.execute(query("run_exit"), {"run_id": run_id, "queues": list(queues)})
+
+
+def queue_limit_sync(
+    conn: Connection, queues: Sequence[str], limits: Sequence[tuple[str, int]]
+) -> None:
+    """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max)."""
+    conn.execute(
+        query("queue_limit_sync"),
+        {
+            "queues": list(queues),
+            "limited": [q for q, _ in limits],
+            "limits": [n for _, n in limits],
+        },
+    )
+
+
+def wake_reserve(
+    conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str, hold_seconds: float
+) -> bool:
+    """True when the caller must create the schedule for `wake_at` (no earlier or equal wake-up
+    of these queues is pending); the reservation holds for hold_seconds."""
+    row = conn.execute(
+        query("wake_reserve"),
+        {
+            "queue_set": queue_set,
+            "wake_at": wake_at,
+            "run_id": run_id,
+            "hold_seconds": hold_seconds,
+        },
+    ).fetchone()
+    return row is not None
+
+
+def wake_created(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
+    conn.execute(
+        query("wake_created"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}
+    )
+
+
+def wake_release(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
+    conn.execute(
+        query("wake_release"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}
+    )
 
 
 # -- migrations: run by pgdrain.migrate inside one transaction ------------------------------

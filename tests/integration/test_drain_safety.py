@@ -284,8 +284,14 @@ def test_no_session_stays_open_and_none_is_idle_in_transaction(ledger_url: str, 
         "SELECT detail FROM public.ledger WHERE job_id = %s AND phase = 'sessions'", (job_id,)
     ).fetchone()
     assert states is not None and states[0] == "idle"  # the runner waits outside a transaction
-    left = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE application_name = 'pgdrain' AND datname = current_database()"
-    ).fetchone()
-    assert left == (0,)
+
+    def sessions_left() -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'pgdrain' AND datname = current_database()"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    # The client has closed its connection when drain() returns; the server's backend leaves
+    # pg_stat_activity a moment later, on its own time (a loaded machine shows the gap).
+    wait_for(lambda: sessions_left() == 0, timeout=10, what="the run's session to end")

@@ -166,18 +166,27 @@ def test_bad_queue_names_are_refused(conn: Conn, queues: Any) -> None:
     assert _kick_rows(conn) == 0
 
 
-def test_a_failed_invoke_is_logged_not_raised(
-    conn: Conn, lambda_api: Any, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("cleared", [True, False], ids=["cleared", "control-not-cleared"])
+def test_a_failed_invoke_is_logged_not_raised_and_suppresses_nothing(
+    conn: Conn, lambda_api: Any, spy: InvokeSpy, caplog: pytest.LogCaptureFixture, cleared: bool
 ) -> None:
     from botocore.stub import Stubber
 
+    settings = _settings(kick_debounce_seconds=3600)
     with Stubber(lambda_api) as stubber:  # moto accepts any function name: stub the refusal
         stubber.add_client_error(
             "invoke", service_error_code="ResourceNotFoundException", http_status_code=404
         )
-        assert kick(conn, ["emails"], settings=_settings(), client=lambda_api) == ()
+        assert kick(conn, ["emails"], settings=settings, client=lambda_api) == ()
         stubber.assert_no_pending_responses()
     (record,) = [r for r in caplog.records if r.name == "pgdrain.aws.kick"]
     assert record.levelno == logging.WARNING
-    assert "the schedule will drain" in record.getMessage()
+    assert "the next kick invokes again" in record.getMessage()
     assert "ResourceNotFoundException" in record.__dict__["error"]
+    if not cleared:  # the control: the failed invoke's debounce left in place, as before
+        conn.execute("UPDATE pgdrain.kicks SET kicked_at = now()")
+
+    # The next kick, well inside the window: invoked, unless the failure still suppresses it.
+    again = kick(conn, ["emails"], settings=settings, client=lambda_api)
+    assert again == (("emails",) if cleared else ())
+    assert len(spy.calls) == (2 if cleared else 1)  # the spy saw the refused invoke too

@@ -411,7 +411,8 @@ def spy(function: Function) -> InvokeSpy:
 def test_a_run_out_of_time_with_work_left_continues_itself_once(
     function: Function, conn: Conn, spy: InvokeSpy, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    function.configure(PGDRAIN_RESERVE_SECONDS="4.5", PGDRAIN_CONCURRENCY="2")
+    # One run at most: this test is about the continuation, not fan-out.
+    function.configure(PGDRAIN_RESERVE_SECONDS="4.5", PGDRAIN_CONCURRENCY="2", PGDRAIN_MAX_RUNS="1")
     _enqueue(conn, "default", 30, kind="sleep", seconds=0.4)  # 6 s of work for 2 workers
 
     result = function.invoke(
@@ -435,7 +436,7 @@ def test_a_run_out_of_time_with_work_left_continues_itself_once(
 def test_a_scheduled_run_continues_with_chain_one(
     function: Function, conn: Conn, spy: InvokeSpy
 ) -> None:
-    function.configure(PGDRAIN_RESERVE_SECONDS="2", PGDRAIN_CONCURRENCY="1")
+    function.configure(PGDRAIN_RESERVE_SECONDS="2", PGDRAIN_CONCURRENCY="1", PGDRAIN_MAX_RUNS="1")
     _enqueue(conn, "default", 10, kind="sleep", seconds=0.4)
 
     result = function.invoke(SCHEDULED_EVENT, remaining_s=3.0)
@@ -462,7 +463,12 @@ def test_an_empty_queue_never_continues(
 def test_a_continuation_at_the_cap_does_not_continue(
     function: Function, conn: Conn, spy: InvokeSpy
 ) -> None:
-    function.configure(PGDRAIN_MAX_CHAIN="2", PGDRAIN_RESERVE_SECONDS="2", PGDRAIN_CONCURRENCY="1")
+    function.configure(
+        PGDRAIN_MAX_CHAIN="2",
+        PGDRAIN_RESERVE_SECONDS="2",
+        PGDRAIN_CONCURRENCY="1",
+        PGDRAIN_MAX_RUNS="1",
+    )
     _enqueue(conn, "default", 10, kind="sleep", seconds=0.4)
 
     result = function.invoke(

@@ -115,11 +115,13 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
         [
             *(
                 (table, privilege)
-                for table in ("jobs", "kicks")
+                for table in ("jobs", "kicks", "queue_limits", "runs", "wakes")
                 for privilege in ("DELETE", "INSERT", "SELECT", "UPDATE")
             ),
             # a run records each periodic slot it enqueued; it never deletes one
             *(("periodic_slots", privilege) for privilege in ("INSERT", "SELECT", "UPDATE")),
+            ("run_gate", "SELECT"),  # its row lock, nothing more
+            ("run_gate", "UPDATE"),
         ]
     )
     assert grants == expected
@@ -154,6 +156,34 @@ def test_a_drain_of_real_jobs_succeeds_as_the_worker(worker_url: str, granted: s
         assert {s.queue for s in store.queue_stats(worker)} == {"default"}
         assert store.job_retry(worker, [ids[3]]) == [ids[3]]
         assert store.job_purge_finished(worker, 0) == 23
+
+
+def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
+    """Registration, the fan-out gate, queue limits, the exit check and a wake-up reservation:
+    every statement a run's control plane makes, under the worker's grants."""
+    import datetime as dt
+
+    from pgdrain.aws import events
+    from pgdrain.aws.control import RunControl
+    from pgdrain.aws.wake import Waker
+
+    budget = Budget.seconds(60)
+    control = RunControl(
+        events.Trigger("schedule", ("default",)),
+        "worker-run",
+        budget,
+        waker=Waker(SETTINGS, None),
+        queue_limits=(("default", 2),),
+    )
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        enqueue(worker, "noop")
+        result = drain(SETTINGS, budget, example_jobs.jobs, worker_url, hooks=control)
+        assert (result.stop_reason, result.done) == ("empty", 1), result.error
+        assert store.run_spawn(worker, ["default"], 1, 3, 3, 60) != []
+        at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+        assert store.wake_reserve(worker, "default", at, "worker-run", 30) is True
+        store.wake_created(worker, "default", at, "worker-run")
+        store.kick_clear(worker, ["default"])
 
 
 @pytest.mark.parametrize("statement", DDL)

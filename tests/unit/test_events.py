@@ -47,9 +47,9 @@ def test_the_sample_events_parse() -> None:
     folder = ROOT / "infra" / "events"
     parsed = {
         name: events.parse(json.loads((folder / f"{name}.json").read_text()), SETTINGS)
-        for name in ("schedule", "enqueue", "continue")
+        for name in ("schedule", "enqueue", "continue", "wake")
     }
-    assert [t.reason for t in parsed.values()] == ["schedule", "enqueue", "continue"]
+    assert [t.reason for t in parsed.values()] == ["schedule", "enqueue", "continue", "wake"]
     assert parsed["continue"].chain == 1
 
 
@@ -62,6 +62,23 @@ def test_a_continuation_carries_its_chain() -> None:
     event = events.continue_event(["emails"], 3)
     assert event == {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": 3}}
     assert events.parse(event, SETTINGS) == events.Trigger("continue", ("emails",), 3)
+
+
+def test_a_wake_up_starts_a_chain_of_its_own() -> None:
+    event = events.wake_event(["emails", "sms"])
+    assert event == {"pgdrain": {"reason": "wake", "queues": ["emails", "sms"]}}
+    assert events.parse(event, SETTINGS) == events.Trigger("wake", ("emails", "sms"))
+
+
+def test_a_fanout_run_carries_its_chain_and_its_reserved_id() -> None:
+    event = events.fanout_event(["emails"], 2, "5d1c2a9e-7f3b-4c55-9f0e-0b1f0c8a6e21")
+    assert events.parse(event, SETTINGS) == events.Trigger(
+        "fanout", ("emails",), 2, run_id="5d1c2a9e-7f3b-4c55-9f0e-0b1f0c8a6e21"
+    )
+
+
+def _fanout(**body: Any) -> dict[str, Any]:
+    return {"pgdrain": {"reason": "fanout", "queues": ["emails"], "chain": 1, **body}}
 
 
 def _kick(**body: Any) -> dict[str, Any]:
@@ -102,6 +119,15 @@ BAD = [
     ("chain a string", _continue("2"), "'chain' is a string, not a whole number"),
     ("chain a bool", _continue(True), "'chain' is a boolean, not a whole number"),
     ("chain zero", _continue(0), "'chain' must be from 1 to 10000"),
+    (
+        "wake with a chain",
+        {"pgdrain": {"reason": "wake", "queues": ["emails"], "chain": 1}},
+        "unexpected key(s) chain",
+    ),
+    ("fanout without its run", _fanout(), "'run' must be a run id"),
+    ("fanout run not an id", _fanout(run="x y"), "'run' must be a run id"),
+    ("fanout run a number", _fanout(run=7), "'run' must be a run id"),
+    ("fanout chain zero", _fanout(run="r", chain=0), "fanout event: 'chain' must be from 1"),
     ("oversized", {**RULE_EVENT, "detail": {"pad": "x" * 20_000}}, "bytes; the limit is 16384"),
     ("not plain json", {"pgdrain": {1, 2}}, "the event is not plain JSON"),
 ]

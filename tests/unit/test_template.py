@@ -82,9 +82,11 @@ def test_the_function_is_what_sam_builds(
     assert event["Properties"]["ScheduleExpression"] == {"Fn::Sub": "rate(${ScheduleRate})"}
 
 
-def test_async_events_are_not_retried_and_failures_are_kept(template: dict[str, Any]) -> None:
+def test_a_failed_run_is_retried_once_and_failures_are_kept(template: dict[str, Any]) -> None:
     config = template["Resources"]["DrainFunction"]["Properties"]["EventInvokeConfig"]
-    assert config["MaximumRetryAttempts"] == 0
+    # A run killed by its timeout is a function error: one retry, about a minute later,
+    # reclaims its jobs (tests/integration/test_control_plane.py shows that retry at work).
+    assert config["MaximumRetryAttempts"] == 1
     age = template["Parameters"][config["MaximumEventAgeInSeconds"]["Ref"]]
     assert 60 <= age["Default"] <= age["MaxValue"] <= 21600
     on_failure = config["DestinationConfig"]["OnFailure"]
@@ -117,15 +119,35 @@ def _strings(node: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
+# The one wildcard: the names of the wake-up schedules in the stack's own group, which runs
+# choose (a deterministic name per minute).
+WAKE_SCHEDULES = (
+    "arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:"
+    "schedule/${AWS::StackName}-wake/*"
+)
+FUNCTION_ARN_SUB = (
+    "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-drain"
+)
+
+
 def test_no_policy_has_a_wildcard_action_or_resource(template: dict[str, Any]) -> None:
     statements = list(_statements(template))
     assert len(statements) >= 2
     for statement in statements:
         for key in ("Action", "Resource", "NotAction", "NotResource"):
             for text in _strings(statement.get(key)):
+                if key == "Resource" and text == WAKE_SCHEDULES:
+                    continue
                 assert "*" not in text, f"{key} {text!r} in {statement.get('Sid')}"
     actions = {a for s in statements for a in _strings(s["Action"])}
-    assert actions == {"lambda:InvokeFunction", "secretsmanager:GetSecretValue"}
+    assert actions == {
+        "lambda:InvokeFunction",
+        "secretsmanager:GetSecretValue",
+        "scheduler:CreateSchedule",
+        "scheduler:DeleteSchedule",
+        "iam:PassRole",
+        "sts:AssumeRole",
+    }
 
 
 def test_the_function_may_invoke_itself_by_its_explicit_name(template: dict[str, Any]) -> None:
@@ -133,9 +155,43 @@ def test_the_function_may_invoke_itself_by_its_explicit_name(template: dict[str,
     assert props["FunctionName"] == {"Fn::Sub": "${AWS::StackName}-drain"}
     (invoke,) = [s for s in _statements(template) if s.get("Sid") == "ContinueItself"]
     assert invoke["Action"] == "lambda:InvokeFunction"
-    assert invoke["Resource"]["Fn::Sub"].endswith(":function:${AWS::StackName}-drain")
+    assert invoke["Resource"] == {"Fn::Sub": FUNCTION_ARN_SUB}  # continue, fan-out
     (secret,) = [s for s in _statements(template) if s["Action"] == "secretsmanager:GetSecretValue"]
     assert secret["Resource"] == {"Ref": "DatabaseSecretArn"}
+
+
+def test_wake_ups_go_through_a_role_that_may_only_invoke_this_function(
+    template: dict[str, Any],
+) -> None:
+    resources = template["Resources"]
+    role = resources["WakeSchedulerRole"]["Properties"]
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    assert trust["Action"] == "sts:AssumeRole"
+    (policy,) = role["Policies"]
+    (allowed,) = policy["PolicyDocument"]["Statement"]
+    assert allowed == {
+        "Effect": "Allow",
+        "Action": "lambda:InvokeFunction",
+        "Resource": {"Fn::Sub": FUNCTION_ARN_SUB},
+    }
+    group = resources["WakeScheduleGroup"]
+    assert group["Type"] == "AWS::Scheduler::ScheduleGroup"
+    assert group["Properties"]["Name"] == {"Fn::Sub": "${AWS::StackName}-wake"}
+    by_sid = {s.get("Sid"): s for s in _statements(template)}
+    schedule = by_sid["ScheduleWakeUps"]
+    assert schedule["Resource"] == {"Fn::Sub": WAKE_SCHEDULES}
+    assert by_sid["PassWakeRole"]["Resource"] == {"Fn::GetAtt": ["WakeSchedulerRole", "Arn"]}
+    env = resources["DrainFunction"]["Properties"]["Environment"]["Variables"]
+    assert env["PGDRAIN_SCHEDULE_GROUP"] == {"Ref": "WakeScheduleGroup"}
+    assert env["PGDRAIN_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": ["WakeSchedulerRole", "Arn"]}
+
+
+def test_the_rate_schedule_is_an_hourly_safety_net(template: dict[str, Any]) -> None:
+    # Every tick keeps the database awake for its suspend delay (5 minutes on Neon and Aurora):
+    # the runs that matter are kicks, wake-ups and fan-out (docs/lambda.md).
+    assert template["Parameters"]["ScheduleRate"]["Default"] == "1 hour"
+    assert template["Parameters"]["MaxRuns"]["Default"] == 10
 
 
 def test_the_vpc_is_optional(template: dict[str, Any]) -> None:

@@ -8,11 +8,19 @@ with one line saying what is wrong (and no database work is done for it).
   {"pgdrain": {"reason": "enqueue", "queues": ["emails"]}}
 - A continuation, sent by a run that ran out of time with work left:
   {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": 3}}
+- A wake-up, from the one-shot schedule a run created for the moment work is next due:
+  {"pgdrain": {"reason": "wake", "queues": ["emails"]}}
+- A fan-out run, started by a run that saw more ready work than it could finish in time; `run`
+  is the id its spawner reserved for it in pgdrain.runs:
+  {"pgdrain": {"reason": "fanout", "queues": ["emails"], "chain": 1, "run": "…"}}
+The hop count (`chain`) grows by one with each continuation or fan-out (Lambda stops chains of
+functions invoking themselves after about 16 hops); a schedule, kick or wake-up starts at 0.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,10 +29,13 @@ from pgdrain import jsonbound
 from pgdrain.errors import BadEvent, BadInput, ConfigError
 from pgdrain.settings import Settings, check_queue_name
 
-TriggerReason = Literal["schedule", "enqueue", "continue"]
+TriggerReason = Literal["schedule", "enqueue", "continue", "wake", "fanout"]
 SCHEDULE: TriggerReason = "schedule"
 ENQUEUE: TriggerReason = "enqueue"
 CONTINUE: TriggerReason = "continue"
+WAKE: TriggerReason = "wake"
+FANOUT: TriggerReason = "fanout"
+EXPECTED_REASONS = "'enqueue', 'continue', 'wake' or 'fanout'"
 SCHEDULE_SOURCES = ("aws.events", "aws.scheduler")
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
 # A real event is a few hundred bytes; an async invoke may carry up to 1 MB.
@@ -32,6 +43,7 @@ MAX_EVENT_BYTES = 16 * 1024
 MAX_QUEUES = 100
 MAX_CHAIN = 10_000  # a sanity bound on the field; PGDRAIN_MAX_CHAIN decides what continues
 MAX_ID_LENGTH = 128
+RUN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}\Z")
 
 
 @dataclass(frozen=True)
@@ -40,8 +52,9 @@ class Trigger:
 
     reason: TriggerReason
     queues: tuple[str, ...]
-    chain: int = 0  # continuations so far: 0 for a schedule or a kick
+    chain: int = 0  # hops so far (continuations, fan-out): 0 for a schedule, kick or wake
     event_id: str | None = None  # the EventBridge event id, used as the correlation id
+    run_id: str | None = None  # a fan-out run: the id its spawner reserved in pgdrain.runs
 
 
 def parse(event: object, settings: Settings) -> Trigger:
@@ -83,6 +96,14 @@ def continue_event(queues: Sequence[str], chain: int) -> dict[str, Any]:
     return {"pgdrain": {"reason": CONTINUE, "queues": list(queues), "chain": chain}}
 
 
+def wake_event(queues: Sequence[str]) -> dict[str, Any]:
+    return {"pgdrain": {"reason": WAKE, "queues": list(queues)}}
+
+
+def fanout_event(queues: Sequence[str], chain: int, run_id: str) -> dict[str, Any]:
+    return {"pgdrain": {"reason": FANOUT, "queues": list(queues), "chain": chain, "run": run_id}}
+
+
 def _parse_schedule(event: dict[str, Any], settings: Settings) -> Trigger:
     detail = event.get("detail", {})
     if isinstance(detail, str):  # EventBridge Scheduler sends the detail as the string "{}"
@@ -109,13 +130,15 @@ def _parse_pgdrain(event: dict[str, Any], settings: Settings) -> Trigger:
     if reason == CONTINUE:
         _only_keys(body, ("reason", "queues", "chain"))
         return Trigger(CONTINUE, _queues(body, settings), _chain(body))
+    if reason == WAKE:
+        _only_keys(body, ("reason", "queues"))
+        return Trigger(WAKE, _queues(body, settings))
+    if reason == FANOUT:
+        _only_keys(body, ("reason", "queues", "chain", "run"))
+        return Trigger(FANOUT, _queues(body, settings), _chain(body), run_id=_run_id(body))
     if not isinstance(reason, str):
-        raise BadEvent(
-            f"pgdrain event: 'reason' is {_kind(reason)}; expected 'enqueue' or 'continue'"
-        )
-    raise BadEvent(
-        f"pgdrain event: unknown reason {reason[:40]!r}; expected 'enqueue' or 'continue'"
-    )
+        raise BadEvent(f"pgdrain event: 'reason' is {_kind(reason)}; expected {EXPECTED_REASONS}")
+    raise BadEvent(f"pgdrain event: unknown reason {reason[:40]!r}; expected {EXPECTED_REASONS}")
 
 
 def _only_keys(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
@@ -149,12 +172,23 @@ def _queues(body: dict[str, Any], settings: Settings) -> tuple[str, ...]:
 
 
 def _chain(body: dict[str, Any]) -> int:
+    where = f"pgdrain {body['reason']} event"
     chain = body.get("chain")
     if isinstance(chain, bool) or not isinstance(chain, int):
-        raise BadEvent(f"pgdrain continue event: 'chain' is {_kind(chain)}, not a whole number")
+        raise BadEvent(f"{where}: 'chain' is {_kind(chain)}, not a whole number")
     if not 1 <= chain <= MAX_CHAIN:
-        raise BadEvent(f"pgdrain continue event: 'chain' must be from 1 to {MAX_CHAIN}")
+        raise BadEvent(f"{where}: 'chain' must be from 1 to {MAX_CHAIN}")
     return chain
+
+
+def _run_id(body: dict[str, Any]) -> str:
+    run_id = body.get("run")
+    if not isinstance(run_id, str) or not RUN_ID.match(run_id):
+        raise BadEvent(
+            "pgdrain fanout event: 'run' must be a run id (letters, digits, '_.:-'; "
+            "at most 128 characters)"
+        )
+    return run_id
 
 
 def _size(event: dict[str, Any]) -> int:

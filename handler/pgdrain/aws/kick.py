@@ -2,11 +2,17 @@
 wait for the next scheduled run.
 
 A burst of enqueues must not become a burst of invocations: each kick first records itself in
-pgdrain.kicks, one row per queue, and only a queue whose last kick is older than the debounce
-window (PGDRAIN_KICK_DEBOUNCE_SECONDS) is kicked again. Concurrent callers serialise on that
-row, so one of them wins per window. The winner invokes PGDRAIN_FUNCTION_NAME asynchronously
-(InvocationType='Event'); the run it starts drains everything ready, including the jobs of
-every kick that was coalesced into it.
+pgdrain.kicks, one row per queue (requested_at), and only a queue whose last invoke is older
+than the debounce window (PGDRAIN_KICK_DEBOUNCE_SECONDS) is invoked again. Concurrent callers
+serialise on that row, so one of them wins per window. The winner invokes
+PGDRAIN_FUNCTION_NAME asynchronously (InvocationType='Event'); the run it starts drains
+everything ready, including the jobs of every kick that was coalesced into it.
+
+The debounce is on the trailing edge (pgdrain.aws.control): a run about to exit drains again
+for a kick that arrived after its last claim, and clears the window when it exits, so the next
+kick invokes. An invoke that fails clears the window too: a failed kick suppresses nothing.
+A queue with nothing ready whose next job is covered by a pending wake-up is not invoked at all:
+a kicked delayed job is started by its wake-up, not by a run now that finds nothing.
 
     with conn.transaction():
         pgdrain.enqueue(conn, "send_email", {"user_id": 42}, queue="emails")
@@ -49,7 +55,8 @@ def kick(
 
     Call it after the enqueue has committed, on a connection with no transaction open."""
     settings = settings or Settings.from_env(os.environ)
-    names = tuple(dict.fromkeys(check_queue_name(q, "kick") for q in _as_list(queues)))
+    # Sorted: concurrent kicks (and exiting runs) lock the kick rows in one order, no deadlock.
+    names = tuple(sorted(set(check_queue_name(q, "kick") for q in _as_list(queues))))
     if not names:
         raise BadInput("kick: name at least one queue")
     if not settings.function_name:
@@ -62,11 +69,18 @@ def kick(
             "commits, or the drain it starts may not see the new jobs"
         )
     with conn.transaction():
-        due = store.kick_debounce(conn, names, settings.kick_debounce_seconds)
+        due = store.kick_debounce(
+            conn, names, settings.kick_debounce_seconds, settings.wake_precision_seconds
+        )
     if not due:
         log.debug("kick debounced: kicked within the window", extra={"queues": names})
         return ()
-    return _invoke(settings.function_name, due, client)
+    invoked = _invoke(settings.function_name, due, client)
+    if not invoked:
+        # Safe to repeat: it only lets the next kick invoke (at worst one more invocation).
+        with conn.transaction():
+            store.kick_clear(conn, due)
+    return invoked
 
 
 def _invoke(function: str, queues: Sequence[str], client: LambdaClient | None) -> tuple[str, ...]:
@@ -76,7 +90,7 @@ def _invoke(function: str, queues: Sequence[str], client: LambdaClient | None) -
         invoke_async(function, enqueue_event(queues), client)
     except (BotoCoreError, ClientError, RuntimeError) as exc:
         log.warning(
-            "kick failed; the schedule will drain these queues",
+            "kick failed; the next kick invokes again",
             extra={"queues": list(queues), "function": function, "error": str(exc)},
         )
         return ()

@@ -69,6 +69,12 @@ class ProgressMetrics:
             value, _unit = self._pending.get(name, (0.0, MetricUnit.Count))
             self._pending[name] = (value + n, MetricUnit.Count)
 
+    def count(self, name: str, n: int) -> None:
+        """A count of the control plane's own (WakeCreated, WakeFailed, RunsSpawned, ...)."""
+        with self._lock:
+            value, _unit = self._pending.get(name, (0.0, MetricUnit.Count))
+            self._pending[name] = (value + n, MetricUnit.Count)
+
     def gauge(self, name: str, value: float, unit: MetricUnit) -> None:
         with self._lock:
             self._pending[name] = (value, unit)

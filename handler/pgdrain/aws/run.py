@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +20,17 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pgdrain import db, retention, store
 from pgdrain.aws import events
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
+from pgdrain.aws.control import RunControl
+from pgdrain.aws.fanout import Spawner
 from pgdrain.aws.lambda_api import invoke_async
 from pgdrain.aws.metrics import AGE_METRIC, DELETED_METRIC, DEPTH_METRIC, ProgressMetrics
 from pgdrain.aws.secrets import resolve_conninfo
+from pgdrain.aws.wake import Waker
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, Observer, drain
 from pgdrain.errors import BadEvent, BadInput, PgdrainError
 from pgdrain.registry import Registry, load_registry
+from pgdrain.session import Session
 from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -95,21 +99,28 @@ def handle(
         if trigger.reason == "schedule":
             kept = min(RETENTION_MAX_SECONDS, RETENTION_SHARE * budget.remaining())
             drain_budget = Budget(lambda: budget.remaining() - kept)
+        control = _control(settings, trigger, budget, worker_id, context, progress.count)
         try:
             result, conninfo = _drain(
-                settings, runtime.registry, trigger, drain_budget, worker_id, progress.observe
+                settings,
+                runtime.registry,
+                trigger,
+                drain_budget,
+                worker_id,
+                progress.observe,
+                control,
             )
         except PgdrainError as exc:  # no database configured, or its secret unreadable
             logger.error("run failed: %s", exc)
             return {"ok": False, "error": str(exc), "trigger": trigger.reason}
         progress.flush()
         continued = _continue(trigger, result, settings, context, logger)
+        depth = _after_drain(settings, conninfo, budget, trigger, result, control, continued)
         deleted = None
         if trigger.reason == "schedule" and result.stop_reason != "error":
             deleted = _retention(settings, conninfo, budget, logger)
             if deleted is not None:
                 progress.gauge(DELETED_METRIC, deleted.done + deleted.failed, MetricUnit.Count)
-        depth = _depth(settings, conninfo, budget, trigger, result)
         if depth is not None:
             progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
             progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
@@ -125,15 +136,57 @@ def handle(
         "queue_depth": None if depth is None else depth.ready,
         # Scheduled runs only: finished jobs deleted past PGDRAIN_RETAIN_DONE/_FAILED.
         "retention": None if deleted is None else deleted.as_dict(),
+        **control.summary(),
     }
     if result.stop_reason == "error":
         logger.error("run failed: %s", result.error)
     else:
         logger.info(
             "run finished",
-            extra={"stop_reason": result.stop_reason, "continued": continued, "done": result.done},
+            extra={
+                "stop_reason": result.stop_reason,
+                "continued": continued,
+                "done": result.done,
+                **control.summary(),
+            },
+        )
+    if result.abandoned and not continued:
+        # Their leases end at this run's deadline, and nothing else would start a run for them
+        # before the hourly schedule. A function error makes Lambda run this event once more
+        # about a minute later (template.yaml: MaximumRetryAttempts 1), as it does after a
+        # timeout; that run reclaims them. Safe to repeat: every run is.
+        raise JobsAbandoned(
+            f"{result.abandoned} job(s) still running at the deadline; their leases end now, "
+            "and failing this invocation makes Lambda retry it to reclaim them"
         )
     return summary
+
+
+class JobsAbandoned(RuntimeError):
+    """A run returned with jobs still running (they outlasted its budget)."""
+
+
+def _control(
+    settings: Settings,
+    trigger: events.Trigger,
+    budget: Budget,
+    worker_id: str,
+    context: LambdaContextLike,
+    count: Callable[[str, int], None],
+) -> RunControl:
+    """The run's control plane. Under `sam local invoke` / `pgdrain invoke` it neither spawns
+    nor schedules (the wake-up time is only reported)."""
+    local = os.environ.get(SAM_LOCAL_VARIABLE) == "true"
+    # The unqualified ARN: the wake-up role and the function's own policy name exactly that.
+    target = None if local else ":".join(context.invoked_function_arn.split(":")[:7])
+    return RunControl(
+        trigger,
+        trigger.run_id or worker_id,
+        budget,
+        waker=Waker(settings, target, count=count),
+        spawner=Spawner(settings, trigger, budget, target, invoke_async, count=count),
+        queue_limits=settings.queue_limits,
+    )
 
 
 def _drain(
@@ -143,6 +196,7 @@ def _drain(
     budget: Budget,
     worker_id: str,
     observer: Observer,
+    control: RunControl,
 ) -> tuple[DrainResult, str]:
     conninfo = resolve_conninfo(settings)
     result = drain(
@@ -153,6 +207,7 @@ def _drain(
         queues=trigger.queues,
         worker_id=worker_id,
         observer=observer,
+        hooks=control,
     )
     if not (_failed_before_work(result) and settings.db_secret_arn and not settings.database_url):
         return result, conninfo
@@ -169,6 +224,7 @@ def _drain(
         queues=trigger.queues,
         worker_id=worker_id,
         observer=observer,
+        hooks=control,
     )
     return result, fresh
 
@@ -233,7 +289,7 @@ def _continue(
     next_chain = trigger.chain + 1
     if next_chain > settings.max_chain:
         logger.warning(
-            "work left, but the continuation cap is reached; the schedule drains the rest",
+            "work left, but the continuation cap is reached; a wake-up starts a new chain",
             extra={"max_chain": settings.max_chain},
         )
         return False
@@ -252,15 +308,19 @@ def _continue(
     return True
 
 
-def _depth(
+def _after_drain(
     settings: Settings,
     conninfo: str,
     budget: Budget,
     trigger: events.Trigger,
     result: DrainResult,
+    control: RunControl,
+    continued: bool,
 ) -> store.QueueDepth | None:
     """The backlog the run leaves: none when it stopped because nothing was ready; measured on
-    a short connection when it stopped for time; unknown after an error or near the deadline."""
+    a short connection when it stopped for time, which also ends the run's control-plane state
+    (kick window, registration) and makes sure of its wake-up; unknown after an error or near
+    the deadline (a run that abandoned jobs is retried by Lambda instead)."""
     if result.stop_reason == "empty":
         return store.QueueDepth(ready=0, oldest_ready_age_s=0.0)
     if result.stop_reason != "budget" or budget.remaining() < DEPTH_MIN_REMAINING_SECONDS:
@@ -268,9 +328,14 @@ def _depth(
     quick = dataclasses.replace(
         settings, connect_timeout=max(0.5, min(settings.connect_timeout, budget.remaining() - 1))
     )
+    session = Session(conninfo, quick, budget)
     try:
-        with db.connect(conninfo, quick, budget) as conn:
-            return store.queue_depth(conn, trigger.queues)
+        session.open()
+        depth = session.run(store.queue_depth, trigger.queues)
+        control.after_budget(session, continued)
+        return depth
     except (PgdrainError, psycopg.Error) as exc:
         log.warning("could not measure the queue depth: %s", exc)
         return None
+    finally:
+        session.close()

@@ -122,7 +122,9 @@ RETURNING j.id;
 
 -- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
--- %(limit)s ready jobs in priority order. SKIP LOCKED lets concurrent drains pass each other.
+-- %(limit)s ready jobs, the queues taking turns (round-robin, priority order within a turn)
+-- and each limited queue (pgdrain.queue_limits) kept within its running limit across all
+-- runs. SKIP LOCKED lets concurrent drains pass each other.
 -- A finished job not returned as completed had lost its lease: its result is not recorded,
 -- and completed_token keeps the token of the attempt whose result was. A claimed lease never
 -- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
@@ -139,12 +141,30 @@ WITH completed AS (
     WHERE j.id = held.id
       AND j.status = 'running'
       AND j.attempt_token = held.token
-    RETURNING j.id
+    RETURNING j.id, j.queue
+), limits AS MATERIALIZED (
+    -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
+    -- none, and then nothing is locked). The row lock serialises the claims of a limited
+    -- queue, and reads the running count as the last claim committed it.
+    SELECT l.queue, l.max_running - l.running AS free
+    FROM pgdrain.queue_limits AS l
+    WHERE l.queue = ANY(%(queues)s::text[])
+    ORDER BY l.queue
+    FOR UPDATE OF l
+), slots AS (
+    -- How many each queue may claim now: the batch, or its free slots (with the jobs this
+    -- statement completes, whose counts the trigger moves only at its end).
+    SELECT q.name,
+           least(%(limit)s, greatest(0, coalesce(
+               lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
+               %(limit)s))) AS n
+    FROM unnest(%(queues)s::text[]) AS q(name)
+    LEFT JOIN limits AS lim ON lim.queue = q.name
 ), ready AS (
     -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
     -- (`queue = ANY(...)` would sort every ready row first).
     SELECT candidate.id
-    FROM unnest(%(queues)s::text[]) AS q(name)
+    FROM slots AS q
     -- A queue with nothing ready is passed over after one probe of jobs_queued_run_at_idx;
     -- without it the scan below walks every delayed row of the queue before finding nothing
     -- (the run's last, empty claim).
@@ -163,10 +183,15 @@ WITH completed AS (
           AND queue = q.name
           AND run_at <= now()
         ORDER BY priority, run_at, id
-        LIMIT %(limit)s
+        LIMIT q.n
         FOR UPDATE SKIP LOCKED
     ) AS candidate
-    ORDER BY candidate.priority, candidate.run_at, candidate.id
+    -- Fair across queues (round-robin): every queue's first candidate comes before any queue's
+    -- second, so a backlog in one queue cannot make a new job in another wait behind all of it;
+    -- priority orders the jobs within a turn.
+    ORDER BY
+        row_number() OVER (PARTITION BY q.name ORDER BY candidate.priority, candidate.run_at, candidate.id),
+        candidate.priority, candidate.run_at, candidate.id
     LIMIT %(limit)s
 ), claimed AS (
     UPDATE pgdrain.jobs AS j
@@ -419,14 +444,52 @@ SELECT EXISTS (
 ) AS ready;
 
 -- name: kick_debounce :many
--- Record a kick for each queue whose last kick is older than the window; the queues returned
--- are the ones to invoke for. Concurrent callers serialise on the row, so one wins per window.
-INSERT INTO pgdrain.kicks AS k (queue, kicked_at)
-SELECT q, now() FROM unnest(%(queues)s::text[]) AS q
+-- Record a kick for each queue (requested_at, always) and invoke for each queue that needs a
+-- run and whose last invoke is older than the window (kicked_at); `invoke` says which.
+-- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
+-- lost: a run about to exit sees its requested_at (run_exit_check) and drains again, and a run
+-- that exits clears kicked_at (run_exit), so the next kick invokes. A queue needs no run when
+-- nothing in it is ready and a wake-up pending for it comes before its next due job: a kicked
+-- delayed job is then started by that wake-up, not by a run now that finds nothing.
+WITH pending AS (
+    SELECT q.name,
+           (SELECT w.wake_at FROM pgdrain.wakes AS w
+            WHERE w.queue_set = q.name AND w.state = 'created' AND w.wake_at > now()) AS wake_at
+    FROM unnest(%(queues)s::text[]) AS q(name)
+), wanted AS (
+    SELECT p.name,
+           p.wake_at IS NULL
+           OR EXISTS (
+               -- Ready now, or due early enough that a run now would schedule an earlier
+               -- wake-up (wake-ups are rounded up to %(precision_seconds)s).
+               SELECT 1 FROM pgdrain.jobs AS j
+               WHERE j.status = 'queued' AND j.queue = p.name
+                 AND j.run_at <= greatest(
+                     now(), p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
+           ) AS needed
+    FROM pending AS p
+)
+INSERT INTO pgdrain.kicks AS k (queue, kicked_at, requested_at)
+SELECT w.name, CASE WHEN w.needed THEN now() ELSE '-infinity'::timestamptz END, now()
+FROM wanted AS w
+ORDER BY w.name  -- every statement locks kick rows in queue order: no deadlock between them
 ON CONFLICT (queue) DO UPDATE
-SET kicked_at = excluded.kicked_at
-WHERE k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
-RETURNING k.queue;
+SET requested_at = excluded.requested_at,
+    kicked_at = CASE WHEN excluded.kicked_at = now()
+                      AND k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
+                     THEN excluded.kicked_at ELSE k.kicked_at END
+RETURNING k.queue, k.kicked_at = now() AS invoke;
+
+-- name: kick_clear :exec
+-- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes.
+-- (The rows are locked in queue order, as every statement on them does.)
+UPDATE pgdrain.kicks SET kicked_at = '-infinity'
+WHERE queue IN (
+    SELECT queue FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE
+);
 
 -- name: queue_depth :one
 -- Ready jobs in these queues and the age of the oldest: the backlog a run leaves behind
@@ -486,3 +549,142 @@ WHERE status IN ('done', 'failed', 'cancelled')
   AND status = ANY(%(statuses)s::text[])
   AND finished_at < now() - %(days)s * interval '1 day'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text);
+
+-- name: queue_ready_count :one
+-- Ready jobs in these queues, counted up to %(limit)s (the fan-out decision only needs to
+-- know whether the backlog exceeds what the runs can finish).
+SELECT count(*) AS ready FROM (
+    SELECT 1 FROM pgdrain.jobs
+    WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+    LIMIT %(limit)s::int
+) AS ready;
+
+-- name: run_register :exec
+-- A run announces itself once connected (a spawned run replaces the reservation its spawner
+-- made under the same id). Repeating it changes nothing but the deadline: safe to retry.
+INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+VALUES (%(run_id)s::text, %(queues)s::text[], %(chain)s::int,
+        now() + make_interval(secs => %(remaining_seconds)s::float8))
+ON CONFLICT (run_id) DO UPDATE
+SET queues = excluded.queues, chain = excluded.chain, deadline = excluded.deadline;
+
+-- name: run_gate_lock :exec
+-- Serialise fan-out decisions until the transaction ends. Taken in a statement of its own, so
+-- that the count that follows reads a snapshot taken after the lock was granted.
+SELECT id FROM pgdrain.run_gate FOR UPDATE;
+
+-- name: run_spawn :many
+-- Reserve new runs until the live runs (deadline not passed) number %(runs_needed)s, and never
+-- more than %(max_runs)s; returns the ids reserved. Each reservation lasts %(reserve_seconds)s, until the
+-- spawned run registers with its own deadline; a spawn that never starts stops counting then.
+-- Run after run_gate_lock in the same transaction.
+INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+SELECT gen_random_uuid()::text, %(queues)s::text[], %(chain)s::int,
+       now() + make_interval(secs => %(reserve_seconds)s::float8)
+FROM generate_series(
+    1,
+    least(%(runs_needed)s::int, %(max_runs)s::int)
+        - (SELECT count(*) FROM pgdrain.runs WHERE deadline > now())::int
+)
+RETURNING run_id;
+
+-- name: run_unregister :exec
+-- Forget a run: one that exits, or a reservation whose invoke failed.
+DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
+
+-- name: run_exit_check :one
+-- A run that found nothing to claim, before it exits: should it drain again, and when is new
+-- work next due in its queues? Locks the queues' kick rows until the transaction ends (then
+-- run_exit clears them), so a kick either lands before this check, where it is seen, or after
+-- the exit, where it invokes. `kicked` is true for a kick whose transaction started after this
+-- one: its enqueue may have committed after this statement's snapshot. An older kick's enqueue
+-- committed before this snapshot, and `ready` sees its job. `due_at` is the earliest run_at of
+-- a queued job still in the future, or lease expiry of a running job (a dead run's jobs
+-- become claimable then): the wake-up this run must make sure of.
+WITH kick AS MATERIALIZED (
+    SELECT requested_at FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE
+)
+SELECT
+    coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
+    -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
+    -- drain again (the lock lasts until this short transaction ends).
+    -- A queue at its concurrency limit has nothing claimable either: the runs holding its
+    -- slots claim its next jobs as they finish.
+    EXISTS (
+        SELECT 1 FROM pgdrain.jobs AS j
+        WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM pgdrain.queue_limits AS l
+              WHERE l.queue = j.queue AND l.running >= l.max_running
+          )
+        LIMIT 1
+        FOR UPDATE OF j SKIP LOCKED
+    ) AS ready,
+    least(
+        (SELECT min(run_at) FROM pgdrain.jobs
+         WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at > now()),
+        (SELECT min(lease_expires_at) FROM pgdrain.jobs
+         WHERE status = 'running' AND queue = ANY(%(queues)s::text[]))
+    ) AS due_at;
+
+-- name: run_exit :exec
+-- The run exits: the kicks of its queues no longer wait on it (the next kick invokes), and
+-- it no longer counts as a live run. The rows of runs that died (past their deadline for an
+-- hour) go too, so the table stays as small as the number of live runs. Safe to repeat.
+WITH cleared AS (
+    UPDATE pgdrain.kicks SET kicked_at = '-infinity' WHERE queue = ANY(%(queues)s::text[])
+)
+DELETE FROM pgdrain.runs
+WHERE run_id = %(run_id)s
+   OR deadline < now() - interval '1 hour';
+
+-- name: wake_reserve :one
+-- Claim the right to create the one-shot schedule for %(wake_at)s, unless an earlier or equal
+-- wake-up of the same queues is pending (created, or being created and reserved_until not
+-- passed). The same run may reserve again (a retried statement). Returns a row when the
+-- caller must create the schedule.
+INSERT INTO pgdrain.wakes AS w (queue_set, wake_at, state, reserved_by, reserved_until)
+VALUES (%(queue_set)s::text, %(wake_at)s::timestamptz, 'creating', %(run_id)s::text,
+        now() + make_interval(secs => %(hold_seconds)s::float8))
+ON CONFLICT (queue_set) DO UPDATE
+SET wake_at = excluded.wake_at, state = 'creating', reserved_by = excluded.reserved_by,
+    reserved_until = excluded.reserved_until
+WHERE w.wake_at <= now()
+   OR w.wake_at > excluded.wake_at
+   OR (w.state = 'creating' AND w.reserved_until <= now())
+   OR (w.state = 'creating' AND w.reserved_by = excluded.reserved_by
+       AND w.wake_at = excluded.wake_at)
+RETURNING w.wake_at;
+
+-- name: wake_created :exec
+-- The schedule exists: the reservation becomes a pending wake-up until its time.
+UPDATE pgdrain.wakes SET state = 'created'
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
+
+-- name: wake_release :exec
+-- Creating the schedule failed: drop the reservation, so the next run that ends tries again.
+DELETE FROM pgdrain.wakes
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
+  AND state = 'creating';
+
+-- name: queue_limit_sync :exec
+-- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues: add or change
+-- the limits given, drop the others. A new limit starts from the queue's running jobs. Safe to
+-- repeat: it writes the same values again.
+WITH wanted AS (
+    SELECT w.queue, w.max_running
+    FROM unnest(%(limited)s::text[], %(limits)s::int[]) AS w(queue, max_running)
+), dropped AS (
+    DELETE FROM pgdrain.queue_limits
+    WHERE queue = ANY(%(queues)s::text[])
+      AND queue NOT IN (SELECT queue FROM wanted)
+)
+INSERT INTO pgdrain.queue_limits AS l (queue, max_running, running)
+SELECT w.queue, w.max_running,
+       (SELECT count(*) FROM pgdrain.jobs AS j WHERE j.status = 'running' AND j.queue = w.queue)
+FROM wanted AS w
+ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running
+WHERE l.max_running <> excluded.max_running;

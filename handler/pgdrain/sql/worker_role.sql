@@ -1,9 +1,10 @@
 -- pgdrain_worker: the privileges the drain function needs, and nothing more.
 --
 -- A NOLOGIN group role: CONNECT to this database; USAGE on schema pgdrain; SELECT, INSERT,
--- UPDATE, DELETE on pgdrain.jobs and pgdrain.kicks; USAGE on the jobs id sequence (an enqueue
--- from a job). No DDL (it owns nothing and may create nothing), no access to
--- pgdrain.migrations.
+-- UPDATE, DELETE on pgdrain.jobs and pgdrain.kicks and the control plane's tables (runs,
+-- wakes, queue_limits); SELECT, UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT,
+-- UPDATE on pgdrain.periodic_slots; USAGE on the jobs id sequence (an enqueue from a job).
+-- No DDL (it owns nothing and may create nothing), no access to pgdrain.migrations.
 --
 -- PostgreSQL grants some privileges to PUBLIC (every role), and a role cannot be refused what
 -- PUBLIC holds. So, in this database only, this file also takes from PUBLIC:
@@ -49,6 +50,9 @@ GRANT USAGE ON SCHEMA pgdrain TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.jobs, pgdrain.kicks TO pgdrain_worker;
 -- Periodic jobs: a run records each slot it enqueued, once (migration 0008).
 GRANT SELECT, INSERT, UPDATE ON pgdrain.periodic_slots TO pgdrain_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.runs, pgdrain.wakes, pgdrain.queue_limits
+    TO pgdrain_worker;
+GRANT SELECT, UPDATE ON pgdrain.run_gate TO pgdrain_worker;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_worker;
 
 DO $$

@@ -1,0 +1,141 @@
+"""Fan-out: a run that sees more ready work than it can finish in its budget starts more runs,
+so a backlog drains on many Lambda invocations at once; PostgreSQL is the only coordinator.
+
+The decision, every FANOUT_INTERVAL_SECONDS once the run has measured its throughput: when the
+ready jobs exceed what this run finishes in its remaining seconds (its jobs per second x the
+time left), the runs needed are this one plus enough full-budget runs for the rest. Runs are
+counted in pgdrain.runs (a row past its deadline counts for nothing), and the reservation of
+new runs serialises on the run_gate row lock, so the cap PGDRAIN_MAX_RUNS (each run holds one
+connection) holds however many runs decide at once. A spawned run carries the hop count
+(chain + 1): no chain reaches Lambda's recursive loop detection. Spawning happens inside a run,
+after it has connected, so spawned runs never stampede a database that is still waking."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pgdrain import store
+from pgdrain.aws import events
+from pgdrain.budget import Budget
+from pgdrain.session import Session
+from pgdrain.settings import Settings
+from pgdrain.summary import Counter
+
+log = logging.getLogger(__name__)
+
+FANOUT_INTERVAL_SECONDS = 2.0
+MIN_MEASURE_SECONDS = 1.0  # throughput is measured over at least this long
+# A spawned run's reservation counts this long until the run registers its own deadline.
+SPAWN_RESERVE_SECONDS = 60.0
+SPAWNED_METRIC = "RunsSpawned"
+SPAWN_FAILED_METRIC = "SpawnFailed"
+
+Invoke = Callable[[str, dict[str, Any]], None]
+
+
+def runs_needed(
+    ready: int, jobs_per_second: float, remaining_seconds: float, run_seconds: float
+) -> int:
+    """How many runs, this one included, finish `ready` jobs in time: this run does what its
+    remaining seconds allow, and each new run (a full budget, run_seconds) as much as this
+    one does per second. 1 when this run finishes alone."""
+    mine = jobs_per_second * remaining_seconds
+    if ready <= mine:
+        return 1
+    per_run = jobs_per_second * max(run_seconds, remaining_seconds)
+    if per_run <= 0:
+        return 1
+    return 1 + math.ceil((ready - mine) / per_run)
+
+
+def useful_runs(settings: Settings, queues: tuple[str, ...]) -> int:
+    """When every queue of the run has a concurrency limit (PGDRAIN_QUEUE_LIMITS), more runs
+    than the limits' slots can fill would only find no free slot and exit."""
+    limits = dict(settings.queue_limits)
+    if not queues or any(q not in limits for q in queues):
+        return settings.max_runs
+    slots = sum(limits[q] for q in queues)
+    return max(1, min(settings.max_runs, math.ceil(slots / settings.concurrency)))
+
+
+class Spawner:
+    def __init__(
+        self,
+        settings: Settings,
+        trigger: events.Trigger,
+        budget: Budget,
+        target_arn: str | None,
+        invoke: Invoke,
+        *,
+        count: Callable[[str, int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._trigger = trigger
+        self._budget = budget
+        self._target = target_arn
+        self._invoke = invoke
+        self._count = count or (lambda _name, _n: None)
+        self._clock = clock
+        self._next_check = clock() + MIN_MEASURE_SECONDS
+        # A spawned run gets a budget like this run's at its start (the function's timeout).
+        self._run_seconds = budget.remaining() - settings.reserve_seconds
+        self._useful_runs = useful_runs(settings, trigger.queues)
+        self.spawned: list[str] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self._target is not None and self._trigger.chain + 1 <= self._settings.max_chain
+
+    def after_round_trip(
+        self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
+    ) -> None:
+        if not self.enabled or self._clock() < self._next_check or elapsed_s <= 0:
+            return
+        self._next_check = self._clock() + FANOUT_INTERVAL_SECONDS
+        finished = counts.get("done", 0) + counts.get("retried", 0) + counts.get("failed", 0)
+        rate = finished / elapsed_s
+        remaining = self._budget.remaining() - self._settings.reserve_seconds
+        if rate <= 0 or remaining <= 0:
+            return
+        max_runs = self._settings.max_runs
+        # Counting past what max_runs runs can finish tells nothing more.
+        per_run = max(self._run_seconds, remaining)
+        limit = math.ceil(rate * (remaining + (max_runs - 1) * per_run)) + 1
+        ready = session.run(store.queue_ready_count, self._trigger.queues, limit)
+        needed = min(runs_needed(ready, rate, remaining, self._run_seconds), self._useful_runs)
+        if needed <= 1:
+            return
+        reserved = session.run(
+            store.run_spawn,
+            self._trigger.queues,
+            self._trigger.chain + 1,
+            needed,
+            max_runs,
+            SPAWN_RESERVE_SECONDS,
+        )
+        for run_id in reserved:
+            self._start(session, run_id)
+        if reserved:
+            log.info(
+                "fan-out: started runs",
+                extra={"ready": ready, "jobs_per_s": round(rate, 1), "started": len(reserved)},
+            )
+
+    def _start(self, session: Session, run_id: str) -> None:
+        assert self._target is not None
+        event = events.fanout_event(self._trigger.queues, self._trigger.chain + 1, run_id)
+        try:
+            self._invoke(self._target, event)
+        except Exception as exc:  # any AWS failure: logged and counted, never fails the run
+            log.error("fan-out invoke failed", extra={"run": run_id, "error": str(exc)})
+            self._count(SPAWN_FAILED_METRIC, 1)
+            # The reservation must not hold a place in the cap for a run that never starts.
+            session.run(store.run_unregister, run_id)
+            return
+        self.spawned.append(run_id)
+        self._count(SPAWNED_METRIC, 1)

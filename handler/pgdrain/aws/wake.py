@@ -1,0 +1,217 @@
+"""Wake-ups: a run that ends with work due later in its queues (a delayed job, a retry backoff,
+a lease that a dead run holds) makes sure a one-shot EventBridge Scheduler schedule invokes the
+function when that work is due, so nothing waits for the hourly safety net and nothing polls.
+
+The schedule: `at(...)` in UTC rounded up to the precision (a minute;
+PGDRAIN_WAKE_PRECISION_SECONDS), FlexibleTimeWindow OFF, ActionAfterCompletion DELETE, in the
+stack's group (PGDRAIN_SCHEDULE_GROUP) through its role (PGDRAIN_SCHEDULER_ROLE_ARN), with
+the wake event {"pgdrain": {"reason": "wake", "queues": [...]}}. Its name is deterministic (the
+minute and the queues), so runs ending together make one schedule, and ConflictException (it
+exists) is success.
+
+Pending wake-ups are tracked in pgdrain.wakes, not by listing schedules: a run first reserves
+the wake-up (none is made when an earlier or equal one is pending), then creates the schedule,
+then marks it created. Every step is safe to repeat: the reservation admits its own run again,
+a second CreateSchedule of the same name is a ConflictException, and marking is an UPDATE to
+the same values. A creation that fails releases the reservation, and one whose run died before
+it could (a timeout) holds only WAKE_HOLD_SECONDS, so no row outlives a failure to suppress the
+next run's attempt. A failure is logged and counted (WakeFailed), never raised: the hourly
+schedule is the safety net."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pgdrain import store
+from pgdrain.aws.events import wake_event
+from pgdrain.aws.lambda_api import region_from_arn
+from pgdrain.session import Session
+from pgdrain.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_scheduler import EventBridgeSchedulerClient
+
+log = logging.getLogger(__name__)
+
+# A reservation not marked created within this long stops suppressing other runs' wake-ups.
+WAKE_HOLD_SECONDS = 30.0
+SCHEDULE_PREFIX = "pgdrain-wake-"
+WAKE_FAILED_METRIC = "WakeFailed"
+WAKE_CREATED_METRIC = "WakeCreated"
+# If the invoke fails (throttling), EventBridge Scheduler tries again for this long.
+TARGET_RETRY_ATTEMPTS = 10
+TARGET_MAX_EVENT_AGE_SECONDS = 600
+CONNECT_TIMEOUT_SECONDS = 2
+READ_TIMEOUT_SECONDS = 5
+
+WakeAction = Literal["none", "reported", "pending", "created", "exists", "failed"]
+
+
+@dataclass(frozen=True)
+class WakeOutcome:
+    """What a run did about its next due moment: `none` (nothing due), `reported` (no
+    schedule can be made here: local runs; the time is in the summary and the log), `pending`
+    (an earlier or equal wake-up exists), `created`, `exists` (another run made the same
+    schedule), `failed` (logged and counted; the safety net covers it)."""
+
+    wake_at: dt.datetime | None
+    action: WakeAction
+    schedule: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "wake_at": None if self.wake_at is None else self.wake_at.isoformat(),
+            "wake": self.action,
+            "wake_schedule": self.schedule,
+        }
+
+
+def wake_time(due: dt.datetime, precision_seconds: float) -> dt.datetime:
+    """`due` in UTC, rounded up to a whole multiple of the precision: a one-shot schedule fires
+    at its minute, never before the work is due."""
+    stamp = due.timestamp()
+    rounded = math.ceil(round(stamp, 6) / precision_seconds) * precision_seconds
+    return dt.datetime.fromtimestamp(rounded, tz=dt.UTC)
+
+
+def queue_set(queues: Sequence[str]) -> str:
+    return ",".join(sorted(set(queues)))
+
+
+def schedule_name(queues: Sequence[str], wake_at: dt.datetime) -> str:
+    """The same for every run that wants these queues woken at this moment (at most 64
+    characters, as Scheduler allows)."""
+    digest = hashlib.sha256(queue_set(queues).encode("utf-8")).hexdigest()[:12]
+    return f"{SCHEDULE_PREFIX}{wake_at.astimezone(dt.UTC):%Y%m%dT%H%M%S}-{digest}"
+
+
+def at_expression(wake_at: dt.datetime) -> str:
+    return f"at({wake_at.astimezone(dt.UTC):%Y-%m-%dT%H:%M:%S})"
+
+
+_clients: dict[str | None, EventBridgeSchedulerClient] = {}
+_clients_lock = threading.Lock()
+
+
+def scheduler_client(region: str | None = None) -> EventBridgeSchedulerClient:
+    """A Scheduler client with short timeouts, made once per region; created the usual way, so
+    AWS_ENDPOINT_URL_SCHEDULER points it elsewhere (a simulator)."""
+    with _clients_lock:
+        client = _clients.get(region)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                read_timeout=READ_TIMEOUT_SECONDS,
+                retries={"max_attempts": 2, "mode": "standard"},
+            )
+            client = boto3.client("scheduler", region_name=region, config=config)
+            _clients[region] = client
+        return client
+
+
+def reset_clients() -> None:
+    with _clients_lock:
+        _clients.clear()
+
+
+class Waker:
+    """Makes sure of one wake-up for a run's queues at its next due moment."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        target_arn: str | None,
+        *,
+        client: EventBridgeSchedulerClient | None = None,
+        count: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._target = target_arn
+        self._client = client
+        self._count = count or (lambda _name, _n: None)
+
+    @property
+    def can_schedule(self) -> bool:
+        s = self._settings
+        return bool(self._target and s.schedule_group and s.scheduler_role_arn)
+
+    def ensure(
+        self,
+        session: Session,
+        queues: Sequence[str],
+        due_at: dt.datetime | None,
+        run_id: str,
+    ) -> WakeOutcome:
+        if due_at is None:
+            return WakeOutcome(None, "none")
+        # Work already due (a lease that expired while this run found nothing to claim) is
+        # woken for at the next step: a schedule cannot fire in the past.
+        due_at = max(due_at, dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1))
+        wake_at = wake_time(due_at, self._settings.wake_precision_seconds)
+        if not self.can_schedule:
+            log.info("work due later; no schedule here", extra={"wake_at": wake_at.isoformat()})
+            return WakeOutcome(wake_at, "reported")
+        name = schedule_name(queues, wake_at)
+        key = queue_set(queues)
+        if not session.run(store.wake_reserve, key, wake_at, run_id, WAKE_HOLD_SECONDS):
+            log.info("wake-up already pending", extra={"wake_at": wake_at.isoformat()})
+            return WakeOutcome(wake_at, "pending")
+        action: WakeAction = "created"
+        try:
+            self._create(name, queues, wake_at)
+        except Exception as exc:  # any AWS failure: logged and counted, never fails the run
+            if _is_conflict(exc):
+                action = "exists"  # the same wake-up, made by another run: success
+            else:
+                log.error(
+                    "could not create the wake-up schedule; the hourly schedule covers it",
+                    extra={"schedule": name, "wake_at": wake_at.isoformat(), "error": str(exc)},
+                )
+                self._count(WAKE_FAILED_METRIC, 1)
+                session.run(store.wake_release, key, wake_at, run_id)
+                return WakeOutcome(wake_at, "failed", name)
+        session.run(store.wake_created, key, wake_at, run_id)
+        self._count(WAKE_CREATED_METRIC, 1 if action == "created" else 0)
+        log.info("wake-up scheduled", extra={"schedule": name, "wake_at": wake_at.isoformat()})
+        return WakeOutcome(wake_at, action, name)
+
+    def _create(self, name: str, queues: Sequence[str], wake_at: dt.datetime) -> None:
+        settings = self._settings
+        assert self._target and settings.schedule_group and settings.scheduler_role_arn
+        client = self._client or scheduler_client(region_from_arn(self._target))
+        client.create_schedule(
+            Name=name,
+            GroupName=settings.schedule_group,
+            ScheduleExpression=at_expression(wake_at),
+            ScheduleExpressionTimezone="UTC",
+            FlexibleTimeWindow={"Mode": "OFF"},
+            ActionAfterCompletion="DELETE",
+            Description="pgdrain wake-up: work is due in these queues",
+            Target={
+                "Arn": self._target,
+                "RoleArn": settings.scheduler_role_arn,
+                "Input": json.dumps(wake_event(sorted(set(queues)))),
+                "RetryPolicy": {
+                    "MaximumRetryAttempts": TARGET_RETRY_ATTEMPTS,
+                    "MaximumEventAgeInSeconds": TARGET_MAX_EVENT_AGE_SECONDS,
+                },
+            },
+        )
+
+
+def _is_conflict(exc: Exception) -> bool:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    return bool(response.get("Error", {}).get("Code") == "ConflictException")

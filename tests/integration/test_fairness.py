@@ -1,0 +1,69 @@
+"""Fair across queues: a run draining several queues claims round-robin, so a backlog of older
+jobs in one queue cannot make a new job in another wait behind all of it. The control is the
+same claim without its turn (the one line of the statement that orders by it): strict
+priority-then-age order across queues, as before."""
+
+from __future__ import annotations
+
+from typing import Any, LiteralString, cast
+
+import psycopg
+import pytest
+
+from helpers.fixtures import without_line
+from pgdrain import enqueue_many, store
+from pgdrain.enqueue import build_job
+from pgdrain.sql import query
+
+Conn = psycopg.Connection[Any]
+BACKLOG = 500
+BATCH = 10
+TURN_LINE = "row_number() OVER (PARTITION BY q.name"
+
+
+def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:
+    rows = conn.execute(
+        statement,
+        {
+            "done_ids": [],
+            "done_tokens": [],
+            "queues": ["default", "emails"],
+            "limit": BATCH,
+            "worker": "fairness-test",
+            "lease_seconds": 30,
+            "cap_seconds": None,
+        },
+    ).fetchall()
+    return [(int(r[1]), str(r[2])) for r in rows if not r[0]]
+
+
+@pytest.mark.parametrize("fair", [True, False], ids=["round-robin", "control-strict-order"])
+def test_a_new_job_in_another_queue_does_not_wait_for_an_older_backlog(
+    conn: Conn, fair: bool
+) -> None:
+    with conn.transaction():
+        enqueue_many(conn, [build_job("noop", {}, queue_name="default") for _ in range(BACKLOG)])
+    conn.execute("UPDATE pgdrain.jobs SET run_at = now() - interval '1 hour'")  # older
+    with conn.transaction():
+        (email,) = enqueue_many(conn, [build_job("noop", {}, queue_name="emails")])
+
+    statement = query("job_complete_and_claim")
+    if not fair:
+        statement = cast(LiteralString, without_line(statement, TURN_LINE))
+    first_batch = _claim(conn, statement)
+
+    assert len(first_batch) == BATCH
+    if fair:
+        assert (email, "emails") in first_batch
+    else:  # the emails job waits until all BACKLOG older jobs are claimed
+        assert all(queue == "default" for _id, queue in first_batch)
+
+
+def test_turns_alternate_between_busy_queues(conn: Conn) -> None:
+    with conn.transaction():
+        enqueue_many(
+            conn,
+            [build_job("noop", {}, queue_name=q) for q in ("default", "emails") for _ in range(20)],
+        )
+    claimed = store.job_complete_and_claim(conn, [], ["default", "emails"], 10, "w", 30, None)[1]
+    assert sorted(job.queue for job in claimed) == ["default"] * 5 + ["emails"] * 5

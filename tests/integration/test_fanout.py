@@ -1,0 +1,234 @@
+"""Fan-out (pgdrain.aws.fanout): a run that cannot finish the ready work in its budget starts
+more runs, up to PGDRAIN_MAX_RUNS live runs in all, counted in pgdrain.runs; decisions
+serialise on the run_gate row lock. The race without the lock is reproduced deterministically
+(the second decision is made while the first is uncommitted), beside the same timeline with it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.aws import FakeContext, InvokeSpy, aws_environment, create_function, mocked_aws
+from helpers.fixtures import wait_for
+from pgdrain import Budget, Settings, enqueue_many, store
+from pgdrain.aws import events
+from pgdrain.aws import run as lambda_run
+from pgdrain.aws.fanout import runs_needed, useful_runs
+from pgdrain.aws.lambda_api import lambda_client
+from pgdrain.enqueue import build_job
+from pgdrain.session import Session
+from pgdrain.settings import ENV_VARIABLES
+from pgdrain.sql import query
+
+Conn = psycopg.Connection[Any]
+
+
+def _live_runs(conn: Conn) -> int:
+    row = conn.execute("SELECT count(*) FROM pgdrain.runs WHERE deadline > now()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _spawn_params(runs_needed: int, max_runs: int) -> dict[str, Any]:
+    return {
+        "queues": ["default"],
+        "chain": 1,
+        "runs_needed": runs_needed,
+        "max_runs": max_runs,
+        "reserve_seconds": 60,
+    }
+
+
+# -- the arithmetic -----------------------------------------------------------------------------
+
+
+def test_runs_needed() -> None:
+    assert runs_needed(100, 10.0, 20.0, 20.0) == 1  # this run finishes alone
+    assert runs_needed(1000, 10.0, 20.0, 20.0) == 5  # 200 here, 800 / 200 per new run
+    assert runs_needed(1000, 10.0, 1.0, 20.0) == 6  # near its end: 10 here, 990 / 200
+    assert runs_needed(1000, 0.0, 20.0, 20.0) == 1  # nothing measured yet: no decision
+
+
+def test_limited_queues_want_no_more_runs_than_their_slots() -> None:
+    limited = Settings(queues=("emails", "sms"), concurrency=4, queue_limits=(("emails", 2),))
+    assert useful_runs(limited, ("emails",)) == 1  # 2 slots: one run of 4 fills them
+    assert useful_runs(limited, ("emails", "sms")) == 10  # sms is not limited
+    wide = Settings(concurrency=2, queue_limits=(("default", 7),))
+    assert useful_runs(wide, ("default",)) == 4
+
+
+# -- the cap under concurrent decisions ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("gate", [True, False], ids=["gate", "control-no-gate"])
+def test_two_decisions_at_once_keep_the_cap(db_url: str, conn: Conn, gate: bool) -> None:
+    cap = 4
+    for name in ("live-1", "live-2"):
+        store.run_register(conn, name, ["default"], 0, 300)
+    first = psycopg.connect(db_url, autocommit=True)
+    second = psycopg.connect(db_url, autocommit=True)
+    second_pid = second.info.backend_pid
+    reserved: dict[str, int] = {}
+
+    def decide_second() -> None:
+        with second.transaction():
+            if gate:
+                store.run_gate_lock(second)
+            rows = second.execute(query("run_spawn"), _spawn_params(10, cap)).fetchall()
+            reserved["second"] = len(rows)
+
+    try:
+        with first.transaction():
+            if gate:
+                store.run_gate_lock(first)
+            rows = first.execute(query("run_spawn"), _spawn_params(10, cap)).fetchall()
+            reserved["first"] = len(rows)
+            # The second decision is made while the first is not committed yet.
+            thread = threading.Thread(target=decide_second)
+            thread.start()
+            if gate:  # it waits on the gate until the first commits
+                wait_for(lambda: _waiting_on_a_lock(conn, second_pid), what="the gate wait")
+            else:  # nothing holds it back: it counts before the first's rows are visible
+                thread.join(10)
+        thread.join(10)
+    finally:
+        first.close()
+        second.close()
+
+    assert reserved["first"] == 2
+    if gate:
+        assert (reserved["second"], _live_runs(conn)) == (0, cap)
+    else:
+        assert (reserved["second"], _live_runs(conn)) == (2, cap + 2)  # the cap is broken
+
+
+def _waiting_on_a_lock(conn: Conn, pid: int) -> bool:
+    row = conn.execute(
+        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def test_many_runs_deciding_at_once_never_exceed_the_cap(db_url: str, conn: Conn) -> None:
+    runs, cap = 8, 10
+    barrier = threading.Barrier(runs)
+    reserved: list[int] = []
+    errors: list[BaseException] = []
+    settings = Settings()
+
+    def one(i: int) -> None:
+        try:
+            session = Session(db_url, settings, Budget.seconds(30))
+            session.open()
+            try:
+                session.run(store.run_register, f"run-{i}", ["default"], 0, 300)
+                barrier.wait()
+                ids = session.run(store.run_spawn, ["default"], 1, 100, cap, 60)
+                reserved.append(len(ids))
+            finally:
+                session.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _live_runs(conn) <= cap
+    assert sum(reserved) <= cap - runs
+
+
+def test_a_run_past_its_deadline_does_not_count(conn: Conn) -> None:
+    store.run_register(conn, "killed", ["default"], 0, 300)
+    conn.execute("UPDATE pgdrain.runs SET deadline = now() - interval '1 second'")
+    assert len(store.run_spawn(conn, ["default"], 1, 3, 3, 60)) == 3
+
+
+# -- through the handler --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch, db_url: str) -> Iterator[InvokeSpy]:
+    aws_environment(monkeypatch)
+    for name in ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    with mocked_aws():
+        create_function()
+        recorder = InvokeSpy()
+        recorder.attach(lambda_client("us-east-1"))  # the client invoke_async uses
+        yield recorder
+
+
+def _invoke(event: Any, remaining_s: float) -> dict[str, Any]:
+    import app
+
+    runtime = lambda_run.cold_start(os.environ)
+    result: dict[str, Any] = lambda_run.handle(
+        event, FakeContext(remaining_s), runtime, logger=app.logger, metrics=app.metrics
+    )
+    return result
+
+
+def test_a_backlog_fans_out_up_to_the_cap_with_the_hop_count(
+    conn: Conn, spy: InvokeSpy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in {
+        "PGDRAIN_MAX_RUNS": "4",
+        "PGDRAIN_CONCURRENCY": "2",
+        "PGDRAIN_RESERVE_SECONDS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with conn.transaction():
+        enqueue_many(conn, [build_job("sleep", {"seconds": 0.05}) for _ in range(400)])
+
+    result = _invoke(events.continue_event(["default"], 2), remaining_s=3.5)
+
+    assert result["ok"] is True, result
+    spawned = [e for e in spy.events() if e["pgdrain"]["reason"] == "fanout"]
+    assert result["spawned"] == len(spawned) == 3  # 4 runs in all, this one included
+    assert {e["pgdrain"]["chain"] for e in spawned} == {3}  # the hop count goes on
+    ids = {e["pgdrain"]["run"] for e in spawned}
+    rows = conn.execute(
+        "SELECT run_id, chain FROM pgdrain.runs WHERE run_id = ANY(%s)", (list(ids),)
+    )
+    assert sorted(r[1] for r in rows.fetchall()) == [3, 3, 3]  # reserved until they start
+
+    # A spawned run registers under its reserved id (its own deadline replaces the
+    # reservation's), and whatever it spawns keeps the live runs within the cap.
+    event = spawned[0]
+    run_id = event["pgdrain"]["run"]
+    trigger = events.parse(event, Settings())
+    assert (trigger.reason, trigger.chain, trigger.run_id) == ("fanout", 3, run_id)
+    before = len(spy.calls)
+    second = _invoke(event, remaining_s=2.5)
+    assert second["ok"] is True and second["trigger"] == "fanout"
+    more = [e for e in spy.events()[before:] if e["pgdrain"]["reason"] == "fanout"]
+    assert {e["pgdrain"]["chain"] for e in more} <= {4}
+    assert _live_runs(conn) <= 4
+
+
+def test_a_run_at_the_hop_limit_does_not_fan_out(
+    conn: Conn, spy: InvokeSpy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in {
+        "PGDRAIN_MAX_CHAIN": "2",
+        "PGDRAIN_CONCURRENCY": "2",
+        "PGDRAIN_RESERVE_SECONDS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with conn.transaction():
+        enqueue_many(conn, [build_job("sleep", {"seconds": 0.05}) for _ in range(400)])
+
+    result = _invoke(events.fanout_event(["default"], 2, "at-the-limit"), remaining_s=3.0)
+
+    assert result["ok"] is True, result
+    assert result["spawned"] == 0
+    assert [e for e in spy.events() if e["pgdrain"]["reason"] == "fanout"] == []

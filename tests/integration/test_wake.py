@@ -1,0 +1,409 @@
+"""Wake-ups (pgdrain.aws.wake): a run that ends with work due later makes sure of one
+EventBridge Scheduler one-shot at that moment, here moto's `scheduler` service. Pending
+wake-ups live in pgdrain.wakes: runs ending together make one schedule, an earlier pending
+wake-up suppresses a later one, and a failed creation suppresses nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.aws import (
+    FUNCTION_ARN,
+    REGION,
+    FakeContext,
+    aws_environment,
+    emf_records,
+    metric_totals,
+    mocked_aws,
+)
+from pgdrain import Budget, Settings, enqueue, store
+from pgdrain.aws import events
+from pgdrain.aws import run as lambda_run
+from pgdrain.aws.wake import (
+    WAKE_FAILED_METRIC,
+    Waker,
+    at_expression,
+    reset_clients,
+    schedule_name,
+    wake_time,
+)
+from pgdrain.session import Session
+from pgdrain.settings import ENV_VARIABLES
+
+Conn = psycopg.Connection[Any]
+GROUP = "pgdrain-test-wake"
+ROLE_ARN = "arn:aws:iam::123456789012:role/pgdrain-test-wake"
+
+
+@pytest.fixture
+def scheduler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    import boto3
+
+    aws_environment(monkeypatch)
+    with mocked_aws():
+        reset_clients()
+        client = boto3.client("scheduler", region_name=REGION)
+        client.create_schedule_group(Name=GROUP)
+        yield client
+        reset_clients()
+
+
+def _handler_env(monkeypatch: pytest.MonkeyPatch, db_url: str, **extra: str) -> None:
+    for name in ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    env = {
+        "DATABASE_URL": db_url,
+        "PGDRAIN_QUEUES": "emails,default",
+        "PGDRAIN_SCHEDULE_GROUP": GROUP,
+        "PGDRAIN_SCHEDULER_ROLE_ARN": ROLE_ARN,
+        **extra,
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def _invoke(event: Any, remaining_s: float = 30.0) -> dict[str, Any]:
+    import app
+
+    runtime = lambda_run.cold_start(os.environ)
+    result: dict[str, Any] = lambda_run.handle(
+        event, FakeContext(remaining_s), runtime, logger=app.logger, metrics=app.metrics
+    )
+    return result
+
+
+def _schedules(client: Any) -> list[dict[str, Any]]:
+    names = [s["Name"] for s in client.list_schedules(GroupName=GROUP)["Schedules"]]
+    return [client.get_schedule(Name=n, GroupName=GROUP) for n in names]
+
+
+def _delayed(conn: Conn, queue: str, seconds: float) -> dt.datetime:
+    with conn.transaction():
+        job_id = enqueue(conn, "noop", {}, queue=queue, delay=seconds)
+    row = conn.execute("SELECT run_at FROM pgdrain.jobs WHERE id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+ENQUEUE_EMAILS = {"pgdrain": {"reason": "enqueue", "queues": ["emails"]}}
+
+
+# -- the moment, pure ---------------------------------------------------------------------------
+
+
+def test_the_wake_time_is_rounded_up_to_the_precision_in_utc() -> None:
+    due = dt.datetime(2026, 12, 1, 6, 13, 0, 1, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert wake_time(due, 60) == dt.datetime(2026, 12, 1, 4, 14, tzinfo=dt.UTC)
+    on_the_minute = dt.datetime(2026, 12, 1, 4, 14, tzinfo=dt.UTC)
+    assert wake_time(on_the_minute, 60) == on_the_minute  # never later than needed
+    assert wake_time(due, 5) == dt.datetime(2026, 12, 1, 4, 13, 5, tzinfo=dt.UTC)  # scaled
+    assert at_expression(wake_time(due, 60)) == "at(2026-12-01T04:14:00)"
+
+
+def test_the_schedule_name_is_one_per_moment_and_set_of_queues() -> None:
+    at = dt.datetime(2026, 12, 1, 4, 14, tzinfo=dt.UTC)
+    name = schedule_name(["emails", "default"], at)
+    assert name == schedule_name(["default", "emails"], at)
+    assert name != schedule_name(["emails"], at)
+    assert name != schedule_name(["emails", "default"], at + dt.timedelta(minutes=1))
+    assert len(name) <= 64 and name.startswith("pgdrain-wake-20261201T041400-")
+
+
+# -- through the handler ------------------------------------------------------------------------
+
+
+def test_a_run_that_ends_with_a_delayed_job_schedules_one_wake_up(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url)
+    run_at = _delayed(conn, "emails", 600)
+
+    result = _invoke(ENQUEUE_EMAILS)
+
+    assert result["ok"] is True, result
+    assert result["result"]["done"] == 0  # nothing was due: the kick found nothing to run
+    expected = wake_time(run_at, 60)
+    assert (result["wake"], result["wake_at"]) == ("created", expected.isoformat())
+    (schedule,) = _schedules(scheduler)
+    assert schedule["Name"] == schedule_name(["emails"], expected) == result["wake_schedule"]
+    assert schedule["ScheduleExpression"] == at_expression(expected)
+    assert schedule["ScheduleExpressionTimezone"] == "UTC"
+    assert schedule["FlexibleTimeWindow"] == {"Mode": "OFF"}
+    assert schedule["ActionAfterCompletion"] == "DELETE"
+    assert schedule["Target"]["Arn"] == FUNCTION_ARN
+    assert schedule["Target"]["RoleArn"] == ROLE_ARN
+    wake = json.loads(schedule["Target"]["Input"])
+    assert wake == events.wake_event(["emails"])
+    trigger = events.parse(wake, Settings(queues=("emails", "default")))
+    assert (trigger.reason, trigger.queues, trigger.chain) == ("wake", ("emails",), 0)
+
+
+def test_runs_ending_one_after_another_make_one_schedule_and_an_earlier_one_wins(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url)
+    _delayed(conn, "emails", 900)
+
+    assert _invoke(ENQUEUE_EMAILS)["wake"] == "created"
+    assert _invoke(ENQUEUE_EMAILS)["wake"] == "pending"  # the same moment: pending already
+    assert len(_schedules(scheduler)) == 1
+
+    earlier = _delayed(conn, "emails", 300)
+    second = _invoke(ENQUEUE_EMAILS)
+    assert (second["wake"], second["wake_at"]) == ("created", wake_time(earlier, 60).isoformat())
+    _delayed(conn, "emails", 600)  # due between the two: the earlier pending one covers it
+    assert _invoke(ENQUEUE_EMAILS)["wake"] == "pending"
+    assert len(_schedules(scheduler)) == 2
+
+
+def test_an_existing_schedule_of_the_same_name_is_success(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url)
+    _delayed(conn, "emails", 600)
+    assert _invoke(ENQUEUE_EMAILS)["wake"] == "created"
+    conn.execute("DELETE FROM pgdrain.wakes")  # forgotten (say, its moment passed and came back)
+
+    result = _invoke(ENQUEUE_EMAILS)
+
+    assert result["ok"] is True
+    assert result["wake"] == "exists"  # CreateSchedule said ConflictException
+    assert len(_schedules(scheduler)) == 1
+
+
+def test_a_lease_held_by_another_run_is_work_due_at_its_expiry(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url)
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")
+    (held,) = store.job_complete_and_claim(conn, [], ["emails"], 1, "a-run-that-dies", 120, None)[1]
+    row = conn.execute("SELECT lease_expires_at FROM pgdrain.jobs WHERE id = %s", (held.id,))
+    expiry = row.fetchone()[0]  # type: ignore[index]
+
+    result = _invoke(ENQUEUE_EMAILS)
+
+    assert result["wake_at"] == wake_time(expiry, 60).isoformat()
+    assert result["wake"] == "created"
+
+
+def test_locally_the_wake_up_is_only_reported(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url, PGDRAIN_SCHEDULE_GROUP="", PGDRAIN_SCHEDULER_ROLE_ARN="")
+    run_at = _delayed(conn, "emails", 600)
+
+    result = _invoke(ENQUEUE_EMAILS)
+
+    assert (result["wake"], result["wake_at"]) == ("reported", wake_time(run_at, 60).isoformat())
+    assert _schedules(scheduler) == []
+    assert conn.execute("SELECT count(*) FROM pgdrain.wakes").fetchone() == (0,)
+
+
+def test_nothing_due_means_no_wake_up(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url)
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")
+    result = _invoke(ENQUEUE_EMAILS)
+    assert (result["result"]["done"], result["wake"], result["wake_at"]) == (1, "none", None)
+    assert _schedules(scheduler) == []
+
+
+# -- failure: logged, counted, never fails the run, and suppresses no retry ---------------------
+
+
+@pytest.mark.parametrize("released", [True, False], ids=["released", "control-kept"])
+def test_a_failed_creation_is_logged_and_suppresses_no_later_attempt(
+    db_url: str,
+    conn: Conn,
+    scheduler: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    released: bool,
+) -> None:
+    from botocore.stub import Stubber
+
+    from pgdrain.aws import wake
+
+    _handler_env(monkeypatch, db_url)
+    _delayed(conn, "emails", 600)
+    failing = wake.scheduler_client(REGION)
+    with Stubber(failing) as stub:
+        stub.add_client_error("create_schedule", "ThrottlingException", http_status_code=429)
+        result = _invoke(ENQUEUE_EMAILS)
+        stub.assert_no_pending_responses()
+
+    assert result["ok"] is True, result  # the run itself succeeded
+    assert result["wake"] == "failed"
+    out = capsys.readouterr().out
+    assert metric_totals(emf_records(out)).get(WAKE_FAILED_METRIC) == 1
+    (logged,) = [
+        r for r in caplog.records if r.name == "pgdrain.aws.wake" and r.levelname == "ERROR"
+    ]
+    assert "could not create the wake-up schedule" in logged.getMessage()
+    if not released:  # the control: the failed run's reservation, had it not been released
+        conn.execute(
+            "INSERT INTO pgdrain.wakes VALUES ('emails', %s, 'creating', 'the-failed-run',"
+            " now() + interval '30 seconds')",
+            (dt.datetime.fromisoformat(result["wake_at"]),),
+        )
+
+    again = _invoke(ENQUEUE_EMAILS)  # the next run to end
+
+    assert again["wake"] == ("created" if released else "pending")
+    assert len(_schedules(scheduler)) == (1 if released else 0)
+
+
+def test_a_reservation_whose_run_died_holds_only_briefly(conn: Conn) -> None:
+    at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)
+    assert store.wake_reserve(conn, "emails", at, "run-a", 30) is True
+    assert store.wake_reserve(conn, "emails", at, "run-b", 30) is False  # held by run-a
+    assert store.wake_reserve(conn, "emails", at, "run-a", 30) is True  # run-a's retry
+    conn.execute("UPDATE pgdrain.wakes SET reserved_until = now() - interval '1 second'")
+    assert store.wake_reserve(conn, "emails", at, "run-b", 30) is True  # run-a died: expired
+
+
+# -- runs ending at once ------------------------------------------------------------------------
+
+
+def test_runs_ending_at_the_same_moment_create_one_schedule(
+    db_url: str, conn: Conn, scheduler: Any
+) -> None:
+    """Eight runs reach their wake-up together (a barrier); one creates, the rest find it
+    pending, however the reservations interleave."""
+    runs = 8
+    due = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=7)
+    settings = Settings(schedule_group=GROUP, scheduler_role_arn=ROLE_ARN, queues=("emails",))
+    barrier = threading.Barrier(runs)
+    outcomes: list[str] = []
+    errors: list[BaseException] = []
+    client = scheduler
+
+    def one(i: int) -> None:
+        try:
+            session = Session(db_url, settings, Budget.seconds(30))
+            session.open()
+            try:
+                waker = Waker(settings, FUNCTION_ARN, client=client)
+                barrier.wait()
+                outcomes.append(waker.ensure(session, ["emails"], due, f"run-{i}").action)
+            finally:
+                session.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    assert errors == []
+    assert sorted(outcomes) == ["created"] + ["pending"] * (runs - 1)
+    assert len(_schedules(scheduler)) == 1
+
+
+def test_a_run_that_stops_for_time_also_schedules_its_wake_up(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped by its reserve (not by an empty claim), it ends its control-plane state on the
+    short connection it opens after the drain, wake-up included."""
+    _handler_env(monkeypatch, db_url, PGDRAIN_RESERVE_SECONDS="4", PGDRAIN_MAX_RUNS="1")
+    with conn.transaction():
+        enqueue(conn, "sleep", {"seconds": 2.5}, queue="emails")
+    run_at = _delayed(conn, "emails", 600)
+
+    result = _invoke(ENQUEUE_EMAILS, remaining_s=6.0)
+
+    assert result["result"]["stop_reason"] == "budget", result
+    assert (result["result"]["done"], result["continued"]) == (1, False)
+    assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
+    assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)  # unregistered
+
+
+def test_kicking_a_job_due_after_a_pending_wake_up_starts_no_run_now(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kicked delayed job is started by the wake-up at (or before) its run_at, not by a run
+    now that finds nothing: kick() invokes only when a queue has work due before any pending
+    wake-up (or none is pending, and the run it starts makes one)."""
+    from helpers.aws import FUNCTION_NAME, InvokeSpy, create_function
+    from pgdrain.aws.kick import kick
+    from pgdrain.aws.lambda_api import lambda_client
+
+    _handler_env(monkeypatch, db_url)
+    create_function()
+    spy = InvokeSpy()
+    client = spy.attach(lambda_client(REGION))
+    settings = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
+
+    _delayed(conn, "emails", 600)
+    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
+    assert _invoke(ENQUEUE_EMAILS)["wake"] == "created"  # the run it started: a wake-up
+
+    _delayed(conn, "emails", 1200)  # due after the pending wake-up: that run will see it
+    assert kick(conn, ["emails"], settings=settings, client=client) == ()
+    earlier = _delayed(conn, "emails", 120)  # due before it: a run now makes an earlier one
+    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
+    assert _invoke(ENQUEUE_EMAILS)["wake_at"] == wake_time(earlier, 60).isoformat()
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")  # ready now: always a run
+    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
+    assert len(spy.calls) == 3
+
+
+def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _handler_env(monkeypatch, db_url, PGDRAIN_RECLAIM_LIMIT="1")
+    with conn.transaction():
+        for _ in range(2):
+            enqueue(conn, "noop", {}, queue="emails")
+    store.job_complete_and_claim(conn, [], ["emails"], 2, "a-dead-run", 30, None)
+    conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 minute'")
+
+    result = _invoke(ENQUEUE_EMAILS)  # reclaims one (the limit), runs it; the other is due
+
+    assert (result["result"]["reclaimed"], result["result"]["done"]) == (1, 1)
+    wake_at = dt.datetime.fromisoformat(result["wake_at"])
+    assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    assert result["wake"] == "created"
+
+
+def test_at_the_hop_limit_with_work_left_a_wake_up_starts_a_new_chain(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No continuation past PGDRAIN_MAX_CHAIN: the work left is picked up at the next step by a
+    wake-up (a schedule is not a Lambda hop), not by the hourly safety net."""
+    _handler_env(
+        monkeypatch,
+        db_url,
+        PGDRAIN_RESERVE_SECONDS="4",
+        PGDRAIN_MAX_RUNS="1",
+        PGDRAIN_MAX_CHAIN="0",
+        PGDRAIN_CONCURRENCY="1",
+    )
+    with conn.transaction():
+        for _ in range(2):
+            enqueue(conn, "sleep", {"seconds": 2.5}, queue="emails")
+
+    result = _invoke(ENQUEUE_EMAILS, remaining_s=6.0)
+
+    assert result["result"]["stop_reason"] == "budget", result
+    assert (result["result"]["more_ready"], result["continued"]) == (True, False)
+    wake_at = dt.datetime.fromisoformat(result["wake_at"])
+    assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    assert result["wake"] == "created"
+    (schedule,) = _schedules(scheduler)
+    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["emails"])
