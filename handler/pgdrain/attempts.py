@@ -1,5 +1,10 @@
 """The attempts a run holds, by stage: claimed but not started, running, finished but not yet
-recorded as done. Only the run's main thread changes them; worker threads read `lost_tokens`."""
+recorded as done. Only the run's main thread changes them; worker threads read `lost_tokens`.
+
+Every attempt is keyed by (job id, attempt token), never by the job id alone: one run can hold
+two attempts of the same job at once (its lease expired while the first ran, another run
+reclaimed it, and this run claimed it again), and the older attempt's outcome must not touch
+the newer one's bookkeeping."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from pgdrain.store import ClaimedJob, Held
 class Attempts:
     def __init__(self) -> None:
         self.unstarted: deque[ClaimedJob] = deque()
-        self.running: dict[int, ClaimedJob] = {}
+        self.running: dict[Held, ClaimedJob] = {}
         self.finished: list[ClaimedJob] = []  # returned; their completion rides on a round trip
         self.first_finished_at = 0.0
         # Tokens of attempts whose lease was found gone; Job.lease_lost() reads it from the
@@ -31,11 +36,15 @@ class Attempts:
 
     def start_next(self) -> ClaimedJob:
         attempt = self.unstarted.popleft()
-        self.running[attempt.id] = attempt
+        self.running[attempt.held] = attempt
         return attempt
 
+    def stop_running(self, attempt: ClaimedJob) -> None:
+        """The attempt's function returned or raised: it no longer runs."""
+        self.running.pop(attempt.held, None)
+
     def finish(self, attempt: ClaimedJob) -> None:
-        self.running.pop(attempt.id, None)
+        self.stop_running(attempt)
         if not self.finished:
             self.first_finished_at = time.monotonic()
         self.finished.append(attempt)
@@ -49,11 +58,11 @@ class Attempts:
         self.unstarted.clear()
         return unstarted
 
-    def forget_lost(self, lost: Collection[int]) -> None:
+    def forget_lost(self, lost: Collection[Held]) -> None:
         """A heartbeat found these leases gone: never start them, and tell running ones."""
         for attempt in list(self.unstarted):
-            if attempt.id in lost:
+            if attempt.held in lost:
                 self.unstarted.remove(attempt)
-        for job_id in lost:
-            if job_id in self.running:
-                self.lost_tokens.add(self.running[job_id].attempt_token)
+        for held in lost:
+            if held in self.running:
+                self.lost_tokens.add(held.token)

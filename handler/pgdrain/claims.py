@@ -91,9 +91,9 @@ class Claims:
     def release_unstarted(self) -> None:
         held = [a.held for a in self._attempts.take_unstarted()]
         result = self._session.run(store.job_release_many, held)
-        self._counters.add("released", len(result.applied))
-        for job_id in result.lost:
-            self._lease_lost(job_id, "while releasing it")
+        self._counters.add("released", len(result.applied_attempts))
+        for gone in result.lost_attempts:
+            self._lease_lost(gone, "while releasing it")
 
     def record_failure(self, claimed: store.ClaimedJob, error: BaseException) -> None:
         message = error_text(error)
@@ -103,7 +103,7 @@ class Claims:
             message = f"{message} (not retried: register the kind, then `pgdrain retry`)"
         outcome = self._session.run(store.job_fail, claimed.held, message, delay, permanent)
         if isinstance(outcome, store.LeaseLost):
-            self._lease_lost(claimed.id, "its failure was not recorded")
+            self._lease_lost(claimed.held, "its failure was not recorded")
             return
         final = outcome.status == "failed"
         self._counters.add("failed" if final else "retried", 1)
@@ -120,12 +120,12 @@ class Claims:
         )
 
     def _record_completions(self, result: store.Fenced) -> None:
-        self._counters.add("done", len(result.applied))
-        for job_id in result.lost:
-            self._lease_lost(job_id, "its result was not recorded")
+        self._counters.add("done", len(result.applied_attempts))
+        for held in result.lost_attempts:
+            self._lease_lost(held, "its result was not recorded")
 
-    def _lease_lost(self, job_id: int, how: str) -> None:
-        self._counters.lease_lost(job_id, how, self._worker_id)
+    def _lease_lost(self, held: store.Held, how: str) -> None:
+        self._counters.lease_lost(held, how, self._worker_id)
 
 
 def error_text(error: BaseException) -> str:

@@ -193,7 +193,7 @@ class _Run:
                 claims.flush_completions()
                 log.warning(
                     "deadline reached with jobs still running; their leases end now",
-                    extra={"running": sorted(attempts.running)},
+                    extra={"running": sorted(h.id for h in attempts.running)},
                 )
                 return "budget"
 
@@ -225,7 +225,7 @@ class _Run:
             if outcome.error is None:
                 self.attempts.finish(outcome.item)
             else:
-                self.attempts.running.pop(outcome.item.id, None)
+                self.attempts.stop_running(outcome.item)
                 self.claims.record_failure(outcome.item, outcome.error)
             try:
                 outcome = pool.outcomes.get_nowait()

@@ -56,8 +56,8 @@ class Heartbeat:
         result = self._session.run(
             store.job_extend_leases, held, self._lease_seconds, self._deadline.lease_cap()
         )
-        if not result.lost:
+        if not result.lost_attempts:
             return
-        self._attempts.forget_lost(result.lost)
-        for job_id in result.lost:
-            self._counters.lease_lost(job_id, "found by the heartbeat", self._worker_id)
+        self._attempts.forget_lost(result.lost_attempts)
+        for gone in result.lost_attempts:
+            self._counters.lease_lost(gone, "found by the heartbeat", self._worker_id)

@@ -52,10 +52,20 @@ class Held:
 
 @dataclass(frozen=True)
 class Fenced:
-    """The result of a fenced statement over several jobs."""
+    """The result of a fenced statement over several attempts, each told apart by its token:
+    one run may hold two attempts of the same job (its lease expired, another run reclaimed
+    it, this run claimed it again), and only the current one may be applied."""
 
-    applied: frozenset[int]
-    lost: frozenset[int]  # the fence matched nothing: another attempt owns these now
+    applied_attempts: frozenset[Held]
+    lost_attempts: frozenset[Held]  # the fence matched nothing: another attempt owns the job
+
+    @property
+    def applied(self) -> frozenset[int]:
+        return frozenset(h.id for h in self.applied_attempts)
+
+    @property
+    def lost(self) -> frozenset[int]:
+        return frozenset(h.id for h in self.lost_attempts)
 
 
 @dataclass(frozen=True)
@@ -192,14 +202,13 @@ def job_complete_and_claim(
             "cap_seconds": cap_seconds,
         },
     ).fetchall()
-    completed = frozenset(int(r[1]) for r in rows if r[0])
+    completed = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
     claimed = [
         ClaimedJob(*r[1:])  # the statement returns ClaimedJob's fields in order
         for r in rows
         if not r[0]
     ]
-    lost = frozenset(h.id for h in finished) - completed
-    return Fenced(completed, lost), claimed
+    return Fenced(completed, frozenset(finished) - completed), claimed
 
 
 def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
@@ -210,12 +219,14 @@ def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
 def _fenced(
     conn: Connection, statement: LiteralString, held: Sequence[Held], **extra: Any
 ) -> Fenced:
-    """Run a fenced statement over `held`; it returns the ids whose fence matched."""
+    """Run a fenced statement over `held`; it returns the (id, token) of each attempt whose
+    fence matched."""
     if not held:
         return Fenced(frozenset(), frozenset())
     params = {"ids": [h.id for h in held], "tokens": [h.token for h in held], **extra}
-    applied = frozenset(int(r[0]) for r in conn.execute(statement, params).fetchall())
-    return Fenced(applied, frozenset(h.id for h in held) - applied)
+    rows = conn.execute(statement, params).fetchall()
+    applied = frozenset(Held(int(r[0]), r[1]) for r in rows)
+    return Fenced(applied, frozenset(held) - applied)
 
 
 def job_extend_leases(

@@ -12,6 +12,7 @@ import psycopg
 
 from pgdrain import db
 from pgdrain.errors import AuthenticationFailed, DatabaseUnavailable
+from pgdrain.store import Held
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class Counters:
     def __init__(self, observer: Observer | None) -> None:
         self.values: dict[Counter, int] = dict.fromkeys(COUNTERS, 0)
         self._observer = observer
-        self._lost_ids: set[int] = set()
+        self._lost: set[Held] = set()
 
     def add(self, name: Counter, n: int) -> None:
         if n:
@@ -69,15 +70,15 @@ class Counters:
             if self._observer is not None:
                 self._observer(name, n)
 
-    def lease_lost(self, job_id: int, how: str, worker: str) -> None:
-        """Log a lost lease every time it is seen; count each job once."""
+    def lease_lost(self, held: Held, how: str, worker: str) -> None:
+        """Log a lost lease every time it is seen; count each attempt once."""
         log.warning(
             "lease lost: another attempt may own this job; %s",
             how,
-            extra={"job_id": job_id, "worker": worker},
+            extra={"job_id": held.id, "attempt_token": str(held.token), "worker": worker},
         )
-        if job_id not in self._lost_ids:
-            self._lost_ids.add(job_id)
+        if held not in self._lost:
+            self._lost.add(held)
             self.add("lease_lost", 1)
 
 

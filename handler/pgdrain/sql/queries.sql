@@ -61,7 +61,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
 WHERE j.id = held.id
   AND j.status = 'running'
   AND j.attempt_token = held.token
-RETURNING j.id;
+RETURNING j.id, held.token;
 
 -- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
@@ -82,7 +82,7 @@ WITH completed AS (
     WHERE j.id = held.id
       AND j.status = 'running'
       AND j.attempt_token = held.token
-    RETURNING j.id
+    RETURNING j.id, held.token
 ), ready AS (
     -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
     -- (`queue = ANY(...)` would sort every ready row first).
@@ -119,7 +119,7 @@ WITH completed AS (
 -- The payload comes back as text: the job's own worker thread parses it, off the one thread
 -- that talks to the database.
 SELECT true AS completed, id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
-       NULL::int AS attempts, NULL::int AS max_attempts, NULL::uuid AS attempt_token
+       NULL::int AS attempts, NULL::int AS max_attempts, token AS attempt_token
 FROM completed
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
@@ -140,7 +140,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
 WHERE j.id = held.id
   AND j.status = 'running'
   AND j.attempt_token = held.token
-RETURNING j.id;
+RETURNING j.id, held.token;
 
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
@@ -170,7 +170,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
 WHERE j.id = held.id
   AND j.status = 'running'
   AND j.attempt_token = held.token
-RETURNING j.id;
+RETURNING j.id, held.token;
 
 -- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and
