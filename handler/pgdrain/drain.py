@@ -16,6 +16,7 @@ import logging
 import os
 import queue as queue_mod
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -57,6 +58,25 @@ class SafetySwitches:
 
     heartbeat: bool = True
     cap_lease_at_deadline: bool = True
+    limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
+    pin_read_committed: bool = True
+    mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
+
+
+# Worker threads that earlier runs in this process gave up on while they still ran a job. A
+# warm Lambda container keeps them: they go on running into the next invocation, whose result
+# reports how many are still alive (stale_threads). Guarded by the lock: runs may overlap in
+# tests and in `pgdrain drain` loops.
+_abandoned_lock = threading.Lock()
+_abandoned_threads: set[threading.Thread] = set()
+
+
+def stale_threads() -> int:
+    """Job threads that earlier runs in this process abandoned and that are still running."""
+    with _abandoned_lock:
+        for thread in [t for t in _abandoned_threads if not t.is_alive()]:
+            _abandoned_threads.discard(thread)
+        return len(_abandoned_threads)
 
 
 def default_worker_id() -> str:
@@ -108,7 +128,13 @@ class _Run:
         self.counters = Counters(observer)
         self.attempts = Attempts()
         self.deadline = Deadline(budget, settings.reserve_seconds, switches.cap_lease_at_deadline)
-        self.session = Session(conninfo, settings, budget)
+        self.session = Session(
+            conninfo,
+            settings,
+            budget,
+            limit_to_budget=switches.limit_statements_to_budget,
+            read_committed=switches.pin_read_committed,
+        )
         self.claims = Claims(
             self.session,
             self.attempts,
@@ -130,12 +156,24 @@ class _Run:
         )
         # Refill once half the slots are free (or none is busy): short jobs still come in batches.
         self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)
+        self.mark_abandoned_lost = switches.mark_abandoned_lost
+        # Which worker thread runs which attempt, and the attempts the run gave up on; written
+        # by the worker threads as well as this one, hence the lock.
+        self._threads_lock = threading.Lock()
+        self._threads: dict[store.Held, threading.Thread] = {}
+        self._given_up: set[store.Held] = set()
 
     def execute(self) -> DrainResult:
         stop_reason: StopReason = "empty"
         error: str | None = None
         kind: ErrorKind | None = None
         more_ready = False
+        stale = stale_threads()
+        if stale:
+            log.warning(
+                "job threads abandoned by earlier runs in this process are still running",
+                extra={"stale_threads": stale, "worker": self.worker_id},
+            )
         pool: WorkerPool[store.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
         try:
             self.session.open()
@@ -147,11 +185,13 @@ class _Run:
             stop_reason, error, kind = "error", one_line(exc), error_kind(exc)
             log.error("drain stopped: %s", error, extra={"worker": self.worker_id})
         finally:
+            self._give_up_running()
             pool.close()
             self.session.close()
         result = DrainResult(
             **self.counters.values,
             abandoned=len(self.attempts.running),
+            stale_threads=stale,
             stop_reason=stop_reason,
             more_ready=more_ready,
             error=error,
@@ -166,6 +206,16 @@ class _Run:
         concurrency = self.settings.concurrency
         stopping = False
         self.heartbeat.start()
+        if deadline.below_reserve():
+            # Say why nothing is claimed: a timeout set too close to the reserve, or a connect
+            # that used the budget up, would otherwise look like an empty queue.
+            log.warning(
+                "budget of %.1f s left is below the reserve of %.1f s: nothing will be claimed",
+                deadline.remaining(),
+                deadline.reserve_seconds,
+                extra=self._where(),
+            )
+            stopping = True
         while True:
             if not stopping and deadline.below_reserve():
                 stopping = True
@@ -210,8 +260,45 @@ class _Run:
         wake_at = min(wake_at, now + self.deadline.seconds_until_check(stopping))
         return max(0.0, wake_at - now)
 
+    def _give_up_running(self) -> None:
+        """The run returns with jobs still running: their leases end at the deadline (the cap),
+        so another attempt may start then. Tell each job at once (lease_lost() turns True) and
+        keep its thread on the process's list, so the next run here can say it still runs."""
+        if not self.mark_abandoned_lost:
+            return
+        with self._threads_lock:
+            for held in self.attempts.running:
+                self.attempts.lost_tokens.add(held.token)
+                self._given_up.add(held)
+                thread = self._threads.get(held)
+                if thread is not None:
+                    with _abandoned_lock:
+                        _abandoned_threads.add(thread)
+
     def _run_job(self, claimed: store.ClaimedJob) -> None:
-        execute.run_job(self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens)
+        held = claimed.held
+        with self._threads_lock:
+            self._threads[held] = threading.current_thread()
+        outcome = "returned"
+        try:
+            execute.run_job(
+                self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens
+            )
+        except BaseException as exc:
+            outcome = f"raised {type(exc).__name__}"
+            raise
+        finally:
+            with self._threads_lock:
+                del self._threads[held]
+                late = held in self._given_up
+            if late:
+                # Nothing records it: the run that held the lease is gone, and the fence would
+                # refuse it anyway once the job is reclaimed.
+                log.warning(
+                    "an abandoned attempt ended after its run gave up on it; its outcome is "
+                    "not recorded",
+                    extra={"job_id": held.id, "attempt_token": str(held.token), "outcome": outcome},
+                )
 
     def _collect(self, pool: WorkerPool[store.ClaimedJob], wait: float) -> None:
         """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait

@@ -1,5 +1,16 @@
-"""The run's one connection. If it breaks (a restart, a failover), the next statement
-reconnects within the budget and is tried once more."""
+"""The run's one connection. Each operation runs in a transaction of its own:
+
+- READ COMMITTED, whatever the server's default_transaction_isolation: the claim (SKIP LOCKED)
+  and the fenced updates rely on it. Under REPEATABLE READ or SERIALIZABLE an update that
+  waited for a concurrent one fails with a serialization error instead of re-checking its
+  fence on the new row version, and the run stops with its jobs left `running`.
+- statement_timeout and lock_timeout no longer than what is left of the budget (less the
+  final margin), set local to
+  the transaction (pooler-safe: nothing outlives it), so a statement blocked on a lock ends by
+  the deadline instead of holding the run past it.
+
+If the connection breaks (a restart, a failover), the next statement reconnects within the
+budget and is tried once more."""
 
 from __future__ import annotations
 
@@ -9,8 +20,9 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgdrain import db
+from pgdrain import db, store
 from pgdrain.budget import Budget
+from pgdrain.deadline import FINAL_MARGIN_SECONDS
 from pgdrain.settings import Settings
 from pgdrain.summary import one_line
 
@@ -18,20 +30,42 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# The shortest limit a statement gets, however little budget is left: 0 would mean no limit.
+MIN_TIMEOUT_MS = 50
+
 
 class Session:
-    def __init__(self, conninfo: str, settings: Settings, budget: Budget) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        settings: Settings,
+        budget: Budget,
+        *,
+        limit_to_budget: bool = True,
+        read_committed: bool = True,
+    ) -> None:
         self._conninfo = conninfo
         self._settings = settings
         self._budget = budget
+        self._limit_to_budget = limit_to_budget
+        self._read_committed = read_committed
         self._conn: psycopg.Connection[Any] | None = None
 
     def open(self) -> None:
-        self._conn = db.connect(self._conninfo, self._settings, self._budget)
+        self._conn = self._connect()
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+
+    def timeout_ms(self) -> int:
+        """The longest any statement may take: what is left of the budget less the final
+        margin, so that a statement cancelled at its limit still leaves the run time to end
+        and answer before the deadline."""
+        remaining = self._budget.remaining()
+        # Inside the final margin (the run's last flush) a statement may use what is left.
+        left = max(remaining - FINAL_MARGIN_SECONDS, min(remaining, FINAL_MARGIN_SECONDS))
+        return max(MIN_TIMEOUT_MS, int(left * 1000))
 
     def run(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a pgdrain.store operation. A repeat after a reconnect is safe because every
@@ -39,10 +73,29 @@ class Session:
         attempt's work."""
         assert self._conn is not None, "open() the session first"
         try:
-            return operation(self._conn, *args, **kwargs)
+            return self._transaction(self._conn, operation, *args, **kwargs)
         except psycopg.OperationalError as exc:
             if not self._conn.closed and not self._conn.broken:
                 raise
             log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
-            self._conn = db.connect(self._conninfo, self._settings, self._budget)
-            return operation(self._conn, *args, **kwargs)
+            self._conn = self._connect()
+            return self._transaction(self._conn, operation, *args, **kwargs)
+
+    def _transaction(
+        self, conn: psycopg.Connection[Any], operation: Callable[..., T], *args: Any, **kw: Any
+    ) -> T:
+        if not self._limit_to_budget and not self._read_committed:
+            return operation(conn, *args, **kw)  # a test's control: the server's defaults
+        # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
+        # statement, COMMIT: one transaction, so the SET LOCALs end with it.
+        with conn.transaction():
+            if self._limit_to_budget:
+                store.transaction_limits(conn, self.timeout_ms())
+            return operation(conn, *args, **kw)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = db.connect(self._conninfo, self._settings, self._budget)
+        if self._read_committed:
+            # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn

@@ -142,6 +142,13 @@ def _new_job_params(job: NewJob) -> dict[str, Any]:
     }
 
 
+def transaction_limits(conn: Connection, timeout_ms: int) -> None:
+    """Bound the current transaction's statements and lock waits to `timeout_ms` (> 0: zero
+    would switch the limits off)."""
+    assert timeout_ms > 0, "a timeout of 0 disables the limit"
+    conn.execute(query("transaction_limits"), {"timeout_ms": timeout_ms})
+
+
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     """Insert one job in the caller's transaction. Returns (id, created); a repeated
     idempotency key returns the existing job's id and created=False."""

@@ -46,6 +46,9 @@ class DrainResult:
     reclaimed: int = 0
     released: int = 0
     abandoned: int = 0  # still running when the run had to return; reclaimable at the deadline
+    # Job threads abandoned by earlier runs in this process (a warm container) still running
+    # when this run started: they overlap whatever attempt comes next for their jobs.
+    stale_threads: int = 0
     stop_reason: StopReason = "empty"
     more_ready: bool = False  # ready jobs were left (only looked at when the budget ran out)
     error: str | None = None

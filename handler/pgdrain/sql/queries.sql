@@ -20,6 +20,13 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
+-- name: transaction_limits :exec
+-- The first statement of each of the drain's transactions: no statement, and no wait for a
+-- lock, may last longer than what is left of the run's budget. `true` makes both settings
+-- local to this transaction, so nothing outlives it on a pooled server connection.
+SELECT set_config('statement_timeout', %(timeout_ms)s::text, true),
+       set_config('lock_timeout', %(timeout_ms)s::text, true);
+
 -- name: job_insert :one
 -- One job. A repeated idempotency key inserts nothing and returns no row.
 INSERT INTO pgdrain.jobs
