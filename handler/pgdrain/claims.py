@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from pgdrain import retry, store
 from pgdrain.attempts import Attempts
@@ -37,8 +38,10 @@ class Claims:
         lease_seconds: float,
         reclaim_limit: int,
         worker_id: str,
+        recover_lost_replies: bool = True,
     ) -> None:
         self._session = session
+        self._recover_lost_replies = recover_lost_replies
         self._attempts = attempts
         self._deadline = deadline
         self._counters = counters
@@ -59,15 +62,38 @@ class Claims:
 
     def complete_and_claim(self, limit: int) -> None:
         """One round trip: record the finished jobs, claim up to `limit` more."""
-        finished = self._attempts.take_finished()
-        result, claimed = self._session.run(
-            store.job_complete_and_claim,
-            [a.held for a in finished],
-            self._queues,
-            limit,
-            self._worker_id,
-            self._lease_seconds,
-            self._deadline.lease_cap(),
+        held = [a.held for a in self._attempts.take_finished()]
+        claim_id = uuid.uuid4()  # chosen here, so a retry can ask what this claim took
+
+        def claim(conn: store.Connection) -> tuple[store.Fenced, list[store.ClaimedJob]]:
+            return store.job_complete_and_claim(
+                conn,
+                held,
+                self._queues,
+                limit,
+                self._worker_id,
+                self._lease_seconds,
+                self._deadline.lease_cap(),
+                claim_id,
+            )
+
+        def claim_again(conn: store.Connection) -> tuple[store.Fenced, list[store.ClaimedJob]]:
+            # Safe to run after a lost reply: if the claim committed, its completions (found by
+            # completed_token) or its claims (found by claim_id) say so, and they are taken as
+            # its result: nothing is claimed twice, no completion is counted lost. If neither
+            # exists, nothing of it committed (or it claimed and completed nothing), so the
+            # claim is made now, once, under the same claim id.
+            done, claimed = store.job_claim_recover(conn, claim_id, held)
+            if done.applied_attempts or claimed:
+                log.warning(
+                    "a claim committed before its reply was lost; its jobs are kept",
+                    extra={"claimed": len(claimed), "completed": len(done.applied_attempts)},
+                )
+                return done, claimed
+            return claim(conn)
+
+        result, claimed = self._session.run_recovering(
+            claim, claim_again if self._recover_lost_replies else claim
         )
         self._record_completions(result)
         self._attempts.unstarted.extend(claimed)
@@ -83,10 +109,27 @@ class Claims:
         )
 
     def flush_completions(self) -> None:
-        finished = self._attempts.take_finished()
-        if finished:
-            held = [a.held for a in finished]
-            self._record_completions(self._session.run(store.job_complete_many, held))
+        held = [a.held for a in self._attempts.take_finished()]
+        if not held:
+            return
+
+        def complete(conn: store.Connection) -> store.Fenced:
+            return store.job_complete_many(conn, held)
+
+        def complete_again(conn: store.Connection) -> store.Fenced:
+            # Safe after a lost reply: the attempts already recorded done are found by
+            # completed_token; only the others are completed now (fenced, as ever).
+            done, _ = store.job_claim_recover(conn, None, held)
+            rest = store.job_complete_many(
+                conn, [h for h in held if h not in done.applied_attempts]
+            )
+            return store.Fenced(done.applied_attempts | rest.applied_attempts, rest.lost_attempts)
+
+        self._record_completions(
+            self._session.run_recovering(
+                complete, complete_again if self._recover_lost_replies else complete
+            )
+        )
 
     def release_unstarted(self) -> None:
         held = [a.held for a in self._attempts.take_unstarted()]

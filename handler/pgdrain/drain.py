@@ -61,6 +61,7 @@ class SafetySwitches:
     limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
     pin_read_committed: bool = True
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
+    recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
 
 
 # Worker threads that earlier runs in this process gave up on while they still ran a job. A
@@ -144,6 +145,7 @@ class _Run:
             lease_seconds=settings.lease_seconds,
             reclaim_limit=settings.reclaim_limit,
             worker_id=worker_id,
+            recover_lost_replies=switches.recover_lost_replies,
         )
         self.heartbeat = Heartbeat(
             self.session,

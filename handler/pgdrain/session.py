@@ -68,30 +68,48 @@ class Session:
         return max(MIN_TIMEOUT_MS, int(left * 1000))
 
     def run(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a pgdrain.store operation. A repeat after a reconnect is safe because every
-        statement is fenced by attempt tokens or idempotent: it cannot overwrite another
-        attempt's work."""
+        """Run a pgdrain.store operation; after a broken connection, reconnect and run it once
+        more. Only for statements that are safe to repeat even when the first try committed
+        and only its reply was lost: the heartbeat (extending a lease twice extends it once),
+        reads, and fenced writes whose repeat matches no row (a release or a failure recorded
+        twice is refused by the fence: the state is right, only the count says "lost").
+        A claim must not simply be repeated: see run_recovering."""
+
+        def once(conn: psycopg.Connection[Any]) -> T:
+            return operation(conn, *args, **kwargs)
+
+        return self.run_recovering(once, once)
+
+    def run_recovering(
+        self,
+        first: Callable[[psycopg.Connection[Any]], T],
+        again: Callable[[psycopg.Connection[Any]], T],
+    ) -> T:
+        """Run `first`; if the connection breaks, reconnect and run `again` instead: it first
+        asks what `first` already did (it may have committed before the reply was lost) and
+        does only the rest."""
         assert self._conn is not None, "open() the session first"
         try:
-            return self._transaction(self._conn, operation, *args, **kwargs)
+            return self._transaction(self._conn, first)
         except psycopg.OperationalError as exc:
             if not self._conn.closed and not self._conn.broken:
                 raise
             log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
+            self._conn.close()
             self._conn = self._connect()
-            return self._transaction(self._conn, operation, *args, **kwargs)
+            return self._transaction(self._conn, again)
 
     def _transaction(
-        self, conn: psycopg.Connection[Any], operation: Callable[..., T], *args: Any, **kw: Any
+        self, conn: psycopg.Connection[Any], operation: Callable[[psycopg.Connection[Any]], T]
     ) -> T:
         if not self._limit_to_budget and not self._read_committed:
-            return operation(conn, *args, **kw)  # a test's control: the server's defaults
+            return operation(conn)  # a test's control: the server's defaults
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
         # statement, COMMIT: one transaction, so the SET LOCALs end with it.
         with conn.transaction():
             if self._limit_to_budget:
                 store.transaction_limits(conn, self.timeout_ms())
-            return operation(conn, *args, **kw)
+            return operation(conn)
 
     def _connect(self) -> psycopg.Connection[Any]:
         conn = db.connect(self._conninfo, self._settings, self._budget)

@@ -193,10 +193,12 @@ def job_complete_and_claim(
     worker: str,
     lease_seconds: float,
     cap_seconds: float | None,
+    claim_id: uuid.UUID | None = None,
 ) -> tuple[Fenced, list[ClaimedJob]]:
     """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit).
     cap_seconds bounds every new lease to the run's deadline (None leaves it uncapped: only
-    tests do that, to show what the cap prevents)."""
+    tests do that, to show what the cap prevents). claim_id, chosen by the caller, is stored
+    on the claimed rows: job_claim_recover finds them by it after a lost reply."""
     rows = conn.execute(
         query("job_complete_and_claim"),
         {
@@ -207,8 +209,32 @@ def job_complete_and_claim(
             "worker": worker,
             "lease_seconds": lease_seconds,
             "cap_seconds": cap_seconds,
+            "claim_id": claim_id,
         },
     ).fetchall()
+    return _completed_and_claimed(rows, finished)
+
+
+def job_claim_recover(
+    conn: Connection, claim_id: uuid.UUID | None, finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """What the claim `claim_id` already did (nothing, if it never committed): the attempts of
+    `finished` it recorded done, and the jobs it claimed. Reads only."""
+    rows = conn.execute(
+        query("job_claim_recover"),
+        {
+            "claim_id": claim_id,
+            "done_ids": [h.id for h in finished],
+            "done_tokens": [h.token for h in finished],
+        },
+    ).fetchall()
+    return _completed_and_claimed(rows, finished)
+
+
+def _completed_and_claimed(
+    rows: Sequence[Any], finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """Rows of (completed, ClaimedJob's fields): a completed row carries only id and token."""
     completed = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
     claimed = [
         ClaimedJob(*r[1:])  # the statement returns ClaimedJob's fields in order

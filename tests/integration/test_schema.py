@@ -134,6 +134,8 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "finished_at": "timestamp with time zone",
         # Not in DESIGN.md's table: 0003 keeps the accepted attempt's token on a done job.
         "completed_token": "uuid",
+        # 0009: the client-chosen id of the claim that took a running job (lost replies).
+        "claim_id": "uuid",
     }
 
 
@@ -208,6 +210,7 @@ def test_the_claim_uses_the_ready_index(conn: Conn) -> None:
             "worker": "w",
             "lease_seconds": 30.0,
             "cap_seconds": None,
+            "claim_id": None,
         },
     )
     assert "jobs_ready_idx" in _plan_indexes(plan), plan

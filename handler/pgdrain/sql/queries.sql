@@ -112,6 +112,7 @@ WITH completed AS (
     SET status = 'running',
         attempts = j.attempts + 1,
         attempt_token = gen_random_uuid(),
+        claim_id = %(claim_id)s,
         leased_by = %(worker)s,
         heartbeat_at = now(),
         lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
@@ -131,6 +132,25 @@ FROM completed
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
  FROM claimed
+ ORDER BY priority, run_at, id);
+
+-- name: job_claim_recover :many
+-- After a lost reply (the connection broke once a statement was sent): what the claim
+-- %(claim_id)s already did, if it committed. First the attempts it was to complete that are
+-- recorded done (completed_token holds the accepted attempt's token), then the jobs it claimed
+-- that still run under it (a later claim by anyone overwrites claim_id). Only reads: safe to
+-- repeat. A NULL claim id asks about completions alone.
+SELECT true AS completed, j.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
+       NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
+FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS held(id, token)
+JOIN pgdrain.jobs AS j ON j.id = held.id
+WHERE j.status = 'done'
+  AND j.completed_token = held.token
+UNION ALL
+(SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
+ FROM pgdrain.jobs
+ WHERE claim_id = %(claim_id)s
+   AND status = 'running'
  ORDER BY priority, run_at, id);
 
 -- name: job_complete_many :many
