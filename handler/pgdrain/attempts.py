@@ -25,11 +25,32 @@ class Attempts:
         # Tokens of attempts whose lease was found gone; Job.lease_lost() reads it from the
         # worker threads (a set lookup: no lock, no object per job).
         self.lost_tokens: set[uuid.UUID] = set()
+        # When the oldest lease the run holds was last set or extended (monotonic, taken just
+        # before the statement was sent, so never later than the database's own now()).
+        self._renewed_at: float | None = None
 
     def held(self) -> list[Held]:
         """Every attempt whose lease is ours to keep, finished ones waiting for their write
         included."""
         return [a.held for a in (*self.running.values(), *self.unstarted, *self.finished)]
+
+    def leases_renewed(self, at: float) -> None:
+        """A heartbeat sent at `at` extended every lease the run holds."""
+        self._renewed_at = at
+
+    def leases_claimed(self, at: float) -> None:
+        """A claim sent at `at` took new leases; older ones keep their own renewal time."""
+        if self._renewed_at is None:
+            self._renewed_at = at
+
+    def lease_seconds_left(self, lease_seconds: float) -> float | None:
+        """How long, at least, the oldest lease held still runs (None: none is held)."""
+        if not (self.running or self.unstarted or self.finished):
+            self._renewed_at = None
+            return None
+        if self._renewed_at is None:
+            return None
+        return self._renewed_at + lease_seconds - time.monotonic()
 
     def busy(self) -> bool:
         return bool(self.running or self.unstarted)

@@ -92,9 +92,12 @@ class Claims:
                 return done, claimed
             return claim(conn)
 
+        sent_at = time.monotonic()
         result, claimed = self._session.run_recovering(
             claim, claim_again if self._recover_lost_replies else claim
         )
+        if claimed:
+            self._attempts.leases_claimed(sent_at)
         self._record_completions(result)
         self._attempts.unstarted.extend(claimed)
         self._counters.add("claimed", len(claimed))

@@ -62,6 +62,7 @@ class SafetySwitches:
     pin_read_committed: bool = True
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
+    reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
 
 
 # Worker threads that earlier runs in this process gave up on while they still ran a job. A
@@ -135,6 +136,10 @@ class _Run:
             budget,
             limit_to_budget=switches.limit_statements_to_budget,
             read_committed=switches.pin_read_committed,
+            lease_seconds_left=(lambda: self.attempts.lease_seconds_left(settings.lease_seconds))
+            if switches.reconnect_within_leases
+            else None,
+            on_reconnect=lambda: self.heartbeat.due_now(),
         )
         self.claims = Claims(
             self.session,

@@ -41,6 +41,11 @@ class Heartbeat:
         """The first beat is due one interval after the first claim, not after the connect."""
         self.next_at = time.monotonic() + self.interval
 
+    def due_now(self) -> None:
+        """The connection was replaced: beat at the next turn of the loop, not an interval
+        later (the reconnect may have taken most of a lease)."""
+        self.next_at = 0.0
+
     def beat_if_due(self) -> None:
         now = time.monotonic()
         if now >= self.next_at:
@@ -53,9 +58,11 @@ class Heartbeat:
         held = self._attempts.held()
         if not held:
             return
+        sent_at = time.monotonic()
         result = self._session.run(
             store.job_extend_leases, held, self._lease_seconds, self._deadline.lease_cap()
         )
+        self._attempts.leases_renewed(sent_at)
         if not result.lost_attempts:
             return
         self._attempts.forget_lost(result.lost_attempts)

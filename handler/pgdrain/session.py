@@ -43,6 +43,8 @@ class Session:
         *,
         limit_to_budget: bool = True,
         read_committed: bool = True,
+        lease_seconds_left: Callable[[], float | None] | None = None,
+        on_reconnect: Callable[[], None] | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
@@ -50,6 +52,11 @@ class Session:
         self._limit_to_budget = limit_to_budget
         self._read_committed = read_committed
         self._conn: psycopg.Connection[Any] | None = None
+        # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
+        # run until it succeeds, and a lease that expires meanwhile lets another run start the
+        # job while ours still runs it. None: the whole budget (a test's control).
+        self._lease_seconds_left = lease_seconds_left
+        self._on_reconnect = on_reconnect
 
     def open(self) -> None:
         self._conn = self._connect()
@@ -96,8 +103,25 @@ class Session:
                 raise
             log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
             self._conn.close()
-            self._conn = self._connect()
+            self._conn = self._connect(self._reconnect_budget())
+            if self._on_reconnect is not None:
+                self._on_reconnect()
             return self._transaction(self._conn, again)
+
+    def _reconnect_budget(self) -> Budget:
+        """The budget, or less: no longer than the oldest lease held still runs. A reconnect
+        that cannot finish in time gives up (DatabaseUnavailable), and the run tells its
+        running jobs their leases are lost, before another run can take them."""
+        leases = self._lease_seconds_left
+        if leases is None or leases() is None:
+            return self._budget
+        budget = self._budget
+
+        def remaining() -> float:
+            left = leases()
+            return budget.remaining() if left is None else min(budget.remaining(), left)
+
+        return Budget(remaining)
 
     def _transaction(
         self, conn: psycopg.Connection[Any], operation: Callable[[psycopg.Connection[Any]], T]
@@ -111,8 +135,8 @@ class Session:
                 store.transaction_limits(conn, self.timeout_ms())
             return operation(conn)
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        conn = db.connect(self._conninfo, self._settings, self._budget)
+    def _connect(self, budget: Budget | None = None) -> psycopg.Connection[Any]:
+        conn = db.connect(self._conninfo, self._settings, budget or self._budget)
         if self._read_committed:
             # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED

@@ -5,14 +5,16 @@ orphaning the first; the control repeats the claim as if nothing had happened.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from helpers.fixtures import job_row, wait_for
 from helpers.lossy_proxy import LossyProxy
-from pgdrain import Budget, Job, Registry, Settings, drain, enqueue
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, store
 from pgdrain.drain import SafetySwitches
 
 Conn = psycopg.Connection[Any]
@@ -94,3 +96,53 @@ def test_a_claim_carrying_completions_whose_reply_was_lost_counts_them_done(
         # claim found nothing ready: the second job is orphaned.
         assert (result.claimed, result.done, result.lease_lost) == (1, 0, 1)
         assert rows == {first: "done", second: "running"}
+
+
+# -- item 7: the heartbeat cannot run while the run reconnects ------------------------------
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["within-leases", "whole-budget"])
+def test_a_reconnect_that_would_outlast_the_leases_tells_the_jobs_before_another_run_can_start_them(
+    conn: Conn, proxy: LossyProxy, bounded: bool
+) -> None:
+    job_id = enqueue(conn, "held")
+    started, release = threading.Event(), threading.Event()
+    seen: list[Job] = []
+    held_registry = Registry()
+
+    @held_registry.job("held")
+    def held(job: Job) -> None:
+        seen.append(job)
+        started.set()
+        assert release.wait(60)
+
+    results: list[DrainResult] = []
+    settings = Settings(lease_seconds=3, reserve_seconds=0.5, connect_timeout=2)
+    switches = SafetySwitches(reconnect_within_leases=bounded)
+    thread = threading.Thread(
+        target=lambda: results.append(
+            drain(settings, Budget.seconds(40), held_registry, proxy.url, switches=switches)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    assert started.wait(30)
+    proxy.refuse()  # the database goes away: the next heartbeat breaks, every connect fails
+
+    # Another run takes the job back as soon as the database says its lease is over.
+    [reclaimed] = wait_for(lambda: store.job_reclaim_expired(conn, 10), what="lease expiry")
+    assert reclaimed.id == job_id
+    [job] = seen
+    # With the bound, the run gave up its reconnect before the lease ended and told the job;
+    # without it, the job still believes it holds the lease while the job is up for grabs.
+    assert job.lease_lost() is bounded
+
+    proxy.accept()
+    release.set()
+    thread.join(60)
+    [result] = results
+    row = job_row(conn, job_id)
+    assert row["completed_token"] != job.attempt_token  # the stale result is never recorded
+    if bounded:
+        assert (result.stop_reason, result.error_kind) == ("error", "unavailable")
+        assert row["status"] == "queued"
