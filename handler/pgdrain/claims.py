@@ -141,6 +141,22 @@ class Claims:
         for gone in result.lost_attempts:
             self._lease_lost(gone, "while releasing it")
 
+    def end_running_leases(self) -> None:
+        """The run stops with jobs still running (a stop request's grace is over): end their
+        leases now, so another run may take them at once instead of a lease later. Fenced like
+        the heartbeat, whose statement it is with a cap of 0 s; safe to repeat (ending a lease
+        twice ends it once)."""
+        held = [a.held for a in self._attempts.running.values()]
+        if not held:
+            return
+        result = self._session.run(store.job_extend_leases, held, self._lease_seconds, 0.0)
+        log.warning(
+            "stopping: the leases of jobs still running end now; they are reclaimable",
+            extra={"job_ids": sorted(h.id for h in result.applied_attempts)},
+        )
+        for gone in result.lost_attempts:
+            self._lease_lost(gone, "while ending its lease")
+
     def record_failure(self, claimed: store.ClaimedJob, error: BaseException) -> None:
         message = error_text(error)
         permanent = isinstance(error, UnknownJobKind)

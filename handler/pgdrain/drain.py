@@ -26,6 +26,7 @@ from typing import Any
 import psycopg
 
 from pgdrain import execute, store
+from pgdrain import stop as stop_module
 from pgdrain.attempts import Attempts
 from pgdrain.budget import Budget
 from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
@@ -36,6 +37,7 @@ from pgdrain.pool import WorkerPool
 from pgdrain.registry import Registry
 from pgdrain.session import Session
 from pgdrain.settings import Settings
+from pgdrain.stop import StopRequest
 from pgdrain.summary import (
     Counters,
     DrainResult,
@@ -46,7 +48,14 @@ from pgdrain.summary import (
     one_line,
 )
 
-__all__ = ["DrainResult", "Observer", "SafetySwitches", "default_worker_id", "drain"]
+__all__ = [
+    "DrainResult",
+    "Observer",
+    "SafetySwitches",
+    "StopRequest",
+    "default_worker_id",
+    "drain",
+]
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +104,10 @@ def drain(
     worker_id: str | None = None,
     observer: Observer | None = None,
     switches: SafetySwitches = SafetySwitches(),  # frozen: safe as a default
+    stop: StopRequest | None = None,
 ) -> DrainResult:
-    """Run until no job is ready and none is running, or until the budget is spent."""
+    """Run until no job is ready and none is running, until the budget is spent, or until
+    `stop` is requested."""
     return _Run(
         settings,
         budget,
@@ -106,6 +117,7 @@ def drain(
         worker_id=worker_id or default_worker_id(),
         observer=observer,
         switches=switches,
+        stop=stop or stop_module.current() or StopRequest(),
     ).execute()
 
 
@@ -121,8 +133,11 @@ class _Run:
         worker_id: str,
         observer: Observer | None,
         switches: SafetySwitches,
+        stop: StopRequest,
     ) -> None:
         self.settings = settings
+        self.stop = stop
+        self.stop_until: float | None = None  # end of the grace once a stop was requested
         self.registry = registry
         self.queues = queues
         self.worker_id = worker_id
@@ -182,6 +197,7 @@ class _Run:
                 extra={"stale_threads": stale, "worker": self.worker_id},
             )
         pool: WorkerPool[store.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
+        self.stop.on_request(pool.wake)
         try:
             self.session.open()
             self.claims.reclaim_expired()
@@ -224,6 +240,15 @@ class _Run:
             )
             stopping = True
         while True:
+            if self.stop.requested() and self.stop_until is None:
+                self.stop_until = time.monotonic() + self.stop.grace_seconds
+                stopping = True
+                log.warning(
+                    "%s: no more claims; running jobs get %.0f s to finish",
+                    self.stop.signal_name,
+                    self.stop.grace_seconds,
+                    extra={"running": len(attempts.running), **self._where()},
+                )
             if not stopping and deadline.below_reserve():
                 stopping = True
                 log.info("budget below reserve: no more claims", extra=self._where())
@@ -245,7 +270,13 @@ class _Run:
 
             if not attempts.busy():
                 claims.flush_completions()
+                if self.stop_until is not None:
+                    return "stopped"
                 return "budget" if stopping or deadline.below_reserve() else "empty"
+            if self.stop_until is not None and time.monotonic() >= self.stop_until:
+                claims.flush_completions()
+                claims.end_running_leases()
+                return "stopped"
             if stopping and deadline.at_final_margin():
                 claims.flush_completions()
                 log.warning(
@@ -265,6 +296,8 @@ class _Run:
         if self.attempts.finished:
             wake_at = min(wake_at, self.attempts.first_finished_at + COMPLETION_FLUSH_SECONDS)
         wake_at = min(wake_at, now + self.deadline.seconds_until_check(stopping))
+        if self.stop_until is not None:
+            wake_at = min(wake_at, self.stop_until)
         return max(0.0, wake_at - now)
 
     def _give_up_running(self) -> None:
@@ -316,7 +349,9 @@ class _Run:
         except queue_mod.Empty:
             return
         while True:
-            if outcome.error is None:
+            if outcome is None:
+                pass  # a wake-up: the loop looks at the stop request
+            elif outcome.error is None:
                 self.attempts.finish(outcome.item)
             else:
                 self.attempts.stop_running(outcome.item)

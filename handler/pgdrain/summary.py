@@ -16,8 +16,9 @@ from pgdrain.store import Held
 
 log = logging.getLogger(__name__)
 
-# Why a run stopped: nothing was ready, the budget ran out, or an error ended it.
-StopReason = Literal["empty", "budget", "error"]
+# Why a run stopped: nothing was ready, the budget ran out, an error ended it, or it was asked
+# to stop (SIGTERM/SIGINT: pgdrain.stop).
+StopReason = Literal["empty", "budget", "error", "stopped"]
 # What kind of error ended it: the Lambda edge fetches a rotated secret again on "authentication".
 ErrorKind = Literal["authentication", "unavailable", "database"]
 Counter = Literal["claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"]
