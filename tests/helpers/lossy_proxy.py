@@ -6,6 +6,9 @@ forwarded whole, its COMMIT too; the proxy waits until the server has answered t
 client sees its connection break with no way to know whether its work committed: the lost
 reply of a network fault or a failover, reproduced at one exact point, with no sleeps.
 
+`pause()` / `resume()`: while paused, nothing is passed on in either direction (a stalled
+network); the bytes wait and flow again on resume.
+
 `refuse()` / `accept()`: while refusing, existing connections are cut and new ones closed at
 once (a database that went away); `accept()` lets them through again.
 
@@ -61,6 +64,9 @@ class LossyProxy:
         self._marker: bytes | None = None
         self._refusing = False
         self.dropped = threading.Event()  # set once a reply was lost
+        self.drops = 0
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.connections = 0
         self._closed = False
         threading.Thread(target=self._accept, name="lossy-proxy", daemon=True).start()
@@ -76,6 +82,16 @@ class LossyProxy:
             self._marker = marker
             self.dropped.clear()
 
+    def armed(self) -> bool:
+        with self._lock:
+            return self._marker is not None
+
+    def pause(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def refuse(self) -> None:
         with self._lock:
             self._refusing = True
@@ -89,6 +105,7 @@ class LossyProxy:
 
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self._listener.close()
         self.refuse()
 
@@ -135,6 +152,7 @@ class LossyProxy:
                 elif link.state == "marked" and b"COMMIT\x00" in data:
                     link.state = "committing"  # before forwarding: its answer is held
                 tail = data[-64:]
+            self._flowing.wait()
             try:
                 link.server.sendall(data)
             except OSError:
@@ -158,9 +176,12 @@ class LossyProxy:
             if committing:
                 if READY_FOR_QUERY_IDLE in link.held:  # committed: now lose the answer
                     link.close()
+                    with self._lock:
+                        self.drops += 1
                     self.dropped.set()
                     return
                 continue
+            self._flowing.wait()
             try:
                 link.client.sendall(data)
             except OSError:
