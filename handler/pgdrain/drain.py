@@ -1,9 +1,11 @@
 """One drain run: reclaim expired leases, claim batches until nothing is ready, run the job
 functions on a worker pool, heartbeat every lease/3, and stop in time for the deadline.
 
-Only this thread talks to the database, and every statement autocommits: no transaction is
-open while a job runs, and no session state is used, so the same SQL works through PgBouncer
-in transaction mode. Workers never touch the database; their outcomes come back on a queue.
+Only this thread talks to the database, and every statement commits at once in a short
+transaction of its own (READ COMMITTED, its statement and lock timeouts bounded by the budget
+left: session.py): no transaction is open while a job runs, and no session state is used, so
+the same SQL works through PgBouncer in transaction mode. Workers never touch the database;
+their outcomes come back on a queue.
 
 The pieces, each in its own module: attempts.py (what the run holds), claims.py (claiming and
 completing), heartbeat.py, deadline.py, session.py (the one connection), summary.py (counters
