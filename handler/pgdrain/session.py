@@ -72,7 +72,7 @@ class Session:
         remaining = self._budget.remaining()
         # Inside the final margin (the run's last flush) a statement may use what is left.
         left = max(remaining - FINAL_MARGIN_SECONDS, min(remaining, FINAL_MARGIN_SECONDS))
-        return max(MIN_TIMEOUT_MS, int(left * 1000))
+        return max(MIN_TIMEOUT_MS, round(left * 1000))
 
     def run(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a pgdrain.store operation; after a broken connection, reconnect and run it once
