@@ -104,6 +104,7 @@ def _claim(queues: list[str]) -> dict[str, Any]:
         "worker": "bench",
         "lease_seconds": 30.0,
         "cap_seconds": None,
+        "claim_id": None,
     }
 
 

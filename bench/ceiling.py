@@ -37,6 +37,7 @@ PARAMS = {
     "limit": ":limit",
     "lease_seconds": ":lease_seconds",
     "cap_seconds": ":cap_seconds",
+    "claim_id": "gen_random_uuid()",  # a run binds one uuid per claim
     "ids": ":ids",
     "tokens": ":tokens",
     "done_ids": ":ids",

@@ -102,6 +102,7 @@ def drain_lean(
         "worker": "prototype",
         "lease_seconds": 30.0,
         "cap_seconds": 600.0,
+        "claim_id": None,
     }
     done = running = 0
     finished_ids: list[int] = []

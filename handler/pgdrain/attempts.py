@@ -1,5 +1,10 @@
 """The attempts a run holds, by stage: claimed but not started, running, finished but not yet
-recorded as done. Only the run's main thread changes them; worker threads read `lost_tokens`."""
+recorded as done. Only the run's main thread changes them; worker threads read `lost_tokens`.
+
+Every attempt is keyed by (job id, attempt token), never by the job id alone: one run can hold
+two attempts of the same job at once (its lease expired while the first ran, another run
+reclaimed it, and this run claimed it again), and the older attempt's outcome must not touch
+the newer one's bookkeeping."""
 
 from __future__ import annotations
 
@@ -18,28 +23,53 @@ from pgdrain.summary import Counters
 class Attempts:
     def __init__(self) -> None:
         self.unstarted: deque[ClaimedJob] = deque()
-        self.running: dict[int, ClaimedJob] = {}
+        self.running: dict[Held, ClaimedJob] = {}
         self.finished: list[ClaimedJob] = []  # returned; their completion rides on a round trip
         self.first_finished_at = 0.0
         # Tokens of attempts whose lease was found gone; Job.lease_lost() reads it from the
         # worker threads (a set lookup: no lock, no object per job).
         self.lost_tokens: set[uuid.UUID] = set()
+        # When the oldest lease the run holds was last set or extended (monotonic, taken just
+        # before the statement was sent, so never later than the database's own now()).
+        self._renewed_at: float | None = None
 
     def held(self) -> list[Held]:
         """Every attempt whose lease is ours to keep, finished ones waiting for their write
         included."""
         return [a.held for a in (*self.running.values(), *self.unstarted, *self.finished)]
 
+    def leases_renewed(self, at: float) -> None:
+        """A heartbeat sent at `at` extended every lease the run holds."""
+        self._renewed_at = at
+
+    def leases_claimed(self, at: float) -> None:
+        """A claim sent at `at` took new leases; older ones keep their own renewal time."""
+        if self._renewed_at is None:
+            self._renewed_at = at
+
+    def lease_seconds_left(self, lease_seconds: float) -> float | None:
+        """How long, at least, the oldest lease held still runs (None: none is held)."""
+        if not (self.running or self.unstarted or self.finished):
+            self._renewed_at = None
+            return None
+        if self._renewed_at is None:
+            return None
+        return self._renewed_at + lease_seconds - time.monotonic()
+
     def busy(self) -> bool:
         return bool(self.running or self.unstarted)
 
     def start_next(self) -> ClaimedJob:
         attempt = self.unstarted.popleft()
-        self.running[attempt.id] = attempt
+        self.running[attempt.held] = attempt
         return attempt
 
+    def stop_running(self, attempt: ClaimedJob) -> None:
+        """The attempt's function returned or raised: it no longer runs."""
+        self.running.pop(attempt.held, None)
+
     def finish(self, attempt: ClaimedJob) -> None:
-        self.running.pop(attempt.id, None)
+        self.stop_running(attempt)
         if not self.finished:
             self.first_finished_at = time.monotonic()
         self.finished.append(attempt)
@@ -53,14 +83,14 @@ class Attempts:
         self.unstarted.clear()
         return unstarted
 
-    def forget_lost(self, lost: Collection[int]) -> None:
+    def forget_lost(self, lost: Collection[Held]) -> None:
         """A heartbeat found these leases gone: never start them, and tell running ones."""
         for attempt in list(self.unstarted):
-            if attempt.id in lost:
+            if attempt.held in lost:
                 self.unstarted.remove(attempt)
-        for job_id in lost:
-            if job_id in self.running:
-                self.lost_tokens.add(self.running[job_id].attempt_token)
+        for held in lost:
+            if held in self.running:
+                self.lost_tokens.add(held.token)
 
 
 @dataclass(frozen=True)

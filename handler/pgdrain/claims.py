@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from pgdrain import outcomes, retry, store
 from pgdrain.attempts import RunState
@@ -22,9 +23,16 @@ COMPLETION_FLUSH_SECONDS = 0.1
 
 class Claims:
     def __init__(
-        self, run: RunState, *, queues: tuple[str, ...], lease_seconds: float, reclaim_limit: int
+        self,
+        run: RunState,
+        *,
+        queues: tuple[str, ...],
+        lease_seconds: float,
+        reclaim_limit: int,
+        recover_lost_replies: bool = True,
     ) -> None:
         self._session = run.session
+        self._recover_lost_replies = recover_lost_replies
         self._attempts = run.attempts
         self._deadline = run.deadline
         self._counters = run.counters
@@ -45,16 +53,42 @@ class Claims:
 
     def complete_and_claim(self, limit: int) -> None:
         """One round trip: record the finished jobs, claim up to `limit` more."""
-        finished = self._attempts.take_finished()
-        result, claimed = self._session.run(
-            store.job_complete_and_claim,
-            [a.held for a in finished],
-            self._queues,
-            limit,
-            self._worker_id,
-            self._lease_seconds,
-            self._deadline.lease_cap(),
+        held = [a.held for a in self._attempts.take_finished()]
+        claim_id = uuid.uuid4()  # chosen here, so a retry can ask what this claim took
+
+        def claim(conn: store.Connection) -> tuple[store.Fenced, list[store.ClaimedJob]]:
+            return store.job_complete_and_claim(
+                conn,
+                held,
+                self._queues,
+                limit,
+                self._worker_id,
+                self._lease_seconds,
+                self._deadline.lease_cap(),
+                claim_id,
+            )
+
+        def claim_again(conn: store.Connection) -> tuple[store.Fenced, list[store.ClaimedJob]]:
+            # Safe to run after a lost reply: if the claim committed, its completions (found by
+            # completed_token) or its claims (found by claim_id) say so, and they are taken as
+            # its result: nothing is claimed twice, no completion is counted lost. If neither
+            # exists, nothing of it committed (or it claimed and completed nothing), so the
+            # claim is made now, once, under the same claim id.
+            done, claimed = store.job_claim_recover(conn, claim_id, held)
+            if done.applied_attempts or claimed:
+                log.warning(
+                    "a claim committed before its reply was lost; its jobs are kept",
+                    extra={"claimed": len(claimed), "completed": len(done.applied_attempts)},
+                )
+                return done, claimed
+            return claim(conn)
+
+        sent_at = time.monotonic()
+        result, claimed = self._session.run_recovering(
+            claim, claim_again if self._recover_lost_replies else claim
         )
+        if claimed:
+            self._attempts.leases_claimed(sent_at)
         self._record_completions(result)
         self._attempts.unstarted.extend(claimed)
         self._counters.add("claimed", len(claimed))
@@ -69,17 +103,50 @@ class Claims:
         )
 
     def flush_completions(self) -> None:
-        finished = self._attempts.take_finished()
-        if finished:
-            held = [a.held for a in finished]
-            self._record_completions(self._session.run(store.job_complete_many, held))
+        held = [a.held for a in self._attempts.take_finished()]
+        if not held:
+            return
+
+        def complete(conn: store.Connection) -> store.Fenced:
+            return store.job_complete_many(conn, held)
+
+        def complete_again(conn: store.Connection) -> store.Fenced:
+            # Safe after a lost reply: the attempts already recorded done are found by
+            # completed_token; only the others are completed now (fenced, as ever).
+            done, _ = store.job_claim_recover(conn, None, held)
+            rest = store.job_complete_many(
+                conn, [h for h in held if h not in done.applied_attempts]
+            )
+            return store.Fenced(done.applied_attempts | rest.applied_attempts, rest.lost_attempts)
+
+        self._record_completions(
+            self._session.run_recovering(
+                complete, complete_again if self._recover_lost_replies else complete
+            )
+        )
 
     def release_unstarted(self) -> None:
         held = [a.held for a in self._attempts.take_unstarted()]
         result = self._session.run(store.job_release_many, held)
-        self._counters.add("released", len(result.applied))
-        for job_id in result.lost:
-            self._lease_lost(job_id, "while releasing it")
+        self._counters.add("released", len(result.applied_attempts))
+        for gone in result.lost_attempts:
+            self._lease_lost(gone, "while releasing it")
+
+    def end_running_leases(self) -> None:
+        """The run stops with jobs still running (a stop request's grace is over): end their
+        leases now, so another run may take them at once instead of a lease later. Fenced like
+        the heartbeat, whose statement it is with a cap of 0 s; safe to repeat (ending a lease
+        twice ends it once)."""
+        held = [a.held for a in self._attempts.running.values()]
+        if not held:
+            return
+        result = self._session.run(store.job_extend_leases, held, self._lease_seconds, 0.0)
+        log.warning(
+            "stopping: the leases of jobs still running end now; they are reclaimable",
+            extra={"job_ids": sorted(h.id for h in result.applied_attempts)},
+        )
+        for gone in result.lost_attempts:
+            self._lease_lost(gone, "while ending its lease")
 
     def record_failure(self, claimed: store.ClaimedJob, error: BaseException) -> None:
         """Write a failed attempt's outcome (outcomes.decide) in one fenced statement: retried,
@@ -112,7 +179,7 @@ class Claims:
             spend_attempt=decision.spend_attempt,
         )
         if isinstance(outcome, store.LeaseLost):
-            self._lease_lost(claimed.id, "its failure was not recorded")
+            self._lease_lost(claimed.held, "its failure was not recorded")
             return
         final = outcome.status == "failed"
         # A snooze counts as retried: the job is queued again (its attempt given back).
@@ -136,9 +203,9 @@ class Claims:
         )
 
     def _record_completions(self, result: store.Fenced) -> None:
-        self._counters.add("done", len(result.applied))
-        for job_id in result.lost:
-            self._lease_lost(job_id, "its result was not recorded")
+        self._counters.add("done", len(result.applied_attempts))
+        for held in result.lost_attempts:
+            self._lease_lost(held, "its result was not recorded")
 
-    def _lease_lost(self, job_id: int, how: str) -> None:
-        self._counters.lease_lost(job_id, how, self._worker_id)
+    def _lease_lost(self, held: store.Held, how: str) -> None:
+        self._counters.lease_lost(held, how, self._worker_id)

@@ -34,6 +34,7 @@ from pgdrain.report import (
     printable,
 )
 from pgdrain.settings import QUEUE_NAME, Settings, parse_queues
+from pgdrain.stop import exit_code, stop_on_signals
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 DEFAULT_CLI_BUDGET_SECONDS = 60.0
@@ -341,11 +342,16 @@ def _run_drain(settings: Settings, budget_seconds: float) -> DrainResult:
 
 def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
     settings = _drain_settings(args, settings)
-    result = _run_drain(settings, args.budget)
+    # SIGINT/SIGTERM: stop claiming, let running jobs finish for a short grace, end the leases
+    # of the rest (reclaimable at once), print the summary and exit 130/143 (pgdrain.stop).
+    with stop_on_signals() as stop:
+        result = _run_drain(settings, args.budget)
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
         print(format_result(result))
+    if (code := exit_code(stop)) is not None:
+        return code
     if result.stop_reason != "error":
         return EXIT_OK
     # Settings that cannot work (credentials, host, sslmode...) are bad input, not an outage.
@@ -357,12 +363,13 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
 
     from pgdrain.aws import local_invoke
 
-    result = local_invoke.invoke(
-        template=Path(args.template),
-        function=args.function,
-        event_path=args.event,
-        env_vars_path=args.env_vars,
-    )
+    with stop_on_signals() as stop:  # the handler's drain obeys it: see cmd_drain
+        result = local_invoke.invoke(
+            template=Path(args.template),
+            function=args.function,
+            event_path=args.event,
+            env_vars_path=args.env_vars,
+        )
     if result.ignored_overrides:
         print(
             "pgdrain: not in the template, ignored (as sam does): "
@@ -370,6 +377,8 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
     print(json.dumps(result.payload))
+    if (code := exit_code(stop)) is not None:
+        return code
     if isinstance(result.payload, dict) and result.payload.get("error_kind") == "configuration":
         return EXIT_BAD_INPUT  # the function's settings or job module: nothing was run
     return EXIT_FAILURE if result.failed else EXIT_OK

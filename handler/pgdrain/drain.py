@@ -1,9 +1,11 @@
 """One drain run: reclaim expired leases, claim batches until nothing is ready, run the job
 functions on a worker pool, heartbeat every lease/3, and stop in time for the deadline.
 
-Only this thread talks to the database, and every statement autocommits: no transaction is
-open while a job runs, and no session state is used, so the same SQL works through PgBouncer
-in transaction mode. Workers never touch the database; their outcomes come back on a queue.
+Only this thread talks to the database, and every statement commits at once in a short
+transaction of its own (READ COMMITTED, its statement and lock timeouts bounded by the budget
+left: session.py): no transaction is open while a job runs, and no session state is used, so
+the same SQL works through PgBouncer in transaction mode. Workers never touch the database;
+their outcomes come back on a queue.
 
 The pieces, each in its own module: attempts.py (what the run holds), claims.py (claiming and
 completing), heartbeat.py, deadline.py, session.py (the one connection), summary.py (counters
@@ -16,6 +18,7 @@ import logging
 import os
 import queue as queue_mod
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -25,6 +28,7 @@ from typing import Any, Protocol
 import psycopg
 
 from pgdrain import execute, periodic, store
+from pgdrain import stop as stop_module
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.budget import Budget
 from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
@@ -35,6 +39,7 @@ from pgdrain.pool import WorkerPool
 from pgdrain.registry import Registry
 from pgdrain.session import Session
 from pgdrain.settings import Settings
+from pgdrain.stop import StopRequest
 from pgdrain.summary import (
     Counter,
     Counters,
@@ -51,6 +56,7 @@ __all__ = [
     "Observer",
     "RunHooks",
     "SafetySwitches",
+    "StopRequest",
     "default_worker_id",
     "drain",
 ]
@@ -65,6 +71,27 @@ class SafetySwitches:
 
     heartbeat: bool = True
     cap_lease_at_deadline: bool = True
+    limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
+    pin_read_committed: bool = True
+    mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
+    recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
+    reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
+
+
+# Worker threads that earlier runs in this process gave up on while they still ran a job. A
+# warm Lambda container keeps them: they go on running into the next invocation, whose result
+# reports how many are still alive (stale_threads). Guarded by the lock: runs may overlap in
+# tests and in `pgdrain drain` loops.
+_abandoned_lock = threading.Lock()
+_abandoned_threads: set[threading.Thread] = set()
+
+
+def stale_threads() -> int:
+    """Job threads that earlier runs in this process abandoned and that are still running."""
+    with _abandoned_lock:
+        for thread in [t for t in _abandoned_threads if not t.is_alive()]:
+            _abandoned_threads.discard(thread)
+        return len(_abandoned_threads)
 
 
 class RunHooks(Protocol):
@@ -109,8 +136,10 @@ def drain(
     observer: Observer | None = None,
     switches: SafetySwitches = SafetySwitches(),  # frozen: safe as a default
     hooks: RunHooks | None = None,
+    stop: StopRequest | None = None,
 ) -> DrainResult:
-    """Run until no job is ready and none is running, or until the budget is spent."""
+    """Run until no job is ready and none is running, until the budget is spent, or until
+    `stop` is requested."""
     return _Run(
         settings,
         budget,
@@ -121,6 +150,7 @@ def drain(
         observer=observer,
         switches=switches,
         hooks=hooks or _NoHooks(),
+        stop=stop or stop_module.current() or StopRequest(),
     ).execute()
 
 
@@ -137,9 +167,12 @@ class _Run:
         observer: Observer | None,
         switches: SafetySwitches,
         hooks: RunHooks,
+        stop: StopRequest,
     ) -> None:
         self.settings = settings
         self.hooks = hooks
+        self.stop = stop
+        self.stop_until: float | None = None  # end of the grace once a stop was requested
         self.registry = registry
         self.queues = queues
         self.worker_id = worker_id
@@ -147,26 +180,50 @@ class _Run:
         self.counters = Counters(observer)
         self.attempts = Attempts()
         self.deadline = Deadline(budget, settings.reserve_seconds, switches.cap_lease_at_deadline)
-        self.session = Session(conninfo, settings, budget)
+        self.session = Session(
+            conninfo,
+            settings,
+            budget,
+            limit_to_budget=switches.limit_statements_to_budget,
+            read_committed=switches.pin_read_committed,
+            lease_seconds_left=(lambda: self.attempts.lease_seconds_left(settings.lease_seconds))
+            if switches.reconnect_within_leases
+            else None,
+            on_reconnect=lambda: self.heartbeat.due_now(),
+        )
         state = RunState(self.session, self.attempts, self.deadline, self.counters, worker_id)
         self.claims = Claims(
             state,
             queues=queues,
             lease_seconds=settings.lease_seconds,
             reclaim_limit=settings.reclaim_limit,
+            recover_lost_replies=switches.recover_lost_replies,
         )
         self.heartbeat = Heartbeat(
             state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
         )
         # Refill once half the slots are free (or none is busy): short jobs still come in batches.
         self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)
+        self.mark_abandoned_lost = switches.mark_abandoned_lost
+        # Which worker thread runs which attempt, and the attempts the run gave up on; written
+        # by the worker threads as well as this one, hence the lock.
+        self._threads_lock = threading.Lock()
+        self._threads: dict[store.Held, threading.Thread] = {}
+        self._given_up: set[store.Held] = set()
 
     def execute(self) -> DrainResult:
         stop_reason: StopReason = "empty"
         error: str | None = None
         kind: ErrorKind | None = None
         more_ready = False
+        stale = stale_threads()
+        if stale:
+            log.warning(
+                "job threads abandoned by earlier runs in this process are still running",
+                extra={"stale_threads": stale, "worker": self.worker_id},
+            )
         pool: WorkerPool[store.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
+        self.stop.on_request(pool.wake)
         try:
             self.session.open()
             self.hooks.after_connect(self.session)
@@ -180,11 +237,13 @@ class _Run:
             stop_reason, error, kind = "error", one_line(exc), error_kind(exc)
             log.error("drain stopped: %s", error, extra={"worker": self.worker_id})
         finally:
+            self._give_up_running()
             pool.close()
             self.session.close()
         result = DrainResult(
             **self.counters.values,
             abandoned=len(self.attempts.running),
+            stale_threads=stale,
             stop_reason=stop_reason,
             more_ready=more_ready,
             error=error,
@@ -199,7 +258,26 @@ class _Run:
         concurrency = self.settings.concurrency
         stopping = False
         self.heartbeat.start()
+        if deadline.below_reserve():
+            # Say why nothing is claimed: a timeout set too close to the reserve, or a connect
+            # that used the budget up, would otherwise look like an empty queue.
+            log.warning(
+                "budget of %.1f s left is below the reserve of %.1f s: nothing will be claimed",
+                deadline.remaining(),
+                deadline.reserve_seconds,
+                extra=self._where(),
+            )
+            stopping = True
         while True:
+            if self.stop.requested() and self.stop_until is None:
+                self.stop_until = time.monotonic() + self.stop.grace_seconds
+                stopping = True
+                log.warning(
+                    "%s: no more claims; running jobs get %.0f s to finish",
+                    self.stop.signal_name,
+                    self.stop.grace_seconds,
+                    extra={"running": len(attempts.running), **self._where()},
+                )
             if not stopping and deadline.below_reserve():
                 stopping = True
                 log.info("budget below reserve: no more claims", extra=self._where())
@@ -223,16 +301,22 @@ class _Run:
 
             if not attempts.busy():
                 claims.flush_completions()
+                if self.stop_until is not None:
+                    return "stopped"
                 if stopping or deadline.below_reserve():
                     return "budget"
                 if self.hooks.before_exit(self.session):
                     continue  # a kick came in that the last claim may have missed
                 return "empty"
+            if self.stop_until is not None and time.monotonic() >= self.stop_until:
+                claims.flush_completions()
+                claims.end_running_leases()
+                return "stopped"
             if stopping and deadline.at_final_margin():
                 claims.flush_completions()
                 log.warning(
                     "deadline reached with jobs still running; their leases end now",
-                    extra={"running": sorted(attempts.running)},
+                    extra={"running": sorted(h.id for h in attempts.running)},
                 )
                 return "budget"
 
@@ -247,10 +331,49 @@ class _Run:
         if self.attempts.finished:
             wake_at = min(wake_at, self.attempts.first_finished_at + COMPLETION_FLUSH_SECONDS)
         wake_at = min(wake_at, now + self.deadline.seconds_until_check(stopping))
+        if self.stop_until is not None:
+            wake_at = min(wake_at, self.stop_until)
         return max(0.0, wake_at - now)
 
+    def _give_up_running(self) -> None:
+        """The run returns with jobs still running: their leases end at the deadline (the cap),
+        so another attempt may start then. Tell each job at once (lease_lost() turns True) and
+        keep its thread on the process's list, so the next run here can say it still runs."""
+        if not self.mark_abandoned_lost:
+            return
+        with self._threads_lock:
+            for held in self.attempts.running:
+                self.attempts.lost_tokens.add(held.token)
+                self._given_up.add(held)
+                thread = self._threads.get(held)
+                if thread is not None:
+                    with _abandoned_lock:
+                        _abandoned_threads.add(thread)
+
     def _run_job(self, claimed: store.ClaimedJob) -> None:
-        execute.run_job(self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens)
+        held = claimed.held
+        with self._threads_lock:
+            self._threads[held] = threading.current_thread()
+        outcome = "returned"
+        try:
+            execute.run_job(
+                self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens
+            )
+        except BaseException as exc:
+            outcome = f"raised {type(exc).__name__}"
+            raise
+        finally:
+            with self._threads_lock:
+                del self._threads[held]
+                late = held in self._given_up
+            if late:
+                # Nothing records it: the run that held the lease is gone, and the fence would
+                # refuse it anyway once the job is reclaimed.
+                log.warning(
+                    "an abandoned attempt ended after its run gave up on it; its outcome is "
+                    "not recorded",
+                    extra={"job_id": held.id, "attempt_token": str(held.token), "outcome": outcome},
+                )
 
     def _collect(self, pool: WorkerPool[store.ClaimedJob], wait: float) -> None:
         """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait
@@ -261,10 +384,12 @@ class _Run:
         except queue_mod.Empty:
             return
         while True:
-            if outcome.error is None:
+            if outcome is None:
+                pass  # a wake-up: the loop looks at the stop request
+            elif outcome.error is None:
                 self.attempts.finish(outcome.item)
             else:
-                self.attempts.running.pop(outcome.item.id, None)
+                self.attempts.stop_running(outcome.item)
                 self.claims.record_failure(outcome.item, outcome.error)
             try:
                 outcome = pool.outcomes.get_nowait()

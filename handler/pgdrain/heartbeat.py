@@ -24,6 +24,11 @@ class Heartbeat:
         """The first beat is due one interval after the first claim, not after the connect."""
         self.next_at = time.monotonic() + self.interval
 
+    def due_now(self) -> None:
+        """The connection was replaced: beat at the next turn of the loop, not an interval
+        later (the reconnect may have taken most of a lease)."""
+        self.next_at = 0.0
+
     def beat_if_due(self) -> None:
         now = time.monotonic()
         if now >= self.next_at:
@@ -37,11 +42,13 @@ class Heartbeat:
         held = run.attempts.held()
         if not held:
             return
+        sent_at = time.monotonic()
         result = run.session.run(
             store.job_extend_leases, held, self._lease_seconds, run.deadline.lease_cap()
         )
-        if not result.lost:
+        run.attempts.leases_renewed(sent_at)
+        if not result.lost_attempts:
             return
-        run.attempts.forget_lost(result.lost)
-        for job_id in result.lost:
-            run.counters.lease_lost(job_id, "found by the heartbeat", run.worker_id)
+        run.attempts.forget_lost(result.lost_attempts)
+        for gone in result.lost_attempts:
+            run.counters.lease_lost(gone, "found by the heartbeat", run.worker_id)

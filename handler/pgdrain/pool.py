@@ -50,7 +50,8 @@ class WorkerPool(Generic[T]):
     def __init__(self, size: int, run: Callable[[T], object], name: str = "pgdrain-job") -> None:
         self._run = run
         self._tasks: queue.SimpleQueue[T | None] = queue.SimpleQueue()
-        self.outcomes: queue.SimpleQueue[Outcome[T]] = queue.SimpleQueue()
+        # None is a wake-up (pgdrain.stop), not an outcome.
+        self.outcomes: queue.SimpleQueue[Outcome[T] | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -60,6 +61,11 @@ class WorkerPool(Generic[T]):
 
     def submit(self, item: T) -> None:
         self._tasks.put(item)
+
+    def wake(self) -> None:
+        """Wake whoever waits for an outcome. Safe from a signal handler (SimpleQueue.put is
+        reentrant)."""
+        self.outcomes.put(None)
 
     def close(self) -> None:
         """Ask idle workers to exit; a worker still running a job exits after it."""

@@ -1,5 +1,16 @@
-"""The run's one connection. If it breaks (a restart, a failover), the next statement
-reconnects within the budget and is tried once more."""
+"""The run's one connection. Each operation runs in a transaction of its own:
+
+- READ COMMITTED, whatever the server's default_transaction_isolation: the claim (SKIP LOCKED)
+  and the fenced updates rely on it. Under REPEATABLE READ or SERIALIZABLE an update that
+  waited for a concurrent one fails with a serialization error instead of re-checking its
+  fence on the new row version, and the run stops with its jobs left `running`.
+- statement_timeout and lock_timeout no longer than what is left of the budget (less the
+  final margin), set local to
+  the transaction (pooler-safe: nothing outlives it), so a statement blocked on a lock ends by
+  the deadline instead of holding the run past it.
+
+If the connection breaks (a restart, a failover), the next statement reconnects within the
+budget and is tried once more."""
 
 from __future__ import annotations
 
@@ -9,8 +20,9 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgdrain import db
+from pgdrain import db, store
 from pgdrain.budget import Budget
+from pgdrain.deadline import FINAL_MARGIN_SECONDS
 from pgdrain.settings import Settings
 from pgdrain.summary import one_line
 
@@ -18,31 +30,114 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# The shortest limit a statement gets, however little budget is left: 0 would mean no limit.
+MIN_TIMEOUT_MS = 50
+
 
 class Session:
-    def __init__(self, conninfo: str, settings: Settings, budget: Budget) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        settings: Settings,
+        budget: Budget,
+        *,
+        limit_to_budget: bool = True,
+        read_committed: bool = True,
+        lease_seconds_left: Callable[[], float | None] | None = None,
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
         self._conninfo = conninfo
         self._settings = settings
         self._budget = budget
+        self._limit_to_budget = limit_to_budget
+        self._read_committed = read_committed
         self._conn: psycopg.Connection[Any] | None = None
+        # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
+        # run until it succeeds, and a lease that expires meanwhile lets another run start the
+        # job while ours still runs it. None: the whole budget (a test's control).
+        self._lease_seconds_left = lease_seconds_left
+        self._on_reconnect = on_reconnect
 
     def open(self) -> None:
-        self._conn = db.connect(self._conninfo, self._settings, self._budget)
+        self._conn = self._connect()
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
 
+    def timeout_ms(self) -> int:
+        """The longest any statement may take: what is left of the budget less the final
+        margin, so that a statement cancelled at its limit still leaves the run time to end
+        and answer before the deadline."""
+        remaining = self._budget.remaining()
+        # Inside the final margin (the run's last flush) a statement may use what is left.
+        left = max(remaining - FINAL_MARGIN_SECONDS, min(remaining, FINAL_MARGIN_SECONDS))
+        return max(MIN_TIMEOUT_MS, round(left * 1000))
+
     def run(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a pgdrain.store operation. A repeat after a reconnect is safe because every
-        statement is fenced by attempt tokens or idempotent: it cannot overwrite another
-        attempt's work."""
+        """Run a pgdrain.store operation; after a broken connection, reconnect and run it once
+        more. Only for statements that are safe to repeat even when the first try committed
+        and only its reply was lost: the heartbeat (extending a lease twice extends it once),
+        reads, and fenced writes whose repeat matches no row (a release or a failure recorded
+        twice is refused by the fence: the state is right, only the count says "lost").
+        A claim must not simply be repeated: see run_recovering."""
+
+        def once(conn: psycopg.Connection[Any]) -> T:
+            return operation(conn, *args, **kwargs)
+
+        return self.run_recovering(once, once)
+
+    def run_recovering(
+        self,
+        first: Callable[[psycopg.Connection[Any]], T],
+        again: Callable[[psycopg.Connection[Any]], T],
+    ) -> T:
+        """Run `first`; if the connection breaks, reconnect and run `again` instead: it first
+        asks what `first` already did (it may have committed before the reply was lost) and
+        does only the rest."""
         assert self._conn is not None, "open() the session first"
         try:
-            return operation(self._conn, *args, **kwargs)
+            return self._transaction(self._conn, first)
         except psycopg.OperationalError as exc:
             if not self._conn.closed and not self._conn.broken:
                 raise
             log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
-            self._conn = db.connect(self._conninfo, self._settings, self._budget)
-            return operation(self._conn, *args, **kwargs)
+            self._conn.close()
+            self._conn = self._connect(self._reconnect_budget())
+            if self._on_reconnect is not None:
+                self._on_reconnect()
+            return self._transaction(self._conn, again)
+
+    def _reconnect_budget(self) -> Budget:
+        """The budget, or less: no longer than the oldest lease held still runs. A reconnect
+        that cannot finish in time gives up (DatabaseUnavailable), and the run tells its
+        running jobs their leases are lost, before another run can take them."""
+        leases = self._lease_seconds_left
+        if leases is None or leases() is None:
+            return self._budget
+        budget = self._budget
+
+        def remaining() -> float:
+            left = leases()
+            return budget.remaining() if left is None else min(budget.remaining(), left)
+
+        return Budget(remaining)
+
+    def _transaction(
+        self, conn: psycopg.Connection[Any], operation: Callable[[psycopg.Connection[Any]], T]
+    ) -> T:
+        if not self._limit_to_budget and not self._read_committed:
+            return operation(conn)  # a test's control: the server's defaults
+        # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
+        # statement, COMMIT: one transaction, so the SET LOCALs end with it.
+        with conn.transaction():
+            if self._limit_to_budget:
+                store.transaction_limits(conn, self.timeout_ms())
+            return operation(conn)
+
+    def _connect(self, budget: Budget | None = None) -> psycopg.Connection[Any]:
+        conn = db.connect(self._conninfo, self._settings, budget or self._budget)
+        if self._read_committed:
+            # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn

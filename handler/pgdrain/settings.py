@@ -19,6 +19,9 @@ DEFAULT_BATCH_SIZE = 10  # at most this many per claim, and never more than free
 DEFAULT_CONCURRENCY = 10
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_RESERVE_SECONDS = 3.0
+# The reserve may not be smaller than the final margin (deadline.FINAL_MARGIN_SECONDS): with a
+# reserve of 0 the run would claim until the hard kill, with no time left to release or record.
+MIN_RESERVE_SECONDS = 0.5
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 20.0  # an Aurora Serverless v2 resume takes about 15 s
 DEFAULT_RECLAIM_LIMIT = 500
 DEFAULT_MAX_CHAIN = 10  # Lambda stops pure Lambda->Lambda loops at about 16 hops
@@ -123,7 +126,11 @@ class Settings:
         _require(1 <= self.batch_size <= 1000, "PGDRAIN_BATCH_SIZE", "from 1 to 1000")
         _require(1 <= self.concurrency <= 256, "PGDRAIN_CONCURRENCY", "from 1 to 256")
         _require(1 <= self.lease_seconds <= 86400, "PGDRAIN_LEASE_SECONDS", "from 1 to 86400")
-        _require(0 <= self.reserve_seconds <= 600, "PGDRAIN_RESERVE_SECONDS", "from 0 to 600")
+        _require(
+            MIN_RESERVE_SECONDS <= self.reserve_seconds <= 600,
+            "PGDRAIN_RESERVE_SECONDS",
+            f"from {MIN_RESERVE_SECONDS} to 600",
+        )
         _require(self.pooler in POOLER_MODES, "PGDRAIN_POOLER", "'session' or 'transaction'")
         _require(0.5 <= self.connect_timeout <= 120, "PGDRAIN_CONNECT_TIMEOUT", "from 0.5 to 120")
         _require(1 <= self.reclaim_limit <= 100000, "PGDRAIN_RECLAIM_LIMIT", "from 1 to 100000")

@@ -55,10 +55,20 @@ class Held:
 
 @dataclass(frozen=True)
 class Fenced:
-    """The result of a fenced statement over several jobs."""
+    """The result of a fenced statement over several attempts, each told apart by its token:
+    one run may hold two attempts of the same job (its lease expired, another run reclaimed
+    it, this run claimed it again), and only the current one may be applied."""
 
-    applied: frozenset[int]
-    lost: frozenset[int]  # the fence matched nothing: another attempt owns these now
+    applied_attempts: frozenset[Held]
+    lost_attempts: frozenset[Held]  # the fence matched nothing: another attempt owns the job
+
+    @property
+    def applied(self) -> frozenset[int]:
+        return frozenset(h.id for h in self.applied_attempts)
+
+    @property
+    def lost(self) -> frozenset[int]:
+        return frozenset(h.id for h in self.lost_attempts)
 
 
 @dataclass(frozen=True)
@@ -159,6 +169,13 @@ def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
     return text, params
 
 
+def transaction_limits(conn: Connection, timeout_ms: int) -> None:
+    """Bound the current transaction's statements and lock waits to `timeout_ms` (> 0: zero
+    would switch the limits off)."""
+    assert timeout_ms > 0, "a timeout of 0 disables the limit"
+    conn.execute(query("transaction_limits"), {"timeout_ms": timeout_ms})
+
+
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
     held by an unfinished (queued or running) job of the same queue returns that job's id and
@@ -227,10 +244,12 @@ def job_complete_and_claim(
     worker: str,
     lease_seconds: float,
     cap_seconds: float | None,
+    claim_id: uuid.UUID | None = None,
 ) -> tuple[Fenced, list[ClaimedJob]]:
     """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit).
     cap_seconds bounds every new lease to the run's deadline (None leaves it uncapped: only
-    tests do that, to show what the cap prevents)."""
+    tests do that, to show what the cap prevents). claim_id, chosen by the caller, is stored
+    on the claimed rows: job_claim_recover finds them by it after a lost reply."""
     rows = conn.execute(
         query("job_complete_and_claim"),
         {
@@ -241,16 +260,39 @@ def job_complete_and_claim(
             "worker": worker,
             "lease_seconds": lease_seconds,
             "cap_seconds": cap_seconds,
+            "claim_id": claim_id,
         },
     ).fetchall()
-    completed = frozenset(int(r[1]) for r in rows if r[0])
+    return _completed_and_claimed(rows, finished)
+
+
+def job_claim_recover(
+    conn: Connection, claim_id: uuid.UUID | None, finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """What the claim `claim_id` already did (nothing, if it never committed): the attempts of
+    `finished` it recorded done, and the jobs it claimed. Reads only."""
+    rows = conn.execute(
+        query("job_claim_recover"),
+        {
+            "claim_id": claim_id,
+            "done_ids": [h.id for h in finished],
+            "done_tokens": [h.token for h in finished],
+        },
+    ).fetchall()
+    return _completed_and_claimed(rows, finished)
+
+
+def _completed_and_claimed(
+    rows: Sequence[Any], finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """Rows of (completed, ClaimedJob's fields): a completed row carries only id and token."""
+    completed = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
     claimed = [
         ClaimedJob(*r[1:])  # the statement returns ClaimedJob's fields in order
         for r in rows
         if not r[0]
     ]
-    lost = frozenset(h.id for h in finished) - completed
-    return Fenced(completed, lost), claimed
+    return Fenced(completed, frozenset(finished) - completed), claimed
 
 
 def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
@@ -261,12 +303,14 @@ def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
 def _fenced(
     conn: Connection, statement: LiteralString, held: Sequence[Held], **extra: Any
 ) -> Fenced:
-    """Run a fenced statement over `held`; it returns the ids whose fence matched."""
+    """Run a fenced statement over `held`; it returns the (id, token) of each attempt whose
+    fence matched."""
     if not held:
         return Fenced(frozenset(), frozenset())
     params = {"ids": [h.id for h in held], "tokens": [h.token for h in held], **extra}
-    applied = frozenset(int(r[0]) for r in conn.execute(statement, params).fetchall())
-    return Fenced(applied, frozenset(h.id for h in held) - applied)
+    rows = conn.execute(statement, params).fetchall()
+    applied = frozenset(Held(int(r[0]), r[1]) for r in rows)
+    return Fenced(applied, frozenset(held) - applied)
 
 
 def job_extend_leases(

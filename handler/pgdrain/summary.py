@@ -12,11 +12,13 @@ import psycopg
 
 from pgdrain import db
 from pgdrain.errors import AuthenticationFailed, ConfigError, DatabaseUnavailable
+from pgdrain.store import Held
 
 log = logging.getLogger(__name__)
 
-# Why a run stopped: nothing was ready, the budget ran out, or an error ended it.
-StopReason = Literal["empty", "budget", "error"]
+# Why a run stopped: nothing was ready, the budget ran out, an error ended it, or it was asked
+# to stop (SIGTERM/SIGINT: pgdrain.stop).
+StopReason = Literal["empty", "budget", "error", "stopped"]
 # What kind of error ended it: the Lambda edge fetches a rotated secret again on "authentication".
 ErrorKind = Literal["authentication", "configuration", "unavailable", "database"]
 Counter = Literal["claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"]
@@ -45,6 +47,9 @@ class DrainResult:
     reclaimed: int = 0
     released: int = 0
     abandoned: int = 0  # still running when the run had to return; reclaimable at the deadline
+    # Job threads abandoned by earlier runs in this process (a warm container) still running
+    # when this run started: they overlap whatever attempt comes next for their jobs.
+    stale_threads: int = 0
     stop_reason: StopReason = "empty"
     more_ready: bool = False  # ready jobs were left (only looked at when the budget ran out)
     error: str | None = None
@@ -61,7 +66,7 @@ class Counters:
     def __init__(self, observer: Observer | None) -> None:
         self.values: dict[Counter, int] = dict.fromkeys(COUNTERS, 0)
         self._observer = observer
-        self._lost_ids: set[int] = set()
+        self._lost: set[Held] = set()
 
     def add(self, name: Counter, n: int) -> None:
         if n:
@@ -69,15 +74,15 @@ class Counters:
             if self._observer is not None:
                 self._observer(name, n)
 
-    def lease_lost(self, job_id: int, how: str, worker: str) -> None:
-        """Log a lost lease every time it is seen; count each job once."""
+    def lease_lost(self, held: Held, how: str, worker: str) -> None:
+        """Log a lost lease every time it is seen; count each attempt once."""
         log.warning(
             "lease lost: another attempt may own this job; %s",
             how,
-            extra={"job_id": job_id, "worker": worker},
+            extra={"job_id": held.id, "attempt_token": str(held.token), "worker": worker},
         )
-        if job_id not in self._lost_ids:
-            self._lost_ids.add(job_id)
+        if held not in self._lost:
+            self._lost.add(held)
             self.add("lease_lost", 1)
 
 

@@ -3,6 +3,7 @@ token, phase) through its own connection, so a test can see every attempt that r
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
@@ -73,6 +74,16 @@ def slow(job: Job) -> None:
         finish = time.monotonic() + float(job.payload["seconds"])
         while time.monotonic() < finish:
             time.sleep(0.02)
+    record(job, "return")
+
+
+@jobs.job("hold_gil")
+def hold_gil(job: Job) -> None:
+    """Holds the GIL for payload["seconds"]: a call through ctypes.PyDLL keeps it (here libc's
+    sleep), as a C extension that never releases it would, so no other thread of the process
+    runs meanwhile, the run's own loop included."""
+    record(job, "start")
+    ctypes.PyDLL(None).sleep(int(job.payload["seconds"]))
     record(job, "return")
 
 

@@ -32,6 +32,7 @@ def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:
             "worker": "fairness-test",
             "lease_seconds": 30,
             "cap_seconds": None,
+            "claim_id": None,
         },
     ).fetchall()
     return [(int(r[1]), str(r[2])) for r in rows if not r[0]]

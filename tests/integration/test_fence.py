@@ -77,6 +77,7 @@ def _complete_and_claim_params(held: store.Held) -> dict[str, Any]:
         "worker": WORKER,
         "lease_seconds": LEASE_SECONDS,
         "cap_seconds": None,
+        "claim_id": None,
     }
 
 

@@ -119,6 +119,7 @@ def _claim_params(queues: list[str], done_ids: list[int] | None = None) -> dict[
         "worker": "w",
         "lease_seconds": 30.0,
         "cap_seconds": None,
+        "claim_id": None,
     }
 
 

@@ -50,6 +50,7 @@ def _params(worker: str) -> dict[str, Any]:
         "worker": worker,
         "lease_seconds": 30,
         "cap_seconds": None,
+        "claim_id": None,
     }
 
 

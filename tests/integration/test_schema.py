@@ -138,6 +138,8 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "completed_token": "uuid",
         # 0007 and 0008 (either creates it): every failed attempt's error, as River's `errors`.
         "errors": "jsonb",
+        # 0009: the client-chosen id of the claim that took a running job (lost replies).
+        "claim_id": "uuid",
     }
 
 
@@ -212,6 +214,7 @@ def test_the_claim_uses_the_ready_index(conn: Conn) -> None:
             "worker": "w",
             "lease_seconds": 30.0,
             "cap_seconds": None,
+            "claim_id": None,
         },
     )
     assert "jobs_ready_idx" in _plan_indexes(plan), plan

@@ -4,6 +4,14 @@ every job function writes (soak.soak_jobs) against what pgdrain recorded.
 
     PYTHONPATH=handler:tests python -m soak.chaos --jobs 2000
 
+The faults of issue 12, each switched on by its SoakConfig field (the soak turns them all on,
+the controls none): drains connect through a loopback proxy that loses the reply of a
+committed claim every `lost_reply_interval` seconds and stalls all traffic now and then
+(`pauses`); a share of the kills are SIGTERM, which a drain answers by stopping (`sigterm_share`);
+a share of the drains run several drains in one process, as a warm Lambda container does
+(`warm_share`); and the server's default_transaction_isolation is serializable
+(`serializable`).
+
 The pytest entry points are in test_soak.py (`make soak`). The audit's rules:
 
 - every job ends `done`, or `failed` by policy (its attempts spent); nothing is left running;
@@ -33,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
+from helpers.lossy_proxy import LossyProxy
 from helpers.restartable_pg import RestartableServer
 from pgdrain import build_job, store
 from pgdrain.migrate import migrate
@@ -41,6 +51,7 @@ from soak import soak_jobs
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 REFUSED_LINE = "its result was not recorded"
+CLAIM_MARKER = b"), ready AS ("  # a line only job_complete_and_claim has
 LEASE_LOST_LINE = "lease lost:"
 POLL_SECONDS = 0.1
 
@@ -69,6 +80,23 @@ class SoakConfig:
     final_drains: int = 4  # concurrent drains once the chaos is over
     final_phase_seconds: float = 600.0  # the queue must be empty by then
     seed: int = 20261130
+    # Issue 12's faults (off by default: the controls keep the timeline they were built on).
+    lost_reply_interval: float | None = None  # seconds between lost claim replies
+    pauses: bool = False  # stall all traffic for 0.2-2 s every 2-5 s
+    sigterm_share: float = 0.0  # of the kills
+    warm_share: float = 0.0  # of the drains: several drains in one process
+    warm_runs: int = 3
+    serializable: bool = False  # the server's default_transaction_isolation
+
+
+# The soak with all of issue 12's faults on.
+FAULTS = {
+    "lost_reply_interval": 1.0,
+    "pauses": True,
+    "sigterm_share": 0.3,
+    "warm_share": 0.25,
+    "serializable": True,
+}
 
 
 @dataclass
@@ -80,7 +108,8 @@ class DrainRun:
     stdout: Path
     stderr: Path
     phase: str
-    fate: str = "running"  # killed | exited | error
+    fate: str = "running"  # killed | exited | stopped (SIGTERM) | error
+    warm: bool = False
     result: dict[str, Any] | None = None
     refused_lines: int = 0
     lease_lost_lines: int = 0
@@ -93,6 +122,11 @@ class Figures:
     failed_by_policy: int = 0
     drain_runs: int = 0
     killed: int = 0
+    terminated: int = 0  # SIGTERM: stopped claiming, ended the leases of what still ran
+    warm_processes: int = 0  # processes that ran several drains, as a warm container
+    lost_replies: int = 0  # claim replies the proxy dropped after the commit
+    pauses: int = 0  # traffic stalls
+    serializable_default: bool = False
     exited_normally: int = 0
     exited_with_error: int = 0
     database_restarts: int = 0
@@ -127,7 +161,11 @@ class Soak:
         self.runs: list[DrainRun] = []
         self.live: list[DrainRun] = []
         self.restarts = 0
+        self.pauses = 0
         self._monitor: psycopg.Connection[Any] | None = None
+        faulty = config.lost_reply_interval is not None or config.pauses
+        self.proxy = LossyProxy(self.url) if faulty else None
+        self.drain_url = self.proxy.url if self.proxy else self.url
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -135,6 +173,13 @@ class Soak:
         with psycopg.connect(self.url, autocommit=True) as conn:
             migrate(conn)
             conn.execute(soak_jobs.LEDGER_DDL)
+            if self.config.serializable:
+                # New sessions (every drain's) default to serializable; pgdrain pins its own.
+                conn.execute(
+                    sql.SQL(
+                        "ALTER DATABASE {} SET default_transaction_isolation = serializable"
+                    ).format(sql.Identifier(conn.info.dbname))
+                )
             jobs = [self._job(i) for i in range(self.config.jobs)]
             for start in range(0, len(jobs), 5000):
                 with conn.transaction():
@@ -155,8 +200,11 @@ class Soak:
 
     # -- the drain processes -------------------------------------------------------------
 
-    def _command(self, budget: float) -> list[str]:
+    def _command(self, budget: float, warm: bool = False) -> list[str]:
         drain_args = ["drain", "--budget", f"{budget:.2f}", "--json"]
+        if warm:
+            runs = str(self.config.warm_runs)
+            return [sys.executable, "-m", "soak.warm_drain", runs, "--", *drain_args]
         if self.config.heartbeat and self.config.fenced:
             return [sys.executable, "-m", "pgdrain.cli", *drain_args]
         switches = [] if self.config.heartbeat else ["--no-heartbeat"]
@@ -167,7 +215,7 @@ class Soak:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGDRAIN_")}
         handler = TESTS_DIR.parent / "handler"
         env.update(
-            DATABASE_URL=self.url,
+            DATABASE_URL=self.drain_url,
             PYTHONPATH=os.pathsep.join([str(TESTS_DIR), str(handler)]),
             PGDRAIN_JOBS="soak.soak_jobs",
             PGDRAIN_LEASE_SECONDS=str(self.config.lease_seconds),
@@ -182,18 +230,19 @@ class Soak:
         if budget is None:
             budget = self.random.uniform(self.config.min_budget, self.config.max_budget)
         number = len(self.runs)
+        warm = phase == "chaos" and self.random.random() < self.config.warm_share
         stdout = self.workdir / f"drain-{number:05d}.out"
         stderr = self.workdir / f"drain-{number:05d}.err"
         with stdout.open("wb") as out, stderr.open("wb") as err:
             process = subprocess.Popen(
-                self._command(budget),
+                self._command(budget, warm),
                 stdout=out,
                 stderr=err,
                 stdin=subprocess.DEVNULL,
                 env=self._environment(),
                 cwd=TESTS_DIR.parent,
             )
-        run = DrainRun(number, process.pid, budget, process, stdout, stderr, phase)
+        run = DrainRun(number, process.pid, budget, process, stdout, stderr, phase, warm=warm)
         self.runs.append(run)
         self.live.append(run)
         return run
@@ -202,6 +251,12 @@ class Soak:
         if not self.live:
             return
         run = self.random.choice(self.live)
+        if self.random.random() < self.config.sigterm_share:
+            # A deploy: the run stops claiming, finishes or gives up its jobs within its grace
+            # and exits 143; reap() collects it when it has.
+            if run.process.poll() is None:
+                run.process.send_signal(signal.SIGTERM)
+            return
         if run.process.poll() is None:
             run.process.send_signal(signal.SIGKILL)
         run.process.wait()
@@ -215,13 +270,11 @@ class Soak:
     def _finish(self, run: DrainRun) -> None:
         self.live.remove(run)
         code = run.process.returncode
-        if code == -signal.SIGKILL:
+        if code in (-signal.SIGKILL, -signal.SIGTERM):  # SIGTERM before the CLI took it: a kill
             run.fate = "killed"
         else:
-            run.fate = "exited" if code == 0 else "error"
-            lines = run.stdout.read_text(errors="replace").strip().splitlines()
-            with contextlib.suppress(json.JSONDecodeError, IndexError):
-                run.result = json.loads(lines[-1])
+            run.fate = {0: "exited", 128 + signal.SIGTERM: "stopped"}.get(code, "error")
+            run.result = _combined(run.stdout.read_text(errors="replace"))
         log = run.stderr.read_text(errors="replace")
         run.refused_lines = log.count(REFUSED_LINE)
         run.lease_lost_lines = log.count(LEASE_LOST_LINE)
@@ -229,6 +282,8 @@ class Soak:
     def close(self) -> None:
         if self._monitor is not None:
             self._monitor.close()
+        if self.proxy is not None:
+            self.proxy.close()
 
     def stop_all(self) -> None:
         for run in list(self.live):
@@ -269,6 +324,8 @@ class Soak:
         """Keep `drains` processes running, kill one every 0.5-2 s, restart the database once;
         until nothing is ready (and the restart has happened, and chaos_min_seconds passed)."""
         next_kill = time.monotonic() + self._kill_interval()
+        next_drop = time.monotonic() + (self.config.lost_reply_interval or 0.0)
+        next_pause, pause_until = time.monotonic() + self.random.uniform(2, 5), None
         next_look = 0.0
         chaos_until = time.monotonic() + self.config.chaos_min_seconds
         while True:
@@ -280,6 +337,18 @@ class Soak:
                 self.kill_one()
                 self.start_drain("chaos")
                 next_kill = now + self._kill_interval()
+            if self.proxy is not None and self.config.lost_reply_interval and now >= next_drop:
+                if not self.proxy.armed():
+                    self.proxy.drop_commit_reply(CLAIM_MARKER)
+                next_drop = now + self.config.lost_reply_interval
+            if self.proxy is not None and self.config.pauses:
+                if pause_until is None and now >= next_pause:
+                    self.proxy.pause()
+                    self.pauses += 1
+                    pause_until = now + self.random.uniform(0.2, 2.0)
+                elif pause_until is not None and now >= pause_until:
+                    self.proxy.resume()
+                    pause_until, next_pause = None, now + self.random.uniform(2, 5)
             if now >= next_look:
                 next_look = now + 0.5
                 finished, ready, _running, _expired = self.progress()
@@ -295,6 +364,8 @@ class Soak:
                     self.restarts += 1
                 restarted = self.restarts > 0 or not self.config.restart_database
                 if ready == 0 and restarted and now >= chaos_until:
+                    if self.proxy is not None:
+                        self.proxy.resume()
                     return
             time.sleep(POLL_SECONDS)
 
@@ -387,7 +458,7 @@ class Soak:
             result = run.result or {}
             figures.lease_lost_reported += int(result.get("lease_lost", 0))
             figures.retried_failures += int(result.get("retried", 0))
-            if run.fate == "error" or result.get("stop_reason") == "error":
+            if run.fate == "error" or result.get("stop_reason") == "error" or result.get("errors"):
                 continue  # it lost the database: its unwritten results are left to reclaim
             accounted = run.refused_lines + int(result.get("abandoned", 0))
             if stale_by_pid[run.pid] > accounted:
@@ -401,9 +472,32 @@ class Soak:
         figures.drain_runs = len(self.runs)
         fates = Counter(run.fate for run in self.runs)
         figures.killed = fates["killed"]
+        figures.terminated = fates["stopped"]
+        figures.warm_processes = sum(1 for run in self.runs if run.warm)
+        figures.lost_replies = self.proxy.drops if self.proxy is not None else 0
+        figures.pauses = self.pauses
+        figures.serializable_default = self.config.serializable
         figures.exited_normally = fates["exited"]
         figures.exited_with_error = fates["error"]
         figures.database_restarts = self.restarts
+
+
+def _combined(stdout: str) -> dict[str, Any] | None:
+    """The result of a drain process: its JSON line, or the sum of a warm process's lines
+    (`errors` counts the runs among them that ended in an error)."""
+    results = []
+    for line in stdout.strip().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            parsed = json.loads(line)
+            if isinstance(parsed, dict):
+                results.append(parsed)
+    if not results:
+        return None
+    combined: dict[str, Any] = dict(results[-1])
+    for key in ("lease_lost", "retried", "abandoned"):
+        combined[key] = sum(int(r.get(key, 0)) for r in results)
+    combined["errors"] = sum(1 for r in results if r.get("stop_reason") == "error")
+    return combined
 
 
 def run_soak(config: SoakConfig, workdir: Path | None = None) -> Figures:
@@ -442,7 +536,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=SoakConfig.jobs)
     parser.add_argument("--seed", type=int, default=SoakConfig.seed)
     args = parser.parse_args()
-    figures = run_soak(SoakConfig(jobs=args.jobs, seed=args.seed))
+    figures = run_soak(SoakConfig(jobs=args.jobs, seed=args.seed, **FAULTS))  # type: ignore[arg-type]
     print(figures.table())
     raise SystemExit(1 if figures.violations else 0)
 

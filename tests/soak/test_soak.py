@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import restartable_pg
-from soak.chaos import Figures, SoakConfig, run_soak
+from soak.chaos import FAULTS, Figures, SoakConfig, run_soak
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,12 +65,16 @@ def _report(name: str, figures: Figures, capsys: pytest.CaptureFixture[str]) -> 
 def test_the_chaos_soak_loses_no_job_and_accepts_no_stale_completion(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    figures = run_soak(SoakConfig(jobs=SOAK_JOBS))
+    figures = run_soak(SoakConfig(jobs=SOAK_JOBS, **FAULTS))  # type: ignore[arg-type]
     _report("soak", figures, capsys)
     assert figures.violations == []
     assert figures.done + figures.failed_by_policy == SOAK_JOBS
     assert figures.killed > 0 and figures.database_restarts == 1
     assert figures.accepted_stale_completions == 0
+    # Issue 12's faults all happened.
+    assert figures.lost_replies > 0 and figures.pauses > 0
+    assert figures.terminated > 0 and figures.warm_processes > 0
+    assert figures.serializable_default
 
 
 def test_control_without_heartbeats_the_fence_refuses_every_stale_completion(

@@ -41,7 +41,7 @@ def test_every_variable_is_read() -> None:
             "PGDRAIN_BATCH_SIZE": "25",
             "PGDRAIN_CONCURRENCY": " 8 ",
             "PGDRAIN_LEASE_SECONDS": "45.5",
-            "PGDRAIN_RESERVE_SECONDS": "0",
+            "PGDRAIN_RESERVE_SECONDS": "0.5",
             "PGDRAIN_POOLER": "Transaction",
             "PGDRAIN_CONNECT_TIMEOUT": "15",
             "PGDRAIN_RECLAIM_LIMIT": "100",
@@ -54,7 +54,7 @@ def test_every_variable_is_read() -> None:
     assert s.db_secret_arn == "arn:aws:secretsmanager:eu-west-1:123:secret:db"
     assert s.queues == ("emails", "reports")  # trimmed, de-duplicated, in order
     assert (s.jobs_module, s.batch_size, s.concurrency) == ("app.jobs", 25, 8)
-    assert (s.lease_seconds, s.reserve_seconds, s.pooler) == (45.5, 0.0, "transaction")
+    assert (s.lease_seconds, s.reserve_seconds, s.pooler) == (45.5, 0.5, "transaction")
     assert (s.connect_timeout, s.reclaim_limit, s.max_chain) == (15.0, 100, 0)
     assert (s.kick_debounce_seconds, s.function_name) == (0.5, "pgdrain-drain")
 
@@ -79,6 +79,8 @@ BAD_VALUES = [
     ("PGDRAIN_LEASE_SECONDS", "1e400"),
     ("PGDRAIN_LEASE_SECONDS", "86401"),
     ("PGDRAIN_RESERVE_SECONDS", "-1"),
+    ("PGDRAIN_RESERVE_SECONDS", "0"),  # no reserve would claim until the hard kill
+    ("PGDRAIN_RESERVE_SECONDS", "0.4"),
     ("PGDRAIN_RESERVE_SECONDS", "601"),
     ("PGDRAIN_POOLER", "statement"),
     ("PGDRAIN_POOLER", "pgbouncer"),

@@ -150,7 +150,8 @@ def handle(
                 **control.summary(),
             },
         )
-    if result.abandoned and not continued:
+    if result.abandoned and not continued and result.stop_reason != "stopped":
+        # (A run stopped by a signal ended its jobs' leases already: nothing to retry for.)
         # Their leases end at this run's deadline, and nothing else would start a run for them
         # before the hourly schedule. A function error makes Lambda run this event once more
         # about a minute later (template.yaml: MaximumRetryAttempts 1), as it does after a

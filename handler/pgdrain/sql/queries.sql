@@ -39,6 +39,13 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
+-- name: transaction_limits :exec
+-- The first statement of each of the drain's transactions: no statement, and no wait for a
+-- lock, may last longer than what is left of the run's budget. `true` makes both settings
+-- local to this transaction, so nothing outlives it on a pooled server connection.
+SELECT set_config('statement_timeout', %(timeout_ms)s::text, true),
+       set_config('lock_timeout', %(timeout_ms)s::text, true);
+
 -- name: job_insert :one
 -- One job. A key held by an unfinished job of the same queue inserts nothing, no row. Every
 -- parameter carries its type (CAST, not `::`, which SQLAlchemy's `:name` binds would misread),
@@ -118,7 +125,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
 WHERE j.id = held.id
   AND j.status = 'running'
   AND j.attempt_token = held.token
-RETURNING j.id;
+RETURNING j.id, held.token;
 
 -- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
@@ -141,7 +148,7 @@ WITH completed AS (
     WHERE j.id = held.id
       AND j.status = 'running'
       AND j.attempt_token = held.token
-    RETURNING j.id, j.queue
+    RETURNING j.id, j.queue, held.token
 ), limits AS MATERIALIZED (
     -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
     -- none, and then nothing is locked). The row lock serialises the claims of a limited
@@ -198,6 +205,7 @@ WITH completed AS (
     SET status = 'running',
         attempts = j.attempts + 1,
         attempt_token = gen_random_uuid(),
+        claim_id = %(claim_id)s,
         leased_by = %(worker)s,
         heartbeat_at = now(),
         lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
@@ -212,11 +220,30 @@ WITH completed AS (
 -- The payload comes back as text: the job's own worker thread parses it, off the one thread
 -- that talks to the database.
 SELECT true AS completed, id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
-       NULL::int AS attempts, NULL::int AS max_attempts, NULL::uuid AS attempt_token
+       NULL::int AS attempts, NULL::int AS max_attempts, token AS attempt_token
 FROM completed
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
  FROM claimed
+ ORDER BY priority, run_at, id);
+
+-- name: job_claim_recover :many
+-- After a lost reply (the connection broke once a statement was sent): what the claim
+-- %(claim_id)s already did, if it committed. First the attempts it was to complete that are
+-- recorded done (completed_token holds the accepted attempt's token), then the jobs it claimed
+-- that still run under it (a later claim by anyone overwrites claim_id). Only reads: safe to
+-- repeat. A NULL claim id asks about completions alone.
+SELECT true AS completed, j.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
+       NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
+FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS held(id, token)
+JOIN pgdrain.jobs AS j ON j.id = held.id
+WHERE j.status = 'done'
+  AND j.completed_token = held.token
+UNION ALL
+(SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
+ FROM pgdrain.jobs
+ WHERE claim_id = %(claim_id)s
+   AND status = 'running'
  ORDER BY priority, run_at, id);
 
 -- name: job_complete_many :many
@@ -233,7 +260,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
 WHERE j.id = held.id
   AND j.status = 'running'
   AND j.attempt_token = held.token
-RETURNING j.id;
+RETURNING j.id, held.token;
 
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
@@ -276,7 +303,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
 WHERE j.id = held.id
   AND j.status = 'running'
   AND j.attempt_token = held.token
-RETURNING j.id;
+RETURNING j.id, held.token;
 
 -- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and

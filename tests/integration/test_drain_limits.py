@@ -1,0 +1,137 @@
+"""The drain's own transactions (issue 12, items 5 and 6), each mechanism beside its control:
+statement and lock timeouts no longer than the budget left, and READ COMMITTED whatever the
+server's default isolation is."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from helpers.fixtures import db_now, job_row, wait_for
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
+from pgdrain.drain import SafetySwitches
+
+Conn = psycopg.Connection[Any]
+
+
+class Gate:
+    """A job kind that signals when it starts and returns when the test lets it."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.registry = Registry()
+        self.registry.job("gate")(self._run)
+
+    def _run(self, job: Job) -> None:
+        self.started.set()
+        assert self.release.wait(60), "the test never released the job"
+
+
+def in_background(
+    url: str, registry: Registry, budget: float, switches: SafetySwitches, **settings: Any
+) -> tuple[threading.Thread, list[DrainResult]]:
+    results: list[DrainResult] = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            drain(Settings(**settings), Budget.seconds(budget), registry, url, switches=switches)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    return thread, results
+
+
+def drain_waiting_on_a_lock(conn: Conn) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE application_name = 'pgdrain' AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.parametrize("limited", [True, False], ids=["limited", "unlimited"])
+def test_a_drain_blocked_on_a_table_lock_ends_by_its_deadline_only_with_the_limits(
+    db_url: str, conn: Conn, limited: bool
+) -> None:
+    gate = Gate()
+    gate.release.set()
+    enqueue(conn, "gate")
+    budget = 2.0
+    switches = SafetySwitches(limit_statements_to_budget=limited)
+    with psycopg.connect(db_url) as locker:  # a migration, or an operator's long transaction
+        locker.execute("LOCK TABLE pgdrain.jobs IN ACCESS EXCLUSIVE MODE")
+        began = db_now(conn)
+        thread, results = in_background(
+            db_url, gate.registry, budget, switches, reserve_seconds=0.5
+        )
+        if limited:
+            thread.join(30)
+            # The run ended while the lock was still held: its statement gave up, not the lock.
+            assert not thread.is_alive()
+            [result] = results
+            assert result.stop_reason == "error"
+            assert result.error is not None and "timeout" in result.error
+            assert result.elapsed_s <= budget
+        else:
+            wait_for(lambda: drain_waiting_on_a_lock(conn), what="the drain to wait")
+            wait_for(
+                lambda: (db_now(conn) - began).total_seconds() > budget + 1, what="deadline + 1"
+            )
+            assert thread.is_alive() and drain_waiting_on_a_lock(conn), "still blocked"
+        locker.rollback()
+    thread.join(30)
+    assert not thread.is_alive()
+    if not limited:
+        [result] = results
+        assert result.elapsed_s > budget  # ran past its deadline: a Lambda would be killed
+
+
+@pytest.mark.parametrize("default", ["serializable", "repeatable read"])
+@pytest.mark.parametrize("pinned", [True, False], ids=["read-committed", "server-default"])
+def test_a_completion_that_waited_for_a_concurrent_update_is_recorded_under_any_default(
+    db_url: str, conn: Conn, default: str, pinned: bool
+) -> None:
+    dbname = conn.info.dbname
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = {}").format(
+            sql.Identifier(dbname), sql.Literal(default)
+        )
+    )
+    gate = Gate()
+    job_id = enqueue(conn, "gate")
+    switches = SafetySwitches(pin_read_committed=pinned)
+    thread, results = in_background(db_url, gate.registry, 60, switches)
+    assert gate.started.wait(30)
+    with psycopg.connect(db_url) as other:  # e.g. an operator touching the row
+        other.execute("UPDATE pgdrain.jobs SET updated_at = now() WHERE id = %s", (job_id,))
+        gate.release.set()  # the job returns; its completion waits for `other`'s row lock
+        wait_for(lambda: drain_waiting_on_a_lock(conn), what="the completion to wait")
+        other.commit()
+    thread.join(30)
+    [result] = results
+    row = job_row(conn, job_id)
+    if pinned:
+        assert (result.stop_reason, result.done, row["status"]) == ("empty", 1, "done")
+    else:
+        # The update re-checked nothing: a serialization failure ended the run.
+        assert result.stop_reason == "error" and result.error is not None
+        assert "serialize" in result.error
+        assert (result.done, row["status"]) == (0, "running")
+
+
+def test_a_budget_below_the_reserve_claims_nothing_and_says_so(
+    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = enqueue(conn, "gate")
+    caplog.set_level(logging.INFO, logger="pgdrain")
+    result = drain(Settings(reserve_seconds=3), Budget.seconds(2), Gate().registry, db_url)
+    assert (result.claimed, result.stop_reason, result.more_ready) == (0, "budget", True)
+    assert job_row(conn, job_id)["status"] == "queued"
+    said = [r.getMessage() for r in caplog.records if "below the reserve" in r.getMessage()]
+    assert len(said) == 1 and "nothing will be claimed" in said[0]

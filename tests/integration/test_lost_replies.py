@@ -1,0 +1,148 @@
+"""A claim whose reply is lost after the server committed it (issue 12, item 2): a proxy lets
+the transaction commit, then closes the connection instead of passing the answer on. The run
+reconnects and asks what its claim id already took, instead of claiming a second batch and
+orphaning the first; the control repeats the claim as if nothing had happened."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.fixtures import job_row, wait_for
+from helpers.lossy_proxy import LossyProxy
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, store
+from pgdrain.drain import SafetySwitches
+
+Conn = psycopg.Connection[Any]
+CLAIM = b"), ready AS ("  # a line only job_complete_and_claim has
+
+registry = Registry()
+
+
+@registry.job("quick")
+def quick(job: Job) -> None:
+    pass
+
+
+@pytest.fixture
+def proxy(db_url: str) -> Iterator[LossyProxy]:
+    lossy = LossyProxy(db_url)
+    yield lossy
+    lossy.close()
+
+
+def statuses(conn: Conn) -> list[tuple[str, int, int]]:
+    return conn.execute(
+        "SELECT status, attempts, count(*)::int FROM pgdrain.jobs GROUP BY 1, 2 ORDER BY 1, 2"
+    ).fetchall()
+
+
+@pytest.mark.parametrize("recover", [True, False], ids=["taken-up", "claimed-again"])
+def test_a_first_claim_whose_reply_was_lost_is_taken_up_not_made_again(
+    conn: Conn, proxy: LossyProxy, recover: bool
+) -> None:
+    for _ in range(4):
+        enqueue(conn, "quick")
+    proxy.drop_commit_reply(CLAIM)
+    result = drain(
+        Settings(concurrency=4, batch_size=4),
+        Budget.seconds(30),
+        registry,
+        proxy.url,
+        switches=SafetySwitches(recover_lost_replies=recover),
+    )
+    assert proxy.dropped.is_set() and proxy.connections == 2  # one reply lost, one reconnect
+    if recover:
+        assert (result.claimed, result.done, result.lease_lost) == (4, 4, 0)
+        assert statuses(conn) == [("done", 1, 4)]
+    else:
+        # The repeat found nothing ready: the first batch is orphaned, its attempts spent,
+        # `running` until its leases end, and the run reports an empty queue.
+        assert (result.claimed, result.done, result.stop_reason) == (0, 0, "empty")
+        assert statuses(conn) == [("running", 1, 4)]
+
+
+@pytest.mark.parametrize("recover", [True, False], ids=["taken-up", "claimed-again"])
+def test_a_claim_carrying_completions_whose_reply_was_lost_counts_them_done(
+    conn: Conn, proxy: LossyProxy, recover: bool
+) -> None:
+    first, second = enqueue(conn, "quick"), enqueue(conn, "quick")
+
+    def arm_after_the_first_claim(counter: str, n: int) -> None:
+        if counter == "claimed" and not proxy.dropped.is_set():
+            # The next claim carries the first job's completion and claims the second job.
+            proxy.drop_commit_reply(CLAIM)
+
+    result = drain(
+        Settings(concurrency=1, batch_size=1),
+        Budget.seconds(30),
+        registry,
+        proxy.url,
+        observer=arm_after_the_first_claim,
+        switches=SafetySwitches(recover_lost_replies=recover),
+    )
+    assert proxy.dropped.is_set()
+    rows = dict(conn.execute("SELECT id, status FROM pgdrain.jobs").fetchall())
+    if recover:
+        assert (result.claimed, result.done, result.lease_lost) == (2, 2, 0)
+        assert rows == {first: "done", second: "done"}
+        assert statuses(conn) == [("done", 1, 2)]
+    else:
+        # The repeat's completion found the job done already and called the lease lost; its
+        # claim found nothing ready: the second job is orphaned.
+        assert (result.claimed, result.done, result.lease_lost) == (1, 0, 1)
+        assert rows == {first: "done", second: "running"}
+
+
+# -- item 7: the heartbeat cannot run while the run reconnects ------------------------------
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["within-leases", "whole-budget"])
+def test_a_reconnect_that_would_outlast_the_leases_tells_the_jobs_before_another_run_can_start_them(
+    conn: Conn, proxy: LossyProxy, bounded: bool
+) -> None:
+    job_id = enqueue(conn, "held")
+    started, release = threading.Event(), threading.Event()
+    seen: list[Job] = []
+    held_registry = Registry()
+
+    @held_registry.job("held")
+    def held(job: Job) -> None:
+        seen.append(job)
+        started.set()
+        assert release.wait(60)
+
+    results: list[DrainResult] = []
+    settings = Settings(lease_seconds=3, reserve_seconds=0.5, connect_timeout=2)
+    switches = SafetySwitches(reconnect_within_leases=bounded)
+    thread = threading.Thread(
+        target=lambda: results.append(
+            drain(settings, Budget.seconds(40), held_registry, proxy.url, switches=switches)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    assert started.wait(30)
+    proxy.refuse()  # the database goes away: the next heartbeat breaks, every connect fails
+
+    # Another run takes the job back as soon as the database says its lease is over.
+    [reclaimed] = wait_for(lambda: store.job_reclaim_expired(conn, 10), what="lease expiry")
+    assert reclaimed.id == job_id
+    [job] = seen
+    # With the bound, the run gave up its reconnect before the lease ended and told the job;
+    # without it, the job still believes it holds the lease while the job is up for grabs.
+    assert job.lease_lost() is bounded
+
+    proxy.accept()
+    release.set()
+    thread.join(60)
+    [result] = results
+    row = job_row(conn, job_id)
+    assert row["completed_token"] != job.attempt_token  # the stale result is never recorded
+    if bounded:
+        assert (result.stop_reason, result.error_kind) == ("error", "unavailable")
+        assert row["status"] == "queued"
