@@ -66,10 +66,18 @@ class Options:
     keep_databases: bool
     plot: bool
     logs: Path
+    report_from: Path | None = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = _parse(argv)
+    if options.report_from is not None:
+        figures, meta = report.read_json(options.report_from)
+        print(report.table(figures))
+        report.write_markdown(options.out / "simulate.md", figures, meta)
+        if options.plot:
+            report.write_plot(options.out / "simulate.png", figures)
+        return 0
     started = time.time()
     base_url, cleanup = _server()
     function = template.read(ROOT / "template.yaml")
@@ -94,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = (time.time() - started) / 60
     print()
     print(report.table(results))
+    for text, measured, ok in report.targets(results):
+        print(f"  {'-' if ok is None else 'ok' if ok else 'MISSED'}: {text}: {measured}")
     meta = {
         "commit": _commit(),
         "size": options.size,
@@ -138,6 +148,12 @@ def _parse(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--keep-databases", action="store_true")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--logs", type=Path, default=None, help="the processes' logs")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        help="write simulate.md and .png again from this simulate.json, without a run",
+    )
     args = parser.parse_args(argv)
     names = tuple(n.strip() for n in args.traces.split(",") if n.strip())
     systems = tuple(n.strip() for n in args.systems.split(",") if n.strip())
@@ -161,6 +177,7 @@ def _parse(argv: Sequence[str] | None) -> Options:
         args.keep_databases,
         not args.no_plot,
         logs,
+        args.report_from,
     )
 
 
@@ -241,6 +258,8 @@ def _function_env(
     system: System, function: template.FunctionModel, plane_url: str, factor: float
 ) -> dict[str, str]:
     env = _base_env(factor) | template.scaled_environment(function.environment, factor)
+    if system.name == "schedule-5min":
+        env["PGDRAIN_MAX_RUNS"] = "1"  # today's single chain, should the handler fan out
     env |= {
         "DATABASE_URL": system.url,
         "PGDRAIN_JOBS": "sim.jobs",
