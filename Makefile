@@ -81,7 +81,7 @@ SIM_INSTALLED := $(SIM_VENV)/.installed
 $(SIM_INSTALLED): pyproject.toml sim/requirements.txt
 	$(PYTHON) -m venv $(SIM_VENV)
 	$(SIM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SIM_VENV)/bin/python -m pip install --quiet -r sim/requirements.txt -e '.[aws,embedded]'
+	$(SIM_VENV)/bin/python -m pip install --quiet -r sim/requirements.txt -e '.[aws,embedded,invoke]'
 	touch $(SIM_INSTALLED)
 
 simulate: $(SIM_INSTALLED)
