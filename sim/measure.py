@@ -227,8 +227,20 @@ def figures(
         makespan_s=_round(makespan),
         lost=lost,
         double_completions=double,
-        extra={"attempts": len(attempts), "kills": len(kills)},
+        extra={
+            "attempts": len(attempts),
+            "kills": len(kills),
+            "enqueue_span_s": _round(_enqueue_span(conn, scale)),
+        },
     )
+
+
+def _enqueue_span(conn: psycopg.Connection[Any], scale: Scale) -> float | None:
+    """Simulated seconds from the first job's creation to the last one's."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM max(created_at) - min(created_at))::float8 FROM pgdrain.jobs"
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0]) * scale.factor
 
 
 def _round(value: float | None) -> float | None:

@@ -206,7 +206,7 @@ Measured: commit `{meta["commit"]}`, {meta["size"]} form, time scale {meta["scal
 minutes on this machine ({meta["machine"]}).
 
 {markdown_table(figures)}
-
+{_notes_markdown(meta)}
 Issue 11's targets, checked against the pgdrain rows (the single chain the backlog compares with
 is the 5-minute schedule's run, less its wait for the first tick):
 
@@ -245,6 +245,11 @@ sparse trace covers {meta["sparse_minutes"]:g} simulated minutes, not a day.
 
 {COLUMNS_DOC}"""
     path.write_text(text, encoding="utf-8")
+
+
+def _notes_markdown(meta: dict[str, Any]) -> str:
+    notes = meta.get("notes") or []
+    return "".join(f"\n- {note}" for note in notes) + ("\n" if notes else "")
 
 
 def write_plot(path: Path, figures: Sequence[Figures]) -> bool:

@@ -28,7 +28,7 @@ from pgdrain.migrate import migrate
 from sim import measure, report, template, traces
 from sim.jobs import ENV_ID_VARIABLE, LEDGER_DDL, SCALE_VARIABLE
 from sim.launcher import Pool
-from sim.standin import ControlPlane, Faults, PlaneConfig
+from sim.standin import ControlPlane, PlaneConfig
 from sim.timescale import DEFAULT_FACTOR, Scale
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "generated": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "sparse_minutes": size.sparse_minutes,
         "traces_doc": _traces_doc(size, options.seed),
+        "notes": _notes(results),
     }
     options.out.mkdir(parents=True, exist_ok=True)
     report.write_json(options.out / "simulate.json", results, meta)
@@ -298,7 +299,7 @@ def _plane(system: System, function: template.FunctionModel, options: Options) -
             max_event_age_s=function.max_event_age_s,
             rate_s=BASELINE_RATE_S,
             scheduler_enabled=False,
-            faults=Faults(duplicate_every=faults.duplicate_every),
+            faults=faults,  # its continuations call Invoke too; it creates no schedules
         )
     provisional = Scale(options.factor)
     # The pool needs the plane's URL in its environment, the plane needs the pool: the plane
@@ -485,6 +486,23 @@ def _commit() -> str:
     return head + ("+dirty" if dirty.strip() else "")
 
 
+def _notes(results: Sequence[measure.Figures]) -> list[str]:
+    """What the table needs beside it: how fast the burst really was, how many runs were killed."""
+    notes = []
+    burst = [f for f in results if f.trace == "burst"]
+    if burst:
+        spans = ", ".join(f"{f.system} {f.extra.get('enqueue_span_s')}" for f in burst)
+        notes.append(
+            "burst: the driver's enqueue+kick calls (8 threads, as fast as this machine allows)"
+            f" spanned these simulated seconds: {spans}."
+        )
+    faults = [f for f in results if f.trace == "faults" and f.system != "poller"]
+    if faults:
+        kills = ", ".join(f"{f.system} {f.extra.get('kills')}" for f in faults)
+        notes.append(f"faults: runs killed at their timeout: {kills}.")
+    return notes
+
+
 def _traces_doc(size: traces.Size, seed: int) -> str:
     lines = []
     for name in traces.NAMES:
@@ -507,11 +525,12 @@ def _traces_doc(size: traces.Size, seed: int) -> str:
         if faults.duplicate_every:
             text += f"; every {faults.duplicate_every}rd async event delivered twice"
         for what, windows in (
-            ("Invoke", faults.invoke_fail),
-            ("CreateSchedule", faults.create_schedule_fail),
+            ("Invoke fails (HTTP 500)", faults.invoke_fail),
+            ("Invoke is throttled (HTTP 429)", faults.invoke_throttle),
+            ("CreateSchedule fails (HTTP 500)", faults.create_schedule_fail),
         ):
             for start, end in windows:
-                text += f"; {what} fails (HTTP 500) from minute {start / 60:g} to {end / 60:g}"
+                text += f"; {what} from minute {start / 60:.1f} to {end / 60:.1f}"
         if not trace.systems_in_parallel:
             text += "; the systems run one after the other"
         lines.append(text + ".")

@@ -13,10 +13,12 @@ EventBridge Scheduler (/schedules/{Name}): CreateSchedule of a one-shot `at(...)
 (UTC) with Target.Arn/RoleArn/Input, in a group (ConflictException for a name that exists in
 it); GetSchedule; DeleteSchedule. A one-shot schedule fires at its time, which the one-minute
 precision (scaled) rounds up, and is deleted after it fires when ActionAfterCompletion is DELETE.
-The rate schedule (template.yaml's ScheduleV2) fires a scheduled event every rate.
-Faults on request: every Nth async event delivered twice; Invoke or CreateSchedule failing with
-HTTP 500 during given windows of simulated time; and the scheduler refused altogether
-(AccessDenied), for a system that must have no one-shot schedules."""
+The rate schedule (template.yaml's ScheduleV2) fires a scheduled event every rate, the first one
+a rate after the trace starts.
+Faults on request: every Nth async event delivered twice; Invoke failing with HTTP 500 or
+throttled (429), or CreateSchedule failing with HTTP 500, during given windows of simulated
+time; and the scheduler refused altogether (AccessDenied), for a system that must have no
+one-shot schedules."""
 
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ Window = tuple[float, float]  # [start, end) in simulated seconds of the trace
 class Faults:
     duplicate_every: int = 0  # every Nth accepted async event is delivered twice (0: never)
     invoke_fail: tuple[Window, ...] = ()  # Invoke returns 500 ServiceException meanwhile
+    invoke_throttle: tuple[Window, ...] = ()  # Invoke returns 429 TooManyRequestsException
     create_schedule_fail: tuple[Window, ...] = ()  # CreateSchedule returns 500 meanwhile
 
 
@@ -83,7 +86,7 @@ class Event:
 @dataclass
 class Counters:
     invoke_calls: int = 0
-    invoke_failed: int = 0  # injected 500s
+    invoke_failed: int = 0  # injected 500s and 429s
     accepted: int = 0
     duplicates: int = 0
     throttled: int = 0
@@ -417,6 +420,14 @@ def _names_function(reference: str, function_name: str) -> bool:
     return parts[0] == function_name
 
 
+def _throttle(message: str) -> dict[str, Any]:
+    document = _error("TooManyRequestsException", message)
+    return document | {
+        "Type": "User",
+        "Reason": "ReservedFunctionConcurrentInvocationLimitExceeded",
+    }
+
+
 def _error(code: str, message: str) -> dict[str, Any]:
     return {"__type": code, "Message": message, "message": message}
 
@@ -479,6 +490,11 @@ class _Handler(BaseHTTPRequestHandler):
                 plane.counters.invoke_failed += 1
             self._json(500, {**_error("ServiceException", "injected fault"), "Type": "Service"})
             return
+        if plane._in_window(plane.config.faults.invoke_throttle):
+            with plane._lock:
+                plane.counters.invoke_failed += 1
+            self._json(429, _throttle("injected fault: Rate Exceeded."))
+            return
         try:
             payload = json.loads(body or b"{}")
         except json.JSONDecodeError:
@@ -493,12 +509,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             outcome = plane.invoke_sync(payload)
             if outcome is None:
-                throttle = _error("TooManyRequestsException", "Rate Exceeded.")
-                throttle |= {
-                    "Type": "User",
-                    "Reason": "ReservedFunctionConcurrentInvocationLimitExceeded",
-                }
-                self._json(429, throttle)
+                self._json(429, _throttle("Rate Exceeded."))
                 return
             headers = {} if outcome.status == "ok" else {"X-Amz-Function-Error": "Unhandled"}
             self._reply(200, json.dumps(outcome.payload, default=str).encode(), headers)

@@ -8,7 +8,7 @@ driver process rebuilds the same plan from the trace's name and size.
     one job a minute into a second queue during it.
 (d) faults: jobs every half minute, some hanging on their first attempt until the run is
     killed at its timeout, some failing once; duplicate deliveries of async events, invokes
-    failing for two minutes, CreateSchedule failing for five."""
+    failing (500) for two minutes and throttled (429) for one, CreateSchedule failing for five."""
 
 from __future__ import annotations
 
@@ -152,6 +152,7 @@ def _faults(size: Size, rng: random.Random) -> Trace:
     faults = Faults(
         duplicate_every=3,
         invoke_fail=((third, third + 2 * MINUTE),),
+        invoke_throttle=((third + 3 * MINUTE, third + 4 * MINUTE),),
         create_schedule_fail=((third, third + 5 * MINUTE),),
     )
     return Trace(

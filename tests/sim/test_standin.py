@@ -149,6 +149,14 @@ def test_an_injected_invoke_failure_is_a_500(pool: RecordingPool) -> None:
         assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
 
 
+def test_an_injected_invoke_throttle_is_a_429(pool: RecordingPool) -> None:
+    with _plane(pool, faults=Faults(invoke_throttle=((0.0, 1e9),))) as plane:
+        with pytest.raises(ClientError) as caught:
+            _client("lambda", plane).invoke(FunctionName=FUNCTION, InvocationType="Event")
+        assert caught.value.response["Error"]["Code"] == "TooManyRequestsException"
+        assert pool.events == []
+
+
 def test_a_failed_run_is_retried_as_the_retry_policy_says() -> None:
     failing = RecordingPool(status="error")
     with _plane(failing, max_retry_attempts=2) as plane:
