@@ -67,3 +67,25 @@ bench: $(BENCH_INSTALLED)
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache
+
+# `make simulate` measures the control plane with the simulator (sim/, docs/simulate.md): the
+# real handler in processes, a stand-in for Lambda and EventBridge Scheduler, real PostgreSQL
+# (DATABASE_URL, else the embedded one). The full form takes about 20 minutes and writes
+# docs/simulate.md, .json and .png; `make simulate-smoke` runs the small form (< 2 minutes).
+# matplotlib (for the plot) lives in the simulator's own virtualenv.
+SIM_VENV ?= .venv-sim
+SIM_INSTALLED := $(SIM_VENV)/.installed
+
+.PHONY: simulate simulate-smoke
+
+$(SIM_INSTALLED): pyproject.toml sim/requirements.txt
+	$(PYTHON) -m venv $(SIM_VENV)
+	$(SIM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SIM_VENV)/bin/python -m pip install --quiet -r sim/requirements.txt -e '.[aws,embedded,invoke]'
+	touch $(SIM_INSTALLED)
+
+simulate: $(SIM_INSTALLED)
+	$(SIM_VENV)/bin/python -m sim
+
+simulate-smoke: $(SIM_INSTALLED)
+	$(SIM_VENV)/bin/python -m sim --smoke

@@ -1,0 +1,164 @@
+"""The traces, in simulated seconds: what the application enqueues and when, the faults the
+stand-in injects, and how long the trace runs. Each is deterministic (a seeded generator), so the
+driver process rebuilds the same plan from the trace's name and size.
+
+(a) sparse: a few jobs an hour; some delayed 1 to 60 minutes, some failing once.
+(b) burst: 1,000 enqueue+kick, each its own transaction, as fast as the driver can.
+(c) backlog: N I/O-bound jobs (20 ms each) in one transaction and one kick, and a trickle of
+    one job a minute into a second queue during it.
+(d) faults: jobs every half minute, some hanging on their first attempt until the run is
+    killed at its timeout, some failing once; duplicate deliveries of async events, invokes
+    failing (500) for two minutes and throttled (429) for one, CreateSchedule failing for five."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from sim.standin import Faults
+
+QUEUE = "default"
+TRICKLE = "trickle"
+QUEUES = (QUEUE, TRICKLE)
+MINUTE = 60.0
+
+
+@dataclass(frozen=True)
+class Batch:
+    at_s: float  # when the application enqueues (simulated seconds from the trace's start)
+    count: int = 1
+    queue: str = QUEUE
+    delay_s: float = 0.0
+    ms: float = 200.0  # simulated milliseconds of work per job
+    fail_once: bool = False
+    hang_first: bool = False
+    each: bool = False  # count separate enqueue+kick (a burst), else one transaction, one kick
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    batches: tuple[Batch, ...]
+    min_duration_s: float  # runs at least this long, then until every job is done...
+    max_duration_s: float  # ...or this long at most
+    faults: Faults = field(default_factory=Faults)
+    systems_in_parallel: bool = True  # False: one system at a time (it loads the machine)
+
+    @property
+    def jobs(self) -> int:
+        return sum(b.count for b in self.batches)
+
+
+@dataclass(frozen=True)
+class Size:
+    sparse_minutes: float
+    sparse_jobs: int
+    burst_jobs: int
+    backlog_jobs: int
+    trickle_minutes: float
+    faults_minutes: float
+    tail_minutes: float  # how long a trace may run past its minimum waiting for the last jobs
+    burst_minutes: float = 10
+    traces_in_parallel: bool = False
+
+
+FULL = Size(
+    sparse_minutes=90,
+    sparse_jobs=16,
+    burst_jobs=1000,
+    backlog_jobs=50_000,
+    trickle_minutes=10,
+    faults_minutes=30,
+    tail_minutes=20,
+)
+# The smoke form, for CI: every piece runs, in about a minute and a half.
+SMOKE = Size(
+    sparse_minutes=8,
+    sparse_jobs=3,
+    burst_jobs=60,
+    backlog_jobs=300,
+    trickle_minutes=3,
+    faults_minutes=8,
+    tail_minutes=6,
+    burst_minutes=4,
+    traces_in_parallel=True,
+)
+NAMES = ("sparse", "burst", "backlog", "faults")
+
+
+def build(name: str, size: Size, seed: int = 11) -> Trace:
+    rng = random.Random(f"{name}:{seed}")
+    if name == "sparse":
+        return _sparse(size, rng)
+    if name == "burst":
+        return Trace(
+            "burst",
+            (Batch(at_s=MINUTE, count=size.burst_jobs, ms=20.0, each=True),),
+            min_duration_s=size.burst_minutes * MINUTE,
+            max_duration_s=(size.burst_minutes + size.tail_minutes) * MINUTE,
+        )
+    if name == "backlog":
+        trickle = tuple(
+            Batch(at_s=(1 + i) * MINUTE, queue=TRICKLE, ms=20.0)
+            for i in range(int(size.trickle_minutes))
+        )
+        return Trace(
+            "backlog",
+            (Batch(at_s=0.5 * MINUTE, count=size.backlog_jobs, ms=20.0), *trickle),
+            min_duration_s=(size.trickle_minutes + 2) * MINUTE,
+            max_duration_s=(size.trickle_minutes + 2 + size.tail_minutes) * MINUTE
+            + size.backlog_jobs / 25.0,
+            systems_in_parallel=size.traces_in_parallel,
+        )
+    if name == "faults":
+        return _faults(size, rng)
+    raise ValueError(f"unknown trace {name!r} (known: {', '.join(NAMES)})")
+
+
+def _sparse(size: Size, rng: random.Random) -> Trace:
+    span = size.sparse_minutes * MINUTE
+    batches = []
+    for _ in range(size.sparse_jobs):
+        at = rng.uniform(0.5 * MINUTE, 0.75 * span)
+        delay = rng.uniform(1, 60) * MINUTE if rng.random() < 0.4 else 0.0
+        delay = min(delay, max(MINUTE, 0.85 * span - at))  # due well before the end
+        batches.append(Batch(at_s=at, delay_s=delay, fail_once=rng.random() < 0.3))
+    batches.sort(key=lambda b: b.at_s)
+    return Trace(
+        "sparse",
+        tuple(batches),
+        min_duration_s=span,
+        max_duration_s=span + size.tail_minutes * MINUTE,
+    )
+
+
+def _faults(size: Size, rng: random.Random) -> Trace:
+    span = size.faults_minutes * MINUTE
+    batches = []
+    at = 0.5 * MINUTE
+    index = 0
+    while at < 0.7 * span:
+        batches.append(
+            Batch(
+                at_s=at,
+                count=rng.randint(1, 3),
+                hang_first=index % 7 == 3,
+                fail_once=index % 5 == 1,
+            )
+        )
+        at += 0.5 * MINUTE
+        index += 1
+    third = span / 3
+    faults = Faults(
+        duplicate_every=3,
+        invoke_fail=((third, third + 2 * MINUTE),),
+        invoke_throttle=((third + 3 * MINUTE, third + 4 * MINUTE),),
+        create_schedule_fail=((third, third + 5 * MINUTE),),
+    )
+    return Trace(
+        "faults",
+        tuple(batches),
+        min_duration_s=span,
+        max_duration_s=span + size.tail_minutes * MINUTE,
+        faults=faults,
+    )
