@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 export PYTHONPATH := handler
 
-.PHONY: demo test lint format sam bench soak clean
+.PHONY: demo test simulate-test lint format sam bench soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,20 +18,24 @@ demo: $(INSTALLED)
 	$(BIN)/pgdrain demo
 
 test: $(INSTALLED)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow and not sim"
+
+# The simulator's smoke form end to end (tests/sim; the full measurement is `make simulate`).
+simulate-test: $(INSTALLED)
+	$(BIN)/python -m pytest -m sim tests/sim
 
 # The chaos soak and its controls (docs/reliability.md): PGDRAIN_SOAK_JOBS sets the size.
 soak: $(INSTALLED)
 	$(BIN)/python -m pytest -m slow tests/soak
 
 lint: $(INSTALLED)
-	$(BIN)/ruff check handler tests bench
-	$(BIN)/ruff format --check handler tests bench
+	$(BIN)/ruff check handler tests bench sim
+	$(BIN)/ruff format --check handler tests bench sim
 	$(BIN)/mypy
 
 format: $(INSTALLED)
-	$(BIN)/ruff format handler tests bench
-	$(BIN)/ruff check --fix handler tests bench
+	$(BIN)/ruff format handler tests bench sim
+	$(BIN)/ruff check --fix handler tests bench sim
 
 # `sam validate --lint` and `sam build`, offline and without Docker. aws-sam-cli lives in its own
 # virtualenv (its pins may clash with moto's). `sam build` needs a python3.12 on PATH: with pyenv,
@@ -66,7 +70,7 @@ bench: $(BENCH_INSTALLED)
 	$(BENCH_VENV)/bin/python -m bench.run
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) $(SIM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache
 
 # `make simulate` measures the control plane with the simulator (sim/, docs/simulate.md): the
 # real handler in processes, a stand-in for Lambda and EventBridge Scheduler, real PostgreSQL
