@@ -18,7 +18,6 @@ import logging
 import os
 import queue as queue_mod
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -29,6 +28,7 @@ import psycopg
 
 from pgdrain import execute, periodic, store
 from pgdrain import stop as stop_module
+from pgdrain.abandoned import ThreadWatch, stale_threads
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.budget import Budget
 from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
@@ -76,22 +76,6 @@ class SafetySwitches:
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
     reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
-
-
-# Worker threads that earlier runs in this process gave up on while they still ran a job. A
-# warm Lambda container keeps them: they go on running into the next invocation, whose result
-# reports how many are still alive (stale_threads). Guarded by the lock: runs may overlap in
-# tests and in `pgdrain drain` loops.
-_abandoned_lock = threading.Lock()
-_abandoned_threads: set[threading.Thread] = set()
-
-
-def stale_threads() -> int:
-    """Job threads that earlier runs in this process abandoned and that are still running."""
-    with _abandoned_lock:
-        for thread in [t for t in _abandoned_threads if not t.is_alive()]:
-            _abandoned_threads.discard(thread)
-        return len(_abandoned_threads)
 
 
 class RunHooks(Protocol):
@@ -204,12 +188,7 @@ class _Run:
         )
         # Refill once half the slots are free (or none is busy): short jobs still come in batches.
         self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)
-        self.mark_abandoned_lost = switches.mark_abandoned_lost
-        # Which worker thread runs which attempt, and the attempts the run gave up on; written
-        # by the worker threads as well as this one, hence the lock.
-        self._threads_lock = threading.Lock()
-        self._threads: dict[store.Held, threading.Thread] = {}
-        self._given_up: set[store.Held] = set()
+        self.threads = ThreadWatch(enabled=switches.mark_abandoned_lost)
 
     def execute(self) -> DrainResult:
         stop_reason: StopReason = "empty"
@@ -237,7 +216,7 @@ class _Run:
             stop_reason, error, kind = "error", one_line(exc), error_kind(exc)
             log.error("drain stopped: %s", error, extra={"worker": self.worker_id})
         finally:
-            self._give_up_running()
+            self.threads.give_up(self.attempts.running, self.attempts.lost_tokens)
             pool.close()
             self.session.close()
         result = DrainResult(
@@ -335,45 +314,14 @@ class _Run:
             wake_at = min(wake_at, self.stop_until)
         return max(0.0, wake_at - now)
 
-    def _give_up_running(self) -> None:
-        """The run returns with jobs still running: their leases end at the deadline (the cap),
-        so another attempt may start then. Tell each job at once (lease_lost() turns True) and
-        keep its thread on the process's list, so the next run here can say it still runs."""
-        if not self.mark_abandoned_lost:
-            return
-        with self._threads_lock:
-            for held in self.attempts.running:
-                self.attempts.lost_tokens.add(held.token)
-                self._given_up.add(held)
-                thread = self._threads.get(held)
-                if thread is not None:
-                    with _abandoned_lock:
-                        _abandoned_threads.add(thread)
-
     def _run_job(self, claimed: store.ClaimedJob) -> None:
-        held = claimed.held
-        with self._threads_lock:
-            self._threads[held] = threading.current_thread()
-        outcome = "returned"
-        try:
-            execute.run_job(
+        """In a worker thread: call the job's function, watched in case the run gives up."""
+        self.threads.run(
+            claimed.held,
+            lambda: execute.run_job(
                 self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens
-            )
-        except BaseException as exc:
-            outcome = f"raised {type(exc).__name__}"
-            raise
-        finally:
-            with self._threads_lock:
-                del self._threads[held]
-                late = held in self._given_up
-            if late:
-                # Nothing records it: the run that held the lease is gone, and the fence would
-                # refuse it anyway once the job is reclaimed.
-                log.warning(
-                    "an abandoned attempt ended after its run gave up on it; its outcome is "
-                    "not recorded",
-                    extra={"job_id": held.id, "attempt_token": str(held.token), "outcome": outcome},
-                )
+            ),
+        )
 
     def _collect(self, pool: WorkerPool[store.ClaimedJob], wait: float) -> None:
         """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait

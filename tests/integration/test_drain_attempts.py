@@ -12,7 +12,8 @@ import pytest
 
 from helpers.fixtures import job_row, wait_for
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, store
-from pgdrain.drain import SafetySwitches, stale_threads
+from pgdrain.abandoned import stale_threads
+from pgdrain.drain import SafetySwitches
 
 Conn = psycopg.Connection[Any]
 
