@@ -177,11 +177,12 @@ class Claims:
             decision.final,
             error_record=record,
             spend_attempt=decision.spend_attempt,
+            cancelled=decision.cancelled,
         )
         if isinstance(outcome, store.LeaseLost):
             self._lease_lost(claimed.held, "its failure was not recorded")
             return
-        final = outcome.status == "failed"
+        final = outcome.status != "queued"  # failed, or cancelled by the job itself
         # A snooze counts as retried: the job is queued again (its attempt given back).
         self._counters.add("failed" if final else "retried", 1)
         log.warning(

@@ -84,6 +84,7 @@ class Decision:
     record: bool  # appended to the job's error history
     error_type: str
     traceback: str  # sanitized and bounded; "" when there is none worth keeping
+    cancelled: bool = False  # final as `cancelled` (the job chose it), not `failed`
 
 
 def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) -> Decision:
@@ -99,7 +100,7 @@ def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) 
         return Decision(message, 0.0, True, True, True, error_type, "")
     if isinstance(error, Cancel):
         message = bounded(f"cancelled: {safe_str(error)}", MAX_ERROR_LENGTH)
-        return Decision(message, 0.0, True, True, True, error_type, "")
+        return Decision(message, 0.0, True, True, True, error_type, "", cancelled=True)
     if isinstance(error, UnknownJobKind):
         # River's choice: a kind this function does not know is retried, not failed, because
         # a deploy may not have reached every function that drains the queue yet.

@@ -74,7 +74,7 @@ class Fenced:
 @dataclass(frozen=True)
 class Failed:
     id: int
-    status: Literal["queued", "failed"]  # queued: retried at run_at; failed: for good
+    status: Literal["queued", "failed", "cancelled"]  # queued: retried at run_at
     attempt: int
     run_at: dt.datetime
 
@@ -340,6 +340,7 @@ def job_fail(
     *,
     error_record: dict[str, Any] | None = None,
     spend_attempt: bool = True,
+    cancelled: bool = False,
 ) -> Failed | LeaseLost:
     """Record a failed attempt: retry after delay_seconds, or `failed` when attempts are spent
     (or at once when `final`: the job can never succeed as it is). `error_record` (text values
@@ -354,6 +355,7 @@ def job_fail(
             "delay_seconds": delay_seconds,
             "final": final,
             "spend_attempt": spend_attempt,
+            "cancelled": cancelled,
             "error_record": None if error_record is None else Jsonb(error_record),
         },
     ).fetchone()

@@ -64,6 +64,7 @@ def _fail_params(held: store.Held) -> dict[str, Any]:
         "delay_seconds": 0.0,
         "final": False,
         "spend_attempt": True,
+        "cancelled": False,
         "error_record": None,
     }
 

@@ -229,19 +229,19 @@ def test_snooze_gives_the_attempt_back_and_adds_no_error(db_url: str, conn: Conn
 
 
 @pytest.mark.parametrize(
-    ("kind", "message"),
+    ("kind", "status", "message"),
     [
-        ("discard", "discarded: the account was deleted"),
-        ("cancel", "cancelled: the user cancelled the export"),
+        ("discard", "failed", "discarded: the account was deleted"),
+        ("cancel", "cancelled", "cancelled: the user cancelled the export"),
     ],
 )
-def test_discard_and_cancel_fail_the_job_at_once(
-    db_url: str, conn: Conn, kind: str, message: str
+def test_discard_fails_and_cancel_cancels_the_job_at_once(
+    db_url: str, conn: Conn, kind: str, status: str, message: str
 ) -> None:
     job_id = enqueue(conn, kind, max_attempts=5)
     assert run(db_url).failed == 1
     row = job_row(conn, job_id)
-    assert (row["status"], row["attempts"], row["last_error"]) == ("failed", 1, message)
+    assert (row["status"], row["attempts"], row["last_error"]) == (status, 1, message)
     assert row["errors"][0]["message"] == message and row["finished_at"] is not None
     assert row["errors"][0]["type"] == kind.capitalize()
 

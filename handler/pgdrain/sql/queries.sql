@@ -264,12 +264,14 @@ RETURNING j.id, held.token;
 
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
--- (or at once when %(final)s: discarded, cancelled). A snooze (%(spend_attempt)s false) gives
+-- (or at once when %(final)s: discarded; `cancelled` instead when %(cancelled)s, the job's
+-- own Cancel, the state an operator's `pgdrain cancel` leaves too). A snooze (%(spend_attempt)s false) gives
 -- the attempt back and is queued whatever attempts are left. %(error_record)s (a JSON object,
 -- or NULL for a snooze) is appended to the job's error history with the attempt number and
 -- the database's time, in this same fenced statement; the history keeps the latest 50.
 UPDATE pgdrain.jobs AS j
-SET status = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
+SET status = CASE WHEN %(cancelled)s THEN 'cancelled'
+                  WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
                   THEN 'failed' ELSE 'queued' END,
     run_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
                   THEN j.run_at
