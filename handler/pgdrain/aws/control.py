@@ -52,6 +52,7 @@ class RunControl:
         queue_limits: tuple[tuple[str, int], ...] = (),
         trailing_edge: bool = True,
         before_exit_check: Callable[[], None] | None = None,
+        next_periodic_slot: Callable[[], dt.datetime | None] = lambda: None,
     ) -> None:
         self.trigger = trigger
         self.run_id = run_id
@@ -61,6 +62,7 @@ class RunControl:
         self._queue_limits = tuple((q, n) for q, n in queue_limits if q in trigger.queues)
         self._trailing_edge = trailing_edge
         self._before_exit_check = before_exit_check
+        self._next_periodic_slot = next_periodic_slot
         self.wake = WakeOutcome(None, "none")
         self.drained_again = 0
 
@@ -94,9 +96,8 @@ class RunControl:
                 extra={"kicked": decision.check.kicked, "ready": decision.check.ready},
             )
             return True
-        self.wake = self._waker.ensure(
-            session, self.trigger.queues, decision.check.due_at, self.run_id
-        )
+        due_at = self._with_periodic_slot(decision.check.due_at)
+        self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
         return False
 
     def after_budget(self, session: Session, continued: bool) -> None:
@@ -110,7 +111,17 @@ class RunControl:
         if decision.check.ready and not continued:
             now = dt.datetime.now(dt.UTC)
             due_at = now if due_at is None else min(due_at, now)
+        due_at = self._with_periodic_slot(due_at)
         self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
+
+    def _with_periodic_slot(self, due_at: dt.datetime | None) -> dt.datetime | None:
+        """The earlier of the queues' next due moment and the next slot of a periodic kind:
+        a run at that slot enqueues its job (periodic.enqueue_due) and drains it, so periodic
+        work needs no schedule of its own and the database sleeps between slots."""
+        slot = self._next_periodic_slot()
+        if slot is None:
+            return due_at
+        return slot if due_at is None else min(due_at, slot)
 
     def _exit_or_again(self, conn: store.Connection, may_drain_again: bool) -> ExitDecision:
         # One short transaction: the kick rows stay locked from the check to the exit, so no

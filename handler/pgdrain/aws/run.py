@@ -17,7 +17,7 @@ import psycopg
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from pgdrain import db, retention, store
+from pgdrain import db, periodic, retention, store
 from pgdrain.aws import events
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
 from pgdrain.aws.control import RunControl
@@ -99,7 +99,9 @@ def handle(
         if trigger.reason == "schedule":
             kept = min(RETENTION_MAX_SECONDS, RETENTION_SHARE * budget.remaining())
             drain_budget = Budget(lambda: budget.remaining() - kept)
-        control = _control(settings, trigger, budget, worker_id, context, progress.count)
+        control = _control(
+            settings, trigger, budget, worker_id, context, progress.count, runtime.registry
+        )
         try:
             result, conninfo = _drain(
                 settings,
@@ -174,6 +176,7 @@ def _control(
     worker_id: str,
     context: LambdaContextLike,
     count: Callable[[str, int], None],
+    registry: Registry,
 ) -> RunControl:
     """The run's control plane. Under `sam local invoke` / `pgdrain invoke` it neither spawns
     nor schedules (the wake-up time is only reported)."""
@@ -187,6 +190,7 @@ def _control(
         waker=Waker(settings, target, count=count),
         spawner=Spawner(settings, trigger, budget, target, invoke_async, count=count),
         queue_limits=settings.queue_limits,
+        next_periodic_slot=lambda: periodic.next_periodic_slot(registry.periodics),
     )
 
 

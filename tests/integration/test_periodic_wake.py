@@ -1,0 +1,55 @@
+"""A periodic kind's next slot feeds the run's wake-up: an empty queue with a periodic kind
+still ends with a wake-up at that slot (rounded up to the schedule's precision), so periodic
+work needs no schedule of its own. The control: the same run without the slot wakes for
+nothing, and the slot would wait for the hourly safety net."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from pgdrain import Budget, Registry, Settings, drain
+from pgdrain.aws import events
+from pgdrain.aws.control import RunControl
+from pgdrain.aws.wake import Waker, wake_time
+from pgdrain.periodic import next_periodic_slot
+
+jobs = Registry()
+
+
+@jobs.periodic(every=dt.timedelta(minutes=15), kind="report")
+def report(job: object) -> None:
+    pass
+
+
+@pytest.mark.parametrize("with_slot", [True, False], ids=["slot-fed", "control-no-slot"])
+def test_an_empty_run_wakes_for_the_next_periodic_slot(db_url: str, with_slot: bool) -> None:
+    settings = Settings()
+    budget = Budget.seconds(30)
+    control = (
+        RunControl(
+            events.Trigger("schedule", ("default",)),
+            "periodic-run",
+            budget,
+            waker=Waker(settings, None),  # no schedule here: the wake time is reported
+            next_periodic_slot=(lambda: next_periodic_slot(jobs.periodics)) if with_slot else None,
+        )
+        if with_slot
+        else RunControl(
+            events.Trigger("schedule", ("default",)),
+            "periodic-run",
+            budget,
+            waker=Waker(settings, None),
+        )
+    )
+    before = dt.datetime.now(dt.UTC)
+    result = drain(settings, budget, jobs, db_url, hooks=control)
+    assert result.stop_reason == "empty", result.error
+    if with_slot:
+        slot = next_periodic_slot(jobs.periodics, before)
+        assert slot is not None
+        assert control.wake.action == "reported"
+        assert control.wake.wake_at == wake_time(slot, settings.wake_precision_seconds)
+    else:
+        assert (control.wake.wake_at, control.wake.action) == (None, "none")
