@@ -29,7 +29,7 @@ from psycopg import sql
 
 from pgdrain.migrate import migrate
 
-pytest_plugins = ["helpers.fixtures"]
+pytest_plugins = ["helpers.fixtures", "helpers.aws_fixtures"]
 
 
 def _with_dbname(url: str, dbname: str) -> str:

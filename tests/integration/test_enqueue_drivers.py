@@ -7,13 +7,13 @@ rollback; kick() runs after the commit. These are the examples of docs/jobs.md."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from helpers.aws import FUNCTION_NAME, REGION, aws_environment, create_function, mocked_aws
+from helpers.aws import FUNCTION_NAME
 from pgdrain import Settings, enqueue_statement
 from pgdrain.aws.kick import kick
 
@@ -175,16 +175,6 @@ DRIVERS = {
     "sqlalchemy": _sqlalchemy,
     "django": _django,
 }
-
-
-@pytest.fixture
-def lambda_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    import boto3
-
-    aws_environment(monkeypatch)
-    with mocked_aws():
-        create_function()
-        yield boto3.client("lambda", region_name=REGION)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,11 +14,7 @@ import pytest
 
 from helpers.aws import (
     FUNCTION_NAME,
-    REGION,
     InvokeSpy,
-    aws_environment,
-    create_function,
-    mocked_aws,
 )
 from pgdrain import Settings, enqueue
 from pgdrain.aws import events
@@ -32,24 +27,6 @@ Conn = psycopg.Connection[Any]
 THREADS = 8
 KICKS_PER_THREAD = 125  # 1,000 enqueue + kick calls in all
 DEBOUNCE_SECONDS = 1.0
-
-
-@pytest.fixture
-def lambda_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """moto's Lambda with the drain function in it; a client whose Invoke calls are spied on."""
-    import boto3
-
-    aws_environment(monkeypatch)
-    with mocked_aws():
-        create_function()
-        yield boto3.client("lambda", region_name=REGION)
-
-
-@pytest.fixture
-def spy(lambda_api: Any) -> InvokeSpy:
-    recorder = InvokeSpy()
-    recorder.attach(lambda_api)
-    return recorder
 
 
 def _settings(**changes: Any) -> Settings:

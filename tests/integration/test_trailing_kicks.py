@@ -8,7 +8,6 @@ trailing edge off: the debounce of before) leaves the job waiting for the schedu
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -16,11 +15,7 @@ import pytest
 
 from helpers.aws import (
     FUNCTION_NAME,
-    REGION,
     InvokeSpy,
-    aws_environment,
-    create_function,
-    mocked_aws,
 )
 from helpers.ledger_jobs import jobs as registry
 from pgdrain import Budget, Settings, drain, enqueue
@@ -33,23 +28,6 @@ from pgdrain.drain import DrainResult
 Conn = psycopg.Connection[Any]
 WINDOW_SECONDS = 3600.0  # the debounce window is open for the whole test
 TIMEOUT = 30.0
-
-
-@pytest.fixture
-def lambda_api(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    import boto3
-
-    aws_environment(monkeypatch)
-    with mocked_aws():
-        create_function()
-        yield boto3.client("lambda", region_name=REGION)
-
-
-@pytest.fixture
-def spy(lambda_api: Any) -> InvokeSpy:
-    recorder = InvokeSpy()
-    recorder.attach(lambda_api)
-    return recorder
 
 
 KICK_SETTINGS = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=WINDOW_SECONDS)
