@@ -1,5 +1,6 @@
-"""The big-table case of issue 15: the statements that end a run, the claim, queue_depth,
-queue_stats and reclaim, timed on a table of 2,000,000 finished rows and 200,000 queued ones.
+"""The big table (docs/benchmarks.md, "Big table"): the statements that end a run, the claim,
+queue_depth, queue_stats and reclaim, timed on a table of 2,000,000 finished rows and 200,000
+queued ones.
 
 `python -m bench.run --only bigtable` runs this section alone and rewrites docs/benchmarks.md
 with the other sections' figures read back from docs/benchmarks.json; `make bench` runs it
@@ -19,8 +20,9 @@ a run, as a prepared statement (psycopg prepares it at its sixth execution; Post
 keeps a generic plan if it costs no more); the others, run once per run on a fresh
 connection, with a plan of their own each time (never prepared). Beside each figure: the
 indexes its plan uses and whether it holds a sequential scan of pgdrain.jobs. The statements
-as they were before issue 15 are timed the same way on the same table without migration
-0005's indexes (their text is kept below): the schema and statements as they were."""
+as they were before migration 0005 (commit 82125ec) are timed the same way on the same table
+without that migration's indexes (their text is kept below): the schema and statements as they
+were."""
 
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ SEED: list[LiteralString] = [
        FROM generate_series(1, 100) AS g""",
 ]
 
-# The statements as they were before issue 15 (commit 82125ec), for the comparison.
+# The statements as they were before migration 0005 (commit 82125ec), for the comparison.
 BEFORE_HAS_READY: LiteralString = """SELECT EXISTS (
     SELECT 1 FROM pgdrain.jobs
     WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
@@ -88,7 +90,7 @@ ORDER BY queue"""
 
 
 def _before_claim() -> LiteralString:
-    """The claim without the empty-queue guard that issue 15 added."""
+    """The claim without the empty-queue guard added with migration 0005."""
     statement = query("job_complete_and_claim")
     start = statement.index("    -- A queue with nothing ready is passed over")
     end = statement.index(") AS has_ready\n") + len(") AS has_ready\n")
@@ -116,7 +118,7 @@ class Case:
     params: dict[str, Any]
     writes: bool = False
     repeated: bool = False  # run many times per connection (prepared), else once per run
-    version: str = "now"  # "now" (HEAD's queries.sql) or "before" (the text before issue 15)
+    version: str = "now"  # "now" (HEAD's queries.sql) or "before" (the text at 82125ec)
 
 
 def cases() -> list[Case]:
@@ -259,7 +261,7 @@ def measure(server: Server, runs: int = 25, warmup: int = 6) -> dict[str, Any]:
             }
             for case in cases():
                 if case.version == "before" and not dropped:
-                    # Before issue 15 the schema had no migration 0005 either.
+                    # The statements before it ran on a schema without migration 0005.
                     for index in NEW_INDEXES:
                         conn.execute(sql.SQL("DROP INDEX pgdrain.{}").format(sql.Identifier(index)))
                     dropped = True

@@ -17,34 +17,16 @@ import logging
 import os
 import statistics
 import time
-import uuid
 import zipfile
 
 import psycopg
 
 from pgdrain import Job, Registry, Settings, enqueue
+from pgdrain.aws.context import FakeContext
 from pgdrain.migrate import migrate
 
 REGION = "us-east-1"
 FUNCTION = "pgdrain-end-of-run"
-
-
-class Context:
-    def __init__(self, seconds: float, arn: str) -> None:
-        self.function_name = FUNCTION
-        self.function_version = "$LATEST"
-        self.invoked_function_arn = arn
-        self.memory_limit_in_mb = 512
-        self.aws_request_id = str(uuid.uuid4())
-        self.log_group_name = f"/aws/lambda/{FUNCTION}"
-        self.log_stream_name = "bench"
-        self._deadline = time.monotonic() + seconds
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
-
-    def left(self) -> float:
-        return self._deadline - time.monotonic()
 
 
 def _function_arn() -> str:
@@ -117,7 +99,7 @@ def main() -> None:
             conn.execute("DELETE FROM pgdrain.jobs")
             for _ in range(6):
                 enqueue(conn, "long")
-            context = Context(args.budget, arn)
+            context = FakeContext(args.budget, arn, log_stream="bench")
             gave_up.clear()
             summary = run.handle(
                 {"source": "aws.events", "detail-type": "Scheduled Event"},
@@ -128,7 +110,7 @@ def main() -> None:
             )
             ended = time.monotonic()
             assert summary.get("continued"), summary
-            slack.append(context.left())
+            slack.append(context.get_remaining_time_in_millis() / 1000)
             tail.append(ended - gave_up[-1] if gave_up else float("nan"))
     print(f"runs: {args.runs}, budget {args.budget} s, reserve {args.reserve} s")
     print(

@@ -231,7 +231,7 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
         "indexes, vacuumed and analysed. Each statement is timed from the client (execute "
         f"and fetch) {big['runs']} times after {big['warmup']} untimed runs; ms are the median "
         "(and the 90th percentile). Statements that write run in a transaction rolled back "
-        "each time. *Before* is the statement's text before issue 15 (kept in "
+        "each time. *Before* is the statement's text before migration 0005 (kept in "
         "`bench/bigtable.py`) on the same table with migration 0005's indexes dropped: the "
         "statements and schema as they were."
     )

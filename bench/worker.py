@@ -120,22 +120,8 @@ def run_procrastinate(args: argparse.Namespace) -> None:
     emit("result", **result, rss_mb=peak_rss_mb())
 
 
-class _Context:
-    """Enough of a Lambda context for the handler and Powertools."""
-
-    function_name = "pgdrain-bench-drain"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:pgdrain-bench-drain"
-    memory_limit_in_mb = 512
-    aws_request_id = "00000000-0000-4000-8000-000000000000"
-    log_group_name = "/aws/lambda/pgdrain-bench-drain"
-    log_stream_name = "bench"
-
-    def __init__(self, seconds: float) -> None:
-        self._deadline = time.monotonic() + seconds
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
+FUNCTION_ARN = "arn:aws:lambda:us-east-1:123456789012:function:pgdrain-bench-drain"
+REQUEST_ID = "00000000-0000-4000-8000-000000000000"
 
 
 SCHEDULED_EVENT = {
@@ -195,9 +181,11 @@ def run_empty(args: argparse.Namespace) -> None:
             AWS_DEFAULT_REGION="us-east-1",
         )
         import app
+        from pgdrain.aws.context import FakeContext
 
         def run() -> tuple[bool, str, int]:
-            out = app.lambda_handler(dict(SCHEDULED_EVENT), _Context(60.0))
+            context = FakeContext(60.0, FUNCTION_ARN, request_id=REQUEST_ID, log_stream="bench")
+            out = app.lambda_handler(dict(SCHEDULED_EVENT), context)
             result = out.get("result") or {}
             return (
                 bool(out.get("ok")),

@@ -1,5 +1,5 @@
 """The control-plane simulator (`make simulate`): when do runs start, how many run, and how long
-does the database stay awake, measured rather than argued (issue 11, item 7).
+does the database stay awake, measured rather than argued (docs/simulate.md).
 
 It runs the real `handler/app.py` `lambda_handler` in real processes against real PostgreSQL
 (DATABASE_URL, else the embedded server), with a small stand-in for the AWS control plane: an

@@ -16,28 +16,24 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, cast
 
+from pgdrain.aws.context import FakeContext
 from sim import jobs
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
-class SimContext:
-    """A Lambda context whose remaining time counts down to the stand-in's deadline (real time:
-    the function's own settings are already scaled)."""
-
-    def __init__(self, message: dict[str, Any]) -> None:
-        self.function_name = os.environ["AWS_LAMBDA_FUNCTION_NAME"]
-        self.function_version = "$LATEST"
-        self.invoked_function_arn = str(message["function_arn"])
-        self.memory_limit_in_mb = int(os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "512"))
-        self.aws_request_id = str(message["request_id"])
-        self.log_group_name = f"/aws/lambda/{self.function_name}"
-        self.log_stream_name = f"sim/[$LATEST]{os.environ.get(jobs.ENV_ID_VARIABLE, '')}"
-        self._deadline = float(message["deadline"])
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.time()) * 1000))
+def sim_context(message: dict[str, Any]) -> FakeContext:
+    """A Lambda context whose remaining time counts down to the stand-in's deadline (real time,
+    an epoch: the function's own settings are already scaled)."""
+    return FakeContext(
+        float(message["deadline"]) - time.time(),
+        str(message["function_arn"]),  # ends in the function's name, as AWS_LAMBDA_FUNCTION_NAME
+        clock=time.time,
+        request_id=str(message["request_id"]),
+        memory_mb=int(os.environ.get("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "512")),
+        log_stream=f"sim/[$LATEST]{os.environ.get(jobs.ENV_ID_VARIABLE, '')}",
+    )
 
 
 def main() -> None:
@@ -49,7 +45,7 @@ def main() -> None:
     for line in sys.stdin:
         message = json.loads(line)
         try:
-            context = cast("LambdaContext", SimContext(message))  # the attributes it reads
+            context = cast("LambdaContext", sim_context(message))  # the attributes it reads
             result = app.lambda_handler(message["event"], context)
             answer: dict[str, Any] = {"ok": True, "result": result}
         except Exception as exc:  # a function error, as Lambda reports it

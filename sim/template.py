@@ -23,7 +23,8 @@ from pgdrain.aws.local_invoke import (
 )
 
 REGION = "us-east-1"
-DEFAULT_ACCOUNT_CONCURRENCY = 10  # a new account's limit (docs: PLATFORM.md)
+# A new AWS account's concurrent-execution limit, until it asks for more (docs/lambda.md).
+DEFAULT_ACCOUNT_CONCURRENCY = 10
 # Lambda's defaults when the template says nothing: two retries, events kept six hours.
 LAMBDA_DEFAULT_RETRIES = 2
 LAMBDA_DEFAULT_EVENT_AGE_SECONDS = 21600

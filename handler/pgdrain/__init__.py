@@ -1,6 +1,7 @@
 """pgdrain: a serverless batch drain runner for PostgreSQL job queues."""
 
-from pgdrain.aws.kick import kick
+from typing import TYPE_CHECKING, Any
+
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
@@ -10,6 +11,9 @@ from pgdrain.periodic import next_periodic_slot
 from pgdrain.registry import Job, Registry
 from pgdrain.retry import RetryPolicy
 from pgdrain.settings import Settings
+
+if TYPE_CHECKING:
+    from pgdrain.aws.kick import kick
 
 __all__ = [
     "BadInput",
@@ -35,3 +39,13 @@ __all__ = [
     "kick",
     "next_periodic_slot",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # pgdrain.kick lives at the edge (pgdrain.aws, and boto3 once a kick is sent): loaded on
+    # first use, so importing the core loads nothing of AWS.
+    if name == "kick":
+        from pgdrain.aws.kick import kick
+
+        return kick
+    raise AttributeError(f"module 'pgdrain' has no attribute {name!r}")

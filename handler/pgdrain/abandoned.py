@@ -30,6 +30,17 @@ def stale_threads() -> int:
         return len(_threads)
 
 
+def warn_of_stale_threads(worker_id: str) -> int:
+    """stale_threads(), said in a warning when there are any: a run starts with them."""
+    stale = stale_threads()
+    if stale:
+        log.warning(
+            "job threads abandoned by earlier runs in this process are still running",
+            extra={"stale_threads": stale, "worker": worker_id},
+        )
+    return stale
+
+
 class ThreadWatch:
     """Which worker thread runs which attempt of this run, and the attempts it gave up on.
     Written by the worker threads as well as the run's own, hence the lock."""

@@ -59,6 +59,15 @@ class Attempts:
     def busy(self) -> bool:
         return bool(self.running or self.unstarted)
 
+    def to_claim(self, concurrency: int, batch_size: int) -> int:
+        """How many jobs to claim now: what free worker slots can start at once (a job claimed
+        and left waiting would spend an attempt if the process died), at most a batch; none
+        until half the slots are free, unless none is busy, so short jobs still come in
+        batches."""
+        wanted = min(concurrency - len(self.running) - len(self.unstarted), batch_size)
+        refill_at = max(1, min(concurrency, batch_size) // 2)
+        return wanted if wanted > 0 and (not self.running or wanted >= refill_at) else 0
+
     def start_next(self) -> ClaimedJob:
         attempt = self.unstarted.popleft()
         self.running[attempt.held] = attempt

@@ -132,22 +132,6 @@ class Claims:
         for gone in result.lost_attempts:
             self._lease_lost(gone, "while releasing it")
 
-    def end_running_leases(self) -> None:
-        """The run stops with jobs still running (a stop request's grace is over): end their
-        leases now, so another run may take them at once instead of a lease later. Fenced like
-        the heartbeat, whose statement it is with a cap of 0 s; safe to repeat (ending a lease
-        twice ends it once)."""
-        held = [a.held for a in self._attempts.running.values()]
-        if not held:
-            return
-        result = self._session.run(store.job_extend_leases, held, self._lease_seconds, 0.0)
-        log.warning(
-            "stopping: the leases of jobs still running end now; they are reclaimable",
-            extra={"job_ids": sorted(h.id for h in result.applied_attempts)},
-        )
-        for gone in result.lost_attempts:
-            self._lease_lost(gone, "while ending its lease")
-
     def record_failure(self, claimed: store.ClaimedJob, error: BaseException) -> None:
         """Write a failed attempt's outcome (outcomes.decide) in one fenced statement: retried,
         snoozed or failed, its error appended to the job's history. The worker thread has
@@ -158,24 +142,13 @@ class Claims:
             decision = error.decision
         else:
             decision = outcomes.decide(error, claimed.attempt, retry.backoff_seconds)
-        record = (
-            {
-                # The shape `pgdrain jobs show` reads (migration 0007): it prints "type: message",
-                # so the message goes without the "Type: " that last_error starts with.
-                "message": decision.message.removeprefix(f"{decision.error_type}: "),
-                "type": decision.error_type,
-                "traceback": decision.traceback or None,
-            }
-            if decision.record
-            else None
-        )
         outcome = self._session.run(
             store.job_fail,
             claimed.held,
             decision.message,
             decision.delay_seconds,
             decision.final,
-            error_record=record,
+            error_record=_error_record(decision),
             spend_attempt=decision.spend_attempt,
             cancelled=decision.cancelled,
         )
@@ -185,23 +158,7 @@ class Claims:
         final = outcome.status != "queued"  # failed, or cancelled by the job itself
         # A snooze counts as retried: the job is queued again (its attempt given back).
         self._counters.add("failed" if final else "retried", 1)
-        log.warning(
-            "job failed"
-            if final
-            else "job snoozed"
-            if not decision.spend_attempt
-            else "job will be retried",
-            extra={
-                "job_id": claimed.id,
-                "kind": claimed.kind,
-                "attempt": claimed.attempt,
-                "max_attempts": claimed.max_attempts,
-                "error_type": decision.error_type,
-                "error": decision.message,
-                "traceback": decision.traceback or None,
-                "retry_in_s": None if final else round(decision.delay_seconds, 1),
-            },
-        )
+        _log_failure(claimed, decision, final)
 
     def _record_completions(self, result: store.Fenced) -> None:
         self._counters.add("done", len(result.applied_attempts))
@@ -210,3 +167,36 @@ class Claims:
 
     def _lease_lost(self, held: store.Held, how: str) -> None:
         self._counters.lease_lost(held, how, self._worker_id)
+
+
+def _error_record(decision: outcomes.Decision) -> dict[str, str | None] | None:
+    """The entry appended to the job's error history, or None when the outcome keeps none."""
+    if not decision.record:
+        return None
+    return {
+        # The shape `pgdrain jobs show` reads (migration 0007): it prints "type: message", so
+        # the message goes without the "Type: " that last_error starts with.
+        "message": decision.message.removeprefix(f"{decision.error_type}: "),
+        "type": decision.error_type,
+        "traceback": decision.traceback or None,
+    }
+
+
+def _log_failure(claimed: store.ClaimedJob, decision: outcomes.Decision, final: bool) -> None:
+    log.warning(
+        "job failed"
+        if final
+        else "job snoozed"
+        if not decision.spend_attempt
+        else "job will be retried",
+        extra={
+            "job_id": claimed.id,
+            "kind": claimed.kind,
+            "attempt": claimed.attempt,
+            "max_attempts": claimed.max_attempts,
+            "error_type": decision.error_type,
+            "error": decision.message,
+            "traceback": decision.traceback or None,
+            "retry_in_s": None if final else round(decision.delay_seconds, 1),
+        },
+    )

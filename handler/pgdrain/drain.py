@@ -8,27 +8,26 @@ the same SQL works through PgBouncer in transaction mode. Workers never touch th
 their outcomes come back on a queue.
 
 The pieces, each in its own module: attempts.py (what the run holds), claims.py (claiming and
-completing), heartbeat.py, deadline.py, session.py (the one connection), summary.py (counters
-and the result), execute.py (calling a job's function), pool.py (the worker
-threads)."""
+completing), heartbeat.py, deadline.py, stop.py (when the run stops claiming: the reserve or a
+stop request, and its grace), session.py (the one connection), summary.py (counters and the
+result), execute.py (calling a job's function), pool.py (the worker threads)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import queue as queue_mod
 import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import psycopg
 
 from pgdrain import execute, periodic, store
 from pgdrain import stop as stop_module
-from pgdrain.abandoned import ThreadWatch, stale_threads
+from pgdrain.abandoned import ThreadWatch, warn_of_stale_threads
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.budget import Budget
 from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
@@ -39,7 +38,7 @@ from pgdrain.pool import WorkerPool
 from pgdrain.registry import Registry
 from pgdrain.session import Session
 from pgdrain.settings import Settings
-from pgdrain.stop import StopRequest
+from pgdrain.stop import Stopping, StopRequest
 from pgdrain.summary import (
     Counter,
     Counters,
@@ -155,8 +154,6 @@ class _Run:
     ) -> None:
         self.settings = settings
         self.hooks = hooks
-        self.stop = stop
-        self.stop_until: float | None = None  # end of the grace once a stop was requested
         self.registry = registry
         self.queues = queues
         self.worker_id = worker_id
@@ -164,6 +161,7 @@ class _Run:
         self.counters = Counters(observer)
         self.attempts = Attempts()
         self.deadline = Deadline(budget, settings.reserve_seconds, switches.cap_lease_at_deadline)
+        self.stopping = Stopping(stop, self.deadline, worker_id)
         self.session = Session(
             conninfo,
             settings,
@@ -186,8 +184,6 @@ class _Run:
         self.heartbeat = Heartbeat(
             state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
         )
-        # Refill once half the slots are free (or none is busy): short jobs still come in batches.
-        self.refill_at = max(1, min(settings.concurrency, settings.batch_size) // 2)
         self.threads = ThreadWatch(enabled=switches.mark_abandoned_lost)
 
     def execute(self) -> DrainResult:
@@ -195,14 +191,9 @@ class _Run:
         error: str | None = None
         kind: ErrorKind | None = None
         more_ready = False
-        stale = stale_threads()
-        if stale:
-            log.warning(
-                "job threads abandoned by earlier runs in this process are still running",
-                extra={"stale_threads": stale, "worker": self.worker_id},
-            )
+        stale = warn_of_stale_threads(self.worker_id)
         pool: WorkerPool[store.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
-        self.stop.on_request(pool.wake)
+        self.stopping.request.on_request(pool.wake)
         try:
             self.session.open()
             self.hooks.after_connect(self.session)
@@ -233,65 +224,35 @@ class _Run:
         return result
 
     def _loop(self, pool: WorkerPool[store.ClaimedJob]) -> StopReason:
-        attempts, claims, deadline = self.attempts, self.claims, self.deadline
-        concurrency = self.settings.concurrency
-        stopping = False
+        attempts, claims, stopping = self.attempts, self.claims, self.stopping
+        concurrency, batch_size = self.settings.concurrency, self.settings.batch_size
         self.heartbeat.start()
-        if deadline.below_reserve():
-            # Say why nothing is claimed: a timeout set too close to the reserve, or a connect
-            # that used the budget up, would otherwise look like an empty queue.
-            log.warning(
-                "budget of %.1f s left is below the reserve of %.1f s: nothing will be claimed",
-                deadline.remaining(),
-                deadline.reserve_seconds,
-                extra=self._where(),
-            )
-            stopping = True
+        stopping.check_budget_at_start()
         while True:
-            if self.stop.requested() and self.stop_until is None:
-                self.stop_until = time.monotonic() + self.stop.grace_seconds
-                stopping = True
-                log.warning(
-                    "%s: no more claims; running jobs get %.0f s to finish",
-                    self.stop.signal_name,
-                    self.stop.grace_seconds,
-                    extra={"running": len(attempts.running), **self._where()},
-                )
-            if not stopping and deadline.below_reserve():
-                stopping = True
-                log.info("budget below reserve: no more claims", extra=self._where())
-            if stopping and attempts.unstarted:
-                claims.release_unstarted()
-
-            if not stopping:
-                # Claim only what free worker slots can start now: a job claimed and left
-                # waiting would spend an attempt if the process died.
-                free = concurrency - len(attempts.running) - len(attempts.unstarted)
-                wanted = min(free, self.settings.batch_size)
-                if wanted > 0 and (not attempts.running or wanted >= self.refill_at):
+            if stopping.may_claim(running=len(attempts.running)):
+                if wanted := attempts.to_claim(concurrency, batch_size):
                     claims.complete_and_claim(wanted)
                     elapsed = time.monotonic() - self.started
                     self.hooks.after_round_trip(self.session, dict(self.counters.values), elapsed)
                 while attempts.unstarted and len(attempts.running) < concurrency:
                     pool.submit(attempts.start_next())
+            elif attempts.unstarted:
+                claims.release_unstarted()
             # Finished jobs ride on the next claim; when none came in time, write them alone.
             if claims.completion_due():
                 claims.flush_completions()
 
             if not attempts.busy():
                 claims.flush_completions()
-                if self.stop_until is not None:
-                    return "stopped"
-                if stopping or deadline.below_reserve():
-                    return "budget"
-                if self.hooks.before_exit(self.session):
+                reason = stopping.reason_when_idle()
+                if reason is None and self.hooks.before_exit(self.session):
                     continue  # a kick came in that the last claim may have missed
-                return "empty"
-            if self.stop_until is not None and time.monotonic() >= self.stop_until:
+                return reason or "empty"
+            if stopping.grace_over():
                 claims.flush_completions()
-                claims.end_running_leases()
+                self.heartbeat.end_running_leases()
                 return "stopped"
-            if stopping and deadline.at_final_margin():
+            if stopping.at_final_margin():
                 claims.flush_completions()
                 log.warning(
                     "deadline reached with jobs still running; their leases end now",
@@ -299,19 +260,16 @@ class _Run:
                 )
                 return "budget"
 
-            self._collect(pool, self._seconds_to_wait(stopping))
+            self._collect(pool, self._seconds_to_wait())
             self.heartbeat.beat_if_due()
 
-    def _seconds_to_wait(self, stopping: bool) -> float:
+    def _seconds_to_wait(self) -> float:
         """Until the next thing the loop must do: a heartbeat, a due completion write, or a
-        deadline check."""
+        deadline (or grace) check."""
         now = time.monotonic()
-        wake_at = self.heartbeat.next_at
+        wake_at = min(self.heartbeat.next_at, self.stopping.next_check_at(now))
         if self.attempts.finished:
             wake_at = min(wake_at, self.attempts.first_finished_at + COMPLETION_FLUSH_SECONDS)
-        wake_at = min(wake_at, now + self.deadline.seconds_until_check(stopping))
-        if self.stop_until is not None:
-            wake_at = min(wake_at, self.stop_until)
         return max(0.0, wake_at - now)
 
     def _run_job(self, claimed: store.ClaimedJob) -> None:
@@ -324,25 +282,11 @@ class _Run:
         )
 
     def _collect(self, pool: WorkerPool[store.ClaimedJob], wait: float) -> None:
-        """Wait up to `wait` seconds for an outcome and take all that are ready. Successes wait
-        for the next round trip (at most COMPLETION_FLUSH_SECONDS); failures are recorded at
-        once."""
-        try:
-            outcome = pool.outcomes.get(timeout=wait) if wait > 0 else pool.outcomes.get_nowait()
-        except queue_mod.Empty:
-            return
-        while True:
-            if outcome is None:
-                pass  # a wake-up: the loop looks at the stop request
-            elif outcome.error is None:
+        """Take the outcomes ready within `wait` seconds. Successes wait for the next round trip
+        (at most COMPLETION_FLUSH_SECONDS); failures are recorded at once."""
+        for outcome in pool.take(wait):
+            if outcome.error is None:
                 self.attempts.finish(outcome.item)
             else:
                 self.attempts.stop_running(outcome.item)
                 self.claims.record_failure(outcome.item, outcome.error)
-            try:
-                outcome = pool.outcomes.get_nowait()
-            except queue_mod.Empty:
-                return
-
-    def _where(self) -> dict[str, Any]:
-        return {"worker": self.worker_id, "remaining_s": round(self.deadline.remaining(), 2)}

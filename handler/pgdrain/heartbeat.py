@@ -1,13 +1,17 @@
 """The heartbeat: every lease/3, one statement extends the lease of every attempt the run
 holds. An attempt the statement does not return has lost its lease (reclaimed by another
-run): it is never started, and a running one is told through Job.lease_lost()."""
+run): it is never started, and a running one is told through Job.lease_lost(). The same
+statement with a cap of 0 s ends the leases of the jobs still running when a run stops early."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from pgdrain import store
 from pgdrain.attempts import RunState
+
+log = logging.getLogger(__name__)
 
 BEATS_PER_LEASE = 3
 
@@ -52,3 +56,19 @@ class Heartbeat:
         run.attempts.forget_lost(result.lost_attempts)
         for gone in result.lost_attempts:
             run.counters.lease_lost(gone, "found by the heartbeat", run.worker_id)
+
+    def end_running_leases(self) -> None:
+        """The run stops with jobs still running (a stop request's grace is over): end their
+        leases now, so another run may take them at once instead of a lease later. Fenced like
+        every beat; safe to repeat (ending a lease twice ends it once)."""
+        run = self._run
+        held = [a.held for a in run.attempts.running.values()]
+        if not held:
+            return
+        result = run.session.run(store.job_extend_leases, held, self._lease_seconds, 0.0)
+        log.warning(
+            "stopping: the leases of jobs still running end now; they are reclaimable",
+            extra={"job_ids": sorted(h.id for h in result.applied_attempts)},
+        )
+        for gone in result.lost_attempts:
+            run.counters.lease_lost(gone, "while ending its lease", run.worker_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -61,6 +61,21 @@ class WorkerPool(Generic[T]):
 
     def submit(self, item: T) -> None:
         self._tasks.put(item)
+
+    def take(self, wait: float) -> Iterator[Outcome[T]]:
+        """Wait up to `wait` seconds for an outcome, then yield it and every other one ready,
+        each taken as the caller asks for the next. A wake-up ends the wait and is skipped."""
+        try:
+            outcome = self.outcomes.get(timeout=wait) if wait > 0 else self.outcomes.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if outcome is not None:
+                yield outcome
+            try:
+                outcome = self.outcomes.get_nowait()
+            except queue.Empty:
+                return
 
     def wake(self) -> None:
         """Wake whoever waits for an outcome. Safe from a signal handler (SimpleQueue.put is

@@ -1,6 +1,6 @@
-"""SIGTERM and SIGINT during `pgdrain drain` and `pgdrain invoke` (issue 12, item 18): the run
-stops claiming, gives running jobs a short grace, ends the leases of those still running (so
-another run can take them at once), prints its summary and exits 130/143, with no traceback.
+"""SIGTERM and SIGINT during `pgdrain drain` and `pgdrain invoke`: the run stops claiming,
+gives running jobs a short grace, ends the leases of those still running (so another run can
+take them at once), prints its summary and exits 130/143, with no traceback.
 The control is the hard kill (SIGKILL, or a Lambda timeout): nothing runs, and the jobs stay
 held until their leases end."""
 

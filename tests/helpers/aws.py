@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import threading
-import time
-import uuid
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
+from pgdrain.aws import context as lambda_context
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -126,21 +126,11 @@ class InvokeSpy:
             return [json.loads(call["Payload"]) for call in self.calls]
 
 
-class FakeContext:
-    """A Lambda context whose remaining time counts down from `remaining_s`."""
+class FakeContext(lambda_context.FakeContext):
+    """pgdrain's fake Lambda context with the tests' defaults: a minute left, moto's function."""
 
     def __init__(self, remaining_s: float = 60.0, arn: str = FUNCTION_ARN) -> None:
-        self.function_name = arn.rsplit(":", 1)[-1]
-        self.function_version = "$LATEST"
-        self.invoked_function_arn = arn
-        self.memory_limit_in_mb = 512
-        self.aws_request_id = str(uuid.uuid4())
-        self.log_group_name = f"/aws/lambda/{self.function_name}"
-        self.log_stream_name = "test"
-        self._deadline = time.monotonic() + remaining_s
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
+        super().__init__(remaining_s, arn, log_stream="test")
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""The drain keeps each attempt apart from the job's other attempts (issue 12, item 1): one run
-may hold two attempts of the same job, and the older one's outcome must not end the newer."""
+"""The drain keeps each attempt apart from the job's other attempts: one run may hold two
+attempts of the same job, and the older one's outcome must not end the newer
+(docs/reliability.md, "Faults of the drain loop")."""
 
 from __future__ import annotations
 

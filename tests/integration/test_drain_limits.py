@@ -1,6 +1,6 @@
-"""The drain's own transactions (issue 12, items 5 and 6), each mechanism beside its control:
-statement and lock timeouts no longer than the budget left, and READ COMMITTED whatever the
-server's default isolation is."""
+"""The drain's own transactions, each mechanism beside its control: statement and lock
+timeouts no longer than the budget left, and READ COMMITTED whatever the server's default
+isolation is."""
 
 from __future__ import annotations
 

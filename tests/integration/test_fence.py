@@ -112,7 +112,7 @@ def _release(conn: Conn, held: store.Held) -> frozenset[int]:
 
 
 Operation = Callable[[Conn, store.Held], frozenset[int]]  # returns the ids it wrote
-Params = Callable[[store.Held], dict[str, Any]]  # what queue.py binds for the statement
+Params = Callable[[store.Held], dict[str, Any]]  # what store.py binds for the statement
 
 # statement name -> (the real operation through pgdrain.store, its parameters for the control)
 OPERATIONS: dict[str, tuple[Operation, Params]] = {

@@ -1,5 +1,5 @@
 """The job author's side of a failure, through a real drain on a real database: the error
-history, hostile error texts (issue 12, items 9-11), the outcome exceptions, unknown kinds."""
+history, hostile error texts, the outcome exceptions, unknown kinds."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_a_failure_is_logged_with_its_traceback_id_kind_and_attempt(
     assert "Traceback (most recent call last)" in fields["traceback"]
 
 
-# -- hostile error texts (issue 12, items 9-11) ---------------------------------------------
+# -- hostile error texts (docs/reliability.md, "Job functions") ----------------------------
 
 HOSTILE = {
     "nul": "RuntimeError: before\\x00after",

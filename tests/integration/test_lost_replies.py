@@ -1,7 +1,7 @@
-"""A claim whose reply is lost after the server committed it (issue 12, item 2): a proxy lets
-the transaction commit, then closes the connection instead of passing the answer on. The run
-reconnects and asks what its claim id already took, instead of claiming a second batch and
-orphaning the first; the control repeats the claim as if nothing had happened."""
+"""A claim whose reply is lost after the server committed it: a proxy lets the transaction
+commit, then closes the connection instead of passing the answer on. The run reconnects and
+asks what its claim id already took, instead of claiming a second batch and orphaning the
+first; the control repeats the claim as if nothing had happened."""
 
 from __future__ import annotations
 

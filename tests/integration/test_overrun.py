@@ -1,6 +1,6 @@
-"""A job that holds the GIL past the run's deadline (issue 12, item 21). The run's own thread
-cannot run, so it can neither stop in time nor give the job up: the limit of a thread pool in
-one Python process (docs/reliability.md). What keeps the run's end safe is the lease cap: the
+"""A job that holds the GIL past the run's deadline. The run's own thread cannot run, so it
+can neither stop in time nor give the job up: the limit of a thread pool in one Python process
+(docs/reliability.md, "Limits"). What keeps the run's end safe is the lease cap: the
 job's lease ends at the deadline in the database's clock, whatever the process does, so
 another run may take the job then and the stuck run's late result is refused by the fence."""
 

@@ -5,10 +5,11 @@ the naive claim (`UPDATE ... WHERE id = (SELECT id ... LIMIT 1)`), each claim it
 transaction: about 2,100 jobs ended done, and some job was taken by all 8 workers.
 
 Here 8 processes (not threads: each has its own interpreter and its own connection, as drains
-do) take the same 10,000 jobs. With pgdrain.store.claim_batch and complete_many every job is
-done exactly once. The control changes one variable, the claim statement: the same 8 processes,
-the same 10,000 jobs, the same start line, each running exactly 1,250 naive claims in
-autocommit, as pgbench did, and jobs are taken more than once.
+do) take the same 10,000 jobs. With pgdrain's claim (store.job_complete_and_claim, through
+helpers.fixtures.claim_batch) and store.job_complete_many every job is done exactly once. The
+control changes one variable, the claim statement: the same 8 processes, the same 10,000 jobs,
+the same start line, each running exactly 1,250 naive claims in autocommit, as pgbench did,
+and jobs are taken more than once.
 """
 
 from __future__ import annotations

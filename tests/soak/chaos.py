@@ -4,13 +4,13 @@ every job function writes (soak.soak_jobs) against what pgdrain recorded.
 
     PYTHONPATH=handler:tests python -m soak.chaos --jobs 2000
 
-The faults of issue 12, each switched on by its SoakConfig field (the soak turns them all on,
-the controls none): drains connect through a loopback proxy that loses the reply of a
-committed claim every `lost_reply_interval` seconds and stalls all traffic now and then
-(`pauses`); a share of the kills are SIGTERM, which a drain answers by stopping (`sigterm_share`);
-a share of the drains run several drains in one process, as a warm Lambda container does
-(`warm_share`); and the server's default_transaction_isolation is serializable
-(`serializable`).
+The faults of the drain loop (docs/reliability.md), each switched on by its SoakConfig field
+(the soak turns them all on, the controls none): drains connect through a loopback proxy that
+loses the reply of a committed claim every `lost_reply_interval` seconds and stalls all
+traffic now and then (`pauses`); a share of the kills are SIGTERM, which a drain answers by
+stopping (`sigterm_share`); a share of the drains run several drains in one process, as a
+warm Lambda container does (`warm_share`); and the server's default_transaction_isolation is
+serializable (`serializable`).
 
 The pytest entry points are in test_soak.py (`make soak`). The audit's rules:
 
@@ -80,7 +80,8 @@ class SoakConfig:
     final_drains: int = 4  # concurrent drains once the chaos is over
     final_phase_seconds: float = 600.0  # the queue must be empty by then
     seed: int = 20261130
-    # Issue 12's faults (off by default: the controls keep the timeline they were built on).
+    # The drain loop's faults (off by default: the controls keep the timeline they were built
+    # on).
     lost_reply_interval: float | None = None  # seconds between lost claim replies
     pauses: bool = False  # stall all traffic for 0.2-2 s every 2-5 s
     sigterm_share: float = 0.0  # of the kills
@@ -89,7 +90,7 @@ class SoakConfig:
     serializable: bool = False  # the server's default_transaction_isolation
 
 
-# The soak with all of issue 12's faults on.
+# The soak with all of the drain loop's faults on.
 FAULTS = {
     "lost_reply_interval": 1.0,
     "pauses": True,

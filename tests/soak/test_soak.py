@@ -71,7 +71,7 @@ def test_the_chaos_soak_loses_no_job_and_accepts_no_stale_completion(
     assert figures.done + figures.failed_by_policy == SOAK_JOBS
     assert figures.killed > 0 and figures.database_restarts == 1
     assert figures.accepted_stale_completions == 0
-    # Issue 12's faults all happened.
+    # The drain loop's faults all happened.
     assert figures.lost_replies > 0 and figures.pauses > 0
     assert figures.terminated > 0 and figures.warm_processes > 0
     assert figures.serializable_default

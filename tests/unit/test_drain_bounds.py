@@ -1,5 +1,5 @@
-"""The drain's time bounds, without a database: how long a statement may take (session.py)
-and how long the leases a run holds still last (attempts.py)."""
+"""The drain's bounds, without a database: how long a statement may take (session.py), how
+long the leases a run holds still last, and how many jobs it claims at once (attempts.py)."""
 
 from __future__ import annotations
 
@@ -58,3 +58,20 @@ def test_the_oldest_lease_held_counts_from_its_last_renewal() -> None:
     assert renewed is not None and renewed > left
     attempts.take_unstarted()
     assert attempts.lease_seconds_left(30) is None
+
+
+@pytest.mark.parametrize(
+    ("running", "wanted"),
+    [
+        (0, 4),  # every slot free
+        (2, 2),  # half the slots free: refill
+        (3, 0),  # one free slot is not worth a round trip while jobs run
+        (4, 0),  # none free
+    ],
+)
+def test_a_run_claims_what_free_slots_start_once_half_are_free(running: int, wanted: int) -> None:
+    attempts = Attempts()
+    for job_id in range(running):
+        attempts.unstarted.append(_claimed(job_id))
+        attempts.start_next()
+    assert attempts.to_claim(concurrency=4, batch_size=10) == wanted

@@ -66,13 +66,14 @@ def test_control_the_check_sees_an_aws_import_inside_a_function() -> None:
 
 
 def test_importing_the_core_loads_no_aws_library() -> None:
-    """At run time too: importing every core module leaves boto3, botocore and Powertools
-    unloaded (a fresh interpreter, so nothing else loaded them first). The package's facade
-    exposes pgdrain.kick, whose module imports boto3 only when a kick is sent."""
+    """At run time too: importing every core module (and so the package's facade) leaves
+    boto3, botocore, Powertools and pgdrain.aws unloaded (a fresh interpreter, so nothing else
+    loaded them first). The facade's pgdrain.kick loads pgdrain.aws.kick on first use only."""
     code = (
         "import importlib, sys\n"
         f"for name in {CORE!r}: importlib.import_module(name)\n"
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {AWS_MODULES[:3]!r}))\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {AWS_MODULES[:3]!r}\n"
+        "    or m == 'pgdrain.aws' or m.startswith('pgdrain.aws.')))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -82,6 +83,23 @@ def test_importing_the_core_loads_no_aws_library() -> None:
         env={"PYTHONPATH": str(PACKAGE.parent)},
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_control_pgdrain_kick_still_works_and_loads_the_edge_when_used() -> None:
+    code = (
+        "import sys, pgdrain\n"
+        "assert 'pgdrain.aws.kick' not in sys.modules and 'kick' in pgdrain.__all__\n"
+        "from pgdrain import kick\n"
+        "print(kick.__module__, 'pgdrain.aws.kick' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(PACKAGE.parent)},
+    ).stdout
+    assert out.split() == ["pgdrain.aws.kick", "True"]
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

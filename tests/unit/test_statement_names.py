@@ -1,6 +1,7 @@
 """One name per statement: each statement in queries.sql is run by the pgdrain.store function of
-the same name, that function reads the result the way the statement's shape tag says, every
-statement is used, and every name the code asks for exists."""
+the same name (and that function does run it), that function reads the result the way the
+statement's shape tag says, every statement is used outside its own definition, and every name
+the code asks for exists."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ from pathlib import Path
 
 from pgdrain.sql import query_names, statements
 
-HANDLER = Path(__file__).resolve().parents[2] / "handler"
+ROOT = Path(__file__).resolve().parents[2]
+HANDLER = ROOT / "handler"
 STORE = HANDLER / "pgdrain" / "store.py"
 QUERY_CALL = re.compile(r"""\bquery\(\s*["'](\w+)["']\s*\)""")
+# Code whose calls of a store function make its statement used; a test calling it does not
+# (it would keep a statement nothing runs alive). The benchmarks, the simulator and the tests
+# also run some statements themselves, by name (query("...")), to measure or to race them.
+CALLERS = (HANDLER, ROOT / "bench", ROOT / "sim")
+BY_NAME = (ROOT / "bench", ROOT / "sim", ROOT / "tests")
 
 
 def _query_calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
@@ -30,9 +37,47 @@ def _query_calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
     return calls
 
 
-def _store_functions() -> dict[str, ast.FunctionDef]:
-    tree = ast.parse(STORE.read_text(encoding="utf-8"))
+def _store_functions(source: str | None = None) -> dict[str, ast.FunctionDef]:
+    tree = ast.parse(STORE.read_text(encoding="utf-8") if source is None else source)
     return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+def _store_names_used(tree: ast.AST) -> set[str]:
+    """The store functions code outside store.py calls or passes on: `store.job_fail(...)`,
+    `session.run(store.job_fail, ...)`, or imported by name from pgdrain.store."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "store"
+        ):
+            names.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module == "pgdrain.store":
+            names |= {alias.name for alias in node.names}
+    return names
+
+
+def _unused(
+    names: list[str], functions: dict[str, ast.FunctionDef], outside: set[str]
+) -> list[str]:
+    """The statements whose store function no other store function and nothing in `outside`
+    (the names used beyond store.py) refers to."""
+    used = set(outside)
+    for function in functions.values():
+        used |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name)} - {function.name}
+    return sorted(set(names) - used)
+
+
+def _not_run_by_their_function(
+    names: list[str], functions: dict[str, ast.FunctionDef]
+) -> list[str]:
+    """The statements whose store function is missing or never calls query() with its name."""
+    return sorted(
+        name
+        for name in names
+        if name not in functions or name not in {n for n, _ in _query_calls(functions[name])}
+    )
 
 
 def test_only_the_store_runs_named_statements() -> None:
@@ -53,8 +98,42 @@ def test_each_statement_is_run_by_the_store_function_of_the_same_name() -> None:
             if name != function.name:
                 misplaced.append(f"{function.name}() runs {name}")
     assert misplaced == []
-    missing = sorted(set(query_names()) - set(functions))
-    assert missing == [], f"statements no store function runs: {missing}"
+    not_run = _not_run_by_their_function(query_names(), functions)
+    assert not_run == [], "statements whose store function of the same name does not run them"
+
+
+def test_every_statement_is_used_outside_its_own_definition() -> None:
+    outside: set[str] = set()
+    for path in {p for folder in CALLERS for p in folder.rglob("*.py")} - {STORE}:
+        outside |= _store_names_used(ast.parse(path.read_text(encoding="utf-8")))
+    for path in (p for folder in BY_NAME for p in folder.rglob("*.py")):
+        outside |= set(QUERY_CALL.findall(path.read_text(encoding="utf-8")))
+    assert _unused(query_names(), _store_functions(), outside) == []
+
+
+CONTROL_STORE = """
+def job_fail(conn):
+    return conn.execute(query("job_fail")).fetchone()
+
+def job_retry(conn):
+    return None  # named after a statement, runs nothing
+
+def job_show(conn):
+    return conn.execute(query("job_show")).fetchone()
+
+def job_find(conn):
+    return job_show(conn)
+"""
+
+
+def test_control_a_statement_its_function_never_runs_or_no_one_calls_is_found() -> None:
+    # What the checks above would pass without them: job_retry's function runs nothing, and
+    # job_fail's is never called; job_show is called by another store function.
+    functions = _store_functions(CONTROL_STORE)
+    names = ["job_fail", "job_retry", "job_show"]
+    assert _not_run_by_their_function(names, functions) == ["job_retry"]
+    assert _unused(names, functions, outside=set()) == ["job_fail", "job_retry"]
+    assert _unused(names, functions, outside={"job_fail", "job_retry"}) == []
 
 
 def test_every_name_the_code_asks_for_exists() -> None:

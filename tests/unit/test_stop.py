@@ -1,11 +1,15 @@
-"""pgdrain.stop: a stop request, its wake-ups, and the signals routed to it."""
+"""pgdrain.stop: a stop request, its wake-ups, the signals routed to it, and when a run stops
+claiming and waiting (the reserve, the final margin, a stop request's grace)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 from pgdrain import stop
+from pgdrain.budget import Budget
+from pgdrain.deadline import FINAL_MARGIN_SECONDS, Deadline
 
 
 def test_a_request_wakes_every_waiter_once_registered_even_after_the_fact() -> None:
@@ -30,3 +34,47 @@ def test_signals_inside_the_context_request_a_stop_and_the_handlers_come_back_af
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     assert stop.current() is None
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+class _Left:
+    """A budget's remaining seconds, set by the test."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self) -> float:
+        return self.seconds
+
+
+def test_at_the_reserve_the_run_stops_claiming_and_waits_until_the_final_margin() -> None:
+    left = _Left(10.0)
+    stopping = stop.Stopping(stop.StopRequest(), Deadline(Budget(left), 2.0), "w")
+    stopping.check_budget_at_start()
+    assert stopping.may_claim(running=0) and stopping.reason_when_idle() is None
+    left.seconds = 1.5
+    assert not stopping.may_claim(running=1) and stopping.reason_when_idle() == "budget"
+    assert not stopping.at_final_margin() and not stopping.grace_over()
+    left.seconds = FINAL_MARGIN_SECONDS
+    assert stopping.at_final_margin()
+
+
+def test_a_stop_request_ends_claims_and_the_grace_bounds_the_wait() -> None:
+    request = stop.StopRequest(grace_seconds=60.0)
+    stopping = stop.Stopping(request, Deadline(Budget(_Left(600.0)), 2.0), "w")
+    assert stopping.may_claim(running=0)
+    request.request(signal.SIGTERM)
+    assert not stopping.may_claim(running=2) and stopping.reason_when_idle() == "stopped"
+    assert not stopping.grace_over()
+    now = time.monotonic()
+    assert stopping.next_check_at(now) <= now + 60.0  # not the deadline, 10 minutes away
+    over = stop.Stopping(
+        stop.StopRequest(grace_seconds=0.0), Deadline(Budget(_Left(600.0)), 2.0), "w"
+    )
+    over.request.request()
+    assert not over.may_claim(running=1) and over.grace_over()
+
+
+def test_a_budget_below_the_reserve_at_the_start_claims_nothing() -> None:
+    stopping = stop.Stopping(stop.StopRequest(), Deadline(Budget(_Left(1.0)), 2.0), "w")
+    stopping.check_budget_at_start()
+    assert not stopping.may_claim(running=0) and stopping.reason_when_idle() == "budget"

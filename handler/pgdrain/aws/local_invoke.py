@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pgdrain import jsonbound
+from pgdrain.aws.context import FakeContext
 from pgdrain.errors import BadInput
 
 DEFAULT_TEMPLATE = "template.yaml"
@@ -65,26 +66,17 @@ class InvokeResult:
     ignored_overrides: tuple[str, ...] = ()
 
 
-class LocalContext:
+def local_context(
+    spec: FunctionSpec, region: str, clock: Callable[[], float] = time.monotonic
+) -> FakeContext:
     """A Lambda context whose remaining time counts down from the function's Timeout."""
-
-    def __init__(
-        self, spec: FunctionSpec, region: str, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.function_name = spec.function_name
-        self.function_version = "$LATEST"
-        self.invoked_function_arn = (
-            f"arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{spec.function_name}"
-        )
-        self.memory_limit_in_mb = spec.memory_size
-        self.aws_request_id = str(uuid.uuid4())
-        self.log_group_name = f"/aws/lambda/{spec.function_name}"
-        self.log_stream_name = f"local/[$LATEST]{uuid.uuid4().hex}"
-        self._clock = clock
-        self._deadline = clock() + spec.timeout
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - self._clock()) * 1000))
+    return FakeContext(
+        spec.timeout,
+        f"arn:aws:lambda:{region}:{LOCAL_ACCOUNT}:function:{spec.function_name}",
+        clock=clock,
+        memory_mb=spec.memory_size,
+        log_stream=f"local/[$LATEST]{uuid.uuid4().hex}",
+    )
 
 
 # -- template.yaml -------------------------------------------------------------------------
@@ -448,7 +440,7 @@ def invoke(
                 "errorMessage": f"Unable to import module {module_name!r}: {exc}",
             }
             return InvokeResult(payload=error, failed=True, ignored_overrides=ignored)
-        context = LocalContext(spec, region)
+        context = local_context(spec, region)
         payload, failed = _call(handler, event, context, spec.timeout)
     if not failed and isinstance(payload, dict) and payload.get("ok") is False:
         failed = True
@@ -456,7 +448,7 @@ def invoke(
 
 
 def _call(
-    handler: Callable[[Any, Any], Any], event: Any, context: LocalContext, timeout: int
+    handler: Callable[[Any, Any], Any], event: Any, context: FakeContext, timeout: int
 ) -> tuple[Any, bool]:
     """Call the handler on a thread; past the Timeout it is abandoned, as Lambda would kill it."""
     outcome: dict[str, Any] = {}
