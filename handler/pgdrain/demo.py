@@ -1,6 +1,9 @@
 """`pgdrain demo`: migrate, enqueue a mix of the example jobs, drain them the way the deployed
 function does (the scheduled event through `pgdrain invoke`), print what happened, and the
-commands to look further. Every command it prints runs as printed (a test runs each)."""
+commands to look further. Every command it prints runs as printed (a test runs each).
+
+Bad input writes nothing: the jobs module that will run the demo's jobs is loaded and checked
+for their kinds (load_jobs) before the database is touched."""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pgdrain import store
@@ -19,9 +23,9 @@ from pgdrain.budget import Budget
 from pgdrain.db import connect
 from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job
-from pgdrain.errors import PgdrainError
+from pgdrain.errors import ConfigError, PgdrainError
 from pgdrain.migrate import migrate
-from pgdrain.registry import load_registry
+from pgdrain.registry import Registry, load_registry
 from pgdrain.report import format_result, format_stats
 from pgdrain.settings import Settings
 
@@ -29,6 +33,7 @@ DEMO_QUEUE = "demo"
 TEMPLATE = Path("template.yaml")
 SCHEDULE_EVENT = Path("infra/events/schedule.json")
 DEMO_ENV = Path("infra/env.demo.json")  # {"Parameters": {"PGDRAIN_QUEUES": "demo"}}
+DEMO_KINDS_COUNT = 50  # demo_jobs(50) holds every kind the demo enqueues
 
 
 def demo_jobs(count: int) -> list[store.NewJob]:
@@ -45,14 +50,49 @@ def demo_jobs(count: int) -> list[store.NewJob]:
     return jobs
 
 
+def through_invoke() -> bool:
+    """In the repository: drain through `pgdrain invoke` and the template's function."""
+    return TEMPLATE.is_file() and SCHEDULE_EVENT.is_file() and DEMO_ENV.is_file()
+
+
+def load_jobs(settings: Settings) -> Registry:
+    """The registry that will run the demo's jobs, checked for their kinds: the function's
+    (the template's PGDRAIN_JOBS under its code directory) in the repository, else
+    PGDRAIN_JOBS. Called before anything is migrated or enqueued, so that a missing or broken
+    module is one line and exit 2 with nothing written."""
+    if through_invoke():
+        module_name, code_dir = _function_jobs_module()
+        with _on_path(code_dir):
+            registry = load_registry(module_name)
+    else:
+        module_name = settings.jobs_module
+        registry = load_registry(module_name)
+    kinds = sorted({job.kind for job in demo_jobs(DEMO_KINDS_COUNT)})
+    missing = [kind for kind in kinds if kind not in registry]
+    if missing:
+        raise ConfigError(
+            f"PGDRAIN_JOBS: module {module_name!r} does not register "
+            f"{', '.join(map(repr, missing))}: the demo enqueues the kinds {', '.join(kinds)} "
+            "(handler/jobs.py in the repository registers them)"
+        )
+    return registry
+
+
 def run(
-    settings: Settings, conninfo: str, *, count: int, budget: float, embedded_dir: Path | None
+    settings: Settings,
+    conninfo: str,
+    *,
+    registry: Registry,
+    count: int,
+    budget: float,
+    embedded_dir: Path | None,
 ) -> int:
-    """embedded_dir: where the embedded PostgreSQL keeps its data, when the demo uses it."""
+    """registry: from load_jobs, called first. embedded_dir: where the embedded PostgreSQL
+    keeps its data, when the demo uses it."""
+    *jobs, failing = demo_jobs(count)
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
         applied = migrate(conn).applied
         print(f"migrate: {', '.join(applied) or 'up to date'}")
-        *jobs, failing = demo_jobs(count)
         with conn.transaction():
             ids = store.job_insert_many(conn, jobs)
             failed_id, _ = store.job_insert(conn, failing)  # its own insert: its id, for sure
@@ -63,7 +103,7 @@ def run(
         )
 
     pgdrain = program()
-    if TEMPLATE.is_file() and SCHEDULE_EVENT.is_file() and DEMO_ENV.is_file():
+    if through_invoke():
         print(
             f"drain: {pgdrain} invoke -e {SCHEDULE_EVENT} --env-vars {DEMO_ENV}"
             f"    # the scheduled event, the handler and settings from {TEMPLATE}"
@@ -72,7 +112,6 @@ def run(
     else:  # run outside the repository: no template to invoke
         print(f"drain: {pgdrain} drain --queues {DEMO_QUEUE} --budget {budget:g}")
         settings = dataclasses.replace(settings, queues=(DEMO_QUEUE,))
-        registry = load_registry(settings.jobs_module)
         result = drain(settings, Budget.seconds(budget), registry, conninfo)
         warnings = result.retried + result.failed  # one warning line each (pgdrain.claims)
     print(f"drain: {format_result(result)}")
@@ -153,6 +192,32 @@ def _drain_through_invoke() -> tuple[DrainResult, int]:
     lines = output.getvalue().splitlines()
     print(_digest(lines))
     return DrainResult(**payload["result"]), _count_level(lines, "WARNING")
+
+
+def _function_jobs_module() -> tuple[str, Path]:
+    """The jobs module the template's function loads at its cold start under `pgdrain invoke
+    --env-vars DEMO_ENV`, and the code directory it is found in."""
+    from pgdrain.aws import local_invoke
+
+    spec = local_invoke.read_function(TEMPLATE)
+    overrides, _ignored = local_invoke.read_overrides(DEMO_ENV, spec)
+    env = local_invoke.function_environment(
+        spec, overrides, os.environ, local_invoke.local_region()
+    )
+    return Settings.from_env(env).jobs_module, spec.code_dir
+
+
+@contextmanager
+def _on_path(folder: Path) -> Iterator[None]:
+    entry = str(folder)
+    added = entry not in sys.path
+    if added:
+        sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        if added and entry in sys.path:
+            sys.path.remove(entry)
 
 
 def _count_level(lines: Iterable[str], level: str) -> int:

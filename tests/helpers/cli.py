@@ -38,15 +38,16 @@ def run_pgdrain(
     env: Mapping[str, str],
     stdin: bytes = b"",
     drop: tuple[str, ...] = ("PGDRAIN_",),
+    cwd: Path = ROOT,
 ) -> Run:
-    """`pgdrain ARGS` (the package's entry point, in this interpreter) from the repository,
-    with the environment less the variables starting with `drop`, plus `env`."""
+    """`pgdrain ARGS` (the package's entry point, in this interpreter) from the repository
+    (or `cwd`), with the environment less the variables starting with `drop`, plus `env`."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     clean.update(env)
     done = subprocess.run(
         [sys.executable, "-m", "pgdrain.cli", *args],
         env=clean,
-        cwd=ROOT,
+        cwd=cwd,
         input=stdin,
         capture_output=True,
         timeout=TIMEOUT_SECONDS,

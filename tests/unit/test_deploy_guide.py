@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from helpers.metric_names import emitted_metrics
 from pgdrain.aws import local_invoke
-from pgdrain.aws.metrics import AGE_METRIC, COUNT_METRICS, DEPTH_METRIC
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "deploy.md"
@@ -45,7 +45,7 @@ def _template_keys(node: Any) -> set[str]:
 def check_guide(guide: str, template: dict[str, Any]) -> Problems:
     parameters = set(template["Parameters"])
     outputs = set(template["Outputs"])
-    metrics = {*COUNT_METRICS.values(), DEPTH_METRIC, AGE_METRIC}
+    metrics = emitted_metrics()
     values = {
         str(value)
         for spec in template["Parameters"].values()

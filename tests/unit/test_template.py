@@ -16,14 +16,18 @@ import pytest
 from aws_lambda_powertools import Metrics
 
 from helpers.aws import emf_records
+from helpers.metric_names import emitted_metrics
 from pgdrain.aws import local_invoke
+from pgdrain.aws.fanout import SPAWN_FAILED_METRIC, SPAWNED_METRIC
 from pgdrain.aws.metrics import (
     AGE_METRIC,
     COUNT_METRICS,
+    DELETED_METRIC,
     DEPTH_METRIC,
     ProgressMetrics,
     metrics_namespace,
 )
+from pgdrain.aws.wake import WAKE_CREATED_METRIC, WAKE_FAILED_METRIC
 from pgdrain.errors import BadInput
 from pgdrain.settings import ENV_VARIABLES, Settings
 
@@ -85,7 +89,7 @@ def test_the_function_is_what_sam_builds(
 def test_a_failed_run_is_retried_once_and_failures_are_kept(template: dict[str, Any]) -> None:
     config = template["Resources"]["DrainFunction"]["Properties"]["EventInvokeConfig"]
     # A run killed by its timeout is a function error: one retry, about a minute later,
-    # reclaims its jobs (tests/integration/test_control_plane.py shows that retry at work).
+    # reclaims its jobs (tests/integration/test_recovery.py shows that retry at work).
     assert config["MaximumRetryAttempts"] == 1
     age = template["Parameters"][config["MaximumEventAgeInSeconds"]["Ref"]]
     assert 60 <= age["Default"] <= age["MaxValue"] <= 21600
@@ -253,7 +257,11 @@ ALARMS = {
     "OldestReadyAgeAlarm": AGE_METRIC,
     "FailedJobsAlarm": COUNT_METRICS["failed"],
     "LostLeasesAlarm": COUNT_METRICS["lease_lost"],
+    # Control-plane calls that failed without failing the run (counted only when they fail).
+    "WakeFailedAlarm": WAKE_FAILED_METRIC,
+    "SpawnFailedAlarm": SPAWN_FAILED_METRIC,
 }
+COUNT_ALARMS = ("FailedJobsAlarm", "LostLeasesAlarm", "WakeFailedAlarm", "SpawnFailedAlarm")
 
 
 def _emitted_dimensions(environment: dict[str, str]) -> dict[str, str]:
@@ -292,10 +300,17 @@ def test_the_alarms_watch_what_the_function_emits(
     assert failed_events["Dimensions"] == [
         {"Name": "QueueName", "Value": {"Fn::GetAtt": ["FailedEventsQueue", "QueueName"]}}
     ]
-    for alarm in (*ALARMS, "FailedEventsAlarm"):
+    alarms = {name for name, r in resources.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    assert alarms == {*ALARMS, "FailedEventsAlarm"}
+    for alarm in alarms:
         props = resources[alarm]["Properties"]
         assert props["AlarmActions"] == [{"Ref": "AlarmTopic"}], alarm
+        assert props["OKActions"] == [{"Ref": "AlarmTopic"}], alarm  # and when it clears
         assert props["TreatMissingData"] == "notBreaching", alarm  # no run is not a breach
+    for alarm in COUNT_ALARMS:  # any one in five minutes
+        props = resources[alarm]["Properties"]
+        assert (props["Statistic"], props["Period"], props["EvaluationPeriods"]) == ("Sum", 300, 1)
+        assert (props["Threshold"], props["ComparisonOperator"]) == (0, "GreaterThanThreshold")
 
 
 def test_the_dashboard_graphs_every_metric_the_function_emits(template: dict[str, Any]) -> None:
@@ -309,10 +324,25 @@ def test_the_dashboard_graphs_every_metric_the_function_emits(template: dict[str
             if row[0] == "pgdrain":
                 assert row[2] == "service", row
                 graphed.add(row[1])
-    assert graphed == {*COUNT_METRICS.values(), DEPTH_METRIC, AGE_METRIC}
+    # Every `*_METRIC` constant in pgdrain.aws and COUNT_METRICS: a new one needs a graph.
+    expected = emitted_metrics()
+    assert {
+        *COUNT_METRICS.values(),
+        DEPTH_METRIC,
+        AGE_METRIC,
+        DELETED_METRIC,
+        WAKE_CREATED_METRIC,
+        WAKE_FAILED_METRIC,
+        SPAWNED_METRIC,
+        SPAWN_FAILED_METRIC,
+    } <= expected  # the constants are found (the scan is not vacuous)
+    assert graphed == expected
     assert "${AWS::StackName}" in body
     (alarms,) = [w for w in widgets if w["type"] == "alarm"]
-    assert len(alarms["properties"]["alarms"]) == 4
+    resources = template["Resources"]
+    every_alarm = {n for n, r in resources.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    assert len(alarms["properties"]["alarms"]) == len(every_alarm)
+    assert set(re.findall(r"\$\{(\w+)\.Arn\}", body)) == every_alarm
 
 
 # -- the reader -------------------------------------------------------------------------------
@@ -451,7 +481,7 @@ def test_a_template_that_is_not_one_is_bad_input(tmp_path: Path) -> None:
 def test_the_context_counts_down_from_the_timeout(small: Path) -> None:
     now = [100.0]
     spec = local_invoke.read_function(small, "Worker")
-    context = local_invoke.LocalContext(spec, "us-east-1", clock=lambda: now[0])
+    context = local_invoke.local_context(spec, "us-east-1", clock=lambda: now[0])
     assert context.get_remaining_time_in_millis() == 42_000
     now[0] += 41.5
     assert context.get_remaining_time_in_millis() == 500
