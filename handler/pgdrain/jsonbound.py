@@ -66,10 +66,14 @@ def check_value_depth(value: object, what: str, limit: int = MAX_DEPTH) -> None:
 
 
 def loads(text: str, what: str, limit: int = MAX_DEPTH) -> Any:
-    """json.loads, refusing text that nests deeper than `limit` (BadInput, one line)."""
+    """json.loads, refusing text that nests deeper than `limit`, is not JSON, or holds an
+    integer longer than Python converts (sys.get_int_max_str_digits(): 4300 digits by default;
+    json.loads raises a plain ValueError for it): BadInput, one line."""
     if text_depth(text, limit) > limit:
         raise BadInput(f"{what} nests deeper than {limit} levels")
     try:
         return json.loads(text)
     except (json.JSONDecodeError, UnicodeError) as exc:
         raise BadInput(f"{what} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # an integer past Python's int-string limit (4300 digits)
+        raise BadInput(f"{what} cannot be read: {exc}") from None

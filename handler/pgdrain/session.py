@@ -34,6 +34,14 @@ T = TypeVar("T")
 MIN_TIMEOUT_MS = 50
 
 
+def statement_limit_ms(remaining: float) -> int:
+    """The statement and lock limit for a transaction started with `remaining` seconds of
+    budget left: that less the final margin (Session, retention)."""
+    # Inside the final margin (the run's last flush) a statement may use what is left.
+    left = max(remaining - FINAL_MARGIN_SECONDS, min(remaining, FINAL_MARGIN_SECONDS))
+    return max(MIN_TIMEOUT_MS, round(left * 1000))
+
+
 class Session:
     def __init__(
         self,
@@ -69,10 +77,7 @@ class Session:
         """The longest any statement may take: what is left of the budget less the final
         margin, so that a statement cancelled at its limit still leaves the run time to end
         and answer before the deadline."""
-        remaining = self._budget.remaining()
-        # Inside the final margin (the run's last flush) a statement may use what is left.
-        left = max(remaining - FINAL_MARGIN_SECONDS, min(remaining, FINAL_MARGIN_SECONDS))
-        return max(MIN_TIMEOUT_MS, round(left * 1000))
+        return statement_limit_ms(self._budget.remaining())
 
     def run(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a pgdrain.store operation; after a broken connection, reconnect and run it once

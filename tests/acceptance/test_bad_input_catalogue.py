@@ -11,6 +11,8 @@ import errno
 import io
 import os
 import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,6 +276,28 @@ def test_cli_invoke_event_not_utf8_deep_or_huge(
     assert count_jobs(conn) == 0
 
 
+HUGE_INTEGER = '{"n": ' + "9" * 5_000 + "}"  # valid JSON; Python converts at most 4300 digits
+
+
+def test_cli_an_integer_past_pythons_digit_limit_is_one_line(
+    secret_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    """A JSON integer of 5,000 digits in `enqueue --payload @FILE` and `invoke -e FILE` (each
+    was a ValueError traceback, exit 1): one line, exit 2, nothing written. The scheduled
+    event's `detail` string is BAD_EVENTS' `huge-integer-detail`."""
+    payload = tmp_path / "payload.json"
+    payload.write_text(HUGE_INTEGER)
+    enqueued = run_cli(secret_url, "enqueue", "ok", "--payload", f"@{payload}")
+    _assert_bad_input(enqueued, "--payload cannot be read: Exceeds the limit (4300")
+    event = tmp_path / "event.json"
+    event.write_text(
+        '{"pgdrain": {"reason": "enqueue", "queues": ["default"], "n": 1' + "0" * 5_000 + "}}"
+    )
+    invoked = run_cli(secret_url, "invoke", "-e", str(event))
+    _assert_bad_input(invoked, f"the event {event} cannot be read: Exceeds the limit (4300")
+    assert count_jobs(conn) == 0
+
+
 def test_api_a_deeply_nested_payload_is_refused(conn: Conn) -> None:
     """enqueue() measures the depth before json.dumps, which would raise RecursionError."""
     with pytest.raises(BadInput, match="payload nests deeper than 64 levels"):
@@ -331,6 +355,15 @@ def test_cli_control_characters_from_job_data_are_escaped(secret_url: str, conn:
     assert all(line.startswith("pgdrain: ") for line in drained.err.splitlines()), drained.err
 
 
+HOSTILE_STR_SOURCE = """\
+class Hostile(Exception):
+    def __str__(self):
+        raise RuntimeError("no text for you")
+
+
+raise Hostile()
+"""
+EXITS_SOURCE = "import sys\n\nsys.exit(3)\n"
 BROKEN_MODULES = {
     "syntax-error": ("def broken(:\n", "SyntaxError: "),
     "raises": ("raise RuntimeError('no config file')\n", "RuntimeError: no config file"),
@@ -338,6 +371,9 @@ BROKEN_MODULES = {
         "import no_such_dependency_xyz\n",
         "ModuleNotFoundError: No module named 'no_such_dependency_xyz'",
     ),
+    # Hostile module code (were a traceback with exit 1, and a silent exit 3):
+    "str-raises": (HOSTILE_STR_SOURCE, "Hostile: <str() raised RuntimeError>"),
+    "exits-at-import": (EXITS_SOURCE, "SystemExit: 3"),
 }
 
 
@@ -367,6 +403,74 @@ def test_a_job_module_that_fails_to_import(
 
     row = job_row(conn, job_id)
     assert (row["status"], row["attempts"]) == ("queued", 0)
+
+
+# The controls: the same modules with the mechanism off. safe_str replaced by str (what
+# _import_failure called) in the real CLI; a bare import (what load_registry did with SystemExit,
+# which `except Exception` does not catch).
+SAFE_STR_OFF = (
+    "import sys\n"
+    "import pgdrain.registry\n"
+    "pgdrain.registry.safe_str = str\n"
+    "from pgdrain.cli import main\n"
+    "sys.exit(main(['drain']))\n"
+)
+HOSTILE_CONTROLS = {
+    "str-raises": (HOSTILE_STR_SOURCE, SAFE_STR_OFF, 1, "RuntimeError: no text for you"),
+    "exits-at-import": (EXITS_SOURCE, "import broken_jobs\n", 3, ""),
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "script", "code", "shows"), HOSTILE_CONTROLS.values(), ids=HOSTILE_CONTROLS.keys()
+)
+def test_control_hostile_modules_with_the_mechanism_off(
+    secret_url: str, tmp_path: Path, source: str, script: str, code: int, shows: str
+) -> None:
+    """Without safe_str the str-raises module ends `pgdrain drain` with a traceback (exit 1);
+    without the SystemExit catch, the exits-at-import module ends the process silently with
+    its own exit 3."""
+    (tmp_path / "broken_jobs.py").write_text(source)
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DATABASE_URL": secret_url,
+        "PGDRAIN_JOBS": "broken_jobs",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "handler"), str(tmp_path)]),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == code, run
+    if shows:
+        assert "Traceback (most recent call last)" in run.stderr and shows in run.stderr
+    else:
+        assert run.stderr == "", run.stderr
+
+
+ESCAPES_SOURCE = 'raise RuntimeError("\\x1b]0;pwned\\x07\\x1b[2J")\n'
+
+
+def test_a_job_module_error_holding_control_characters_is_escaped(
+    secret_url: str, conn: Conn, tmp_path: Path
+) -> None:
+    """A job module whose import error holds an OSC title sequence, BEL and a clear-screen: the
+    one `pgdrain: error:` line shows them as escapes (they reached the terminal raw). Control:
+    the same error as `invoke` reports it in JSON holds the raw characters, so the text that
+    reaches the CLI's last line does hold them and only the escaping keeps them off the
+    terminal."""
+    (tmp_path / "broken_jobs.py").write_text(ESCAPES_SOURCE)
+    path = os.pathsep.join([str(ROOT / "handler"), str(HERE), str(tmp_path)])
+    drained = run_cli(secret_url, "drain", PGDRAIN_JOBS="broken_jobs", PYTHONPATH=path)
+    _assert_bad_input(drained, "RuntimeError: \\x1b]0;pwned\\x07\\x1b[2J (")
+    assert not any(c in drained.err for c in RAW_CONTROLS), repr(drained.err)
+
+    env_json = tmp_path / "env.json"
+    env_json.write_text('{"Parameters": {"PGDRAIN_JOBS": "broken_jobs"}}')
+    invoked = run_cli(secret_url, "invoke", "-n", str(env_json), PYTHONPATH=path)
+    assert invoked.code == EXIT_BAD_INPUT, invoked
+    assert not any(c in invoked.out + invoked.err for c in RAW_CONTROLS)  # JSON escapes them
+    assert "RuntimeError: \x1b]0;pwned\x07\x1b[2J" in invoked.result()["error"]
+    assert count_jobs(conn) == 0
 
 
 def test_cli_drain_with_the_database_down_exits_1_with_one_error_line(conn: Conn) -> None:
@@ -467,6 +571,10 @@ BAD_EVENTS: dict[str, tuple[Any, str]] = {
     "deep-detail": (
         {**SCHEDULED, "detail": "[" * 5_000 + "]" * 5_000},
         "'detail' nests deeper than 64 levels",
+    ),
+    "huge-integer-detail": (  # past Python's 4300 digits: was a ValueError escaping parse
+        {**SCHEDULED, "detail": HUGE_INTEGER},
+        "scheduled event: 'detail' cannot be read: Exceeds the limit (4300 digits)",
     ),
 }
 

@@ -1,12 +1,17 @@
-"""Retention (pgdrain.retention.run_once) on a real database: which rows go, and that it works
-in bounded batches and stops when its budget does."""
+"""Retention (pgdrain.retention.run_once) on a real database: which rows go, that it works
+in bounded batches and stops when its budget does, and that a table lock cannot hold it past
+its budget (beside the control without the limits)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import psycopg
+import pytest
 
+from helpers.fixtures import wait_for
 from pgdrain import enqueue, retention
 from pgdrain.budget import Budget
 
@@ -98,3 +103,82 @@ def test_control_a_budget_already_spent_deletes_nothing(conn: Conn) -> None:
     result = _batches_within(conn, 0.0)
     assert result == retention.RetentionResult(done=0, failed=0, complete=False)
     assert len(_ids(conn)) == 10
+
+
+RETENTION_APP = "pgdrain-retention-test"
+
+
+def _retention_waiting_on_a_lock(conn: Conn) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (RETENTION_APP,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.parametrize("limited", [True, False], ids=["limited", "control: unlimited"])
+def test_a_retention_run_blocked_on_a_table_lock_returns_within_its_budget_only_with_limits(
+    db_url: str, conn: Conn, limited: bool
+) -> None:
+    """A table lock held by another transaction (a migration): with the limits, the run's
+    DELETE gives up at the budget left less the final margin and the run returns, while the
+    lock is still held, with nothing deleted and `stopped` saying why. The control (the
+    server's limits: none) is still waiting once its budget is over, and finishes only when
+    the lock is released."""
+    old = {_job(conn, "done", 8) for _ in range(3)}
+    budget_seconds = 2.0
+    results: list[tuple[retention.RetentionResult, float]] = []
+    with psycopg.connect(db_url, autocommit=True, application_name=RETENTION_APP) as own:
+        defaults = own.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+        ).fetchone()
+
+        def run() -> None:
+            started = time.monotonic()
+            result = retention.run_once(
+                own,
+                retain_done_days=7,
+                retain_failed_days=30,
+                budget=Budget.seconds(budget_seconds),
+                min_remaining=0.5,
+                limit_to_budget=limited,
+            )
+            results.append((result, time.monotonic() - started))
+
+        thread = threading.Thread(target=run, daemon=True)
+        with psycopg.connect(db_url) as locker:
+            locker.execute("LOCK TABLE pgdrain.jobs IN ACCESS EXCLUSIVE MODE")
+            thread.start()
+            if limited:
+                thread.join(30)
+                # It returned while the lock was still held: its DELETE gave up, not the lock.
+                assert not thread.is_alive()
+            else:
+                wait_for(lambda: _retention_waiting_on_a_lock(conn), what="the DELETE to wait")
+                thread.join(budget_seconds + 1)  # bounded: it cannot return while blocked
+                assert thread.is_alive() and _retention_waiting_on_a_lock(conn), "still blocked"
+            locker.rollback()
+        thread.join(30)
+        assert not thread.is_alive()
+        [(result, elapsed)] = results
+        if limited:
+            assert elapsed < budget_seconds
+            assert (result.done, result.failed, result.complete) == (0, 0, False)
+            # Statement and lock limits are equal: whichever the server checks first ends it.
+            assert result.stopped is not None and "timeout" in result.stopped
+            # The limits were local to the batch's transaction: nothing outlives it.
+            settings = own.execute(
+                "SELECT current_setting('lock_timeout'), current_setting('statement_timeout')"
+            ).fetchone()
+            assert settings == defaults
+            assert old <= _ids(conn)  # nothing deleted: the next run carries on
+            again = retention.run_once(
+                own, retain_done_days=7, retain_failed_days=30, budget=_plenty()
+            )
+            assert again == retention.RetentionResult(done=3, failed=0, complete=True)
+        else:
+            assert elapsed > budget_seconds  # past its budget: a Lambda would be killed
+            # It deleted once the lock went, its budget long spent (no time left for the rest).
+            assert result == retention.RetentionResult(done=3, failed=0, complete=False)
+        assert not old & _ids(conn)

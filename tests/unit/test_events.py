@@ -99,6 +99,11 @@ BAD = [
     ("wrong source", {**RULE_EVENT, "source": "my.app"}, "unknown event"),
     ("detail a list", {**RULE_EVENT, "detail": []}, "'detail' is a list, not an object"),
     ("detail bad json", {**SCHEDULER_EVENT, "detail": "{"}, "'detail' is not valid JSON"),
+    (
+        "detail a huge integer",  # past Python's 4300 digits: was a ValueError escaping parse
+        {**SCHEDULER_EVENT, "detail": '{"n": ' + "9" * 5_000 + "}"},
+        "'detail' cannot be read: Exceeds the limit (4300 digits)",
+    ),
     ("body a string", {"pgdrain": "enqueue"}, "'pgdrain' is a string, not an object"),
     ("extra top key", {**_kick(), "extra": 1}, "unexpected top-level key(s) extra"),
     ("no reason", {"pgdrain": {"queues": ["emails"]}}, "'reason' is null"),

@@ -72,3 +72,20 @@ def test_a_cycle_ends_the_walk() -> None:
 def test_invalid_json_is_one_line() -> None:
     with pytest.raises(BadInput, match="x is not valid JSON"):
         jsonbound.loads('{"a": ', "x")
+
+
+HUGE_INTEGER = '{"n": ' + "9" * 5_000 + "}"  # valid JSON; Python converts at most 4300 digits
+
+
+def test_an_integer_past_pythons_digit_limit_is_one_line() -> None:
+    with pytest.raises(BadInput, match="x cannot be read: Exceeds the limit") as refused:
+        jsonbound.loads(HUGE_INTEGER, "x")
+    assert "\n" not in str(refused.value)
+
+
+def test_control_json_raises_a_plain_value_error_for_it() -> None:
+    """Why `loads` catches ValueError: json.loads raises one that is not a JSONDecodeError, so
+    catching only JSONDecodeError and UnicodeError (as before) let it escape as a traceback."""
+    with pytest.raises(ValueError, match="integer string conversion") as raised:
+        json.loads(HUGE_INTEGER)
+    assert not isinstance(raised.value, json.JSONDecodeError | UnicodeError)
