@@ -443,16 +443,19 @@ def kick_debounce(
     queues: Sequence[str],
     window_seconds: float,
     precision_seconds: float = 60.0,
+    hold_seconds: float = 0.0,
 ) -> list[str]:
-    """Record a kick for each queue; returns the queues to invoke for (they need a run, and
-    their last invoke is older than the window), now marked as invoked. precision_seconds is
-    the wake-up rounding (PGDRAIN_WAKE_PRECISION_SECONDS)."""
+    """Record a kick for each queue; returns the queues to invoke for (they need a run, their
+    last invoke is older than the window and no live run holds them), now marked as invoked
+    and held for hold_seconds. precision_seconds is the wake-up rounding
+    (PGDRAIN_WAKE_PRECISION_SECONDS)."""
     rows = conn.execute(
         query("kick_debounce"),
         {
             "queues": list(queues),
             "window_seconds": window_seconds,
             "precision_seconds": precision_seconds,
+            "hold_seconds": hold_seconds,
         },
     ).fetchall()
     return sorted(str(r[0]) for r in rows if r[1])
@@ -475,9 +478,15 @@ def queue_ready_count(conn: Connection, queues: Sequence[str], limit: int) -> in
 
 
 def run_register(
-    conn: Connection, run_id: str, queues: Sequence[str], chain: int, remaining_seconds: float
+    conn: Connection,
+    run_id: str,
+    queues: Sequence[str],
+    chain: int,
+    remaining_seconds: float,
+    hold_seconds: float = 0.0,
 ) -> None:
-    """Count this run as live until its deadline (now + remaining_seconds, database clock)."""
+    """Count this run as live until its deadline (now + remaining_seconds, database clock), and
+    hold its queues' kicks for hold_seconds (never past the deadline)."""
     conn.execute(
         query("run_register"),
         {
@@ -485,8 +494,14 @@ def run_register(
             "queues": list(queues),
             "chain": chain,
             "remaining_seconds": remaining_seconds,
+            "hold_seconds": hold_seconds,
         },
     )
+
+
+def kick_hold(conn: Connection, queues: Sequence[str], hold_seconds: float) -> None:
+    """Renew this run's hold on its queues' kicks until now + hold_seconds."""
+    conn.execute(query("kick_hold"), {"queues": list(queues), "hold_seconds": hold_seconds})
 
 
 def run_gate_lock(conn: Connection) -> None:
@@ -528,13 +543,14 @@ class ExitCheck:
     kicked: bool  # a kick arrived that this run's last claim may not have seen
     ready: bool  # a job is ready now
     due_at: dt.datetime | None  # when new work is next due in these queues
+    kick_age_s: float | None = None  # seconds since the latest kick of these queues
 
 
 def run_exit_check(conn: Connection, queues: Sequence[str]) -> ExitCheck:
     """Run inside the transaction that run_exit ends (it locks the queues' kick rows)."""
     row = conn.execute(query("run_exit_check"), {"queues": list(queues)}).fetchone()
     assert row is not None  # a SELECT without FROM returns one row
-    return ExitCheck(kicked=bool(row[0]), ready=bool(row[1]), due_at=row[2])
+    return ExitCheck(kicked=bool(row[0]), kick_age_s=row[1], ready=bool(row[2]), due_at=row[3])
 
 
 def run_exit(conn: Connection, run_id: str, queues: Sequence[str]) -> None:

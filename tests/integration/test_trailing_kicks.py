@@ -18,12 +18,13 @@ from helpers.aws import (
     InvokeSpy,
 )
 from helpers.ledger_jobs import jobs as registry
-from pgdrain import Budget, Settings, drain, enqueue
+from pgdrain import Budget, Settings, drain, enqueue, store
 from pgdrain.aws import events
 from pgdrain.aws.control import RunControl
 from pgdrain.aws.kick import kick
 from pgdrain.aws.wake import Waker
 from pgdrain.drain import DrainResult
+from pgdrain.session import Session
 
 Conn = psycopg.Connection[Any]
 WINDOW_SECONDS = 3600.0  # the debounce window is open for the whole test
@@ -158,8 +159,6 @@ def test_a_run_is_registered_while_it_runs_and_gone_after_it_exits(db_url: str, 
 
 
 def test_an_exit_forgets_the_rows_of_runs_long_dead(db_url: str, conn: Conn) -> None:
-    from pgdrain import store
-
     store.run_register(conn, "died-long-ago", ["emails"], 0, 10)
     store.run_register(conn, "died-just-now", ["emails"], 0, 10)
     conn.execute(
@@ -169,3 +168,173 @@ def test_an_exit_forgets_the_rows_of_runs_long_dead(db_url: str, conn: Conn) -> 
     store.run_exit(conn, "another-run", ["emails"])
     rows = conn.execute("SELECT run_id FROM pgdrain.runs").fetchall()
     assert rows == [("died-just-now",)]
+
+
+# -- a burst is one invocation: the run lingers while kicks keep coming -----------------------
+
+LINGER_WINDOW = 30.0  # long enough that this test's own speed never closes it
+BURST = 3  # enqueue+kick pairs that arrive after the run's first empty claim
+
+
+class BurstWhileIdle:
+    """The lingering run's sleeps, as the application's side of the timeline: each of the first
+    BURST sleeps is an enqueue+kick arriving while the run has nothing to claim; the next moves
+    the kicks a window into the past, as if a window passed with no kick (the run's clock is the
+    database's, so the test moves the database's record of the kicks, not a wall clock)."""
+
+    def __init__(self, conn: Conn, lambda_api: Any) -> None:
+        self.conn = conn
+        self.lambda_api = lambda_api
+        self.sleeps: list[float] = []
+        self.kicked: list[tuple[str, ...]] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        if len(self.kicked) < BURST:
+            self.arrive()
+        else:
+            self.conn.execute(
+                "UPDATE pgdrain.kicks SET requested_at = requested_at - make_interval(secs => %s)",
+                (LINGER_WINDOW,),
+            )
+
+    def arrive(self) -> None:
+        with self.conn.transaction():
+            enqueue(self.conn, "noop", {}, queue="emails")
+        self.kicked.append(
+            kick(self.conn, ["emails"], settings=KICK_SETTINGS, client=self.lambda_api)
+        )
+
+
+@pytest.mark.parametrize("linger", [True, False], ids=["lingers", "control-exits-at-once"])
+def test_a_burst_that_outlasts_the_drain_is_one_invocation(
+    db_url: str, conn: Conn, lambda_api: Any, spy: InvokeSpy, linger: bool
+) -> None:
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")
+    assert kick(conn, ["emails"], settings=KICK_SETTINGS, client=lambda_api) == ("emails",)
+    burst = BurstWhileIdle(conn, lambda_api)
+    budget = Budget.seconds(2 * LINGER_WINDOW)
+    control = RunControl(
+        events.Trigger("enqueue", ("emails",)),
+        "run-c",
+        budget,
+        waker=Waker(RUN_SETTINGS, None),
+        linger_window_s=LINGER_WINDOW if linger else 0.0,
+        reserve_seconds=RUN_SETTINGS.reserve_seconds,
+        sleep=burst,
+    )
+    result = drain(RUN_SETTINGS, budget, registry, db_url, queues=["emails"], hooks=control)
+    while len(burst.kicked) < BURST:  # the control's run has exited: the burst comes after it
+        burst.arrive()
+
+    if linger:  # the run took the whole burst; every kick of it was suppressed
+        assert (result.done, control.lingered, len(burst.sleeps)) == (
+            1 + BURST,
+            BURST + 1,
+            BURST + 1,
+        )
+        assert burst.kicked == [()] * BURST
+        assert len(spy.calls) == 1
+    else:  # the run exited after its one job: the burst's first kick starts another run
+        assert (result.done, control.lingered, burst.sleeps) == (1, 0, [])
+        assert burst.kicked == [("emails",)] + [()] * (BURST - 1)
+        assert len(spy.calls) == 2
+    assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)  # it exited
+
+
+# -- a live run holds its queues' kicks -------------------------------------------------------
+
+NO_WINDOW = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
+
+
+def _enqueue_and_kick(conn: Conn, lambda_api: Any) -> tuple[str, ...]:
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")
+    return kick(conn, ["emails"], settings=NO_WINDOW, client=lambda_api)
+
+
+def _run_until(conn: Conn) -> Any:
+    row = conn.execute("SELECT run_until FROM pgdrain.kicks WHERE queue = 'emails'").fetchone()
+    assert row is not None
+    return row[0]
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["a-run-drains-the-queue", "control-no-run"])
+def test_a_kick_does_not_invoke_while_a_run_drains_its_queue(
+    conn: Conn, lambda_api: Any, spy: InvokeSpy, held: bool
+) -> None:
+    """No debounce window at all: only the live run's hold suppresses the kick (its exit check
+    sees the job, as the trailing-edge test above shows)."""
+    if held:
+        store.run_register(conn, "live", ["emails"], 0, 60, hold_seconds=30)
+    assert _enqueue_and_kick(conn, lambda_api) == (() if held else ("emails",))
+    assert len(spy.calls) == (0 if held else 1)
+
+
+def test_a_run_that_exited_or_stopped_renewing_holds_no_kick(
+    conn: Conn, lambda_api: Any, spy: InvokeSpy
+) -> None:
+    store.run_register(conn, "exits", ["emails"], 0, 60, hold_seconds=30)
+    store.run_exit(conn, "exits", ["emails"])
+    assert _enqueue_and_kick(conn, lambda_api) == ("emails",)
+
+    # A run killed (or busy with long jobs, claiming nothing) renews nothing: its hold lapses.
+    store.run_register(conn, "killed", ["emails"], 0, 60, hold_seconds=30)
+    assert _enqueue_and_kick(conn, lambda_api) == ()
+    conn.execute("UPDATE pgdrain.kicks SET run_until = now() - interval '1 second'")
+    assert _enqueue_and_kick(conn, lambda_api) == ("emails",)
+    assert len(spy.calls) == 2
+
+
+def test_the_hold_never_outlasts_the_run(conn: Conn) -> None:
+    store.run_register(conn, "short", ["emails"], 0, remaining_seconds=5, hold_seconds=3600)
+    row = conn.execute(
+        "SELECT k.run_until = r.deadline FROM pgdrain.kicks AS k, pgdrain.runs AS r"
+        " WHERE k.queue = 'emails' AND r.run_id = 'short'"
+    ).fetchone()
+    assert row == (True,)
+
+
+def test_a_claiming_run_renews_its_hold_at_half_the_hold(db_url: str, conn: Conn) -> None:
+    now = [0.0]
+    budget = Budget.seconds(TIMEOUT)
+    control = RunControl(
+        events.Trigger("enqueue", ("emails",)),
+        "run-d",
+        budget,
+        waker=Waker(RUN_SETTINGS, None),
+        kick_hold_s=10.0,
+        clock=lambda: now[0],
+    )
+    session = Session(db_url, RUN_SETTINGS, budget)
+    session.open()
+    try:
+        control.after_connect(session)
+        first = _run_until(conn)
+        now[0] = 4.9
+        control.after_round_trip(session, {}, 4.9)  # not yet half the hold: nothing written
+        assert _run_until(conn) == first
+        now[0] = 5.0
+        control.after_round_trip(session, {}, 5.0)
+        assert _run_until(conn) > first
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("hold", [30.0, 0.0], ids=["held-from-the-invoke", "control-no-hold"])
+def test_kicks_before_the_invoked_run_registers_start_no_other_run(conn: Conn, hold: float) -> None:
+    """No debounce window: the second kick comes while the first one's run is still starting
+    (not registered yet). The invoking kick's hold makes it that run's; without it, a second
+    run starts for the same job."""
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")
+    first = store.kick_debounce(conn, ["emails"], 0.0, hold_seconds=hold)
+    second = store.kick_debounce(conn, ["emails"], 0.0, hold_seconds=hold)
+    assert (first, second) == (["emails"], [] if hold else ["emails"])
+
+
+def test_the_hold_comes_from_a_third_of_a_lease() -> None:
+    from pgdrain.aws.kick import kick_hold_seconds
+
+    assert kick_hold_seconds(Settings(lease_seconds=30)) == 10

@@ -9,12 +9,23 @@ rows and, in the same transaction, looks for a ready job (SKIP LOCKED) and for a
 transaction started after its own; either means drain again. Otherwise it clears the debounce
 (the next kick invokes) and unregisters before the rows are unlocked. So a kick suppressed
 while this run is active lands either before the check (its job is seen, or the kick is
-newer than the check's snapshot) or after the exit (it invokes): none falls in between."""
+newer than the check's snapshot) or after the exit (it invokes): none falls in between.
+
+A burst is one invocation. While a run claims, it holds its queues' kicks (run_until, renewed
+every half hold, a third of a lease): kick() invokes no other run for a job that this run's
+exit check will see. And a run that finds nothing left does not exit while its queues were
+kicked less than one debounce window ago (PGDRAIN_KICK_DEBOUNCE_SECONDS, at most
+MAX_LINGER_SECONDS): it lingers, claiming again every eighth of the window, and exits once a
+window has passed without a kick (or its budget nears the reserve). Kicks that come while it
+lingers are suppressed (the window stays open: the run has not exited) and their jobs are
+claimed by it, so an application that enqueues and kicks more slowly than a run drains does
+not start one invocation per lull."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +41,30 @@ from pgdrain.summary import Counter
 log = logging.getLogger(__name__)
 
 
+LINGER_STEPS = 8  # a lingering run claims again this many times per debounce window
+# A long debounce window (it may be set up to an hour) must not keep an idle run alive that long.
+MAX_LINGER_SECONDS = 5.0
+
+
+def linger_step(kick_age_s: float | None, window_s: float, time_left_s: float) -> float:
+    """How long a run with nothing to claim waits before claiming again instead of exiting:
+    0 (exit) once the latest kick of its queues is a window old, when its queues were never
+    kicked, or when the wait would reach into the reserve (time_left_s: the budget left above
+    it). Pure: the caller reads the kick's age from the database clock."""
+    window_s = min(window_s, MAX_LINGER_SECONDS)
+    if kick_age_s is None or window_s <= 0:
+        return 0.0
+    step = min(window_s - kick_age_s, window_s / LINGER_STEPS)
+    if step <= 0 or step >= time_left_s:
+        return 0.0
+    return step
+
+
 @dataclass(frozen=True)
 class ExitDecision:
     again: bool
     check: store.ExitCheck
+    linger_s: float = 0.0  # > 0: neither drain again now nor exit; claim again after this
 
 
 class RunControl:
@@ -51,6 +82,11 @@ class RunControl:
         spawner: Spawner | None = None,
         queue_limits: tuple[tuple[str, int], ...] = (),
         trailing_edge: bool = True,
+        linger_window_s: float = 0.0,
+        reserve_seconds: float = 0.0,
+        kick_hold_s: float = 0.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
         before_exit_check: Callable[[], None] | None = None,
         next_periodic_slot: Callable[[], dt.datetime | None] = lambda: None,
     ) -> None:
@@ -61,10 +97,17 @@ class RunControl:
         self._spawner = spawner
         self._queue_limits = tuple((q, n) for q, n in queue_limits if q in trigger.queues)
         self._trailing_edge = trailing_edge
+        self._linger_window_s = linger_window_s
+        self._reserve_seconds = reserve_seconds
+        self._sleep = sleep
+        self._clock = clock
+        self._kick_hold_s = kick_hold_s
+        self._hold_renew_at = 0.0
         self._before_exit_check = before_exit_check
         self._next_periodic_slot = next_periodic_slot
         self.wake = WakeOutcome(None, "none")
         self.drained_again = 0
+        self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
 
     def after_connect(self, session: Session) -> None:
         session.run(
@@ -73,7 +116,9 @@ class RunControl:
             self.trigger.queues,
             self.trigger.chain,
             self._budget.remaining(),
+            self._kick_hold_s,
         )
+        self._hold_renew_at = self._clock() + self._kick_hold_s / 2
         # Limits configured here are written by every run; a limit removed from the setting is
         # dropped by the next scheduled run (housekeeping), which costs the others nothing.
         if self._queue_limits or self.trigger.reason == "schedule":
@@ -82,8 +127,19 @@ class RunControl:
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
     ) -> None:
+        self._renew_kick_hold(session)
         if self._spawner is not None:
             self._spawner.after_round_trip(session, counts, elapsed_s)
+
+    def _renew_kick_hold(self, session: Session) -> None:
+        """While it claims, the run holds its queues' kicks (kick() does not invoke another run
+        for a job this run will see). Renewed at half the hold, so it never lapses while the
+        run claims; a run busy with long jobs stops renewing, and kicks start more runs."""
+        if self._kick_hold_s <= 0 or self._clock() < self._hold_renew_at:
+            return
+        hold = min(self._kick_hold_s, self._budget.remaining())
+        session.run(store.kick_hold, self.trigger.queues, hold)
+        self._hold_renew_at = self._clock() + self._kick_hold_s / 2
 
     def before_exit(self, session: Session) -> bool:
         if self._before_exit_check is not None:
@@ -95,6 +151,11 @@ class RunControl:
                 "a kick or a ready job arrived after the last claim: draining again",
                 extra={"kicked": decision.check.kicked, "ready": decision.check.ready},
             )
+            return True
+        if decision.linger_s > 0:
+            # Outside any transaction: lingering holds the connection, never a lock.
+            self.lingered += 1
+            self._sleep(decision.linger_s)
             return True
         due_at = self._with_periodic_slot(decision.check.due_at)
         self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
@@ -127,15 +188,26 @@ class RunControl:
         # One short transaction: the kick rows stay locked from the check to the exit, so no
         # kick can be suppressed in between. Repeating it (after a reconnect) is safe: the
         # check only reads, and the exit clears and deletes what is already cleared or gone.
+        # A lingering run neither exits nor unregisters: it is still the run the open window
+        # is waiting on, and a later check decides again.
         with conn.transaction():
             check = store.run_exit_check(conn, self.trigger.queues)
             again = may_drain_again and self._trailing_edge and (check.kicked or check.ready)
-            if not again and self._trailing_edge:
+            linger = 0.0
+            if may_drain_again and self._trailing_edge and not again:
+                time_left = self._budget.remaining() - self._reserve_seconds
+                linger = linger_step(check.kick_age_s, self._linger_window_s, time_left)
+            if not again and not linger and self._trailing_edge:
                 store.run_exit(conn, self.run_id, self.trigger.queues)
-            elif not again:
+            elif not again and not linger:
                 store.run_unregister(conn, self.run_id)
-        return ExitDecision(again, check)
+        return ExitDecision(again, check, linger)
 
     def summary(self) -> dict[str, Any]:
         spawned = [] if self._spawner is None else self._spawner.spawned
-        return {**self.wake.as_dict(), "spawned": len(spawned), "drained_again": self.drained_again}
+        return {
+            **self.wake.as_dict(),
+            "spawned": len(spawned),
+            "drained_again": self.drained_again,
+            "lingered": self.lingered,
+        }

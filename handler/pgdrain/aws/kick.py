@@ -8,6 +8,9 @@ serialise on that row, so one of them wins per window. The winner invokes
 PGDRAIN_FUNCTION_NAME asynchronously (InvocationType='Event'); the run it starts drains
 everything ready, including the jobs of every kick that was coalesced into it.
 
+While a run drains a queue (from the invoke that starts it, and then while it claims), it
+holds the queue's kicks: they invoke nothing, since its exit check will see their jobs.
+
 The debounce is on the trailing edge (pgdrain.aws.control): a run about to exit drains again
 for a kick that arrived after its last claim, and clears the window when it exits, so the next
 kick invokes. An invoke that fails clears the window too: a failed kick suppresses nothing.
@@ -70,7 +73,11 @@ def kick(
         )
     with conn.transaction():
         due = store.kick_debounce(
-            conn, names, settings.kick_debounce_seconds, settings.wake_precision_seconds
+            conn,
+            names,
+            settings.kick_debounce_seconds,
+            settings.wake_precision_seconds,
+            hold_seconds=kick_hold_seconds(settings),
         )
     if not due:
         log.debug("kick debounced: kicked within the window", extra={"queues": names})
@@ -81,6 +88,13 @@ def kick(
         with conn.transaction():
             store.kick_clear(conn, due)
     return invoked
+
+
+def kick_hold_seconds(settings: Settings) -> float:
+    """How long the runs of a queue hold its kicks: from the invoke until the run it starts
+    holds them itself, and then ahead of each of its claims. A third of a lease, as the
+    heartbeat: a run that died stops holding them about as soon as its jobs are reclaimable."""
+    return settings.lease_seconds / 3
 
 
 def _invoke(function: str, queues: Sequence[str], client: LambdaClient | None) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from pgdrain.aws import events
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
 from pgdrain.aws.control import RunControl
 from pgdrain.aws.fanout import Spawner
+from pgdrain.aws.kick import kick_hold_seconds
 from pgdrain.aws.lambda_api import invoke_async
 from pgdrain.aws.metrics import AGE_METRIC, DELETED_METRIC, DEPTH_METRIC, ProgressMetrics
 from pgdrain.aws.secrets import resolve_conninfo
@@ -66,6 +67,27 @@ def cold_start(env: Mapping[str, str]) -> ColdStart:
     return ColdStart(settings=settings, registry=registry)
 
 
+@dataclass(frozen=True)
+class _Invocation:
+    """What an invocation works with once its configuration and its event are known good."""
+
+    settings: Settings
+    registry: Registry
+    trigger: events.Trigger
+    budget: Budget
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """A drain and what came after it: the continuation, the backlog left, retention."""
+
+    result: DrainResult
+    continued: bool
+    depth: store.QueueDepth | None
+    deleted: retention.RetentionResult | None
+
+
 def handle(
     event: object,
     context: LambdaContextLike,
@@ -77,16 +99,54 @@ def handle(
     """Run the drain an event asks for and return its summary. A bad event or configuration
     returns {"ok": false, "error": ...} after one error line, and touches no database."""
     logger.set_correlation_id(events.correlation_id(event))
+    run = _parse(event, context, runtime, logger)
+    if not isinstance(run, _Invocation):
+        return run  # the configuration or the event is bad: nothing ran
+    with ProgressMetrics(metrics) as progress:
+        drain_budget = _drain_budget(run)
+        control = _control(
+            run.settings,
+            run.trigger,
+            run.budget,
+            run.worker_id,
+            context,
+            progress.count,
+            run.registry,
+        )
+        try:
+            result, conninfo = _drain(run, drain_budget, progress.observe, control)
+        except PgdrainError as exc:  # no database configured, or its secret unreadable
+            logger.error("run failed: %s", exc)
+            return {"ok": False, "error": str(exc), "trigger": run.trigger.reason}
+        progress.flush()
+        finished = _finish(run, result, conninfo, control, context, logger, progress)
+    summary = _summary(run.trigger, finished, control, logger)
+    if result.abandoned and not finished.continued and result.stop_reason != "stopped":
+        # (A run stopped by a signal ended its jobs' leases already: nothing to retry for.)
+        # Their leases end at this run's deadline, and nothing else would start a run for them
+        # before the hourly schedule. A function error makes Lambda run this event once more
+        # about a minute later (template.yaml: MaximumRetryAttempts 1), as it does after a
+        # timeout; that run reclaims them. Safe to repeat: every run is.
+        raise JobsAbandoned(
+            f"{result.abandoned} job(s) still running at the deadline; their leases end now, "
+            "and failing this invocation makes Lambda retry it to reclaim them"
+        )
+    return summary
+
+
+def _parse(
+    event: object, context: LambdaContextLike, runtime: ColdStart, logger: Logger
+) -> _Invocation | dict[str, Any]:
+    """The invocation an event asks for, or, after one error line, the answer to a bad
+    configuration or a bad event."""
     if runtime.settings is None or runtime.registry is None:
         logger.error("configuration error: %s", runtime.error)
         return {"ok": False, "error": runtime.error, "error_kind": "configuration"}
-    settings = runtime.settings
     try:
-        trigger = events.parse(event, settings)
+        trigger = events.parse(event, runtime.settings)
     except BadEvent as exc:
         logger.error("bad event: %s", exc)
         return {"ok": False, "error": str(exc)}
-
     logger.append_keys(trigger=trigger.reason, chain=trigger.chain)
     budget = budget_from_context(context)
     logger.info(
@@ -94,39 +154,49 @@ def handle(
         extra={"queues": list(trigger.queues), "remaining_s": round(budget.remaining(), 1)},
     )
     worker_id = f"{context.function_name}:{context.aws_request_id}"
-    with ProgressMetrics(metrics) as progress:
-        drain_budget = budget
-        if trigger.reason == "schedule":
-            kept = min(RETENTION_MAX_SECONDS, RETENTION_SHARE * budget.remaining())
-            drain_budget = Budget(lambda: budget.remaining() - kept)
-        control = _control(
-            settings, trigger, budget, worker_id, context, progress.count, runtime.registry
-        )
-        try:
-            result, conninfo = _drain(
-                settings,
-                runtime.registry,
-                trigger,
-                drain_budget,
-                worker_id,
-                progress.observe,
-                control,
-            )
-        except PgdrainError as exc:  # no database configured, or its secret unreadable
-            logger.error("run failed: %s", exc)
-            return {"ok": False, "error": str(exc), "trigger": trigger.reason}
-        progress.flush()
-        continued = _continue(trigger, result, settings, context, logger)
-        depth = _after_drain(settings, conninfo, budget, trigger, result, control, continued)
-        deleted = None
-        if trigger.reason == "schedule" and result.stop_reason != "error":
-            deleted = _retention(settings, conninfo, budget, logger)
-            if deleted is not None:
-                progress.gauge(DELETED_METRIC, deleted.done + deleted.failed, MetricUnit.Count)
-        if depth is not None:
-            progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
-            progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
+    return _Invocation(runtime.settings, runtime.registry, trigger, budget, worker_id)
 
+
+def _drain_budget(run: _Invocation) -> Budget:
+    """The invocation's budget, less what a scheduled run keeps for retention afterwards."""
+    if run.trigger.reason != "schedule":
+        return run.budget
+    budget = run.budget
+    kept = min(RETENTION_MAX_SECONDS, RETENTION_SHARE * budget.remaining())
+    return Budget(lambda: budget.remaining() - kept)
+
+
+def _finish(
+    run: _Invocation,
+    result: DrainResult,
+    conninfo: str,
+    control: RunControl,
+    context: LambdaContextLike,
+    logger: Logger,
+    progress: ProgressMetrics,
+) -> _Finished:
+    """After the drain: continue if work is left, measure the backlog, and (a scheduled run)
+    delete finished jobs past their retention; the figures go out as gauges."""
+    continued = _continue(run.trigger, result, run.settings, context, logger)
+    depth = _after_drain(
+        run.settings, conninfo, run.budget, run.trigger, result, control, continued
+    )
+    deleted = None
+    if run.trigger.reason == "schedule" and result.stop_reason != "error":
+        deleted = _retention(run.settings, conninfo, run.budget, logger)
+        if deleted is not None:
+            progress.gauge(DELETED_METRIC, deleted.done + deleted.failed, MetricUnit.Count)
+    if depth is not None:
+        progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
+        progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
+    return _Finished(result, continued, depth, deleted)
+
+
+def _summary(
+    trigger: events.Trigger, finished: _Finished, control: RunControl, logger: Logger
+) -> dict[str, Any]:
+    """What the invocation returns, said in one closing line."""
+    result, depth, deleted = finished.result, finished.depth, finished.deleted
     summary: dict[str, Any] = {
         "ok": result.stop_reason != "error",
         "error": result.error,
@@ -134,7 +204,7 @@ def handle(
         "queues": list(trigger.queues),
         "chain": trigger.chain,
         "result": result.as_dict(),
-        "continued": continued,
+        "continued": finished.continued,
         "queue_depth": None if depth is None else depth.ready,
         # Scheduled runs only: finished jobs deleted past PGDRAIN_RETAIN_DONE/_FAILED.
         "retention": None if deleted is None else deleted.as_dict(),
@@ -147,20 +217,10 @@ def handle(
             "run finished",
             extra={
                 "stop_reason": result.stop_reason,
-                "continued": continued,
+                "continued": finished.continued,
                 "done": result.done,
                 **control.summary(),
             },
-        )
-    if result.abandoned and not continued and result.stop_reason != "stopped":
-        # (A run stopped by a signal ended its jobs' leases already: nothing to retry for.)
-        # Their leases end at this run's deadline, and nothing else would start a run for them
-        # before the hourly schedule. A function error makes Lambda run this event once more
-        # about a minute later (template.yaml: MaximumRetryAttempts 1), as it does after a
-        # timeout; that run reclaims them. Safe to repeat: every run is.
-        raise JobsAbandoned(
-            f"{result.abandoned} job(s) still running at the deadline; their leases end now, "
-            "and failing this invocation makes Lambda retry it to reclaim them"
         )
     return summary
 
@@ -190,27 +250,27 @@ def _control(
         waker=Waker(settings, target, count=count),
         spawner=Spawner(settings, trigger, budget, target, invoke_async, count=count),
         queue_limits=settings.queue_limits,
+        # A burst of kicks closer together than the debounce window is one invocation.
+        linger_window_s=settings.kick_debounce_seconds,
+        reserve_seconds=settings.reserve_seconds,
+        # While it claims, the run holds its queues' kicks, renewed every half hold.
+        kick_hold_s=kick_hold_seconds(settings),
         next_periodic_slot=lambda: periodic.next_periodic_slot(registry.periodics),
     )
 
 
 def _drain(
-    settings: Settings,
-    registry: Registry,
-    trigger: events.Trigger,
-    budget: Budget,
-    worker_id: str,
-    observer: Observer,
-    control: RunControl,
+    run: _Invocation, budget: Budget, observer: Observer, control: RunControl
 ) -> tuple[DrainResult, str]:
+    settings = run.settings
     conninfo = resolve_conninfo(settings)
     result = drain(
         settings,
         budget,
-        registry,
+        run.registry,
         conninfo,
-        queues=trigger.queues,
-        worker_id=worker_id,
+        queues=run.trigger.queues,
+        worker_id=run.worker_id,
         observer=observer,
         hooks=control,
     )
@@ -224,10 +284,10 @@ def _drain(
     result = drain(
         settings,
         budget,
-        registry,
+        run.registry,
         fresh,
-        queues=trigger.queues,
-        worker_id=worker_id,
+        queues=run.trigger.queues,
+        worker_id=run.worker_id,
         observer=observer,
         hooks=control,
     )

@@ -474,7 +474,8 @@ SELECT EXISTS (
 
 -- name: kick_debounce :many
 -- Record a kick for each queue (requested_at, always) and invoke for each queue that needs a
--- run and whose last invoke is older than the window (kicked_at); `invoke` says which.
+-- run, whose last invoke is older than the window (kicked_at) and that no live run drains
+-- (run_until); `invoke` says which.
 -- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
 -- lost: a run about to exit sees its requested_at (run_exit_check) and drains again, and a run
 -- that exits clears kicked_at (run_exit), so the next kick invokes. A queue needs no run when
@@ -498,21 +499,31 @@ WITH pending AS (
            ) AS needed
     FROM pending AS p
 )
-INSERT INTO pgdrain.kicks AS k (queue, kicked_at, requested_at)
-SELECT w.name, CASE WHEN w.needed THEN now() ELSE '-infinity'::timestamptz END, now()
+-- The kick that invokes holds the queue's kicks for %(hold_seconds)s (run_until), until the run
+-- it starts has registered and holds them itself (run_register, kick_hold): the kicks in
+-- between are that run's, not new invocations.
+INSERT INTO pgdrain.kicks AS k (queue, kicked_at, requested_at, run_until)
+SELECT w.name, CASE WHEN w.needed THEN now() ELSE '-infinity'::timestamptz END, now(),
+       CASE WHEN w.needed THEN now() + make_interval(secs => %(hold_seconds)s::float8) END
 FROM wanted AS w
 ORDER BY w.name  -- every statement locks kick rows in queue order: no deadlock between them
 ON CONFLICT (queue) DO UPDATE
 SET requested_at = excluded.requested_at,
     kicked_at = CASE WHEN excluded.kicked_at = now()
                       AND k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
-                     THEN excluded.kicked_at ELSE k.kicked_at END
+                      AND (k.run_until IS NULL OR k.run_until <= now())
+                     THEN excluded.kicked_at ELSE k.kicked_at END,
+    run_until = CASE WHEN excluded.kicked_at = now()
+                      AND k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
+                      AND (k.run_until IS NULL OR k.run_until <= now())
+                     THEN excluded.run_until ELSE k.run_until END
 RETURNING k.queue, k.kicked_at = now() AS invoke;
 
 -- name: kick_clear :exec
--- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes.
+-- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes (it
+-- invoked because no run held them, so the hold it set is its own).
 -- (The rows are locked in queue order, as every statement on them does.)
-UPDATE pgdrain.kicks SET kicked_at = '-infinity'
+UPDATE pgdrain.kicks SET kicked_at = '-infinity', run_until = NULL
 WHERE queue IN (
     SELECT queue FROM pgdrain.kicks
     WHERE queue = ANY(%(queues)s::text[])
@@ -590,12 +601,37 @@ SELECT count(*) AS ready FROM (
 
 -- name: run_register :exec
 -- A run announces itself once connected (a spawned run replaces the reservation its spawner
--- made under the same id). Repeating it changes nothing but the deadline: safe to retry.
-INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
-VALUES (%(run_id)s::text, %(queues)s::text[], %(chain)s::int,
-        now() + make_interval(secs => %(remaining_seconds)s::float8))
-ON CONFLICT (run_id) DO UPDATE
-SET queues = excluded.queues, chain = excluded.chain, deadline = excluded.deadline;
+-- made under the same id), and holds its queues' kicks for %(hold_seconds)s (run_until; never
+-- past its deadline): kicks do not invoke more runs while it drains. Repeating it changes
+-- nothing but the deadline and the hold: safe to retry.
+WITH registered AS (
+    INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+    VALUES (%(run_id)s::text, %(queues)s::text[], %(chain)s::int,
+            now() + make_interval(secs => %(remaining_seconds)s::float8))
+    ON CONFLICT (run_id) DO UPDATE
+    SET queues = excluded.queues, chain = excluded.chain, deadline = excluded.deadline
+    RETURNING deadline
+)
+INSERT INTO pgdrain.kicks AS k (queue, kicked_at, run_until)
+SELECT q.name, '-infinity',
+       least((SELECT deadline FROM registered),
+             now() + make_interval(secs => %(hold_seconds)s::float8))
+FROM unnest(%(queues)s::text[]) AS q(name)
+ORDER BY q.name  -- every statement locks kick rows in queue order: no deadlock between them
+ON CONFLICT (queue) DO UPDATE
+SET run_until = greatest(k.run_until, excluded.run_until);
+
+-- name: kick_hold :exec
+-- A live run renews its hold on its queues' kicks (run_register): until now + %(hold_seconds)s,
+-- which the caller keeps within its deadline. Safe to repeat: it only moves run_until later.
+UPDATE pgdrain.kicks AS k
+SET run_until = greatest(k.run_until, now() + make_interval(secs => %(hold_seconds)s::float8))
+WHERE k.queue IN (
+    SELECT queue FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE  -- in queue order, as every statement that locks kick rows
+);
 
 -- name: run_gate_lock :exec
 -- Serialise fan-out decisions until the transaction ends. Taken in a statement of its own, so
@@ -638,6 +674,10 @@ WITH kick AS MATERIALIZED (
 )
 SELECT
     coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
+    -- How long ago the latest kick of these queues was: a run lingers while kicks keep coming
+    -- (a burst becomes one invocation). NULL when none was ever recorded ('-infinity').
+    (SELECT extract(epoch FROM now() - max(requested_at))::float8 FROM kick
+     WHERE requested_at > '-infinity') AS kick_age_s,
     -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
     -- drain again (the lock lasts until this short transaction ends).
     -- A queue at its concurrency limit has nothing claimable either: the runs holding its
@@ -660,11 +700,13 @@ SELECT
     ) AS due_at;
 
 -- name: run_exit :exec
--- The run exits: the kicks of its queues no longer wait on it (the next kick invokes), and
+-- The run exits: the kicks of its queues no longer wait on it (the next kick invokes, even
+-- while another run still drains the queue: at worst one invocation that finds nothing), and
 -- it no longer counts as a live run. The rows of runs that died (past their deadline for an
 -- hour) go too, so the table stays as small as the number of live runs. Safe to repeat.
 WITH cleared AS (
-    UPDATE pgdrain.kicks SET kicked_at = '-infinity' WHERE queue = ANY(%(queues)s::text[])
+    UPDATE pgdrain.kicks SET kicked_at = '-infinity', run_until = NULL
+    WHERE queue = ANY(%(queues)s::text[])
 )
 DELETE FROM pgdrain.runs
 WHERE run_id = %(run_id)s
