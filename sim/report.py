@@ -106,7 +106,7 @@ BACKLOG_ENQUEUED_S = 30.0
 
 
 def targets(figures: Sequence[Figures]) -> list[tuple[str, str, bool | None]]:
-    """Issue 11's targets, each with what was measured and whether it holds (None: not
+    """The control plane's targets, each with what was measured and whether it holds (None: not
     measured in this run)."""
     by = {(f.trace, f.system): f for f in figures}
     out: list[tuple[str, str, bool | None]] = []
@@ -207,8 +207,8 @@ minutes on this machine ({meta["machine"]}).
 
 {markdown_table(figures)}
 {_notes_markdown(meta)}
-Issue 11's targets, checked against the pgdrain rows (the single chain the backlog compares with
-is the 5-minute schedule's run, less its wait for the first tick):
+The control plane's targets, checked against the pgdrain rows (the single chain the backlog
+compares with is the 5-minute schedule's run, less its wait for the first tick):
 
 {targets_markdown(figures)}
 
@@ -238,8 +238,10 @@ database's and the processes' own speed (a claim, a connection, an import take t
 time, so they look 12 times slower in simulated time: the figures are conservative for pgdrain
 and for its baselines alike). Execution environments are kept warm a few at a time, as Lambda
 keeps them, so a cold start's real second does not become 12 simulated seconds. The trace
-lengths were chosen for the full form to finish in about 20 minutes on a 2-core machine: the
-sparse trace covers {meta["sparse_minutes"]:g} simulated minutes, not a day.
+lengths were chosen for the full form to finish in about half an hour on a 2-core machine: the
+sparse trace covers {meta["sparse_minutes"]:g} simulated minutes; idle nearly all the time, it
+runs beside the others at a scale of its own where the traces say so (its processes' real
+time then looks that many times longer: conservative for the delays it measures).
 
 ## Columns
 

@@ -65,6 +65,7 @@ def test_env_json_overrides_what_the_template_declares(
 ) -> None:
     _enqueue(conn, "default", 3)
     _enqueue(conn, "emails", 4)
+    _enqueue(conn, "reports", 2)  # not in the overridden PGDRAIN_QUEUES
     env_json = tmp_path / "env.json"
     env_json.write_text(
         json.dumps(
@@ -80,8 +81,12 @@ def test_env_json_overrides_what_the_template_declares(
     run = invoke(db_url, "DrainFunction", "-e", str(event), "--env-vars", str(env_json))
 
     assert run.code == 0, run.err
-    assert run.result()["result"]["done"] == 4
-    assert _statuses(conn) == {("default", "queued"): 3, ("emails", "done"): 4}
+    assert run.result()["result"]["done"] == 7  # a kicked run drains all of PGDRAIN_QUEUES
+    assert _statuses(conn) == {
+        ("default", "done"): 3,
+        ("emails", "done"): 4,
+        ("reports", "queued"): 2,
+    }
     assert "not in the template, ignored (as sam does): NOT_IN_TEMPLATE" in run.err
 
 

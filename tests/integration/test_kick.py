@@ -94,8 +94,9 @@ def test_the_event_kicked_is_one_the_function_accepts(
 ) -> None:
     kick(conn, ["emails", "sms"], settings=_settings(), client=lambda_api)
     (event,) = spy.events()
+    assert event == events.enqueue_event(["emails", "sms"])
     trigger = events.parse(event, Settings(queues=("emails", "sms", "default")))
-    assert (trigger.reason, trigger.queues) == ("enqueue", ("emails", "sms"))
+    assert (trigger.reason, trigger.queues) == ("enqueue", ("emails", "sms", "default"))
 
 
 def test_without_a_function_name_a_kick_is_skipped(

@@ -148,20 +148,25 @@ def test_a_scheduled_event_drains_every_configured_queue(
     assert {line["correlation_id"] for line in function.log_lines()} == {event["id"]}
 
 
-def test_an_enqueue_event_drains_only_its_queues(function: Function, conn: Conn) -> None:
+def test_an_enqueue_event_drains_every_queue_of_the_function(
+    function: Function, conn: Conn
+) -> None:
+    """A kick for beta starts a run that drains alpha too (the runs are interchangeable, so a
+    cap on runs serves every queue), and nothing outside PGDRAIN_QUEUES."""
     function.configure(PGDRAIN_QUEUES="alpha,beta")
     _enqueue(conn, "alpha", 5)
     _enqueue(conn, "beta", 4)
+    _enqueue(conn, "gamma", 3)
 
     result = function.invoke({"pgdrain": {"reason": "enqueue", "queues": ["beta"]}})
 
     assert result["ok"] is True, result
     assert (result["trigger"], result["queues"], result["result"]["done"]) == (
         "enqueue",
-        ["beta"],
-        4,
+        ["alpha", "beta"],
+        9,
     )
-    assert _statuses(conn) == {("alpha", "queued"): 5, ("beta", "done"): 4}
+    assert _statuses(conn) == {("alpha", "done"): 5, ("beta", "done"): 4, ("gamma", "queued"): 3}
 
 
 # -- bad events: an error, one log line, and no database connection ---------------------------

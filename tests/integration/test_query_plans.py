@@ -1,5 +1,5 @@
 """The statements that end a run, the claim, queue_depth, queue_stats and reclaim use their
-indexes on a table whose history dwarfs its backlog (issue 15): each plan must name the
+indexes on a table whose history dwarfs its backlog: each plan must name the
 index meant for it and hold no sequential scan of pgdrain.jobs.
 
 The table is big enough that the planner's choice is real: the statements these replaced

@@ -133,7 +133,9 @@ def test_a_run_that_ends_with_a_delayed_job_schedules_one_wake_up(
     expected = wake_time(run_at, 60)
     assert (result["wake"], result["wake_at"]) == ("created", expected.isoformat())
     (schedule,) = _schedules(scheduler)
-    assert schedule["Name"] == schedule_name(["emails"], expected) == result["wake_schedule"]
+    # A kicked run drains every queue of the function: the wake-up is for all of them.
+    name = schedule_name(["emails", "default"], expected)
+    assert schedule["Name"] == name == result["wake_schedule"]
     assert schedule["ScheduleExpression"] == at_expression(expected)
     assert schedule["ScheduleExpressionTimezone"] == "UTC"
     assert schedule["FlexibleTimeWindow"] == {"Mode": "OFF"}
@@ -141,9 +143,9 @@ def test_a_run_that_ends_with_a_delayed_job_schedules_one_wake_up(
     assert schedule["Target"]["Arn"] == FUNCTION_ARN
     assert schedule["Target"]["RoleArn"] == ROLE_ARN
     wake = json.loads(schedule["Target"]["Input"])
-    assert wake == events.wake_event(["emails"])
+    assert wake == events.wake_event(["default", "emails"])
     trigger = events.parse(wake, Settings(queues=("emails", "default")))
-    assert (trigger.reason, trigger.queues, trigger.chain) == ("wake", ("emails",), 0)
+    assert (trigger.reason, trigger.queues, trigger.chain) == ("wake", ("default", "emails"), 0)
 
 
 def test_runs_ending_one_after_another_make_one_schedule_and_an_earlier_one_wins(
@@ -254,7 +256,7 @@ def test_a_failed_creation_is_logged_and_suppresses_no_later_attempt(
     assert "could not create the wake-up schedule" in logged.getMessage()
     if not released:  # the control: the failed run's reservation, had it not been released
         conn.execute(
-            "INSERT INTO pgdrain.wakes VALUES ('emails', %s, 'creating', 'the-failed-run',"
+            "INSERT INTO pgdrain.wakes VALUES ('default,emails', %s, 'creating', 'the-failed-run',"
             " now() + interval '30 seconds')",
             (dt.datetime.fromisoformat(result["wake_at"]),),
         )
@@ -406,4 +408,4 @@ def test_at_the_hop_limit_with_work_left_a_wake_up_starts_a_new_chain(
     assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
     assert result["wake"] == "created"
     (schedule,) = _schedules(scheduler)
-    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["emails"])
+    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])

@@ -53,9 +53,9 @@ def test_the_sample_events_parse() -> None:
     assert parsed["continue"].chain == 1
 
 
-def test_an_enqueue_kick_names_its_queues() -> None:
+def test_an_enqueue_kick_names_its_queues_and_drains_all_of_the_functions() -> None:
     event = events.enqueue_event(["emails", "sms", "emails"])
-    assert events.parse(event, SETTINGS) == events.Trigger("enqueue", ("emails", "sms"))
+    assert events.parse(event, SETTINGS) == events.Trigger("enqueue", SETTINGS.queues)
 
 
 def test_a_continuation_carries_its_chain() -> None:

@@ -6,6 +6,7 @@ with one line saying what is wrong (and no database work is done for it).
   Drains every queue in PGDRAIN_QUEUES.
 - An enqueue kick, sent by pgdrain.kick() after the application commits:
   {"pgdrain": {"reason": "enqueue", "queues": ["emails"]}}
+  The queues must be among PGDRAIN_QUEUES; the run drains all of PGDRAIN_QUEUES.
 - A continuation, sent by a run that ran out of time with work left:
   {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": 3}}
 - A wake-up, from the one-shot schedule a run created for the moment work is next due:
@@ -126,7 +127,12 @@ def _parse_pgdrain(event: dict[str, Any], settings: Settings) -> Trigger:
     reason = body.get("reason")
     if reason == ENQUEUE:
         _only_keys(body, ("reason", "queues"))
-        return Trigger(ENQUEUE, _queues(body, settings))
+        _queues(body, settings)  # checked: a kick names queues this function drains
+        # A kicked run drains every queue of the function, as a scheduled one does: runs are
+        # interchangeable, so the runs PGDRAIN_MAX_RUNS allows serve every queue (round-robin,
+        # per-queue limits), and a queue kicked while they all work on another is served by
+        # them instead of waiting for a free place (its kick invokes nothing: they hold it).
+        return Trigger(ENQUEUE, settings.queues)
     if reason == CONTINUE:
         _only_keys(body, ("reason", "queues", "chain"))
         return Trigger(CONTINUE, _queues(body, settings), _chain(body))

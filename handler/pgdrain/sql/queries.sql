@@ -265,10 +265,12 @@ RETURNING j.id, held.token;
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
 -- (or at once when %(final)s: discarded; `cancelled` instead when %(cancelled)s, the job's
--- own Cancel, the state an operator's `pgdrain cancel` leaves too). A snooze (%(spend_attempt)s false) gives
--- the attempt back and is queued whatever attempts are left. %(error_record)s (a JSON object,
--- or NULL for a snooze) is appended to the job's error history with the attempt number and
--- the database's time, in this same fenced statement; the history keeps the latest 50.
+-- own Cancel, the state an operator's `pgdrain cancel` leaves too). A snooze
+-- (%(spend_attempt)s false) gives the attempt back, keeps last_error (the latest real error:
+-- a snooze is none) and is queued whatever attempts are left. %(error_record)s (a JSON
+-- object, or NULL for a snooze) is appended to the job's error history with the attempt
+-- number and the database's time, in this same fenced statement; the history keeps the
+-- latest 50.
 UPDATE pgdrain.jobs AS j
 SET status = CASE WHEN %(cancelled)s THEN 'cancelled'
                   WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
@@ -279,7 +281,7 @@ SET status = CASE WHEN %(cancelled)s THEN 'cancelled'
     finished_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
                        THEN now() END,
     attempts = CASE WHEN %(spend_attempt)s THEN j.attempts ELSE j.attempts - 1 END,
-    last_error = %(error)s,
+    last_error = CASE WHEN %(spend_attempt)s THEN %(error)s ELSE j.last_error END,
     errors = CASE WHEN %(error_record)s::jsonb IS NULL THEN j.errors
                   ELSE (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0
                              ELSE j.errors END)
@@ -483,8 +485,10 @@ SELECT EXISTS (
 -- delayed job is then started by that wake-up, not by a run now that finds nothing.
 WITH pending AS (
     SELECT q.name,
-           (SELECT w.wake_at FROM pgdrain.wakes AS w
-            WHERE w.queue_set = q.name AND w.state = 'created' AND w.wake_at > now()) AS wake_at
+           -- A wake-up of any set of queues that holds this one starts a run that drains it.
+           (SELECT min(w.wake_at) FROM pgdrain.wakes AS w
+            WHERE q.name = ANY(string_to_array(w.queue_set, ','))
+              AND w.state = 'created' AND w.wake_at > now()) AS wake_at
     FROM unnest(%(queues)s::text[]) AS q(name)
 ), wanted AS (
     SELECT p.name,
