@@ -84,18 +84,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = _size(options)
     built = [traces.build(name, size, options.seed) for name in options.trace_names]
     for trace in built:
+        factor = trace.scale or options.factor
         print(
             f"trace {trace.name}: {trace.jobs} jobs, {trace.min_duration_s / 60:g} simulated"
-            f" minutes at least ({trace.min_duration_s / options.factor:.0f} s real)",
+            f" minutes at least ({trace.min_duration_s / factor:.0f} s real)",
             flush=True,
         )
     try:
-        if size.traces_in_parallel:  # the smoke form: every trace at once, to be quick
-            with ThreadPoolExecutor(len(built)) as pool:
-                futures = [pool.submit(_run_trace, t, function, base_url, options) for t in built]
-                per_trace = [f.result() for f in futures]
-        else:
-            per_trace = [_run_trace(t, function, base_url, options) for t in built]
+        # The smoke form runs every trace at once, to be quick; the full form runs them one
+        # after the other (they load the machine), except an idle trace, which runs beside them.
+        together = [t for t in built if size.traces_in_parallel or t.alongside]
+        in_turn = [t for t in built if t not in together]
+        with ThreadPoolExecutor(len(together) + 1) as pool:
+            futures = [pool.submit(_run_trace, t, function, base_url, options) for t in together]
+            sequence = pool.submit(
+                lambda: [_run_trace(t, function, base_url, options) for t in in_turn]
+            )
+            by_name = {t.name: f.result() for t, f in zip(together, futures, strict=True)}
+            by_name |= {t.name: r for t, r in zip(in_turn, sequence.result(), strict=True)}
+        per_trace = [by_name[t.name] for t in built]
     finally:
         cleanup()
     results = [figure for figures in per_trace for figure in figures]
@@ -201,6 +208,8 @@ def _server() -> tuple[str, Any]:
 def _run_trace(
     trace: traces.Trace, function: template.FunctionModel, base_url: str, options: Options
 ) -> list[measure.Figures]:
+    if trace.scale is not None:  # every duration of this trace, its processes' included
+        options = replace(options, factor=trace.scale)
     systems = [_setup(trace, name, base_url, options) for name in options.systems]
     groups = [systems] if trace.systems_in_parallel else [[s] for s in systems]
     results: list[measure.Figures] = []
@@ -533,5 +542,7 @@ def _traces_doc(size: traces.Size, seed: int) -> str:
                 text += f"; {what} from minute {start / 60:.1f} to {end / 60:.1f}"
         if not trace.systems_in_parallel:
             text += "; the systems run one after the other"
+        if trace.scale is not None:
+            text += f"; at time scale {trace.scale:g}, beside the other traces"
         lines.append(text + ".")
     return "\n".join(lines)

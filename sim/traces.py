@@ -2,7 +2,9 @@
 stand-in injects, and how long the trace runs. Each is deterministic (a seeded generator), so the
 driver process rebuilds the same plan from the trace's name and size.
 
-(a) sparse: a few jobs an hour; some delayed 1 to 60 minutes, some failing once.
+(a) sparse: a couple of jobs an hour over a simulated day; some delayed 1 to 60 minutes, some
+    failing once. It is idle nearly all the time, so it runs at a larger time scale than the
+    others (a day in half an hour) and alongside them.
 (b) burst: 1,000 enqueue+kick, each its own transaction, as fast as the driver can.
 (c) backlog: N I/O-bound jobs (20 ms each) in one transaction and one kick, and a trickle of
     one job a minute into a second queue during it.
@@ -43,6 +45,11 @@ class Trace:
     max_duration_s: float  # ...or this long at most
     faults: Faults = field(default_factory=Faults)
     systems_in_parallel: bool = True  # False: one system at a time (it loads the machine)
+    # This trace's own time scale (None: the run's). What the processes do in real time (start,
+    # connect, claim) looks `scale` times longer in simulated time, so only an idle trace can
+    # take a larger one.
+    scale: float | None = None
+    alongside: bool = False  # runs beside the other traces, not after them (it is idle)
 
     @property
     def jobs(self) -> int:
@@ -60,11 +67,13 @@ class Size:
     tail_minutes: float  # how long a trace may run past its minimum waiting for the last jobs
     burst_minutes: float = 10
     traces_in_parallel: bool = False
+    sparse_scale: float | None = None
 
 
 FULL = Size(
-    sparse_minutes=90,
-    sparse_jobs=16,
+    sparse_minutes=24 * 60,
+    sparse_jobs=40,
+    sparse_scale=48,  # a simulated day in 30 real minutes
     burst_jobs=1000,
     backlog_jobs=50_000,
     trickle_minutes=10,
@@ -129,6 +138,8 @@ def _sparse(size: Size, rng: random.Random) -> Trace:
         tuple(batches),
         min_duration_s=span,
         max_duration_s=span + size.tail_minutes * MINUTE,
+        scale=size.sparse_scale,
+        alongside=size.sparse_scale is not None,
     )
 
 
