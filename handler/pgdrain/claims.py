@@ -156,7 +156,8 @@ class Claims:
             self._lease_lost(claimed.held, "its failure was not recorded")
             return
         final = outcome.status != "queued"  # failed, or cancelled by the job itself
-        # A snooze counts as retried: the job is queued again (its attempt given back).
+        # A snooze counts as retried: the job is queued again (its attempt given back). A
+        # job's own Cancel counts as failed (the summary has no counter of its own for it).
         self._counters.add("failed" if final else "retried", 1)
         _log_failure(claimed, decision, final)
 
@@ -183,12 +184,19 @@ def _error_record(decision: outcomes.Decision) -> dict[str, str | None] | None:
 
 
 def _log_failure(claimed: store.ClaimedJob, decision: outcomes.Decision, final: bool) -> None:
-    log.warning(
-        "job failed"
-        if final
-        else "job snoozed"
-        if not decision.spend_attempt
-        else "job will be retried",
+    """One line per outcome: WARNING for a failure, a retry or a job's own Cancel; INFO for a
+    snooze, which is no error (the job waits on something, its attempt given back)."""
+    if decision.cancelled:
+        level, message = logging.WARNING, "job cancelled"
+    elif final:
+        level, message = logging.WARNING, "job failed"
+    elif not decision.spend_attempt:
+        level, message = logging.INFO, "job snoozed"
+    else:
+        level, message = logging.WARNING, "job will be retried"
+    log.log(
+        level,
+        message,
         extra={
             "job_id": claimed.id,
             "kind": claimed.kind,

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import importlib.metadata
+import inspect
 import itertools
 import json
 import logging
@@ -22,9 +23,9 @@ from pgdrain import db, embedded, jsonbound, store
 from pgdrain.budget import Budget
 from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_size
-from pgdrain.errors import BadInput, PgdrainError
+from pgdrain.errors import BadInput, ConfigError, JobsModuleNotFound, PgdrainError
 from pgdrain.migrate import migrate
-from pgdrain.registry import load_registry
+from pgdrain.registry import Registry, load_registry
 from pgdrain.report import (
     format_job,
     format_job_line,
@@ -33,7 +34,15 @@ from pgdrain.report import (
     job_as_dict,
     printable,
 )
-from pgdrain.settings import QUEUE_NAME, Settings, parse_queues
+from pgdrain.settings import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_JOBS_MODULE,
+    DEFAULT_QUEUES,
+    QUEUE_NAME,
+    Settings,
+    parse_queues,
+)
 from pgdrain.stop import exit_code, stop_on_signals
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -51,6 +60,12 @@ MAX_SINCE_DAYS = 36_500.0
 MAX_KIND_LENGTH = 200
 # DrainResult.error_kind values that mean the settings are wrong (summary.error_kind).
 CONFIG_ERROR_KINDS = ("authentication", "configuration")
+# What `enqueue` uses for an option neither the command line nor the kind's decorator gives.
+ENQUEUE_DEFAULTS: dict[str, Any] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(build_job).parameters.items()
+    if name in ("queue_name", "priority", "max_attempts", "recovery_policy")
+}
 
 log = logging.getLogger("pgdrain")
 
@@ -172,19 +187,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("enqueue", help="enqueue jobs")
     p.add_argument("kind")
     p.add_argument("--payload", default="{}", help="JSON, or @FILE (@- for stdin); default {}")
-    p.add_argument("--queue", default="default")
+    # These four default to the kind's decorator options (PGDRAIN_JOBS), as jobs.enqueue does.
+    p.add_argument("--queue", help=_kind_default("queue", "queue_name"))
     p.add_argument("--delay", type=_non_negative_float, default=0.0, help="seconds")
-    p.add_argument("--priority", type=_int, default=0, help="smaller runs first")
-    p.add_argument("--max-attempts", type=_int, default=5)
-    p.add_argument("--recovery-policy", choices=("auto", "manual"), default="auto")
+    p.add_argument("--priority", type=_int, help="smaller runs first " + _kind_default("priority"))
+    p.add_argument("--max-attempts", type=_int, help=_kind_default("max_attempts"))
+    p.add_argument(
+        "--recovery-policy", choices=("auto", "manual"), help=_kind_default("recovery_policy")
+    )
     p.add_argument("--key", help="idempotency key")
     p.add_argument("--count", type=_positive_int, default=1)
 
     p = commands.add_parser("drain", help="drain ready jobs until none is left or time is up")
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
-    p.add_argument("--queues", help="comma-separated (default PGDRAIN_QUEUES)")
-    p.add_argument("--concurrency", type=_int_between(1, 256), help="1 to 256")
-    p.add_argument("--batch-size", type=_int_between(1, 1000), help="1 to 1000")
+    p.add_argument(
+        "--queues",
+        help=f"comma-separated (default: PGDRAIN_QUEUES, else {','.join(DEFAULT_QUEUES)})",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_int_between(1, 256),
+        help=f"1 to 256 (default: PGDRAIN_CONCURRENCY, else {DEFAULT_CONCURRENCY})",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_int_between(1, 1000),
+        help=f"1 to 1000 (default: PGDRAIN_BATCH_SIZE, else {DEFAULT_BATCH_SIZE})",
+    )
     p.add_argument("--json", action="store_true")
 
     _add_operator_commands(commands)
@@ -203,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _kind_default(option: str, field: str | None = None) -> str:
+    fallback = ENQUEUE_DEFAULTS[field or option]
+    return f"(default: the kind's {option}= in PGDRAIN_JOBS, else {fallback})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
@@ -215,11 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_env(os.environ)
         return command(args, settings)
-    except BadInput as exc:
-        print(f"pgdrain: error: {exc}", file=sys.stderr)
+    except BadInput as exc:  # printable: the text may hold a job module's control characters
+        print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except PgdrainError as exc:
-        print(f"pgdrain: error: {exc}", file=sys.stderr)
+        print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except psycopg.Error as exc:
         print(f"pgdrain: database error: {db.describe(exc)}", file=sys.stderr)
@@ -239,8 +273,13 @@ def conninfo_or_embedded(settings: Settings) -> str:
 
 
 def _connect(settings: Settings) -> store.Connection:
+    # The retries while the database is not up yet are logged at INFO (shown with -v): the
+    # command's output on failure is its one error line.
     return db.connect(
-        conninfo_or_embedded(settings), settings, Budget.seconds(settings.connect_timeout)
+        conninfo_or_embedded(settings),
+        settings,
+        Budget.seconds(settings.connect_timeout),
+        retry_log_level=logging.INFO,
     )
 
 
@@ -260,16 +299,16 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     if args.key is not None and args.count > 1:
         raise BadInput("--key names one job; it cannot be combined with --count > 1")
     payload = parse_payload(args.payload)
-    job = build_job(
-        args.kind,
-        payload,
-        queue_name=args.queue,
-        delay=args.delay,
-        priority=args.priority,
-        max_attempts=args.max_attempts,
-        recovery_policy=args.recovery_policy,
-        idempotency_key=args.key,
-    )
+    given = {
+        "queue": args.queue,
+        "priority": args.priority,
+        "max_attempts": args.max_attempts,
+        "recovery_policy": args.recovery_policy,
+    }
+    fields = _enqueue_registry(settings, given).defaults(args.kind, **given)
+    if "queue" in fields:
+        fields["queue_name"] = fields.pop("queue")
+    job = build_job(args.kind, payload, delay=args.delay, idempotency_key=args.key, **fields)
     total = payload_size(payload) * args.count
     if total > MAX_ENQUEUE_TOTAL_BYTES:
         raise BadInput(
@@ -285,6 +324,25 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             ids = enqueue_many(conn, itertools.repeat(job, args.count))
             print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
     return EXIT_OK
+
+
+def _enqueue_registry(settings: Settings, given: dict[str, Any]) -> Registry:
+    """The jobs module's registry, whose kind options fill in what the command line leaves
+    out (Registry.defaults), as `jobs.enqueue` does in code; an empty one when every option is
+    given (nothing is imported) or the module cannot be loaded: then the command's own
+    defaults apply, as for a kind the module does not register."""
+    if all(value is not None for value in given.values()):
+        return Registry()
+    unused = "%s; enqueueing without the kind's decorator options (the command's defaults)"
+    try:
+        return load_registry(settings.jobs_module)
+    except JobsModuleNotFound as exc:
+        # Enqueueing from where the job code is not: quiet unless PGDRAIN_JOBS named it.
+        if settings.jobs_module != DEFAULT_JOBS_MODULE:
+            log.warning(unused, exc)
+    except ConfigError as exc:  # the module fails to import: say so, and enqueue anyway
+        log.warning(unused, exc)
+    return Registry()
 
 
 def parse_payload(text: str) -> Any:
@@ -387,12 +445,14 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgdrain import demo
 
+    registry = demo.load_jobs(settings)  # first: a missing jobs module writes nothing
     embedded_dir = (
         None if settings.database_url or settings.db_secret_arn else embedded.data_dir_in_use()
     )
     return demo.run(
         settings,
         conninfo_or_embedded(settings),
+        registry=registry,
         count=args.count,
         budget=args.budget,
         embedded_dir=embedded_dir,

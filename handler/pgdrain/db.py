@@ -107,12 +107,15 @@ def connect(
     *,
     sleep: Callable[[float], None] = time.sleep,
     jitter: Callable[[], float] = random.random,
+    retry_log_level: int = logging.WARNING,
 ) -> psycopg.Connection[Any]:
     """Connect. While the server is not up yet, retry after a jittered exponential backoff
     (`jitter()` in [0, 1) scales each wait, so that functions started together do not all
     knock on a starting Neon compute at the same moment), as long as the budget less the
     reserve allows. Settings that cannot work fail at once (DatabaseMisconfigured). Connecting
-    is safe to repeat: a failed attempt leaves nothing open on the server."""
+    is safe to repeat: a failed attempt leaves nothing open on the server. Each retry is
+    logged at `retry_log_level` (the CLI's operator commands: INFO, so that a database that
+    is down costs them one error line)."""
     ceiling = FIRST_RETRY_DELAY_SECONDS
     attempt = 0
     while True:
@@ -143,7 +146,8 @@ def connect(
                 raise DatabaseUnavailable(
                     f"database unreachable after {attempt} attempt(s): {reason}"
                 ) from None
-            log.warning(
+            log.log(
+                retry_log_level,
                 "database not reachable yet, retrying",
                 extra={"attempt": attempt, "retry_in_s": round(delay, 2), "reason": reason},
             )

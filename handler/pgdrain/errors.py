@@ -16,6 +16,11 @@ class ConfigError(BadInput):
     """An environment setting is invalid; the message names the variable."""
 
 
+class JobsModuleNotFound(ConfigError):
+    """PGDRAIN_JOBS names a module that is not on the Python path (as opposed to one that
+    fails to import): `pgdrain enqueue` goes on without the kinds' options."""
+
+
 class BadEvent(BadInput):
     """A Lambda event pgdrain does not understand; no database work was done."""
 

@@ -50,7 +50,8 @@ class RetryIn(JobOutcome):
 
 class Snooze(JobOutcome):
     """Run again after `seconds` without spending an attempt (waiting on something external).
-    Nothing is added to the error history."""
+    No error is recorded: nothing is added to the error history, and `last_error` keeps the
+    latest real error. Logged at INFO (`job snoozed`); the run's summary counts it as retried."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = _seconds(seconds, "Snooze")
@@ -66,7 +67,9 @@ class Discard(JobOutcome):
 
 
 class Cancel(JobOutcome):
-    """Stop the job for good: it is failed at once, its last error saying it was cancelled."""
+    """Stop the job for good: it ends at once as `cancelled` (the state `pgdrain cancel`
+    leaves; `pgdrain retry ID` queues it again), whatever attempts are left, its last error
+    `cancelled: reason`. Logged as `job cancelled`; the run's summary counts it as failed."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason

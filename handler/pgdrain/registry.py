@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pgdrain import periodic as periodic_mod
 from pgdrain import retry, store
-from pgdrain.errors import BadInput, ConfigError, UnknownJobKind
+from pgdrain.errors import BadInput, ConfigError, JobsModuleNotFound, UnknownJobKind
+from pgdrain.outcomes import safe_str
 from pgdrain.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -328,12 +329,13 @@ def load_registry(module_name: str) -> Registry:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise ConfigError(
+            raise JobsModuleNotFound(
                 f"PGDRAIN_JOBS: module {module_name!r} was not found on the Python path "
                 "(which holds the current directory when run by the pgdrain command)"
             ) from None
         raise ConfigError(_import_failure(module_name, exc)) from None
-    except Exception as exc:  # the user's module: anything its top level raises, in one line
+    except (Exception, SystemExit) as exc:  # the user's module: anything its top level raises
+        # (sys.exit() included: a module that exits at import failed to import), in one line
         raise ConfigError(_import_failure(module_name, exc)) from None
     preferred = getattr(module, "jobs", None)
     if isinstance(preferred, Registry):
@@ -344,10 +346,11 @@ def load_registry(module_name: str) -> Registry:
     raise ConfigError(f"PGDRAIN_JOBS: module {module_name!r} defines no pgdrain.Registry")
 
 
-def _import_failure(module_name: str, exc: Exception) -> str:
+def _import_failure(module_name: str, exc: BaseException) -> str:
     """One line: the module, the error, and where it was raised (the innermost frame, or the
-    file and line of a syntax error)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    file and line of a syntax error). The error's text is the module's code (its __str__ may
+    raise): read through outcomes.safe_str."""
+    lines = [line.strip() for line in safe_str(exc).strip().splitlines() if line.strip()]
     text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
     if isinstance(exc, SyntaxError) and exc.filename:
         where = f"{exc.filename}, line {exc.lineno}"

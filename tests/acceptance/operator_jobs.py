@@ -26,3 +26,9 @@ def wait(job: Job) -> None:
         time.sleep(0.02)
     seen = "lease lost" if job.lease_lost() else "released"
     Path(job.payload["seen"]).write_text(seen, encoding="utf-8")
+
+
+@jobs.job("shaped", queue="q1", max_attempts=3, priority=3, recovery_policy="manual")
+def shaped(job: Job) -> None:
+    """A kind with every enqueue option set in its decorator: `pgdrain enqueue shaped` takes
+    them as its defaults."""

@@ -5,6 +5,7 @@ input (exit 2, one line naming the problem, nothing written) and a database that
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from collections.abc import Sequence
@@ -128,6 +129,82 @@ def test_stats_json_on_an_empty_queue_is_an_empty_list(db_url: str) -> None:
     assert (run.code, json.loads(run.out)) == (EXIT_OK, [])
 
 
+# The kind's decorator options (PGDRAIN_JOBS=operator_jobs: `shaped` sets all four) are the
+# defaults of `enqueue KIND`, as for jobs.enqueue() in code; a flag given wins.
+
+HERE = Path(__file__).resolve().parent
+
+
+def with_kinds(url: str, *args: str, jobs: str = "operator_jobs", path: str = "") -> Run:
+    pythonpath = os.pathsep.join(p for p in (str(ROOT / "handler"), str(HERE), path) if p)
+    return pgdrain(url, *args, PYTHONPATH=pythonpath, PGDRAIN_JOBS=jobs)
+
+
+def _options(conn: Conn, run: Run) -> list[tuple[str, int, int, str]]:
+    """The queue, priority, max_attempts and recovery_policy of each job the run enqueued."""
+    assert (run.code, run.err) == (EXIT_OK, ""), run
+    ids = [int(n) for n in re.findall(r"\d+", run.out)]
+    rows = conn.execute(
+        "SELECT queue, priority, max_attempts, recovery_policy FROM pgdrain.jobs"
+        " WHERE id BETWEEN %s AND %s ORDER BY id",
+        (min(ids), max(ids)),
+    ).fetchall()
+    return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+
+COMMAND_DEFAULTS = ("default", 0, 5, "auto")
+
+
+def test_enqueue_takes_the_kinds_decorator_options(conn: Conn, db_url: str) -> None:
+    assert _options(conn, with_kinds(db_url, "enqueue", "shaped")) == [("q1", 3, 3, "manual")]
+    many = with_kinds(db_url, "enqueue", "shaped", "--count", "3")
+    assert _options(conn, many) == [("q1", 3, 3, "manual")] * 3
+
+
+def test_enqueue_flags_win_over_the_kinds_options(conn: Conn, db_url: str) -> None:
+    """Flags equal to the command's own defaults too: a flag given is never replaced."""
+    args = ["--queue", "default", "--priority", "0", "--max-attempts", "5"]
+    every = with_kinds(db_url, "enqueue", "shaped", *args, "--recovery-policy", "auto")
+    assert _options(conn, every) == [COMMAND_DEFAULTS]
+    some = with_kinds(db_url, "enqueue", "shaped", "--queue", "emails", "--priority", "-2")
+    assert _options(conn, some) == [("emails", -2, 3, "manual")]
+
+
+def test_enqueue_of_a_kind_the_module_does_not_register_uses_the_command_defaults(
+    conn: Conn, db_url: str
+) -> None:
+    assert _options(conn, with_kinds(db_url, "enqueue", "not_registered")) == [COMMAND_DEFAULTS]
+
+
+def test_control_without_the_module_the_kinds_options_are_not_applied(
+    conn: Conn, db_url: str
+) -> None:
+    """The same kind, with a jobs module that does not register it (handler/jobs.py): the
+    command's defaults, so the options above came from operator_jobs."""
+    assert _options(conn, with_kinds(db_url, "enqueue", "shaped", jobs="jobs")) == [
+        COMMAND_DEFAULTS
+    ]
+
+
+def test_enqueue_with_a_module_that_cannot_load_still_enqueues_and_says_so(
+    conn: Conn, db_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "broken_enqueue_jobs.py").write_text('raise RuntimeError("no API key")\n')
+    for jobs, fragment in [
+        ("broken_enqueue_jobs", "failed to import: RuntimeError: no API key"),
+        ("no_such_jobs_module", "was not found"),
+    ]:
+        run = with_kinds(db_url, "enqueue", "shaped", jobs=jobs, path=str(tmp_path))
+        assert run.code == EXIT_OK, run
+        line = only_line(run.err)
+        assert line.startswith("pgdrain: WARNING PGDRAIN_JOBS:") and fragment in line, line
+        assert "without the kind's decorator options" in line
+        [job_id] = re.findall(r"\d+", run.out)
+        row = job_row(conn, int(job_id))
+        options = (row["queue"], row["priority"], row["max_attempts"], row["recovery_policy"])
+        assert options == COMMAND_DEFAULTS
+
+
 # Bad input: exit 2, exactly one line on stderr naming the problem, and no row written.
 # These share one database (a bad command writes nothing, which each case checks).
 
@@ -226,3 +303,20 @@ def test_a_database_that_is_down_gives_exit_1_and_one_line(args: list[str]) -> N
     assert f"port {port}" in line  # names where it tried
     assert "Traceback" not in run.err
     assert run.out == ""
+
+
+@pytest.mark.parametrize("args", [["jobs"], ["stats"], ["enqueue", "send_email"]])
+def test_an_operator_command_retries_a_database_that_is_down_quietly(args: list[str]) -> None:
+    """Retries inside the connect timeout (5 s less the 3 s reserve) print nothing: one line
+    on stderr, the error naming how many attempts it made. With -v, each retry is a line."""
+    url = f"postgresql://postgres@127.0.0.1:{_closed_port()}/pgdrain"
+    run = pgdrain(url, *args, PGDRAIN_CONNECT_TIMEOUT="5")
+    assert run.code == EXIT_FAILURE, run
+    line = only_line(run.err)
+    attempts = re.search(r"database unreachable after (\d+) attempt\(s\)", line)
+    assert attempts and int(attempts.group(1)) >= 2, line  # it did retry
+    assert run.out == ""
+
+    verbose = pgdrain(url, "-v", *args, PGDRAIN_CONNECT_TIMEOUT="5")
+    retries = [r for r in verbose.err.splitlines() if "INFO database not reachable yet" in r]
+    assert verbose.code == EXIT_FAILURE and len(retries) >= 1, verbose

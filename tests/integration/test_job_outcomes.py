@@ -4,6 +4,7 @@ history, hostile error texts, the outcome exceptions, unknown kinds."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 import psycopg
@@ -72,6 +73,13 @@ def retry_in(job: Job) -> None:
 
 @jobs.job("snooze")
 def snooze(job: Job) -> None:
+    raise Snooze(600)
+
+
+@jobs.job("fail_then_snooze", backoff=lambda attempt: 0.0)  # attempt 2 in the same run
+def fail_then_snooze(job: Job) -> None:
+    if job.attempt == 1:
+        raise ValueError("the real error")
     raise Snooze(600)
 
 
@@ -225,7 +233,39 @@ def test_snooze_gives_the_attempt_back_and_adds_no_error(db_url: str, conn: Conn
     assert run(db_url).retried == 1
     row = job_row(conn, job_id)
     assert (row["status"], row["attempts"], row["errors"]) == ("queued", 0, [])
+    assert row["last_error"] is None
     assert 590 < _seconds_until_run(conn, job_id) <= 600
+
+
+def test_a_snooze_after_a_failure_keeps_the_real_error_and_logs_at_info(
+    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = enqueue(conn, "fail_then_snooze", max_attempts=5)
+    with caplog.at_level("INFO", logger="pgdrain"):
+        assert run(db_url).retried == 2  # the failure, then the snooze
+    row = job_row(conn, job_id)
+    assert (row["status"], row["attempts"]) == ("queued", 1)  # the snooze gave its attempt back
+    assert row["last_error"] == "ValueError: the real error"
+    assert [(e["attempt"], e["message"]) for e in row["errors"]] == [(1, "the real error")]
+    [snoozed] = [r for r in caplog.records if r.getMessage() == "job snoozed"]
+    assert (snoozed.levelname, snoozed.__dict__["job_id"]) == ("INFO", job_id)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "job will be retried"
+    ]
+
+
+def test_a_jobs_own_cancel_is_logged_as_cancelled_not_failed(
+    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = enqueue(conn, "cancel")
+    with caplog.at_level("INFO", logger="pgdrain"):
+        run(db_url)
+    outcomes_logged = [r for r in caplog.records if r.getMessage().startswith("job ")]
+    assert [(r.getMessage(), r.levelname) for r in outcomes_logged] == [
+        ("job cancelled", "WARNING")
+    ]
+    assert outcomes_logged[0].__dict__["job_id"] == job_id
+    assert job_row(conn, job_id)["status"] == "cancelled"
 
 
 @pytest.mark.parametrize(
