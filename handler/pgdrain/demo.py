@@ -14,8 +14,7 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 from pgdrain import store
@@ -25,7 +24,7 @@ from pgdrain.drain import DrainResult, drain
 from pgdrain.enqueue import build_job
 from pgdrain.errors import ConfigError, PgdrainError
 from pgdrain.migrate import migrate
-from pgdrain.registry import Registry, load_registry
+from pgdrain.registry import Registry, load_registry, on_sys_path
 from pgdrain.report import format_result, format_stats
 from pgdrain.settings import Settings
 
@@ -62,7 +61,7 @@ def load_jobs(settings: Settings) -> Registry:
     module is one line and exit 2 with nothing written."""
     if through_invoke():
         module_name, code_dir = _function_jobs_module()
-        with _on_path(code_dir):
+        with on_sys_path(code_dir):
             registry = load_registry(module_name)
     else:
         module_name = settings.jobs_module
@@ -205,19 +204,6 @@ def _function_jobs_module() -> tuple[str, Path]:
         spec, overrides, os.environ, local_invoke.local_region()
     )
     return Settings.from_env(env).jobs_module, spec.code_dir
-
-
-@contextmanager
-def _on_path(folder: Path) -> Iterator[None]:
-    entry = str(folder)
-    added = entry not in sys.path
-    if added:
-        sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        if added and entry in sys.path:
-            sys.path.remove(entry)
 
 
 def _count_level(lines: Iterable[str], level: str) -> int:

@@ -7,11 +7,13 @@ import functools
 import importlib
 import inspect
 import math
+import sys
 import traceback
 import uuid
-from collections.abc import Callable, Collection
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pgdrain import periodic as periodic_mod
@@ -315,6 +317,21 @@ def _check_options(kind: str, options: KindOptions) -> None:
         isinstance(options.backoff, RetryPolicy) or callable(options.backoff)
     ):
         raise ValueError(f"job kind {kind!r}: backoff must be a RetryPolicy or a function")
+
+
+@contextmanager
+def on_sys_path(folder: Path) -> Iterator[None]:
+    """`folder` first on sys.path while a jobs module is imported from it (the function's code
+    directory, as Lambda puts it there), and gone again after unless it was there before."""
+    entry = str(folder)
+    added = entry not in sys.path
+    if added:
+        sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        if added and entry in sys.path:
+            sys.path.remove(entry)
 
 
 def load_registry(module_name: str) -> Registry:

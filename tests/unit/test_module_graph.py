@@ -75,14 +75,7 @@ def test_importing_the_core_loads_no_aws_library() -> None:
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {AWS_MODULES[:3]!r}\n"
         "    or m == 'pgdrain.aws' or m.startswith('pgdrain.aws.')))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"PYTHONPATH": str(PACKAGE.parent)},
-    ).stdout
-    assert out.strip() == "[]"
+    assert _fresh_python(code).strip() == "[]"
 
 
 def test_control_pgdrain_kick_still_works_and_loads_the_edge_when_used() -> None:
@@ -92,14 +85,18 @@ def test_control_pgdrain_kick_still_works_and_loads_the_edge_when_used() -> None
         "from pgdrain import kick\n"
         "print(kick.__module__, 'pgdrain.aws.kick' in sys.modules)\n"
     )
-    out = subprocess.run(
+    assert _fresh_python(code).split() == ["pgdrain.aws.kick", "True"]
+
+
+def _fresh_python(code: str) -> str:
+    """What `code` prints in a fresh interpreter that finds only the package."""
+    return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         check=True,
         env={"PYTHONPATH": str(PACKAGE.parent)},
     ).stdout
-    assert out.split() == ["pgdrain.aws.kick", "True"]
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from pgdrain import jsonbound
 from pgdrain.aws.context import FakeContext
 from pgdrain.errors import BadInput
+from pgdrain.registry import on_sys_path
 
 DEFAULT_TEMPLATE = "template.yaml"
 FUNCTION_TYPES = ("AWS::Serverless::Function", "AWS::Lambda::Function")
@@ -431,7 +432,7 @@ def invoke(
     if not module_name:
         raise BadInput(f"Handler {spec.handler!r} is not module.function")
     stream = output or sys.stderr
-    with _environment(env), contextlib.redirect_stdout(stream), _on_path(spec.code_dir):
+    with _environment(env), contextlib.redirect_stdout(stream), on_sys_path(spec.code_dir):
         try:
             handler = getattr(importlib.import_module(module_name), attribute)
         except Exception as exc:  # reported as the Lambda runtime reports a failed init
@@ -490,16 +491,3 @@ def _environment(env: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _on_path(folder: Path) -> Iterator[None]:
-    entry = str(folder)
-    added = entry not in sys.path
-    if added:
-        sys.path.insert(0, entry)
-    try:
-        yield
-    finally:
-        if added and entry in sys.path:
-            sys.path.remove(entry)
