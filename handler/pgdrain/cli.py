@@ -123,7 +123,7 @@ class _Parser(argparse.ArgumentParser):
         return super()._add_action(action)
 
     def error(self, message: str) -> NoReturn:
-        print(f"pgdrain: error: {message}", file=sys.stderr)
+        print(f"pgdrain: error: {printable(message)}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
 
 
@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except psycopg.Error as exc:
-        print(f"pgdrain: database error: {db.describe(exc)}", file=sys.stderr)
+        print(f"pgdrain: database error: {printable(db.describe(exc))}", file=sys.stderr)
         return EXIT_FAILURE
 
 
