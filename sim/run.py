@@ -25,6 +25,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgdrain.migrate import migrate
+from pgdrain.settings import Settings
 from sim import measure, report, template, traces
 from sim.jobs import ENV_ID_VARIABLE, LEDGER_DDL, SCALE_VARIABLE
 from sim.launcher import Pool
@@ -315,6 +316,7 @@ def _plane(system: System, function: template.FunctionModel, options: Options) -
     # is made with an empty pool, which is replaced before it starts.
     plane = ControlPlane(config, provisional, Pool({}, ROOT, system.log, prefix="x", spare=0))
     env = _function_env(system, function, plane.url, options.factor)
+    Settings.from_env(env)  # a scale that takes a setting out of its range fails here, at once
     plane.pool = Pool(
         env, ROOT, system.log, prefix=system.name, spare=SPARE_ENVIRONMENTS[system.name]
     )

@@ -2,9 +2,9 @@
 stand-in injects, and how long the trace runs. Each is deterministic (a seeded generator), so the
 driver process rebuilds the same plan from the trace's name and size.
 
-(a) sparse: a couple of jobs an hour over a simulated day; some delayed 1 to 60 minutes, some
-    failing once. It is idle nearly all the time, so it runs at a larger time scale than the
-    others (a day in half an hour) and alongside them.
+(a) sparse: a job or two an hour over eight simulated hours; some delayed 1 to 60 minutes,
+    some failing once. It is idle nearly all the time, so it runs at a larger time scale than
+    the others and alongside them.
 (b) burst: 1,000 enqueue+kick, each its own transaction, as fast as the driver can.
 (c) backlog: N I/O-bound jobs (20 ms each) in one transaction and one kick, and a trickle of
     one job a minute into a second queue during it.
@@ -71,9 +71,11 @@ class Size:
 
 
 FULL = Size(
-    sparse_minutes=24 * 60,
-    sparse_jobs=40,
-    sparse_scale=48,  # a simulated day in 30 real minutes
+    sparse_minutes=8 * 60,
+    sparse_jobs=12,
+    # 8 simulated hours in 24 real minutes. No larger: the template's ReserveSeconds (10) and
+    # LeaseSeconds (30) scaled by it must stay within their settings' minimums (0.5 s, 1 s).
+    sparse_scale=20,
     burst_jobs=1000,
     backlog_jobs=50_000,
     trickle_minutes=10,
