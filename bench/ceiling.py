@@ -21,7 +21,6 @@ import math
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,13 +62,13 @@ def shape() -> str:
     raise RuntimeError("queries.sql has neither claim statement the ceiling knows")
 
 
-def _translate(name: str, rewrite: Callable[[str], str] | None = None) -> str:
+def _translate(name: str) -> str:
     def one(match: re.Match[str]) -> str:
         if match.group(1) not in PARAMS:
             raise KeyError(f"no pgbench value for {name}'s parameter %({match.group(1)})s")
         return PARAMS[match.group(1)]
 
-    statement = _PARAM.sub(one, rewrite(query(name)) if rewrite else query(name))
+    statement = _PARAM.sub(one, query(name))
     if "%(" in statement:
         raise ValueError(f"a parameter of {name} was left untranslated")
     return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))
@@ -93,17 +92,16 @@ def transactions_per_client(jobs: int, batch: int, clients: int) -> int:
     return claims_per_client(jobs, batch, clients) + extra
 
 
-def script(rewrite: Callable[[str], str] | None = None) -> str:
+def script() -> str:
     """The pgbench script: :batch jobs per claim, :quota claims per client (both defined on
-    the command line). `rewrite` changes the statement first (bench/prototype.py's
-    proposals only)."""
+    the command line)."""
     if shape() == "claim+complete":
         claim = _wrap_result(_translate("job_claim_batch"), "\nSELECT ")
         claim += GSET.format(rows="result_rows")
         complete = _translate("job_complete_many")
         sets = SETS + "\\set limit :batch\n"
         return f"{sets}{claim}\n{complete};\n"
-    cycle = _wrap_result(_translate("job_complete_and_claim", rewrite), "\nSELECT ")
+    cycle = _wrap_result(_translate("job_complete_and_claim"), "\nSELECT ")
     cycle += GSET.format(rows="result_rows WHERE NOT completed")
     return f"{SETS}{COUNTER}{cycle}\n"
 
@@ -132,12 +130,10 @@ class PgbenchResult:
     output: str
 
 
-def run(
-    url: str, jobs: int, batch: int, clients: int, rewrite: Callable[[str], str] | None = None
-) -> PgbenchResult:
+def run(url: str, jobs: int, batch: int, clients: int) -> PgbenchResult:
     """Drain `jobs` ready jobs with `clients` pgbench clients, `batch` jobs per claim."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as handle:
-        handle.write(script(rewrite))
+        handle.write(script())
         path = Path(handle.name)
     try:
         proc = subprocess.run(

@@ -25,6 +25,10 @@ from psycopg import sql
 REPO = Path(__file__).resolve().parent.parent
 HANDLER = REPO / "handler"
 DB_PREFIX = "pgdrain_bench_"
+# The key prefixes of the strict-ordering figures (batch 1, concurrency 1): apart from
+# pgdrain/B/P and ceiling/B/P, whose concurrency follows from the batch size.
+STRICT = "strict"
+STRICT_CEILING = "strict-ceiling"
 
 
 def log(message: str) -> None:
@@ -140,6 +144,13 @@ class Server:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
+
+
+def cpu_seconds_per_1000_jobs(cpu_s: float, jobs: int) -> float:
+    """The drain process's CPU (user + system, every thread: the `cpu_s` a pgdrain worker
+    reports from getrusage around its drain) per 1,000 jobs. `make bench` (its cost) and
+    `bench.profile` (its breakdown) both read it this way, so the two figures agree."""
+    return cpu_s / jobs * 1000.0 if jobs else float("nan")
 
 
 def paired_ratio(a: Figure | None, b: Figure | None) -> float:

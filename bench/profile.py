@@ -48,7 +48,15 @@ import psycopg
 from psycopg import sql
 
 from bench import run
-from bench.common import HANDLER, REPO, Server, log, resolve_server, run_workers
+from bench.common import (
+    HANDLER,
+    REPO,
+    Server,
+    cpu_seconds_per_1000_jobs,
+    log,
+    resolve_server,
+    run_workers,
+)
 from pgdrain.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 
 # -- 1. the breakdown ----------------------------------------------------------------------------
@@ -112,7 +120,7 @@ def breakdown(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
         "statements": statements,
         "jobs_per_statement": jobs / statements,
         "db_us_per_statement": db / statements * 1e6,
-        "cpu_ms_per_1000_jobs": cpu / jobs * 1e6,
+        "cpu_ms_per_1000_jobs": cpu_seconds_per_1000_jobs(cpu, jobs) * 1000.0,
     }
 
 
@@ -145,7 +153,7 @@ def cprofile_drain(url: str, batch: int, conc: int) -> tuple[pstats.Stats, pstat
         drain(settings, Budget.seconds(600.0), registry, url)
         main.disable()
     finally:
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
     jobs_stats = pstats.Stats(*thread_profiles) if thread_profiles else None
     return pstats.Stats(main), jobs_stats
 

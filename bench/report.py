@@ -1,4 +1,4 @@
-"""docs/benchmarks.md and its plot, from one run's figures."""
+"""docs/benchmarks.md and its plots (throughput; cost per million jobs), from one run's figures."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.common import paired_ratio
+from bench import cost
+from bench.common import REPO, STRICT, STRICT_CEILING, paired_ratio
 
 if TYPE_CHECKING:
     from bench.common import Figure
@@ -53,11 +54,32 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
 
 
-def _pair(res: Results, batch: int, procs: int, kind: str = "pgdrain") -> float:
+def _pair(
+    res: Results, batch: int, procs: int, kind: str = "pgdrain", ceiling: str = "ceiling"
+) -> float:
     """pgdrain / ceiling at one batch size and process count: the median of the ratios of
     each repetition, whose two runs were back to back."""
     return paired_ratio(
-        res.figures.get(f"{kind}/{batch}/{procs}"), res.figures.get(f"ceiling/{batch}/{procs}")
+        res.figures.get(f"{kind}/{batch}/{procs}"), res.figures.get(f"{ceiling}/{batch}/{procs}")
+    )
+
+
+def _strict_ratio(res: Results) -> float:
+    return _pair(res, res.config.strict_batch, 1, STRICT, STRICT_CEILING)
+
+
+def _has_strict(res: Results) -> bool:
+    """Whether the run measured the strict-ordering cell (runs before it did not)."""
+    return f"{STRICT}/{res.config.strict_batch}/1" in res.figures
+
+
+def _strict_headline(res: Results, ratio: float) -> str:
+    if not _has_strict(res):
+        return ""
+    cfg = res.config
+    return (
+        f" and **{_n(ratio, 2)}x** at batch {cfg.strict_batch}, concurrency "
+        f"{cfg.strict_concurrency} (strict ordering)"
     )
 
 
@@ -88,14 +110,6 @@ def rows(res: Results) -> list[dict[str, Any]]:
                 "system": "SQL ceiling (pgbench -M prepared)",
                 "setting": f"batch {batch}, clients = processes",
                 "key": f"ceiling/{batch}/{{p}}",
-            }
-        )
-    if "prototype/" + str(best) + "/1" in res.figures:
-        out.append(
-            {
-                "system": "bench/prototype.py (a leaner loop, not pgdrain)",
-                "setting": f"batch {best}, concurrency {conc(best)}",
-                "key": f"prototype/{best}/{{p}}",
             }
         )
     if "pgqueuer_best_batch" in res.info:
@@ -138,6 +152,7 @@ def headline(res: Results) -> dict[str, float]:
     return {
         "ratio_default": _pair(res, cfg.default_batch, 1),
         "ratio_best": _pair(res, best, 1),
+        "ratio_strict": _strict_ratio(res),
         "pgdrain_best": pg_best,
         "pgdrain_one": _value(res, f"pgdrain/{best}/1"),
         "pgqueuer_best": pq_best,
@@ -153,7 +168,7 @@ def plot(res: Results, path: Path) -> None:
 
     procs = _process_counts(res)
     fig, ax = plt.subplots(figsize=(9, 6.5), dpi=110)
-    colours: dict[str, str] = {}
+    colours: dict[str, Any] = {}  # matplotlib colours: a name or an RGB(A) tuple
     for row in rows(res):
         xs, ys = [], []
         for p in procs:
@@ -189,11 +204,168 @@ def plot(res: Results, path: Path) -> None:
     plt.close(fig)
 
 
+def cost_png(png: Path) -> Path:
+    return png.with_name(f"{png.stem}-cost.png")
+
+
 def write(res: Results, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     png = out.with_suffix(".png")
     plot(res, png)
+    model = cost_model(res)
+    if model is not None:
+        setting = f"batch {res.config.default_batch}, concurrency {model[0].concurrency}"
+        plot_cost(*model, cost_png(png), f"pgdrain ({setting})")
     out.write_text(markdown(res, png.name))
+
+
+# -- cost -------------------------------------------------------------------------------------
+
+MILLION = 1_000_000
+# Job durations of the cost table, seconds; the plot spans the same range.
+COST_DURATIONS = (0.001, 0.01, 0.1, 1.0)
+
+
+def cost_model(res: Results) -> tuple[cost.Drain, cost.Function] | None:
+    """pgdrain's measured figures at the default settings, one process, and the function
+    both systems run as; None when the run did not measure the drain's CPU."""
+    cfg = res.config
+    fig = _get(res, f"pgdrain/{cfg.default_batch}/1")
+    if fig is None or not fig.extra.get("cpu_s_per_1000_jobs"):
+        return None
+    empty = res.figures.get("empty")
+    run_ms = empty.extra_median("total_ms") if empty is not None else float("nan")
+    drain = cost.Drain(
+        wall_s_per_job=1.0 / fig.value,
+        cpu_s_per_job=fig.extra_median("cpu_s_per_1000_jobs") / 1000.0,
+        concurrency=int(fig.params["concurrency"]),
+        run_overhead_s=0.0 if math.isnan(run_ms) else run_ms / 1000.0,
+    )
+    # The template as it was when the run measured (a later edit must not change old figures).
+    saved = res.info.get("lambda")
+    fn = cost.Function(**saved) if saved else cost.template_function(REPO / "template.yaml")
+    return drain, fn
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:g} ms" if seconds < 1 else f"{seconds:g} s"
+
+
+def _dollars(value: float, digits: int | None = None) -> str:
+    """Escaped: two bare dollar signs on a line open a formula in GitHub's Markdown."""
+    if digits is not None:
+        return f"\\${value:.{digits}f}"
+    return f"\\${value:,.2f}" if value >= 1 else f"\\${value:.4f}"
+
+
+def _cost_headline(res: Results) -> str:
+    model = cost_model(res)
+    if model is None:
+        return ""
+    d = 0.1
+    ours, sqs = cost.pgdrain_cost(MILLION, d, *model), cost.sqs_cost(MILLION, d, model[1])
+    return (
+        f" A million {_duration(d)} jobs cost **{_dollars(ours.total)}** of Lambda with "
+        f"pgdrain, **{_dollars(sqs.total)}** through SQS + Lambda (Cost, below)."
+    )
+
+
+def cost_section(res: Results, png_name: str) -> list[str]:
+    """`## Cost`: the drain's CPU per 1,000 jobs and $ per million jobs against SQS + Lambda."""
+    model = cost_model(res)
+    if model is None:
+        return []
+    drain, fn = model
+    cfg = res.config
+    fig = res.figures[f"pgdrain/{cfg.default_batch}/1"]
+    cpu_1000 = fig.extra_median("cpu_s_per_1000_jobs")
+    out = ["## Cost", ""]
+    out.append(
+        f"The drain process's CPU at the default settings (batch {cfg.default_batch}, "
+        f"concurrency {drain.concurrency}, one process, the {cfg.jobs:,}-job drains above): "
+        f"**{cpu_1000:.3f} CPU s per 1,000 no-op jobs** (user + system, every thread, "
+        "getrusage around the drain, as `bench/profile.py` reads it; median of "
+        f"{len(fig.values)} repetitions; the database's own CPU not included), at "
+        f"{_n(fig.value)} jobs/s: {drain.wall_s_per_job * 1e6:.0f} µs of wall time per job."
+    )
+    out.append("")
+    out.append(
+        "| job duration | pgdrain: \\$ per million jobs | pgdrain: runs | SQS + Lambda: \\$ "
+        "per million jobs | of which SQS requests | SQS + Lambda / pgdrain |"
+    )
+    out.append("|---:|---:|---:|---:|---:|---:|")
+    for d in COST_DURATIONS:
+        ours, sqs = cost.pgdrain_cost(MILLION, d, drain, fn), cost.sqs_cost(MILLION, d, fn)
+        out.append(
+            f"| {_duration(d)} | {_dollars(ours.total)} | {ours.invocations:,} | "
+            f"{_dollars(sqs.total)} | {_dollars(sqs.sqs_requests)} | "
+            f"{_n(_ratio(sqs.total, ours.total), 1)} |"
+        )
+    out.append("")
+    out.append(f"![cost per million jobs against job duration]({png_name})")
+    out.append("")
+    on_lambda = cost.pgdrain_seconds_per_job(drain, fn, 0.0)
+    overhead = f"{cost.SQS_INVOCATION_OVERHEAD_S * 1000:g} ms"
+    out.append(
+        "How, for N = 1,000,000 jobs of d seconds, at AWS's published prices (us-east-1, no "
+        f"free tier): p_GB = {_dollars(cost.GB_SECOND, 10)} per GB-second and p_req = "
+        f"{_dollars(cost.LAMBDA_REQUEST * MILLION, 2)} per million requests of arm64 Lambda, "
+        f"p_SQS = {_dollars(cost.SQS_REQUEST * MILLION, 2)} per million SQS standard requests; "
+        f"memory M = {fn.memory_mb} MB and runs of T = {fn.timeout_s:g} s, template.yaml's "
+        "MemorySize and Timeout defaults. **pgdrain:** a job keeps a run busy "
+        f"`t = max(w + c·(1/v - 1), d/{drain.concurrency})`, with w = "
+        f"{drain.wall_s_per_job * 1e6:.0f} µs and c = {drain.cpu_s_per_job * 1e6:.0f} µs the "
+        f"measured wall and CPU time per no-op job and v = min(1, M/{cost.ONE_VCPU_MB:,}) = "
+        f"{fn.vcpu:.2f} the share of a vCPU Lambda gives M MB (t = {on_lambda * 1e6:.0f} µs "
+        "for a no-op job); `cost = (N·t + runs·e)·M/1024·p_GB + runs·p_req`, with "
+        f"`runs = ⌈N·t/T⌉` and e = {drain.run_overhead_s * 1000:.1f} ms, the empty scheduled "
+        "run's wall time with its connect. **SQS + Lambda:** "
+        f"`cost = 3·(N/10)·p_SQS + (N/10)·(p_req + ⌈10·d + {overhead}⌉·M/1024·p_GB)`: "
+        "a send, a receive and a delete request per 10 messages, and one invocation that "
+        "handles them one after the other, billed to the next millisecond."
+    )
+    out.append("")
+    out.append(
+        "Assumptions: a job's d seconds are spent waiting (on I/O), not computing, so "
+        f"pgdrain's {drain.concurrency} threads overlap them, while the SQS handler runs its "
+        "batch one message after the other (one that threads its batch would come nearer "
+        f"d per invocation). {cost.SQS_INVOCATION_OVERHEAD_S * 1000:g} ms per SQS-fed "
+        "invocation is the least Lambda bills: a real handler spends more, so this favours "
+        "SQS. pgdrain's w was measured against a PostgreSQL on the same machine: across a "
+        "network each claim adds a round trip (one per "
+        f"{cfg.default_batch} jobs). Not counted, on either side: free tiers; the database "
+        "(pgdrain's queue is a table of the PostgreSQL the application runs already; its "
+        "load is the statements measured above); the event source mapping's polls of an "
+        "empty queue; pgdrain's scheduled safety-net runs and kicks; logs and data transfer."
+    )
+    out.append("")
+    return out
+
+
+def plot_cost(drain: cost.Drain, fn: cost.Function, path: Path, label: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    low, high = math.log10(COST_DURATIONS[0]), math.log10(COST_DURATIONS[-1])
+    steps = 60
+    durations = [10 ** (low + (high - low) * i / steps) for i in range(steps + 1)]
+    ours = [cost.pgdrain_cost(MILLION, d, drain, fn).total for d in durations]
+    sqs = [cost.sqs_cost(MILLION, d, fn).total for d in durations]
+    fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
+    ax.plot(durations, ours, "-", label=label)
+    ax.plot(durations, sqs, "--", label="SQS standard + Lambda (10 messages per invocation)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("job duration, seconds (log scale)")
+    ax.set_ylabel("$ per million jobs (log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(f"Cost of one million jobs: arm64 Lambda at {fn.memory_mb} MB")
+    ax.legend(fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 BIGTABLE_ORDER = [
@@ -307,10 +479,12 @@ def markdown(res: Results, png_name: str) -> str:
     add("")
     add(
         f"**Headline:** with one process, pgdrain reaches **{_n(h['ratio_best'], 2)}x** of "
-        f"its own SQL ceiling at its best batch size ({best}) and "
-        f"**{_n(h['ratio_default'], 2)}x** at its default ({cfg.default_batch}); its best "
-        f"figure is **{_n(_ratio(h['pgdrain_best'], h['pgqueuer_best']), 2)}x** PgQueuer's "
-        "best in the same run."
+        f"its own SQL ceiling at its best batch size ({best}), "
+        f"**{_n(h['ratio_default'], 2)}x** at its default ({cfg.default_batch})"
+        + _strict_headline(res, h["ratio_strict"])
+        + "; its best figure is "
+        f"**{_n(_ratio(h['pgdrain_best'], h['pgqueuer_best']), 2)}x** PgQueuer's best in the "
+        "same run." + _cost_headline(res)
     )
     add("")
     add("## Setup")
@@ -350,9 +524,6 @@ def markdown(res: Results, png_name: str) -> str:
     for batch in sorted({cfg.default_batch, best}):
         ratios = [_n(_pair(res, batch, p), 2) for p in procs]
         add(f"| **pgdrain / ceiling** | batch {batch} | " + " | ".join(ratios) + " |")
-    if f"prototype/{best}/1" in res.figures:
-        ratios = [_n(_pair(res, best, p, "prototype"), 2) for p in procs]
-        add(f"| **prototype / ceiling** | batch {best} | " + " | ".join(ratios) + " |")
     add("")
     add(f"![jobs/s against drain processes]({png_name})")
     add("")
@@ -360,24 +531,37 @@ def markdown(res: Results, png_name: str) -> str:
     add("")
     add(
         "| batch | concurrency | pgdrain jobs/s | ceiling jobs/s | pgdrain / ceiling "
-        "| drain peak RSS (MB) |"
+        "| drain peak RSS (MB) | drain CPU s per 1,000 jobs |"
     )
-    add("|---:|---:|---:|---:|---:|---:|")
-    for b in cfg.batches:
-        pg = res.figures.get(f"pgdrain/{b}/1")
+    add("|---:|---:|---:|---:|---:|---:|---:|")
+    by_batch = [(b, "pgdrain", "ceiling") for b in cfg.batches]
+    if _has_strict(res):
+        by_batch.append((cfg.strict_batch, STRICT, STRICT_CEILING))
+    for b, kind, ceiling in sorted(by_batch, key=lambda cell: (cell[0], cell[1] != STRICT)):
+        pg = res.figures.get(f"{kind}/{b}/1")
         rss = pg.extra_median("rss_mb") if pg else float("nan")
+        cpu = pg.extra_median("cpu_s_per_1000_jobs") if pg else float("nan")
         conc = pg.params.get("concurrency", "?") if pg else "?"
         add(
-            f"| {b} | {conc} | {_cell(res, f'pgdrain/{b}/1')} | {_cell(res, f'ceiling/{b}/1')} | "
-            f"{_n(_pair(res, b, 1), 2)} | "
-            f"{_n(rss, 1)} |"
+            f"| {b} | {conc} | {_cell(res, f'{kind}/{b}/1')} | {_cell(res, f'{ceiling}/{b}/1')} "
+            f"| {_n(_pair(res, b, 1, kind, ceiling), 2)} | {_n(rss, 1)} | {_n(cpu, 3)} |"
         )
     add("")
     add(
         "pgdrain claims no more jobs than it has free worker threads (no job waits claimed), "
         "so each batch size other than the default runs with as many threads as jobs per "
-        "claim; a claim is made once half of them are free."
+        "claim; a claim is made once half of them are free. The drain's CPU is every thread's "
+        "user + system time (getrusage around the drain, as `bench/profile.py` reads it)."
     )
+    if _has_strict(res):
+        add("")
+        add(
+            f"Batch {cfg.strict_batch}, concurrency {cfg.strict_concurrency} is the setting "
+            "for strict ordering: one job claimed and run at a time, in the queue's order "
+            "(priority, run_at, id), against a ceiling of one pgbench client claiming "
+            f"{cfg.strict_batch} job per statement; measured in the same repetitions as the "
+            "other batch sizes."
+        )
     add("")
     ceilings = {b: _value(res, f"ceiling/{b}/1") for b in cfg.batches}
     known = {b: v for b, v in ceilings.items() if not math.isnan(v)}
@@ -435,6 +619,17 @@ def markdown(res: Results, png_name: str) -> str:
             None if math.isnan(h["ratio_default"]) else h["ratio_default"] >= CEILING_RATIO,
         )
     )
+    strict = h["ratio_strict"]
+    if _has_strict(res):
+        targets.append(
+            (
+                f"batch {cfg.strict_batch}, concurrency {cfg.strict_concurrency}: "
+                "pgdrain / ceiling",
+                _n(strict, 2),
+                f"≥ {CEILING_RATIO}",
+                None if math.isnan(strict) else strict >= CEILING_RATIO,
+            )
+        )
     peer = _ratio(h["pgdrain_best"], h["pgqueuer_best"])
     targets.append(
         (
@@ -538,6 +733,7 @@ def markdown(res: Results, png_name: str) -> str:
             "run that compiles the bytecode."
         )
         add("")
+    lines += cost_section(res, cost_png(Path(png_name)).name)
     lines += bigtable_section(res.info.get("bigtable"))
     lines += profile_section(res.info.get("profile"))
     add("## How the ceiling is measured")
@@ -604,12 +800,11 @@ def markdown(res: Results, png_name: str) -> str:
         "`make bench` (against `DATABASE_URL` if set, else an embedded PostgreSQL; it "
         "creates `.venv-bench` with the peers first). `.venv-bench/bin/python -m bench.run "
         "--help` for the options; `.venv-bench/bin/python -m bench.run --only bigtable` "
-        "runs the big-table section alone and merges it into this file. Two tools that are "
-        "not part of it: `.venv-bench/bin/python -m bench.profile --write` (where a drain's "
-        "time goes, at the default settings or `--batch N --concurrency N`) and "
-        "`python -m bench.proposals` (pgdrain against `bench/prototype.py`, a leaner loop "
-        "that is not pgdrain, and against a claim that reaches its rows by primary key, "
-        "each beside its SQL ceiling)."
+        "runs the big-table section alone and merges it into this file; `--render "
+        "docs/benchmarks.json` rewrites this file and its plots from the saved figures "
+        "without measuring. One tool that is not part of it: `.venv-bench/bin/python -m "
+        "bench.profile --write` (where a drain's time goes, at the default settings or "
+        "`--batch N --concurrency N`)."
     )
     add("")
     notes = res.info.get("notes", [])

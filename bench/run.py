@@ -25,19 +25,21 @@ from typing import Any
 
 import psycopg
 
-from bench import bigtable, ceiling, peers, report
+from bench import bigtable, ceiling, cost, peers, report
 from bench.common import (
     HANDLER,
     REPO,
+    STRICT,
+    STRICT_CEILING,
     Figure,
     Server,
+    cpu_seconds_per_1000_jobs,
     load_average,
     log,
     resolve_server,
     run_workers,
     worker_env,
 )
-from bench.prototype import claim_by_pk
 from pgdrain.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 
 
@@ -49,6 +51,9 @@ class Config:
     processes: tuple[int, ...] = (1, 2, 4)
     default_batch: int = DEFAULT_BATCH_SIZE
     default_concurrency: int = DEFAULT_CONCURRENCY
+    # Strict ordering: one job claimed and run at a time, in the queue's order.
+    strict_batch: int = 1
+    strict_concurrency: int = 1
     pgqueuer_jobs: int = 20_000
     pgqueuer_batches: tuple[int, ...] = (100, 250, 500)
     procrastinate_jobs: int = 2_000
@@ -58,7 +63,6 @@ class Config:
     empty_runs: int = 5
     import_runs: int = 10
     peers: bool = True
-    prototype: bool = False
     bigtable_runs: int = 25
 
 
@@ -149,28 +153,17 @@ def rep_pgdrain(server: Server, template: str, fig: Figure, cfg: Config) -> None
     _record(fig, ok, cfg.jobs / wall, f"{detail}; drains counted {done}")
     if ok:
         fig.add_extra("rss_mb", max(r["rss_mb"] for r in results))
-
-
-def rep_prototype(server: Server, template: str, fig: Figure, cfg: Config) -> None:
-    batch, procs = fig.params["batch"], fig.params["processes"]
-    argv = ["prototype", "--url", "", "--batch", str(batch)]
-    argv += ["--concurrency", str(fig.params["concurrency"])]
-    argv += ["--claim-by-pk"] if fig.params.get("claim_by_pk") else []
-    with server.fresh(template) as url:
-        argv[2] = url
-        wall, results = run_workers(procs, argv)
-        done = sum(r["done"] for r in results)
-        ok, detail = verify_pgdrain(url, cfg.jobs)
-        ok = ok and done == cfg.jobs
-    _record(fig, ok, cfg.jobs / wall, f"{detail}; prototype counted {done}")
+        # Every drain process's CPU together: what the jobs cost, however they were spread.
+        cpu_s = sum(r["cpu_s"] for r in results)
+        fig.add_extra("cpu_s", cpu_s)
+        fig.add_extra("cpu_s_per_1000_jobs", cpu_seconds_per_1000_jobs(cpu_s, cfg.jobs))
 
 
 def rep_ceiling(server: Server, template: str, fig: Figure, cfg: Config) -> None:
     batch, clients = fig.params["batch"], fig.params["processes"]
     per_client = ceiling.transactions_per_client(cfg.jobs, batch, clients)
     with server.fresh(template) as url:
-        rewrite = claim_by_pk if fig.params.get("claim_by_pk") else None
-        result = ceiling.run(url, cfg.jobs, batch, clients, rewrite)
+        result = ceiling.run(url, cfg.jobs, batch, clients)
         ok, detail = verify_pgdrain(url, cfg.jobs)
     ok = ok and result.failed == 0 and result.transactions == per_client * clients
     seconds = result.transactions / result.tps
@@ -234,19 +227,28 @@ def throughput(server: Server, cfg: Config, res: Results) -> None:
         b: " ".join(ceiling.arguments(cfg.jobs, b, 1)) for b in cfg.batches
     }
 
-    def pg(batch: int, procs: int) -> Step:
-        conc = concurrency_for(cfg, batch)
+    def pg(batch: int, procs: int, kind: str = "pgdrain", conc: int | None = None) -> Step:
+        conc = concurrency_for(cfg, batch) if conc is None else conc
         fig = res.figure(
-            f"pgdrain/{batch}/{procs}", "pgdrain", batch=batch, processes=procs, concurrency=conc
+            f"{kind}/{batch}/{procs}", "pgdrain", batch=batch, processes=procs, concurrency=conc
         )
         return lambda: rep_pgdrain(server, tpl, fig, cfg)
 
-    def ceil(batch: int, procs: int) -> Step:
-        fig = res.figure(f"ceiling/{batch}/{procs}", "ceiling", batch=batch, processes=procs)
+    def ceil(batch: int, procs: int, kind: str = "ceiling") -> Step:
+        fig = res.figure(f"{kind}/{batch}/{procs}", "ceiling", batch=batch, processes=procs)
         return lambda: rep_ceiling(server, tpl, fig, cfg)
 
-    log("stage 1: pgdrain and its ceiling at each batch size, one process / client")
-    interleaved(cfg.reps, [s for b in cfg.batches for s in (pg(b, 1), ceil(b, 1))])
+    # The strict-ordering cell has keys of its own: its concurrency is not the one
+    # concurrency_for gives its batch size, and the best batch is chosen among cfg.batches.
+    strict = [
+        pg(cfg.strict_batch, 1, STRICT, cfg.strict_concurrency),
+        ceil(cfg.strict_batch, 1, STRICT_CEILING),
+    ]
+    log(
+        "stage 1: pgdrain and its ceiling at each batch size, one process / client, and at "
+        f"batch {cfg.strict_batch}, concurrency {cfg.strict_concurrency}"
+    )
+    interleaved(cfg.reps, [s for b in cfg.batches for s in (pg(b, 1), ceil(b, 1))] + strict)
     best = max(cfg.batches, key=lambda b: res.figures[f"pgdrain/{b}/1"].value)
     res.info["best_batch"] = best
     log(f"best batch size for pgdrain: {best}")
@@ -255,18 +257,6 @@ def throughput(server: Server, cfg: Config, res: Results) -> None:
     batches = sorted({cfg.default_batch, best})
     log(f"stage 2: pgdrain and ceiling with {more} processes at batch {batches}")
     interleaved(cfg.reps, [s for b in batches for p in more for s in (pg(b, p), ceil(b, p))])
-    if cfg.prototype:
-        steps = []
-        for p in cfg.processes:
-            fig = res.figure(
-                f"prototype/{best}/{p}",
-                "prototype",
-                batch=best,
-                processes=p,
-                concurrency=concurrency_for(cfg, best),
-            )
-            steps.append(lambda fig=fig: rep_prototype(server, tpl, fig, cfg))
-        interleaved(cfg.reps, steps)
     server.drop(tpl)
 
 
@@ -440,9 +430,6 @@ def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     parser.add_argument("--reps", type=int, default=3, help="repetitions per figure (>= 3)")
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--no-peers", action="store_true", help="pgdrain and its ceiling only")
-    parser.add_argument(
-        "--prototype", action="store_true", help="also run bench/prototype.py (not pgdrain)"
-    )
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     parser.add_argument(
         "--json",
@@ -467,7 +454,6 @@ def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
         reps=args.reps,
         jobs=args.jobs,
         peers=not args.no_peers,
-        prototype=args.prototype,
         bigtable_runs=args.bigtable_runs,
     )
     return cfg, args
@@ -477,8 +463,12 @@ def load(path: Path) -> Results:
     """Results saved with --json."""
     data = json.loads(path.read_text())
     info = data["info"]
-    fields = info["config"].items()
-    config = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields})
+    # A field an older run saved that Config no longer has is left out.
+    known = {f.name for f in dataclasses.fields(Config)}
+    kwargs: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in info["config"].items() if k in known
+    }
+    config = Config(**kwargs)
     res = Results(config, info=info)
     for key, raw in data["figures"].items():
         fig = Figure(raw["name"], raw["params"], raw["values"], raw["reps"], raw["rejected"])
@@ -531,7 +521,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     admin_url, source = resolve_server()
     server = Server(admin_url)
     res = Results(cfg)
+    # `python -m bench.profile --write` measures its section apart, with its own date and
+    # commit: a whole run keeps it rather than dropping it.
+    if args.json and args.json.exists():
+        profile = json.loads(args.json.read_text()).get("info", {}).get("profile")
+        if profile:
+            res.info["profile"] = profile
     res.info["env"] = environment(server, source)
+    res.info["lambda"] = dataclasses.asdict(cost.template_function(REPO / "template.yaml"))
     log(f"server: {res.info['env']['server']}; load {load_average()}")
     try:
         throughput(server, cfg, res)

@@ -15,7 +15,10 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -83,16 +86,6 @@ def run_pgdrain(args: argparse.Namespace) -> None:
         rss_mb=peak_rss_mb(),
         cpu_s=cpu_s,
     )
-
-
-def run_prototype(args: argparse.Namespace) -> None:
-    from bench.prototype import drain_lean
-
-    wait_go()
-    start = time.time()
-    done = drain_lean(args.url, args.batch, args.concurrency, by_pk=args.claim_by_pk)
-    end = time.time()
-    emit("result", start=start, end=end, done=done, rss_mb=peak_rss_mb())
 
 
 def run_pgqueuer(args: argparse.Namespace) -> None:
@@ -170,7 +163,7 @@ def run_empty(args: argparse.Namespace) -> None:
         conn.close = close  # type: ignore[method-assign]
         return conn
 
-    db.connect = traced_connect  # type: ignore[assignment]
+    db.connect = traced_connect
     run: Any
     if args.via == "handler":
         os.environ.update(
@@ -184,7 +177,8 @@ def run_empty(args: argparse.Namespace) -> None:
         from pgdrain.aws.context import FakeContext
 
         def run() -> tuple[bool, str, int]:
-            context = FakeContext(60.0, FUNCTION_ARN, request_id=REQUEST_ID, log_stream="bench")
+            fake = FakeContext(60.0, FUNCTION_ARN, request_id=REQUEST_ID, log_stream="bench")
+            context = cast("LambdaContext", fake)  # it has the attributes the handler reads
             out = app.lambda_handler(dict(SCHEDULED_EVENT), context)
             result = out.get("result") or {}
             return (
@@ -247,11 +241,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=0, help="0: pgdrain's default")
     p.add_argument("--budget", type=float, default=600.0)
     p.add_argument("--pyinstrument", default="")
-    p = sub.add_parser("prototype")
-    p.add_argument("--url", required=True)
-    p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--concurrency", type=int, default=10)
-    p.add_argument("--claim-by-pk", action="store_true")
     p = sub.add_parser("pgqueuer")
     p.add_argument("--url", required=True)
     p.add_argument("--driver", choices=("asyncpg", "psycopg"), default="asyncpg")
@@ -269,7 +258,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 RUNNERS = {
     "pgdrain": run_pgdrain,
-    "prototype": run_prototype,
     "pgqueuer": run_pgqueuer,
     "procrastinate": run_procrastinate,
     "empty": run_empty,
