@@ -375,11 +375,15 @@ def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
     store.job_complete_and_claim(conn, [], ["emails"], 2, "a-dead-run", 30, None)
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 minute'")
 
+    before = dt.datetime.now(dt.UTC)
     result = _invoke(ENQUEUE_EMAILS)  # reclaims one (the limit), runs it; the other is due
+    after = dt.datetime.now(dt.UTC)
 
     assert (result["result"]["reclaimed"], result["result"]["done"]) == (1, 1)
+    # After the run began, at the next step (a minute): never in the past. Compared with the
+    # moments around the run, not with the clock when the test reads it (a minute may turn).
     wake_at = dt.datetime.fromisoformat(result["wake_at"])
-    assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    assert before < wake_at <= after + dt.timedelta(minutes=1)
     assert result["wake"] == "created"
 
 
@@ -400,12 +404,14 @@ def test_at_the_hop_limit_with_work_left_a_wake_up_starts_a_new_chain(
         for _ in range(2):
             enqueue(conn, "sleep", {"seconds": 2.5}, queue="emails")
 
+    before = dt.datetime.now(dt.UTC)
     result = _invoke(ENQUEUE_EMAILS, remaining_s=6.0)
+    after = dt.datetime.now(dt.UTC)
 
     assert result["result"]["stop_reason"] == "budget", result
     assert (result["result"]["more_ready"], result["continued"]) == (True, False)
     wake_at = dt.datetime.fromisoformat(result["wake_at"])
-    assert dt.datetime.now(dt.UTC) < wake_at <= dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    assert before < wake_at <= after + dt.timedelta(minutes=1)
     assert result["wake"] == "created"
     (schedule,) = _schedules(scheduler)
     assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])
