@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
@@ -135,10 +134,9 @@ class Session:
         if not self._limit_to_budget and not self._read_committed:
             return operation(conn)  # a test's control: the server's defaults
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
-        # statement, COMMIT: one transaction, so the SET LOCALs end with it. Pipelined: BEGIN,
-        # the limits and the statement go out together and its reply comes back with theirs,
-        # then COMMIT: two round trips, not four (the server runs them in order all the same).
-        with _pipelined(conn), conn.transaction():
+        # statement, COMMIT: one transaction, so the SET LOCALs end with it. (Not pipelined:
+        # psycopg's pipeline mode made the chaos soak's drains about six times slower.)
+        with conn.transaction():
             if self._limit_to_budget:
                 store.transaction_limits(conn, self.timeout_ms())
             return operation(conn)
@@ -149,8 +147,3 @@ class Session:
             # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
-
-
-def _pipelined(conn: psycopg.Connection[Any]) -> AbstractContextManager[Any]:
-    """Pipeline mode where libpq has it (14 and later); otherwise one message at a time."""
-    return conn.pipeline() if psycopg.Pipeline.is_supported() else nullcontext()
