@@ -35,6 +35,17 @@ KICK_SETTINGS = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=WIND
 RUN_SETTINGS = Settings(queues=("emails",), reserve_seconds=0.5)
 
 
+def _control(run_id: str, budget: Budget, **options: Any) -> RunControl:
+    """The control plane of a run that drains the emails queue and makes no schedules."""
+    return RunControl(
+        events.Trigger("enqueue", ("emails",)),
+        run_id,
+        budget,
+        waker=Waker(RUN_SETTINGS, None),
+        **options,
+    )
+
+
 class HeldRun:
     """A drain in a thread that stops at its first exit check until released."""
 
@@ -44,11 +55,9 @@ class HeldRun:
         self.result: DrainResult | None = None
         self.error: BaseException | None = None
         budget = Budget.seconds(TIMEOUT)
-        self.control = RunControl(
-            events.Trigger("enqueue", ("emails",)),
+        self.control = _control(
             "run-under-test",
             budget,
-            waker=Waker(RUN_SETTINGS, None),
             trailing_edge=trailing_edge,
             before_exit_check=self._pause,
         )
@@ -127,11 +136,9 @@ def test_a_ready_job_another_run_is_claiming_does_not_keep_a_run_draining(
     with psycopg.connect(db_url) as other:  # a claim in progress elsewhere holds the row
         other.execute("SELECT id FROM pgdrain.jobs WHERE id = %s FOR UPDATE", (job_id,))
         budget = Budget.seconds(TIMEOUT)
-        control = RunControl(
-            events.Trigger("enqueue", ("emails",)),
+        control = _control(
             "run-a",
             budget,
-            waker=Waker(RUN_SETTINGS, None),
         )
         result = drain(RUN_SETTINGS, budget, registry, db_url, queues=["emails"], hooks=control)
         other.rollback()
@@ -146,11 +153,9 @@ def test_a_run_is_registered_while_it_runs_and_gone_after_it_exits(db_url: str, 
     def look() -> None:
         seen.append(conn.execute("SELECT run_id, queues FROM pgdrain.runs").fetchall())
 
-    control = RunControl(
-        events.Trigger("enqueue", ("emails",)),
+    control = _control(
         "run-b",
         budget,
-        waker=Waker(RUN_SETTINGS, None),
         before_exit_check=look,
     )
     drain(RUN_SETTINGS, budget, registry, db_url, queues=["emails"], hooks=control)
@@ -215,11 +220,9 @@ def test_a_burst_that_outlasts_the_drain_is_one_invocation(
     assert kick(conn, ["emails"], settings=KICK_SETTINGS, client=lambda_api) == ("emails",)
     burst = BurstWhileIdle(conn, lambda_api)
     budget = Budget.seconds(2 * LINGER_WINDOW)
-    control = RunControl(
-        events.Trigger("enqueue", ("emails",)),
+    control = _control(
         "run-c",
         budget,
-        waker=Waker(RUN_SETTINGS, None),
         linger_window_s=LINGER_WINDOW if linger else 0.0,
         reserve_seconds=RUN_SETTINGS.reserve_seconds,
         sleep=burst,
@@ -299,11 +302,9 @@ def test_the_hold_never_outlasts_the_run(conn: Conn) -> None:
 def test_a_claiming_run_renews_its_hold_at_half_the_hold(db_url: str, conn: Conn) -> None:
     now = [0.0]
     budget = Budget.seconds(TIMEOUT)
-    control = RunControl(
-        events.Trigger("enqueue", ("emails",)),
+    control = _control(
         "run-d",
         budget,
-        waker=Waker(RUN_SETTINGS, None),
         kick_hold_s=10.0,
         clock=lambda: now[0],
     )
