@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from pgdrain.deadline import Deadline
@@ -59,14 +59,19 @@ class Attempts:
     def busy(self) -> bool:
         return bool(self.running or self.unstarted)
 
-    def to_claim(self, concurrency: int, batch_size: int) -> int:
+    def to_claim(self, concurrency: int, batch_size: int, ahead: int = 0) -> int:
         """How many jobs to claim now: what free worker slots can start at once (a job claimed
-        and left waiting would spend an attempt if the process died), at most a batch; none
-        until half the slots are free, unless none is busy, so short jobs still come in
-        batches."""
-        wanted = min(concurrency - len(self.running) - len(self.unstarted), batch_size)
+        and left waiting would spend an attempt if the process died), plus `ahead` for slots
+        about to free (claim_ahead.py), at most a batch; none until half the slots are free,
+        unless none is busy, so short jobs still come in batches."""
+        wanted = min(concurrency + ahead - len(self.running) - len(self.unstarted), batch_size)
         refill_at = max(1, min(concurrency, batch_size) // 2)
         return wanted if wanted > 0 and (not self.running or wanted >= refill_at) else 0
+
+    def start_free(self, submit: Callable[[ClaimedJob], None], concurrency: int) -> None:
+        """Hand unstarted attempts to `submit` while a worker slot is free."""
+        while self.unstarted and len(self.running) < concurrency:
+            submit(self.start_next())
 
     def start_next(self) -> ClaimedJob:
         attempt = self.unstarted.popleft()

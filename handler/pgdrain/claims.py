@@ -10,9 +10,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from pgdrain import outcomes, retry, store
-from pgdrain.attempts import RunState
+from pgdrain.attempts import Attempts, RunState
+from pgdrain.claim_ahead import ClaimAhead
+from pgdrain.settings import Settings
+from pgdrain.store import ClaimedJob
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,11 @@ class Claims:
         lease_seconds: float,
         reclaim_limit: int,
         recover_lost_replies: bool = True,
+        ahead: ClaimAhead | None = None,
     ) -> None:
+        # Fed with each claim's round trip here, and each job's run time by the drain.
+        self.ahead = ahead or ClaimAhead(1, 1, enabled=False)
+        self.last_claim_full = False
         self._session = run.session
         self._recover_lost_replies = recover_lost_replies
         self._attempts = run.attempts
@@ -51,11 +59,13 @@ class Claims:
             )
         self._counters.add("reclaimed", len(reclaimed))
 
-    def complete_and_claim(self, limit: int) -> None:
-        """One round trip: record the finished jobs, claim up to `limit` more."""
+    def complete_and_claim(self, limit: int) -> int:
+        """One round trip: record the finished jobs, claim up to `limit` more. Returns how
+        many it claimed."""
         held = [a.held for a in self._attempts.take_finished()]
         claim_id = uuid.uuid4()  # chosen here, so a retry can ask what this claim took
 
+        @store.one_statement
         def claim(conn: store.Connection) -> tuple[store.Fenced, list[store.ClaimedJob]]:
             return store.job_complete_and_claim(
                 conn,
@@ -87,6 +97,7 @@ class Claims:
         result, claimed = self._session.run_recovering(
             claim, claim_again if self._recover_lost_replies else claim
         )
+        self.ahead.claim_took(time.monotonic() - sent_at)
         if claimed:
             self._attempts.leases_claimed(sent_at)
         self._record_completions(result)
@@ -96,6 +107,7 @@ class Claims:
             # The claim itself took the time that was left (a slow or resuming database):
             # give the jobs back unstarted rather than start what cannot finish.
             self.release_unstarted()
+        return len(claimed)
 
     def completion_due(self) -> bool:
         return bool(self._attempts.finished) and (
@@ -107,6 +119,7 @@ class Claims:
         if not held:
             return
 
+        @store.one_statement
         def complete(conn: store.Connection) -> store.Fenced:
             return store.job_complete_many(conn, held)
 
@@ -168,6 +181,26 @@ class Claims:
 
     def _lease_lost(self, held: store.Held, how: str) -> None:
         self._counters.lease_lost(held, how, self._worker_id)
+
+
+def wanted(claims: Claims, attempts: Attempts, settings: Settings) -> int:
+    """How many jobs to claim now: for the free slots, and for those about to free."""
+    allowance = claims.ahead.allowance()
+    return attempts.to_claim(settings.concurrency, settings.batch_size, allowance)
+
+
+def claim_and_start(
+    claims: Claims, attempts: Attempts, submit: Callable[[ClaimedJob], None], settings: Settings
+) -> bool:
+    """Start what was claimed ahead, claim what is wanted, start what came. True when a claim
+    was made; claims.last_claim_full then says whether it took all it asked for (a short one
+    means the queue is drained for now: the next claim waits for an outcome, so an empty queue
+    is not polled)."""
+    attempts.start_free(submit, settings.concurrency)
+    if n := wanted(claims, attempts, settings):
+        claims.last_claim_full = claims.complete_and_claim(n) == n
+    attempts.start_free(submit, settings.concurrency)
+    return n > 0
 
 
 def _error_record(decision: outcomes.Decision) -> dict[str, str | None] | None:

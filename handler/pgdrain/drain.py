@@ -30,7 +30,8 @@ from pgdrain import stop as stop_module
 from pgdrain.abandoned import ThreadWatch, warn_of_stale_threads
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.budget import Budget
-from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims
+from pgdrain.claim_ahead import ClaimAhead
+from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims, claim_and_start, wanted
 from pgdrain.deadline import Deadline
 from pgdrain.errors import PgdrainError
 from pgdrain.heartbeat import Heartbeat
@@ -120,9 +121,11 @@ def drain(
     switches: SafetySwitches = SafetySwitches(),  # frozen: safe as a default
     hooks: RunHooks | None = None,
     stop: StopRequest | None = None,
+    claim_ahead: bool = True,
 ) -> DrainResult:
     """Run until no job is ready and none is running, until the budget is spent, or until
-    `stop` is requested."""
+    `stop` is requested. `claim_ahead=False` alternates claims and jobs (claim_ahead.py; a
+    benchmark's control)."""
     return _Run(
         settings,
         budget,
@@ -134,6 +137,7 @@ def drain(
         switches=switches,
         hooks=hooks or _NoHooks(),
         stop=stop or stop_module.current() or StopRequest(),
+        claim_ahead=claim_ahead,
     ).execute()
 
 
@@ -151,6 +155,7 @@ class _Run:
         switches: SafetySwitches,
         hooks: RunHooks,
         stop: StopRequest,
+        claim_ahead: bool = True,
     ) -> None:
         self.settings = settings
         self.hooks = hooks
@@ -180,6 +185,7 @@ class _Run:
             lease_seconds=settings.lease_seconds,
             reclaim_limit=settings.reclaim_limit,
             recover_lost_replies=switches.recover_lost_replies,
+            ahead=ClaimAhead(settings.batch_size, settings.concurrency, enabled=claim_ahead),
         )
         self.heartbeat = Heartbeat(
             state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
@@ -225,17 +231,16 @@ class _Run:
 
     def _loop(self, pool: WorkerPool[store.ClaimedJob]) -> StopReason:
         attempts, claims, stopping = self.attempts, self.claims, self.stopping
-        concurrency, batch_size = self.settings.concurrency, self.settings.batch_size
         self.heartbeat.start()
         stopping.check_budget_at_start()
         while True:
+            claimed = False
             if stopping.may_claim(running=len(attempts.running)):
-                if wanted := attempts.to_claim(concurrency, batch_size):
-                    claims.complete_and_claim(wanted)
+                # Jobs claimed ahead start first: they run while the next claim is out.
+                claimed = claim_and_start(claims, attempts, pool.submit, self.settings)
+                if claimed:
                     elapsed = time.monotonic() - self.started
                     self.hooks.after_round_trip(self.session, dict(self.counters.values), elapsed)
-                while attempts.unstarted and len(attempts.running) < concurrency:
-                    pool.submit(attempts.start_next())
             elif attempts.unstarted:
                 claims.release_unstarted()
             # Finished jobs ride on the next claim; when none came in time, write them alone.
@@ -260,7 +265,9 @@ class _Run:
                 )
                 return "budget"
 
-            self._collect(pool, self._seconds_to_wait())
+            # A full claim and claim-ahead: the next claim goes out at once.
+            ahead = claimed and claims.last_claim_full and wanted(claims, attempts, self.settings)
+            self._collect(pool, 0.0 if ahead else self._seconds_to_wait())
             self.heartbeat.beat_if_due()
 
     def _seconds_to_wait(self) -> float:
@@ -285,6 +292,7 @@ class _Run:
         """Take the outcomes ready within `wait` seconds. Successes wait for the next round trip
         (at most COMPLETION_FLUSH_SECONDS); failures are recorded at once."""
         for outcome in pool.take(wait):
+            self.claims.ahead.job_ran(outcome.seconds)
             if outcome.error is None:
                 self.attempts.finish(outcome.item)
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -44,6 +45,7 @@ def _close_thread_loop() -> None:
 class Outcome(Generic[T]):
     item: T
     error: BaseException | None
+    seconds: float = 0.0  # how long the job ran (claim_ahead reads it)
 
 
 class WorkerPool(Generic[T]):
@@ -99,9 +101,10 @@ class WorkerPool(Generic[T]):
             item = self._tasks.get()
             if item is None:
                 return
+            started = time.monotonic()
             try:
                 self._run(item)
             except BaseException as exc:  # reported to the runner, which records the failure
-                self.outcomes.put(Outcome(item, exc))
+                self.outcomes.put(Outcome(item, exc, time.monotonic() - started))
             else:
-                self.outcomes.put(Outcome(item, None))
+                self.outcomes.put(Outcome(item, None, time.monotonic() - started))

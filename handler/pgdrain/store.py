@@ -7,9 +7,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, LiteralString
+from typing import Any, Literal, LiteralString, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -18,6 +18,17 @@ from psycopg.types.json import Jsonb
 from pgdrain.sql import Migration, query, statements
 
 Connection = psycopg.Connection[Any]
+Operation = TypeVar("Operation", bound=Callable[..., Any])
+
+
+def one_statement(operation: Operation) -> Operation:
+    """Mark an operation that executes exactly one statement, once, and then reads its result:
+    a Session sends that statement together with its transaction's BEGIN, limits and COMMIT,
+    in one round trip (session.py). Called with a plain connection it runs as ever."""
+    operation.one_statement = True  # type: ignore[attr-defined]
+    return operation
+
+
 # The job states and recovery policies the schema's CHECK constraints allow.
 Status = Literal["queued", "running", "done", "failed", "parked", "cancelled"]
 STATUSES: tuple[Status, ...] = ("queued", "running", "done", "failed", "parked", "cancelled")
@@ -169,6 +180,16 @@ def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
     return text, params
 
 
+def transaction_begin(conn: Connection) -> None:
+    """BEGIN ISOLATION LEVEL READ COMMITTED, as a statement of its own: sent in a pipeline with
+    the rest of the transaction (session.py)."""
+    conn.execute(query("transaction_begin"))
+
+
+def transaction_commit(conn: Connection) -> None:
+    conn.execute(query("transaction_commit"))
+
+
 def transaction_limits(conn: Connection, timeout_ms: int) -> None:
     """Bound the current transaction's statements and lock waits to `timeout_ms` (> 0: zero
     would switch the limits off)."""
@@ -236,6 +257,7 @@ def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]
     return [int(r[0]) for r in conn.execute(query("periodic_enqueue"), params).fetchall()]
 
 
+@one_statement
 def job_complete_and_claim(
     conn: Connection,
     finished: Sequence[Held],
@@ -266,6 +288,7 @@ def job_complete_and_claim(
     return _completed_and_claimed(rows, finished)
 
 
+@one_statement
 def job_claim_recover(
     conn: Connection, claim_id: uuid.UUID | None, finished: Sequence[Held]
 ) -> tuple[Fenced, list[ClaimedJob]]:
@@ -295,6 +318,7 @@ def _completed_and_claimed(
     return Fenced(completed, frozenset(finished) - completed), claimed
 
 
+@one_statement
 def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
     """Mark finished jobs done (claiming nothing)."""
     return _fenced(conn, query("job_complete_many"), held)
@@ -313,6 +337,7 @@ def _fenced(
     return Fenced(applied, frozenset(held) - applied)
 
 
+@one_statement
 def job_extend_leases(
     conn: Connection, held: Sequence[Held], lease_seconds: float, cap_seconds: float | None
 ) -> Fenced:
@@ -326,11 +351,13 @@ def job_extend_leases(
     )
 
 
+@one_statement
 def job_release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
     """Give unstarted jobs back: queued again, the attempt not spent."""
     return _fenced(conn, query("job_release_many"), held)
 
 
+@one_statement
 def job_fail(
     conn: Connection,
     job: Held,
@@ -364,6 +391,7 @@ def job_fail(
     return Failed(id=row[0], status=row[1], attempt=row[2], run_at=row[3])
 
 
+@one_statement
 def job_reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
     rows = conn.execute(query("job_reclaim_expired"), {"limit": limit}).fetchall()
     return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in rows]
@@ -397,6 +425,7 @@ def queue_stats(conn: Connection) -> list[QueueStats]:
     return [QueueStats(**row) for row in rows]
 
 
+@one_statement
 def queue_has_ready(conn: Connection, queues: Sequence[str]) -> bool:
     row = conn.execute(query("queue_has_ready"), {"queues": list(queues)}).fetchone()
     return bool(row and row[0])
@@ -408,6 +437,7 @@ class QueueDepth:
     oldest_ready_age_s: float
 
 
+@one_statement
 def queue_depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
     """How many jobs are ready in these queues, and how long the oldest has waited."""
     row = conn.execute(query("queue_depth"), {"queues": list(queues)}).fetchone()
@@ -461,6 +491,7 @@ def kick_debounce(
     return sorted(str(r[0]) for r in rows if r[1])
 
 
+@one_statement
 def kick_clear(conn: Connection, queues: Sequence[str]) -> None:
     """Forget the last invoke of these queues (it failed): the next kick invokes."""
     conn.execute(query("kick_clear"), {"queues": list(queues)})
@@ -469,6 +500,7 @@ def kick_clear(conn: Connection, queues: Sequence[str]) -> None:
 # -- the control plane: runs, fan-out, exit, wake-ups (pgdrain.aws) -------------------------
 
 
+@one_statement
 def queue_ready_count(conn: Connection, queues: Sequence[str], limit: int) -> int:
     """Ready jobs in these queues, counted up to `limit`."""
     row = conn.execute(
@@ -477,6 +509,7 @@ def queue_ready_count(conn: Connection, queues: Sequence[str], limit: int) -> in
     return 0 if row is None else int(row[0])
 
 
+@one_statement
 def run_register(
     conn: Connection,
     run_id: str,
@@ -499,6 +532,7 @@ def run_register(
     )
 
 
+@one_statement
 def kick_hold(conn: Connection, queues: Sequence[str], hold_seconds: float) -> None:
     """Renew this run's hold on its queues' kicks until now + hold_seconds."""
     conn.execute(query("kick_hold"), {"queues": list(queues), "hold_seconds": hold_seconds})
@@ -534,6 +568,7 @@ def run_spawn(
     return [str(r[0]) for r in rows]
 
 
+@one_statement
 def run_unregister(conn: Connection, run_id: str) -> None:
     conn.execute(query("run_unregister"), {"run_id": run_id})
 
@@ -553,10 +588,12 @@ def run_exit_check(conn: Connection, queues: Sequence[str]) -> ExitCheck:
     return ExitCheck(kicked=bool(row[0]), kick_age_s=row[1], ready=bool(row[2]), due_at=row[3])
 
 
+@one_statement
 def run_exit(conn: Connection, run_id: str, queues: Sequence[str]) -> None:
     conn.execute(query("run_exit"), {"run_id": run_id, "queues": list(queues)})
 
 
+@one_statement
 def queue_limit_sync(
     conn: Connection, queues: Sequence[str], limits: Sequence[tuple[str, int]]
 ) -> None:
@@ -571,6 +608,7 @@ def queue_limit_sync(
     )
 
 
+@one_statement
 def wake_reserve(
     conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str, hold_seconds: float
 ) -> bool:
@@ -588,12 +626,14 @@ def wake_reserve(
     return row is not None
 
 
+@one_statement
 def wake_created(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
     conn.execute(
         query("wake_created"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}
     )
 
 
+@one_statement
 def wake_release(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
     conn.execute(
         query("wake_release"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}

@@ -147,9 +147,12 @@ class LossyProxy:
                 return
             with self._lock:
                 seen = tail + data
+                after_marker = data
                 if link.state == "forward" and self._marker and self._marker in seen:
+                    # A pipelined transaction sends its COMMIT in the same bytes, after it.
+                    after_marker = seen[seen.index(self._marker) :]
                     link.state, self._marker = "marked", None
-                elif link.state == "marked" and b"COMMIT\x00" in data:
+                if link.state == "marked" and b"COMMIT\x00" in after_marker:
                     link.state = "committing"  # before forwarding: its answer is held
                 tail = data[-64:]
             self._flowing.wait()

@@ -75,3 +75,13 @@ def test_a_run_claims_what_free_slots_start_once_half_are_free(running: int, wan
         attempts.unstarted.append(_claimed(job_id))
         attempts.start_next()
     assert attempts.to_claim(concurrency=4, batch_size=10) == wanted
+
+
+def test_claim_ahead_adds_the_slots_about_to_free_at_most_a_batch() -> None:
+    attempts = Attempts()
+    for job_id in range(4):
+        attempts.unstarted.append(_claimed(job_id))
+        attempts.start_next()
+    assert attempts.to_claim(concurrency=4, batch_size=10) == 0  # every slot busy
+    assert attempts.to_claim(concurrency=4, batch_size=10, ahead=2) == 2
+    assert attempts.to_claim(concurrency=4, batch_size=3, ahead=10) == 3

@@ -39,6 +39,14 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
+-- name: transaction_begin :exec
+-- A drain transaction sent in one round trip with its statement (session.py): READ COMMITTED
+-- whatever the server's default (the claim and the fenced updates rely on it).
+BEGIN ISOLATION LEVEL READ COMMITTED;
+
+-- name: transaction_commit :exec
+COMMIT;
+
 -- name: transaction_limits :exec
 -- The first statement of each of the drain's transactions: no statement, and no wait for a
 -- lock, may last longer than what is left of the run's budget. `true` makes both settings

@@ -1,0 +1,47 @@
+"""Claim-ahead (claim_ahead.py): how many jobs a claim may take beyond the free slots, from
+how long jobs run and how long a claim takes to come back."""
+
+from __future__ import annotations
+
+from pgdrain.claim_ahead import ClaimAhead
+
+
+def measured(job_s: float, trip_s: float, *, batch: int = 10, concurrency: int = 10) -> ClaimAhead:
+    ahead = ClaimAhead(batch, concurrency)
+    ahead.job_ran(job_s)
+    ahead.claim_took(trip_s)
+    return ahead
+
+
+def test_nothing_is_claimed_ahead_before_a_job_and_a_claim_were_measured() -> None:
+    ahead = ClaimAhead(10, 10)
+    assert ahead.allowance() == 0
+    ahead.claim_took(0.001)
+    assert ahead.allowance() == 0
+
+
+def test_jobs_much_shorter_than_a_round_trip_are_claimed_a_batch_ahead() -> None:
+    assert measured(0.00001, 0.0015).allowance() == 10
+
+
+def test_the_allowance_is_the_slots_that_free_during_one_round_trip() -> None:
+    # 10 slots, 5 ms jobs: one frees every 0.5 ms, so three during a 1.5 ms round trip.
+    assert measured(0.005, 0.0015).allowance() == 3
+
+
+def test_jobs_longer_than_concurrency_round_trips_are_never_claimed_ahead() -> None:
+    assert measured(0.05, 0.0015).allowance() == 0
+
+
+def test_one_slow_job_cuts_the_allowance_at_once() -> None:
+    ahead = measured(0.00001, 0.0015)
+    ahead.job_ran(5.0)
+    assert ahead.allowance() == 0
+
+
+def test_strict_ordering_and_the_control_never_claim_ahead() -> None:
+    assert measured(0.00001, 0.0015, batch=1, concurrency=1).allowance() == 0
+    off = ClaimAhead(10, 10, enabled=False)
+    off.job_ran(0.00001)
+    off.claim_took(0.0015)
+    assert off.allowance() == 0
