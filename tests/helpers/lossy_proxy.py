@@ -127,6 +127,11 @@ class LossyProxy:
                 client.close()
                 server.close()
                 continue
+            # As libpq and PgBouncer do: a pipelined request goes out in one segment at once,
+            # not held back by Nagle's algorithm until the previous one is acknowledged.
+            for sock in (client, server):
+                if sock.family == socket.AF_INET:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             link = _Link(client, server)
             with self._lock:
                 self._links.append(link)
