@@ -174,6 +174,7 @@ def due_slots(
     return due
 
 
+@store.one_statement
 def enqueue_due(
     conn: store.Connection, periodics: Sequence[Periodic], now: dt.datetime | None = None
 ) -> int:

@@ -100,10 +100,12 @@ def _delete(
     while (remaining := budget.remaining()) >= min_remaining:
         limit_ms = session.statement_limit_ms(remaining)
         try:
-            with conn.transaction():
-                if limit_to_budget:
-                    store.transaction_limits(conn, limit_ms)
-                deleted = store.job_purge_finished(conn, days, batch, statuses=statuses)
+            # One round trip: BEGIN, the limits, the batch's DELETE and COMMIT together.
+            deleted = session.run_one_statement(
+                conn,
+                limit_ms if limit_to_budget else None,
+                lambda c: store.job_purge_finished(c, days, batch, statuses=statuses),
+            )
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
             stopped = f"a batch was cancelled at its limit of {limit_ms} ms: {one_line(exc)}"
             log.warning(

@@ -143,8 +143,7 @@ class Session:
             return operation(conn)  # a test's control: the server's defaults
         if self._read_committed and getattr(operation, "one_statement", False):
             timeout_ms = self.timeout_ms() if self._limit_to_budget else None
-            sender = _SentWithItsTransaction(conn, timeout_ms)
-            return operation(cast(psycopg.Connection[Any], sender))
+            return run_one_statement(conn, timeout_ms, operation)
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
         # statements, COMMIT: one transaction, so the SET LOCALs end with it, a round trip
         # each. (Pipelined with a flush per result instead, as 5299e13 tried, this was slower,
@@ -160,6 +159,18 @@ class Session:
             # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
+
+
+def run_one_statement(
+    conn: psycopg.Connection[Any],
+    timeout_ms: int | None,
+    operation: Callable[[psycopg.Connection[Any]], T],
+) -> T:
+    """Run a store.one_statement operation on an autocommit connection in one round trip: its
+    statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
+    server's limits), BEGIN and COMMIT sent with it. An operation that executes nothing sends
+    nothing."""
+    return operation(cast(psycopg.Connection[Any], _SentWithItsTransaction(conn, timeout_ms)))
 
 
 class _SentWithItsTransaction:

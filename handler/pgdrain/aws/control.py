@@ -23,12 +23,15 @@ not start one invocation per lull."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from psycopg.pq import TransactionStatus
 
 from pgdrain import store
 from pgdrain.aws import events
@@ -190,7 +193,10 @@ class RunControl:
         # check only reads, and the exit clears and deletes what is already cleared or gone.
         # A lingering run neither exits nor unregisters: it is still the run the open window
         # is waiting on, and a later check decides again.
-        with conn.transaction():
+        # Inside the session's transaction already (a nested one would cost a savepoint's two
+        # round trips); a transaction of its own only where the session runs none (a control).
+        in_transaction = conn.info.transaction_status != TransactionStatus.IDLE
+        with contextlib.nullcontext() if in_transaction else conn.transaction():
             check = store.run_exit_check(conn, self.trigger.queues)
             again = may_drain_again and self._trailing_edge and (check.kicked or check.ready)
             linger = 0.0
