@@ -174,10 +174,8 @@ def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
     params["payload"] = json.dumps(
         {} if job.payload is None else job.payload, ensure_ascii=False, allow_nan=False
     )
-    text = statements()["job_insert"].text
-    # Without its comment lines: an application may log it, and drivers need not parse them.
-    text = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
-    return text, params
+    # Without its comment lines (as every statement is sent): an application may log it.
+    return statements()["job_insert"].text, params
 
 
 def transaction_begin(conn: Connection) -> None:

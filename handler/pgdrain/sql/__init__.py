@@ -36,8 +36,16 @@ def parse_statements(text: str) -> dict[str, Statement]:
                 f"queries.sql: {name!r} needs a shape after its name, one of "
                 + ", ".join(f":{s}" for s in SHAPES)
             )
-        statements[name] = Statement(name, cast(Shape, shape), body.strip().rstrip(";").strip())
+        text = _without_comment_lines(body).strip().rstrip(";").strip()
+        statements[name] = Statement(name, cast(Shape, shape), text)
     return statements
+
+
+def _without_comment_lines(body: str) -> str:
+    """The statement as it is sent: the comments stay in queries.sql. Shorter to send and to
+    parse, and psycopg caches its conversion of a statement only up to 4 KB: the claim, with
+    its comments, is longer than that and was converted again at every batch."""
+    return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
 
 
 def parse_queries(text: str) -> dict[str, str]:
