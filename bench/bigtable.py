@@ -92,7 +92,7 @@ ORDER BY queue"""
 def _before_claim() -> LiteralString:
     """The claim without the empty-queue guard added with migration 0005."""
     statement = query("job_complete_and_claim")
-    start = statement.index("    -- A queue with nothing ready is passed over")
+    start = statement.index("    CROSS JOIN LATERAL (\n        SELECT 1 FROM pgdrain.jobs")
     end = statement.index(") AS has_ready\n") + len(") AS has_ready\n")
     return statement[:start] + statement[end:]
 
