@@ -274,7 +274,7 @@ def markdown(prof: dict[str, Any]) -> list[str]:
     for label, key in (
         ("Python: the drain process's CPU, all threads (getrusage)", "python_us_per_job"),
         (
-            "database: its statements executing, commit included (pg_stat_database.active_time)",
+            "database: its backend active (pg_stat_database.active_time)",
             "db_us_per_job",
         ),
         ("the rest: waiting (round trips, waking threads, the scheduler)", "rest_us_per_job"),
@@ -287,10 +287,13 @@ def markdown(prof: dict[str, Any]) -> list[str]:
         f"({b['jobs_per_statement']:.1f} jobs each: one `job_complete_and_claim` per batch, "
         f"and the run's few others), {b['db_us_per_statement']:.0f} µs of database time "
         f"each. CPU per 1,000 no-op jobs: **{b['cpu_ms_per_1000_jobs']:.0f} ms** of the "
-        "drain process (the database's own CPU not included). Python and the database "
-        "alternate: while a statement runs the drain's thread waits for it, and while the "
-        "drain's Python runs (dispatch, outcomes, the next statement's parameters) the "
-        "database waits, so the three add up to the wall time."
+        "drain process (the database's own CPU not included). The drain's thread and the "
+        "database take turns: while a statement is out the drain's thread waits for it (the "
+        "job threads run what was claimed ahead meanwhile), and while the drain's Python "
+        "runs (outcomes, the next statement's parameters, the last one's rows) the database "
+        "waits. Each statement is one pipelined transaction (BEGIN, limits, statement, "
+        "COMMIT in one round trip); what its backend spends outside the active state (the "
+        "messages between them, the commit's flush) falls in the rest."
     )
     out.append("")
     for key, who in (
