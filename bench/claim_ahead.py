@@ -1,0 +1,93 @@
+"""Claim-ahead on and off, one drain process at the default settings, for jobs that take no
+time, 0.5 ms and 5 ms (handler/pgdrain/claim_ahead.py). One command, from the repository root:
+
+    make .venv-bench/.installed    # once
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
+        .venv-bench/bin/python -m bench.claim_ahead
+
+Without DATABASE_URL an embedded PostgreSQL is started. Not part of `make bench` (it measures
+one mechanism, not pgdrain against its ceiling or its peers). Each repetition drains the jobs
+of one duration on a fresh database copied from a template, in this process, once with
+claim-ahead and once without (`drain(..., claim_ahead=False)`), the two interleaved; every
+job must end done with one attempt. Prints jobs/s (medians of --reps) and their ratio."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Sequence
+
+import psycopg
+
+from bench import run
+from bench.common import Server, log, resolve_server
+from pgdrain import Budget, Job, Registry, Settings, drain
+from pgdrain.enqueue import build_job, enqueue_many
+from pgdrain.migrate import migrate
+
+registry = Registry()
+
+
+@registry.job("bench.sleep")
+def sleep_for(job: Job) -> None:
+    seconds = float(job.payload["seconds"])
+    if seconds:
+        time.sleep(seconds)
+
+
+# (job seconds, jobs): a few seconds of draining each.
+CASES: tuple[tuple[float, int], ...] = ((0.0, 20_000), (0.0005, 10_000), (0.005, 3_000))
+
+
+def template(server: Server, seconds: float, jobs: int) -> str:
+    name = server.create()
+    with psycopg.connect(server.url(name), autocommit=True) as conn:
+        migrate(conn)
+        with conn.transaction():
+            payload = {"seconds": seconds}
+            enqueue_many(conn, (build_job("bench.sleep", payload) for _ in range(jobs)))
+        conn.execute("VACUUM ANALYZE")
+    return name
+
+
+def once(server: Server, name: str, jobs: int, claim_ahead: bool) -> float:
+    copy = server.create(name)
+    try:
+        url = server.url(copy)
+        began = time.perf_counter()
+        result = drain(Settings(), Budget.seconds(600), registry, url, claim_ahead=claim_ahead)
+        elapsed = time.perf_counter() - began
+        ok, detail = run.verify_pgdrain(url, jobs)
+    finally:
+        server.drop(copy)
+    if not ok or result.error is not None:
+        raise SystemExit(f"the drain did not process every job once: {detail}")
+    return jobs / elapsed
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.claim_ahead", description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    admin_url, source = resolve_server()
+    server = Server(admin_url)
+    log(f"server: {source}")
+    print("| job | jobs | claim-ahead on, jobs/s | off, jobs/s | on / off |")
+    print("|---:|---:|---:|---:|---:|")
+    for seconds, jobs in CASES:
+        name = template(server, seconds, jobs)
+        try:
+            on: list[float] = []
+            off: list[float] = []
+            for _ in range(args.reps):
+                on.append(once(server, name, jobs, claim_ahead=True))
+                off.append(once(server, name, jobs, claim_ahead=False))
+        finally:
+            server.drop(name)
+        a, b = statistics.median(on), statistics.median(off)
+        print(f"| {seconds * 1000:g} ms | {jobs:,} | {a:,.0f} | {b:,.0f} | {a / b:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
