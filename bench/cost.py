@@ -121,6 +121,59 @@ def sqs_cost(
     )
 
 
+# -- which memory size: jobs per GB-second --------------------------------------------------
+
+# Lambda's documentation: up to 10,240 MB, which has 6 vCPUs; vCPUs grow with memory.
+MAX_MEMORY_MB = 10_240
+MAX_VCPUS = 6.0
+MEMORY_SIZES_MB = (256, 512, 1024, 1769, 3538, 5307, 10_240)
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What one job does besides the drain's own work: computes (holding the GIL) and waits."""
+
+    name: str
+    cpu_s: float
+    wait_s: float
+
+
+JOB_SHAPES = (
+    JobShape("no-op", 0.0, 0.0),
+    JobShape("CPU-bound: 10 ms of CPU", 0.010, 0.0),
+    JobShape("I/O-bound: 100 ms waiting", 0.0, 0.100),
+)
+
+
+def vcpus(memory_mb: int) -> float:
+    return min(MAX_VCPUS, memory_mb / ONE_VCPU_MB)
+
+
+def seconds_per_job(drain: Drain, memory_mb: int, job: JobShape, processes: int = 1) -> float:
+    """How long one job keeps one of `processes` drain processes of one invocation busy. Each
+    runs its jobs on threads under one GIL, so it uses at most one vCPU, and the processes
+    share the function's: the drain's CPU and the job's are stretched by that share. The
+    waiting part of the drain's measured time per job (its round trips) does not stretch, and
+    the job's own wait overlaps across the `concurrency` threads."""
+    share = min(1.0, vcpus(memory_mb) / processes)
+    cpu = drain.cpu_s_per_job + job.cpu_s
+    serial = drain.wall_s_per_job - drain.cpu_s_per_job + cpu / share
+    overlapped = (job.wait_s + job.cpu_s / share) / drain.concurrency
+    return max(serial, overlapped)
+
+
+def jobs_per_gb_second(drain: Drain, memory_mb: int, job: JobShape, processes: int = 1) -> float:
+    """Jobs one invocation of `memory_mb` drains per GB-second it is billed, with `processes`
+    drain processes in it (the database assumed not to be the limit)."""
+    per_second = processes / seconds_per_job(drain, memory_mb, job, processes)
+    return per_second / (memory_mb / 1024.0)
+
+
+def processes_for(memory_mb: int) -> int:
+    """One drain process per whole vCPU the function has (at least one)."""
+    return max(1, int(vcpus(memory_mb)))
+
+
 def _parameter_default(text: str, name: str) -> str:
     """A CloudFormation parameter's Default, read as text: bench's virtualenv has no YAML
     parser, and the template's tags (!Ref, !Sub) would need a loader of their own."""

@@ -339,6 +339,69 @@ def cost_section(res: Results, png_name: str) -> list[str]:
         "empty queue; pgdrain's scheduled safety-net runs and kicks; logs and data transfer."
     )
     out.append("")
+    return out + memory_section(res, drain)
+
+
+def memory_section(res: Results, drain: cost.Drain) -> list[str]:
+    """`### Which memory size`: jobs per GB-second by MemorySize for three kinds of job, from
+    the measured drain (bench/cost.py's model), and what a second process measured here."""
+    shapes = cost.JOB_SHAPES
+    out = ["### Which memory size", ""]
+    out.append(
+        "Jobs drained per GB-second billed, by `MemorySize`, for no-op jobs, jobs that compute "
+        "10 ms (holding the GIL) and jobs that wait 100 ms, with one drain process per "
+        "invocation and with one per whole vCPU (Lambda gives 1 vCPU per 1,769 MB, up to 6 "
+        "at 10,240 MB). From the drain measured above (w, c) by `bench/cost.py`: a process "
+        "uses at most one vCPU (one GIL), the processes share the function's vCPUs, the "
+        "drain's CPU and a job's CPU stretch by that share, its round trips do not, and a "
+        f"job's waiting overlaps across the {drain.concurrency} threads. The database is "
+        "assumed not to be the limit."
+    )
+    out.append("")
+    head = "| MemorySize | vCPUs |"
+    rule = "|---:|---:|"
+    for shape in shapes:
+        head += f" {shape.name}: 1 process | per vCPU |"
+        rule += "---:|---:|"
+    out += [head, rule]
+    for mb in cost.MEMORY_SIZES_MB:
+        row = f"| {mb:,} MB | {cost.vcpus(mb):.2f} |"
+        for shape in shapes:
+            one = cost.jobs_per_gb_second(drain, mb, shape)
+            each = cost.jobs_per_gb_second(drain, mb, shape, cost.processes_for(mb))
+            row += f" {_n(one)} | {_n(each) if cost.processes_for(mb) > 1 else '-'} |"
+        out.append(row)
+    out.append("")
+    best = []
+    for shape in shapes:
+        rates = {m: cost.jobs_per_gb_second(drain, m, shape) for m in cost.MEMORY_SIZES_MB}
+        near = [m for m, r in rates.items() if r >= 0.95 * max(rates.values())]
+        sizes = f"{near[0]:,} MB" if len(near) == 1 else f"{near[0]:,} to {near[-1]:,} MB"
+        best.append(f"{shape.name}: {sizes}")
+    out.append(
+        "Most jobs per GB-second (within 5% of the best): "
+        + "; ".join(best)
+        + ". No-op and waiting jobs spend their "
+        "time on round trips and sleeps, which more memory does not shorten: the smallest "
+        "function that holds the process (its peak RSS is above) is the cheapest, and for "
+        "waiting jobs a higher `PGDRAIN_CONCURRENCY` does what more processes would. "
+        "CPU-bound jobs cost the same per job at any size up to 1,769 MB (each size pays for "
+        "the share of a vCPU it gets); above it, one process leaves the extra vCPUs idle and "
+        "only one process per vCPU keeps the cost per job where it was, for a shorter run."
+    )
+    two = _get(res, f"pgdrain/{res.config.default_batch}/2")
+    one = _get(res, f"pgdrain/{res.config.default_batch}/1")
+    if one is not None and two is not None:
+        out.append("")
+        out.append(
+            "A second process, measured: on this machine's 2 cores (the vCPUs of a 3,538 MB "
+            f"function), two drain processes at the default batch drained {_n(two.value)} "
+            f"no-op jobs/s against one's {_n(one.value)} "
+            f"({_n(_ratio(two.value, one.value), 2)}x): it pays for no-op and CPU-bound jobs "
+            "from 3,538 MB; below that it splits one vCPU, which pays only while a "
+            "process's time is mostly waiting."
+        )
+    out.append("")
     return out
 
 

@@ -141,6 +141,8 @@ def test_report_writes_the_strict_row_the_target_and_the_cost_table() -> None:
     assert "| batch 1, concurrency 1: pgdrain / ceiling | 0.85 | ≥ 0.8 | met |" in text
     assert "**0.050 CPU s per 1,000 no-op jobs**" in text
     assert "![cost per million jobs against job duration](benchmarks-cost.png)" in text
+    assert "### Which memory size" in text
+    assert "| 3,538 MB | 2.00 |" in text
     model = report.cost_model(res)
     assert model is not None
     drain, fn = model
@@ -160,3 +162,37 @@ def test_report_without_a_cpu_figure_has_no_cost_section() -> None:
     text = report.markdown(res, "benchmarks.png")
     assert "## Cost" not in text
     assert "0.85" in text
+
+
+# -- which memory size -----------------------------------------------------------------------
+
+MEASURED = cost.Drain(
+    wall_s_per_job=133e-6, cpu_s_per_job=42e-6, concurrency=10, run_overhead_s=0.02
+)
+
+
+def test_no_op_and_io_bound_jobs_cost_least_in_the_smallest_function() -> None:
+    for shape in (cost.JOB_SHAPES[0], cost.JOB_SHAPES[2]):
+        rates = [cost.jobs_per_gb_second(MEASURED, m, shape) for m in cost.MEMORY_SIZES_MB]
+        assert rates == sorted(rates, reverse=True), shape.name
+
+
+def test_cpu_bound_jobs_cost_the_same_up_to_one_vcpu_then_need_a_process_per_vcpu() -> None:
+    cpu = cost.JOB_SHAPES[1]
+    small, one = (cost.jobs_per_gb_second(MEASURED, m, cpu) for m in (512, 1769))
+    assert small == pytest.approx(one, rel=0.02)  # both pay for the vCPU share they use
+    # Above 1,769 MB one process (one GIL) leaves the second vCPU idle; two use it.
+    one_process = cost.jobs_per_gb_second(MEASURED, 3538, cpu, processes=1)
+    two_processes = cost.jobs_per_gb_second(MEASURED, 3538, cpu, processes=2)
+    assert one_process == pytest.approx(one / 2, rel=0.02)
+    assert two_processes == pytest.approx(one, rel=0.02)
+    assert cost.processes_for(3538) == 2 and cost.processes_for(512) == 1
+
+
+def test_below_two_vcpus_a_second_process_pays_only_for_jobs_that_wait() -> None:
+    # No-op and I/O-bound: the drain's time is mostly round trips, which a second process
+    # overlaps with the first's. CPU-bound: one vCPU is all there is, shared by both.
+    for shape, pays in zip(cost.JOB_SHAPES, (True, False, True), strict=True):
+        one = cost.jobs_per_gb_second(MEASURED, 1769, shape, processes=1)
+        two = cost.jobs_per_gb_second(MEASURED, 1769, shape, processes=2)
+        assert (two > one * 1.05) is pays, shape.name
