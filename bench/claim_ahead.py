@@ -18,13 +18,9 @@ import statistics
 import time
 from collections.abc import Sequence
 
-import psycopg
-
 from bench import run
 from bench.common import Server, log, resolve_server
 from pgdrain import Budget, Job, Registry, Settings, drain
-from pgdrain.enqueue import build_job, enqueue_many
-from pgdrain.migrate import migrate
 
 registry = Registry()
 
@@ -38,17 +34,6 @@ def sleep_for(job: Job) -> None:
 
 # (job seconds, jobs): a few seconds of draining each.
 CASES: tuple[tuple[float, int], ...] = ((0.0, 20_000), (0.0005, 10_000), (0.005, 3_000))
-
-
-def template(server: Server, seconds: float, jobs: int) -> str:
-    name = server.create()
-    with psycopg.connect(server.url(name), autocommit=True) as conn:
-        migrate(conn)
-        with conn.transaction():
-            payload = {"seconds": seconds}
-            enqueue_many(conn, (build_job("bench.sleep", payload) for _ in range(jobs)))
-        conn.execute("VACUUM ANALYZE")
-    return name
 
 
 def once(server: Server, name: str, jobs: int, claim_ahead: bool) -> float:
@@ -76,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("| job | jobs | claim-ahead on, jobs/s | off, jobs/s | on / off |")
     print("|---:|---:|---:|---:|---:|")
     for seconds, jobs in CASES:
-        name = template(server, seconds, jobs)
+        name = run.pgdrain_template(server, jobs, "bench.sleep", {"seconds": seconds})
         try:
             on: list[float] = []
             off: list[float] = []

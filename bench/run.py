@@ -87,7 +87,9 @@ def _vacuum(url: str) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
-def pgdrain_template(server: Server, jobs: int) -> str:
+def pgdrain_template(
+    server: Server, jobs: int, kind: str = "noop", payload: dict[str, Any] | None = None
+) -> str:
     from pgdrain.enqueue import build_job, enqueue_many
     from pgdrain.migrate import migrate
 
@@ -96,7 +98,7 @@ def pgdrain_template(server: Server, jobs: int) -> str:
         migrate(conn)
         if jobs:
             with conn.transaction():
-                enqueue_many(conn, (build_job("noop") for _ in range(jobs)))
+                enqueue_many(conn, (build_job(kind, payload) for _ in range(jobs)))
     _vacuum(server.url(name))
     return name
 

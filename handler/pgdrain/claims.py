@@ -38,7 +38,6 @@ class Claims:
     ) -> None:
         # Fed with each claim's round trip here, and each job's run time by the drain.
         self.ahead = ahead or ClaimAhead(1, 1, enabled=False)
-        self.last_claim_full = False
         self._session = run.session
         self._recover_lost_replies = recover_lost_replies
         self._attempts = run.attempts
@@ -191,16 +190,16 @@ def wanted(claims: Claims, attempts: Attempts, settings: Settings) -> int:
 
 def claim_and_start(
     claims: Claims, attempts: Attempts, submit: Callable[[ClaimedJob], None], settings: Settings
-) -> bool:
-    """Start what was claimed ahead, claim what is wanted, start what came. True when a claim
-    was made; claims.last_claim_full then says whether it took all it asked for (a short one
-    means the queue is drained for now: the next claim waits for an outcome, so an empty queue
-    is not polled)."""
+) -> tuple[bool, bool]:
+    """Start what was claimed ahead, claim what is wanted, start what came. Returns (claimed,
+    full): whether a claim was made, and whether it took all it asked for (a short one means
+    the queue is drained for now: the next claim waits for an outcome, so an empty queue is
+    not polled)."""
     attempts.start_free(submit, settings.concurrency)
-    if n := wanted(claims, attempts, settings):
-        claims.last_claim_full = claims.complete_and_claim(n) == n
+    n = wanted(claims, attempts, settings)
+    full = n > 0 and claims.complete_and_claim(n) == n
     attempts.start_free(submit, settings.concurrency)
-    return n > 0
+    return n > 0, full
 
 
 def _error_record(decision: outcomes.Decision) -> dict[str, str | None] | None:

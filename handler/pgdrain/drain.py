@@ -234,10 +234,10 @@ class _Run:
         self.heartbeat.start()
         stopping.check_budget_at_start()
         while True:
-            claimed = False
+            claimed = full = False
             if stopping.may_claim(running=len(attempts.running)):
                 # Jobs claimed ahead start first: they run while the next claim is out.
-                claimed = claim_and_start(claims, attempts, pool.submit, self.settings)
+                claimed, full = claim_and_start(claims, attempts, pool.submit, self.settings)
                 if claimed:
                     elapsed = time.monotonic() - self.started
                     self.hooks.after_round_trip(self.session, dict(self.counters.values), elapsed)
@@ -266,7 +266,7 @@ class _Run:
                 return "budget"
 
             # A full claim and claim-ahead: the next claim goes out at once.
-            ahead = claimed and claims.last_claim_full and wanted(claims, attempts, self.settings)
+            ahead = full and wanted(claims, attempts, self.settings)
             self._collect(pool, 0.0 if ahead else self._seconds_to_wait())
             self.heartbeat.beat_if_due()
 
