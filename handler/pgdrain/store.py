@@ -466,16 +466,26 @@ def job_list(
     return [JobRow(**row) for row in rows]
 
 
+@dataclass(frozen=True)
+class KickDecision:
+    """What a kick does per queue: invoke a run now (`invoke`), or ask for a wake-up when its
+    next job is due (`later`: nothing is ready, no live run drains it, and no wake-up pending
+    for it comes early enough)."""
+
+    invoke: list[str]
+    later: dict[str, dt.datetime]
+
+
 def kick_debounce(
     conn: Connection,
     queues: Sequence[str],
     window_seconds: float,
     precision_seconds: float = 60.0,
     hold_seconds: float = 0.0,
-) -> list[str]:
-    """Record a kick for each queue; returns the queues to invoke for (they need a run, their
-    last invoke is older than the window and no live run holds them), now marked as invoked
-    and held for hold_seconds. precision_seconds is the wake-up rounding
+) -> KickDecision:
+    """Record a kick for each queue. The queues to invoke for (they need a run, their last
+    invoke is older than the window and no live run holds them) are now marked as invoked and
+    held for hold_seconds. precision_seconds is the wake-up rounding
     (PGDRAIN_WAKE_PRECISION_SECONDS)."""
     rows = conn.execute(
         query("kick_debounce"),
@@ -486,7 +496,10 @@ def kick_debounce(
             "hold_seconds": hold_seconds,
         },
     ).fetchall()
-    return sorted(str(r[0]) for r in rows if r[1])
+    return KickDecision(
+        invoke=sorted(str(r[0]) for r in rows if r[1]),
+        later={str(r[0]): r[2] for r in rows if not r[1] and r[2] is not None},
+    )
 
 
 @one_statement

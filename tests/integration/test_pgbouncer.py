@@ -159,8 +159,8 @@ def test_kick_debounce_through_the_pooler(pooled_url: str) -> None:
     def caller() -> None:
         with _pooled(pooled_url) as pooled:
             barrier.wait(timeout=60)
-            first = store.kick_debounce(pooled, ["emails", "reports"], 60.0)
-            again = [store.kick_debounce(pooled, ["emails"], 60.0) for _ in range(6)]
+            first = store.kick_debounce(pooled, ["emails", "reports"], 60.0).invoke
+            again = [store.kick_debounce(pooled, ["emails"], 60.0).invoke for _ in range(6)]
         with lock:
             won.append(first)
             later.extend(again)

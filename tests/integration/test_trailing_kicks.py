@@ -330,8 +330,8 @@ def test_kicks_before_the_invoked_run_registers_start_no_other_run(conn: Conn, h
     run starts for the same job."""
     with conn.transaction():
         enqueue(conn, "noop", {}, queue="emails")
-    first = store.kick_debounce(conn, ["emails"], 0.0, hold_seconds=hold)
-    second = store.kick_debounce(conn, ["emails"], 0.0, hold_seconds=hold)
+    first = store.kick_debounce(conn, ["emails"], 0.0, hold_seconds=hold).invoke
+    second = store.kick_debounce(conn, ["emails"], 0.0, hold_seconds=hold).invoke
     assert (first, second) == (["emails"], [] if hold else ["emails"])
 
 

@@ -334,35 +334,132 @@ def test_a_run_that_stops_for_time_also_schedules_its_wake_up(
     assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)  # unregistered
 
 
-def test_kicking_a_job_due_after_a_pending_wake_up_starts_no_run_now(
-    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A kicked delayed job is started by the wake-up at (or before) its run_at, not by a run
-    now that finds nothing: kick() invokes only when a queue has work due before any pending
-    wake-up (or none is pending, and the run it starts makes one)."""
+def _kicker(monkeypatch: pytest.MonkeyPatch, db_url: str) -> tuple[Any, Any, Settings]:
     from helpers.aws import FUNCTION_NAME, InvokeSpy, create_function
-    from pgdrain.aws.kick import kick
     from pgdrain.aws.lambda_api import lambda_client
 
     _handler_env(monkeypatch, db_url)
     create_function()
     spy = InvokeSpy()
     client = spy.attach(lambda_client(REGION))
-    settings = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
+    return spy, client, Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
 
+
+def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kicked delayed job is started by a wake-up at its run_at, not by a run now that finds
+    nothing: the kick records the wake-up and sends a wake-up request, which creates the
+    schedule without a database (here: DATABASE_URL points at a closed port)."""
+    from pgdrain.aws.kick import kick
+
+    spy, client, settings = _kicker(monkeypatch, db_url)
+    run_at = _delayed(conn, "emails", 600)
+
+    assert kick(conn, ["emails"], settings=settings, client=client) == ()  # no run now
+
+    (request,) = spy.events()
+    wake_at = wake_time(run_at, 60)
+    assert request["pgdrain"]["reason"] == "later"
+    assert (request["pgdrain"]["queues"], request["pgdrain"]["at"]) == (
+        ["emails"],
+        wake_at.isoformat(),
+    )
+    row = conn.execute("SELECT queue_set, wake_at, state FROM pgdrain.wakes").fetchone()
+    assert row == ("emails", wake_at, "created")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    answered = _invoke(request)
+    again = _invoke(request)  # a duplicate delivery: the same schedule, which exists
+
+    assert (answered["ok"], answered["wake"], answered["wake_at"]) == (
+        True,
+        "created",
+        wake_at.isoformat(),
+    )
+    assert "result" not in answered  # no drain ran
+    assert again["wake"] == "exists"
+    (schedule,) = _schedules(scheduler)
+    assert schedule["ScheduleExpression"] == at_expression(wake_at)
+    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["emails"])
+
+
+def test_a_kick_whose_job_is_covered_by_a_pending_wake_up_sends_nothing(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a job due before every pending wake-up of its queue asks for a new one; a job
+    ready now always starts a run."""
+    from pgdrain.aws.kick import kick
+
+    spy, client, settings = _kicker(monkeypatch, db_url)
     _delayed(conn, "emails", 600)
-    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
-    assert _invoke(ENQUEUE_EMAILS)["wake"] == "created"  # the run it started: a wake-up
-
-    _delayed(conn, "emails", 1200)  # due after the pending wake-up: that run will see it
     assert kick(conn, ["emails"], settings=settings, client=client) == ()
-    earlier = _delayed(conn, "emails", 120)  # due before it: a run now makes an earlier one
-    assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
-    assert _invoke(ENQUEUE_EMAILS)["wake_at"] == wake_time(earlier, 60).isoformat()
+    assert len(spy.calls) == 1  # the wake-up request
+
+    _delayed(conn, "emails", 1200)  # due after the pending wake-up: its run will see it
+    assert kick(conn, ["emails"], settings=settings, client=client) == ()
+    assert len(spy.calls) == 1
+    earlier = _delayed(conn, "emails", 120)  # due before it: an earlier wake-up
+    assert kick(conn, ["emails"], settings=settings, client=client) == ()
+    assert spy.events()[-1]["pgdrain"]["at"] == wake_time(earlier, 60).isoformat()
     with conn.transaction():
         enqueue(conn, "noop", {}, queue="emails")  # ready now: always a run
     assert kick(conn, ["emails"], settings=settings, client=client) == ("emails",)
+    assert spy.events()[-1] == events.enqueue_event(["emails"])
     assert len(spy.calls) == 3
+
+
+def test_a_kick_while_a_live_run_drains_the_queue_leaves_the_wake_up_to_that_run(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run that holds the queue's kicks sees the delayed job when it exits."""
+    from pgdrain.aws.kick import kick
+
+    spy, client, settings = _kicker(monkeypatch, db_url)
+    conn.execute(  # what a live run's registration leaves: the queue's kicks held
+        "INSERT INTO pgdrain.kicks (queue, kicked_at, requested_at, run_until)"
+        " VALUES ('emails', now(), now(), now() + interval '30 seconds')"
+    )
+    _delayed(conn, "emails", 600)
+
+    assert kick(conn, ["emails"], settings=settings, client=client) == ()
+    assert spy.calls == []
+    assert conn.execute("SELECT count(*) FROM pgdrain.wakes").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("forgotten", [True, False], ids=["forgotten", "control-kept"])
+def test_a_wake_up_request_that_cannot_create_its_schedule_becomes_a_run_that_does(
+    db_url: str,
+    conn: Conn,
+    scheduler: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    forgotten: bool,
+) -> None:
+    """The creation fails: the request drops the kick's record and drains as a kicked run,
+    whose own wake-up then succeeds. The control keeps the record (as if nothing dropped it):
+    the run believes the wake-up pending, and no schedule exists for the delayed job."""
+    from botocore.stub import Stubber
+
+    from pgdrain.aws import wake, wake_request
+    from pgdrain.aws.kick import kick
+
+    spy, client, settings = _kicker(monkeypatch, db_url)
+    run_at = _delayed(conn, "emails", 600)
+    kick(conn, ["emails"], settings=settings, client=client)
+    (request,) = spy.events()
+    if not forgotten:
+        monkeypatch.setattr(wake_request, "forget", lambda *_args: None)
+    failing = wake.scheduler_client(REGION)
+    with Stubber(failing) as stub:
+        stub.add_client_error("create_schedule", "ThrottlingException", http_status_code=429)
+        stub.add_response("create_schedule", {"ScheduleArn": "arn:aws:scheduler:::schedule/x"})
+        result = _invoke(request)
+
+    assert result["ok"] is True, result
+    assert result["result"]["stop_reason"] == "empty"  # it drained: nothing was ready
+    if forgotten:
+        assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
+    else:
+        assert result["wake"] == "pending"  # the stale record: no schedule for the job
 
 
 def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(

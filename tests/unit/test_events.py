@@ -3,6 +3,7 @@ anything else."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,31 @@ def test_a_fanout_run_carries_its_chain_and_its_reserved_id() -> None:
     )
 
 
+def test_a_wake_up_request_carries_its_moment_in_utc_and_its_reservation() -> None:
+    at = dt.datetime(2026, 12, 1, 14, 5, tzinfo=dt.UTC)
+    event = events.later_event(["emails"], at, "kick:1f0c")
+    assert event == {
+        "pgdrain": {
+            "reason": "later",
+            "queues": ["emails"],
+            "at": "2026-12-01T14:05:00+00:00",
+            "reserved_by": "kick:1f0c",
+        }
+    }
+    assert events.parse(event, SETTINGS) == events.Trigger(
+        "later", ("emails",), wake_at=at, reserved_by="kick:1f0c"
+    )
+    elsewhere = _later(at="2026-12-01T15:05:00+01:00")  # the same moment, another offset
+    assert events.parse(elsewhere, SETTINGS).wake_at == at
+
+
+def _later(**body: Any) -> dict[str, Any]:
+    at = "2026-12-01T14:05:00+00:00"
+    return {
+        "pgdrain": {"reason": "later", "queues": ["emails"], "at": at, "reserved_by": "k", **body}
+    }
+
+
 def _fanout(**body: Any) -> dict[str, Any]:
     return {"pgdrain": {"reason": "fanout", "queues": ["emails"], "chain": 1, **body}}
 
@@ -133,6 +159,13 @@ BAD = [
     ("fanout run not an id", _fanout(run="x y"), "'run' must be a run id"),
     ("fanout run a number", _fanout(run=7), "'run' must be a run id"),
     ("fanout chain zero", _fanout(run="r", chain=0), "fanout event: 'chain' must be from 1"),
+    ("later without a moment", _later(at=None), "'at' must be an ISO 8601 time"),
+    ("later moment a number", _later(at=1764597900), "'at' must be an ISO 8601 time"),
+    ("later moment not a time", _later(at="soon"), "'at' is not an ISO 8601 time: 'soon'"),
+    ("later moment naive", _later(at="2026-12-01T14:05:00"), "'at' has no UTC offset"),
+    ("later moment too long", _later(at="2" * 41), "'at' must be an ISO 8601 time"),
+    ("later without its id", _later(reserved_by=None), "'reserved_by' must be a run id"),
+    ("later with a chain", _later(chain=1), "unexpected key(s) chain"),
     ("oversized", {**RULE_EVENT, "detail": {"pad": "x" * 20_000}}, "bytes; the limit is 16384"),
     ("not plain json", {"pgdrain": {1, 2}}, "the event is not plain JSON"),
 ]

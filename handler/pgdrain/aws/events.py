@@ -14,12 +14,18 @@ with one line saying what is wrong (and no database work is done for it).
 - A fan-out run, started by a run that saw more ready work than it could finish in time; `run`
   is the id its spawner reserved for it in pgdrain.runs:
   {"pgdrain": {"reason": "fanout", "queues": ["emails"], "chain": 1, "run": "…"}}
+- A wake-up request, sent by pgdrain.kick() for a kicked delayed job when nothing is ready:
+  make sure a wake-up comes at `at` (the job's run_at), without a run now that would find
+  nothing; `reserved_by` is the id the kick recorded that wake-up under in pgdrain.wakes:
+  {"pgdrain": {"reason": "later", "queues": ["emails"], "at": "2026-12-01T14:05:00+00:00",
+               "reserved_by": "kick:…"}}
 The hop count (`chain`) grows by one with each continuation or fan-out (Lambda stops chains of
 functions invoking themselves after about 16 hops); a schedule, kick or wake-up starts at 0.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from collections.abc import Sequence
@@ -30,13 +36,14 @@ from pgdrain import jsonbound
 from pgdrain.errors import BadEvent, BadInput, ConfigError
 from pgdrain.settings import Settings, check_queue_name
 
-TriggerReason = Literal["schedule", "enqueue", "continue", "wake", "fanout"]
+TriggerReason = Literal["schedule", "enqueue", "continue", "wake", "fanout", "later"]
 SCHEDULE: TriggerReason = "schedule"
 ENQUEUE: TriggerReason = "enqueue"
 CONTINUE: TriggerReason = "continue"
 WAKE: TriggerReason = "wake"
 FANOUT: TriggerReason = "fanout"
-EXPECTED_REASONS = "'enqueue', 'continue', 'wake' or 'fanout'"
+LATER: TriggerReason = "later"
+EXPECTED_REASONS = "'enqueue', 'continue', 'wake', 'fanout' or 'later'"
 SCHEDULE_SOURCES = ("aws.events", "aws.scheduler")
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
 # A real event is a few hundred bytes; an async invoke may carry up to 1 MB.
@@ -56,6 +63,8 @@ class Trigger:
     chain: int = 0  # hops so far (continuations, fan-out): 0 for a schedule, kick or wake
     event_id: str | None = None  # the EventBridge event id, used as the correlation id
     run_id: str | None = None  # a fan-out run: the id its spawner reserved in pgdrain.runs
+    wake_at: dt.datetime | None = None  # a wake-up request: when its wake-up is due
+    reserved_by: str | None = None  # a wake-up request: its id in pgdrain.wakes
 
 
 def parse(event: object, settings: Settings) -> Trigger:
@@ -105,6 +114,11 @@ def fanout_event(queues: Sequence[str], chain: int, run_id: str) -> dict[str, An
     return {"pgdrain": {"reason": FANOUT, "queues": list(queues), "chain": chain, "run": run_id}}
 
 
+def later_event(queues: Sequence[str], wake_at: dt.datetime, reserved_by: str) -> dict[str, Any]:
+    body = {"reason": LATER, "queues": list(queues), "at": wake_at.isoformat()}
+    return {"pgdrain": body | {"reserved_by": reserved_by}}
+
+
 def _parse_schedule(event: dict[str, Any], settings: Settings) -> Trigger:
     detail = event.get("detail", {})
     if isinstance(detail, str):  # EventBridge Scheduler sends the detail as the string "{}"
@@ -142,6 +156,11 @@ def _parse_pgdrain(event: dict[str, Any], settings: Settings) -> Trigger:
     if reason == FANOUT:
         _only_keys(body, ("reason", "queues", "chain", "run"))
         return Trigger(FANOUT, _queues(body, settings), _chain(body), run_id=_run_id(body))
+    if reason == LATER:
+        _only_keys(body, ("reason", "queues", "at", "reserved_by"))
+        queues = _queues(body, settings)
+        reserved_by = _run_id(body, "reserved_by")
+        return Trigger(LATER, queues, wake_at=_moment(body), reserved_by=reserved_by)
     if not isinstance(reason, str):
         raise BadEvent(f"pgdrain event: 'reason' is {_kind(reason)}; expected {EXPECTED_REASONS}")
     raise BadEvent(f"pgdrain event: unknown reason {reason[:40]!r}; expected {EXPECTED_REASONS}")
@@ -187,14 +206,28 @@ def _chain(body: dict[str, Any]) -> int:
     return chain
 
 
-def _run_id(body: dict[str, Any]) -> str:
-    run_id = body.get("run")
+def _run_id(body: dict[str, Any], key: str = "run") -> str:
+    run_id = body.get(key)
     if not isinstance(run_id, str) or not RUN_ID.match(run_id):
         raise BadEvent(
-            "pgdrain fanout event: 'run' must be a run id (letters, digits, '_.:-'; "
-            "at most 128 characters)"
+            f"pgdrain {body['reason']} event: {key!r} must be a run id (letters, digits, "
+            "'_.:-'; at most 128 characters)"
         )
     return run_id
+
+
+def _moment(body: dict[str, Any]) -> dt.datetime:
+    where = f"pgdrain {body['reason']} event"
+    raw = body.get("at")
+    if not isinstance(raw, str) or len(raw) > 40:
+        raise BadEvent(f"{where}: 'at' must be an ISO 8601 time with its UTC offset")
+    try:
+        moment = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        raise BadEvent(f"{where}: 'at' is not an ISO 8601 time: {raw!r}") from None
+    if moment.tzinfo is None:
+        raise BadEvent(f"{where}: 'at' has no UTC offset: {raw!r}")
+    return moment.astimezone(dt.UTC)
 
 
 def _size(event: dict[str, Any]) -> int:

@@ -14,8 +14,11 @@ holds the queue's kicks: they invoke nothing, since its exit check will see thei
 The debounce is on the trailing edge (pgdrain.aws.control): a run about to exit drains again
 for a kick that arrived after its last claim, and clears the window when it exits, so the next
 kick invokes. An invoke that fails clears the window too: a failed kick suppresses nothing.
-A queue with nothing ready whose next job is covered by a pending wake-up is not invoked at all:
-a kicked delayed job is started by its wake-up, not by a run now that finds nothing.
+A queue with nothing ready gets no run now: a kicked delayed job is started by a wake-up at its
+run_at, not by a run now that finds nothing (and keeps a sleeping database awake for minutes).
+If no wake-up pending for the queue comes early enough, the kick records one in pgdrain.wakes,
+in the same transaction as its debounce, and invokes the function with a wake-up request
+({"reason": "later"}) that creates the one-shot schedule without connecting to the database.
 
     with conn.transaction():
         pgdrain.enqueue(conn, "send_email", {"user_id": 42}, queue="emails")
@@ -26,16 +29,19 @@ failed kick left behind, so a failed invoke is logged and not raised into the ap
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from psycopg import pq
 
 from pgdrain import store
-from pgdrain.aws.events import enqueue_event
+from pgdrain.aws.events import enqueue_event, later_event
 from pgdrain.aws.lambda_api import invoke_async
+from pgdrain.aws.wake import WAKE_HOLD_SECONDS, queue_set, wake_time
 from pgdrain.errors import BadInput
 from pgdrain.settings import Settings, check_queue_name
 
@@ -71,16 +77,21 @@ def kick(
             "kick: the connection has a transaction open; call kick() after the enqueue "
             "commits, or the drain it starts may not see the new jobs"
         )
+    reserved_by = f"kick:{uuid.uuid4()}"
     with conn.transaction():
-        due = store.kick_debounce(
+        decision = store.kick_debounce(
             conn,
             names,
             settings.kick_debounce_seconds,
             settings.wake_precision_seconds,
             hold_seconds=kick_hold_seconds(settings),
         )
+        wakes = _record_wakes(conn, decision.later, settings, reserved_by)
+    for queues, wake_at in wakes:
+        _request_wake(conn, settings.function_name, queues, wake_at, reserved_by, client)
+    due = decision.invoke
     if not due:
-        log.debug("kick debounced: kicked within the window", extra={"queues": names})
+        log.debug("kick: no run needed now", extra={"queues": names})
         return ()
     invoked = _invoke(settings.function_name, due, client)
     if not invoked:
@@ -88,6 +99,53 @@ def kick(
         with conn.transaction():
             store.kick_clear(conn, due)
     return invoked
+
+
+def _record_wakes(
+    conn: store.Connection,
+    later: dict[str, dt.datetime],
+    settings: Settings,
+    reserved_by: str,
+) -> list[tuple[list[str], dt.datetime]]:
+    """Record a pending wake-up for each queue whose next job is due later, one per wake-up
+    moment (the queues due in the same minute share it), as created: kicks and runs after this
+    one see it and make none of their own. The function this kick invokes drops it if it
+    cannot create the schedule."""
+    by_moment: dict[dt.datetime, list[str]] = {}
+    for queue, due_at in sorted(later.items()):
+        moment = wake_time(due_at, settings.wake_precision_seconds)
+        by_moment.setdefault(moment, []).append(queue)
+    wakes = []
+    for moment, queues in sorted(by_moment.items()):
+        key = queue_set(queues)
+        if store.wake_reserve(conn, key, moment, reserved_by, WAKE_HOLD_SECONDS):
+            store.wake_created(conn, key, moment, reserved_by)
+            wakes.append((queues, moment))
+    return wakes
+
+
+def _request_wake(
+    conn: store.Connection,
+    function: str,
+    queues: list[str],
+    wake_at: dt.datetime,
+    reserved_by: str,
+    client: LambdaClient | None,
+) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        invoke_async(function, later_event(queues, wake_at, reserved_by), client)
+    except (BotoCoreError, ClientError, RuntimeError) as exc:
+        log.warning(
+            "kick: the wake-up request failed; the next kick or run asks again",
+            extra={"queues": queues, "function": function, "error": str(exc)},
+        )
+        # Safe to repeat: it deletes only this kick's own record of the wake-up.
+        with conn.transaction():
+            store.wake_release(conn, queue_set(queues), wake_at, reserved_by)
+        return
+    log.debug("kick: wake-up requested", extra={"queues": queues, "wake_at": wake_at.isoformat()})
 
 
 def kick_hold_seconds(settings: Settings) -> float:

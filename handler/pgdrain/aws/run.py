@@ -18,7 +18,7 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
 from pgdrain import db, periodic, retention, store
-from pgdrain.aws import events
+from pgdrain.aws import events, wake_request
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
 from pgdrain.aws.control import RunControl
 from pgdrain.aws.fanout import Spawner
@@ -102,6 +102,13 @@ def handle(
     run = _parse(event, context, runtime, logger)
     if not isinstance(run, _Invocation):
         return run  # the configuration or the event is bad: nothing ran
+    if run.trigger.reason == events.LATER:
+        with ProgressMetrics(metrics) as progress:
+            waker = Waker(run.settings, _target(context), count=progress.count)
+            answered = wake_request.answer(run.trigger, waker)
+        if answered is not None:
+            return answered
+        wake_request.forget(run.trigger, run.settings, run.budget)
     with ProgressMetrics(metrics) as progress:
         drain_budget = _drain_budget(run)
         control = _control(
@@ -240,9 +247,7 @@ def _control(
 ) -> RunControl:
     """The run's control plane. Under `sam local invoke` / `pgdrain invoke` it neither spawns
     nor schedules (the wake-up time is only reported)."""
-    local = os.environ.get(SAM_LOCAL_VARIABLE) == "true"
-    # The unqualified ARN: the wake-up role and the function's own policy name exactly that.
-    target = None if local else ":".join(context.invoked_function_arn.split(":")[:7])
+    target = _target(context)
     return RunControl(
         trigger,
         trigger.run_id or worker_id,
@@ -257,6 +262,14 @@ def _control(
         kick_hold_s=kick_hold_seconds(settings),
         next_periodic_slot=lambda: periodic.next_periodic_slot(registry.periodics),
     )
+
+
+def _target(context: LambdaContextLike) -> str | None:
+    """The function's unqualified ARN (the wake-up role and the function's own policy name
+    exactly that), or None under `sam local invoke` / `pgdrain invoke`."""
+    if os.environ.get(SAM_LOCAL_VARIABLE) == "true":
+        return None
+    return ":".join(context.invoked_function_arn.split(":")[:7])
 
 
 def _drain(

@@ -167,24 +167,39 @@ class Waker:
         if not session.run(store.wake_reserve, key, wake_at, run_id, WAKE_HOLD_SECONDS):
             log.info("wake-up already pending", extra={"wake_at": wake_at.isoformat()})
             return WakeOutcome(wake_at, "pending")
-        action: WakeAction = "created"
+        action = self._try_create(name, queues, wake_at)
+        if action == "failed":
+            session.run(store.wake_release, key, wake_at, run_id)
+            return WakeOutcome(wake_at, "failed", name)
+        session.run(store.wake_created, key, wake_at, run_id)
+        return WakeOutcome(wake_at, action, name)
+
+    def ensure_without_database(self, queues: Sequence[str], wake_at: dt.datetime) -> WakeOutcome:
+        """Create the schedule a kick reserved (pgdrain.aws.kick: the kick recorded it in
+        pgdrain.wakes already), touching no database: the run it saves would find nothing.
+        Safe to repeat (a retried event): the name is deterministic, and a second creation is a
+        ConflictException, which is success."""
+        name = schedule_name(queues, wake_at)
+        action = self._try_create(name, queues, wake_at)
+        return WakeOutcome(wake_at, action, name)
+
+    def _try_create(self, name: str, queues: Sequence[str], wake_at: dt.datetime) -> WakeAction:
         try:
             self._create(name, queues, wake_at)
         except Exception as exc:  # any AWS failure: logged and counted, never fails the run
-            if _is_conflict(exc):
-                action = "exists"  # the same wake-up, made by another run: success
-            else:
+            if not _is_conflict(exc):
                 log.error(
                     "could not create the wake-up schedule; the hourly schedule covers it",
                     extra={"schedule": name, "wake_at": wake_at.isoformat(), "error": str(exc)},
                 )
                 self._count(WAKE_FAILED_METRIC, 1)
-                session.run(store.wake_release, key, wake_at, run_id)
-                return WakeOutcome(wake_at, "failed", name)
-        session.run(store.wake_created, key, wake_at, run_id)
+                return "failed"
+            action: WakeAction = "exists"  # the same wake-up, made by another run: success
+        else:
+            action = "created"
         self._count(WAKE_CREATED_METRIC, 1 if action == "created" else 0)
         log.info("wake-up scheduled", extra={"schedule": name, "wake_at": wake_at.isoformat()})
-        return WakeOutcome(wake_at, action, name)
+        return action
 
     def _create(self, name: str, queues: Sequence[str], wake_at: dt.datetime) -> None:
         settings = self._settings

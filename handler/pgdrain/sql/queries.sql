@@ -484,31 +484,32 @@ SELECT EXISTS (
 
 -- name: kick_debounce :many
 -- Record a kick for each queue (requested_at, always) and invoke for each queue that needs a
--- run, whose last invoke is older than the window (kicked_at) and that no live run drains
+-- run now, whose last invoke is older than the window (kicked_at) and that no live run drains
 -- (run_until); `invoke` says which.
 -- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
 -- lost: a run about to exit sees its requested_at (run_exit_check) and drains again, and a run
--- that exits clears kicked_at (run_exit), so the next kick invokes. A queue needs no run when
--- nothing in it is ready and a wake-up pending for it comes before its next due job: a kicked
--- delayed job is then started by that wake-up, not by a run now that finds nothing.
+-- that exits clears kicked_at (run_exit), so the next kick invokes.
+-- A queue with nothing ready needs no run now. When its next job is due before any wake-up
+-- pending for it (wake-ups are rounded up to %(precision_seconds)s) and no live run drains it,
+-- `later_at` says when that job is due: the kick asks for a wake-up then, without a run now
+-- that would only find nothing (and keep a sleeping database awake).
 WITH pending AS (
     SELECT q.name,
            -- A wake-up of any set of queues that holds this one starts a run that drains it.
            (SELECT min(w.wake_at) FROM pgdrain.wakes AS w
             WHERE q.name = ANY(string_to_array(w.queue_set, ','))
-              AND w.state = 'created' AND w.wake_at > now()) AS wake_at
+              AND w.state = 'created' AND w.wake_at > now()) AS wake_at,
+           (SELECT min(j.run_at) FROM pgdrain.jobs AS j
+            WHERE j.status = 'queued' AND j.queue = q.name) AS next_at
     FROM unnest(%(queues)s::text[]) AS q(name)
 ), wanted AS (
     SELECT p.name,
-           p.wake_at IS NULL
-           OR EXISTS (
-               -- Ready now, or due early enough that a run now would schedule an earlier
-               -- wake-up (wake-ups are rounded up to %(precision_seconds)s).
-               SELECT 1 FROM pgdrain.jobs AS j
-               WHERE j.status = 'queued' AND j.queue = p.name
-                 AND j.run_at <= greatest(
-                     now(), p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
-           ) AS needed
+           -- Ready now, or nothing queued and no wake-up pending (a run now finds what there is).
+           p.next_at <= now() OR (p.next_at IS NULL AND p.wake_at IS NULL) AS needed,
+           CASE WHEN p.next_at > now()
+                 AND (p.wake_at IS NULL
+                      OR p.next_at <= p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
+                THEN p.next_at END AS later_at
     FROM pending AS p
 )
 -- The kick that invokes holds the queue's kicks for %(hold_seconds)s (run_until), until the run
@@ -529,7 +530,11 @@ SET requested_at = excluded.requested_at,
                       AND k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
                       AND (k.run_until IS NULL OR k.run_until <= now())
                      THEN excluded.run_until ELSE k.run_until END
-RETURNING k.queue, k.kicked_at = now() AS invoke;
+-- (A queue that needs no run keeps its run_until: a live run that holds it makes the wake-up
+-- for its delayed jobs when it exits.)
+RETURNING k.queue, k.kicked_at = now() AS invoke,
+          CASE WHEN k.run_until IS NULL OR k.run_until <= now()
+               THEN (SELECT w.later_at FROM wanted AS w WHERE w.name = k.queue) END AS later_at;
 
 -- name: kick_clear :exec
 -- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes (it
@@ -749,9 +754,10 @@ WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(ru
 
 -- name: wake_release :exec
 -- Creating the schedule failed: drop the reservation, so the next run that ends tries again.
+-- (Whatever its state: a kick marks its wake-up created before the function it invokes creates
+-- the schedule, and that function drops it if it cannot.)
 DELETE FROM pgdrain.wakes
-WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
-  AND state = 'creating';
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
 
 -- name: queue_limit_sync :exec
 -- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues: add or change
