@@ -271,6 +271,7 @@ def _function_env(
     env = _base_env(factor) | template.scaled_environment(function.environment, factor)
     if system.name == "schedule-5min":
         env["PGDRAIN_MAX_RUNS"] = "1"  # today's single chain, should the handler fan out
+        env["PGDRAIN_SCHEDULE_RATE"] = ""  # its fixed 5-minute grid, which nothing moves
     env |= {
         "DATABASE_URL": system.url,
         "PGDRAIN_JOBS": "sim.jobs",

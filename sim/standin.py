@@ -11,8 +11,9 @@ Lambda `Invoke` (POST /2015-03-31/functions/{FunctionName}/invocations):
   TooManyRequestsException beyond the cap. DryRun: 204.
 EventBridge Scheduler (/schedules/{Name}): CreateSchedule of a one-shot `at(...)` schedule
 (UTC) with Target.Arn/RoleArn/Input, in a group (ConflictException for a name that exists in
-it); GetSchedule; DeleteSchedule. A one-shot schedule fires at its time, which the one-minute
-precision (scaled) rounds up, and is deleted after it fires when ActionAfterCompletion is DELETE.
+it); UpdateSchedule (PUT: the same, replacing one that exists); GetSchedule; DeleteSchedule.
+A one-shot schedule fires at its time, which the one-minute precision (scaled) rounds up, and
+is deleted after it fires when ActionAfterCompletion is DELETE.
 The rate schedule (template.yaml's ScheduleV2) fires a scheduled event every rate, the first one
 a rate after the trace starts.
 Faults on request: every Nth async event delivered twice; Invoke failing with HTTP 500 or
@@ -96,6 +97,7 @@ class Counters:
     timeouts: int = 0
     retries: int = 0
     schedules_created: int = 0
+    schedules_updated: int = 0
     schedule_conflicts: int = 0
     schedule_failed: int = 0  # injected 500s and refusals
     schedules_fired: int = 0
@@ -306,7 +308,9 @@ class ControlPlane:
 
     # -- EventBridge Scheduler ---------------------------------------------------------------
 
-    def create_schedule(self, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def create_schedule(
+        self, name: str, body: dict[str, Any], *, replace: bool = False
+    ) -> tuple[int, dict[str, Any]]:
         if not self.config.scheduler_enabled:
             with self._lock:
                 self.counters.schedule_failed += 1
@@ -345,13 +349,24 @@ class ControlPlane:
             delete_after=body.get("ActionAfterCompletion") == "DELETE",
         )
         with self._lock:
-            if (group, name) in self.schedules:
+            exists = (group, name) in self.schedules
+            if exists and not replace:
                 self.counters.schedule_conflicts += 1
                 return 409, _error("ConflictException", f"Schedule {name} already exists.")
+            if replace and not exists:
+                return 404, _error("ResourceNotFoundException", f"Schedule {name} does not exist.")
             self.schedules[(group, name)] = schedule
-            self.counters.schedules_created += 1
+            if replace:
+                self.counters.schedules_updated += 1
+            else:
+                self.counters.schedules_created += 1
         self._after(max(fire_at, time.time()), lambda: self._fire_schedule(schedule))
         return 200, {"ScheduleArn": _schedule_arn(group, name)}
+
+    def update_schedule(self, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """UpdateSchedule replaces the whole definition of an existing schedule (its old time
+        no longer fires)."""
+        return self.create_schedule(name, body, replace=True)
 
     def _fire_schedule(self, schedule: Schedule) -> None:
         key = (schedule.group, schedule.name)
@@ -457,6 +472,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(400, _error("ValidationException", "the body is not JSON"))
                 return
             self._json(*self.plane.create_schedule(unquote(schedule.group(1)), document))
+            return
+        self._json(404, _error("UnknownOperationException", f"no operation at {path}"))
+
+    def do_PUT(self) -> None:
+        path, _ = self._target()
+        schedule = SCHEDULE_PATH.match(path)
+        if schedule:
+            try:
+                document = json.loads(self._body() or b"{}")
+            except json.JSONDecodeError:
+                self._json(400, _error("ValidationException", "the body is not JSON"))
+                return
+            self._json(*self.plane.update_schedule(unquote(schedule.group(1)), document))
             return
         self._json(404, _error("UnknownOperationException", f"no operation at {path}"))
 

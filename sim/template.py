@@ -3,7 +3,8 @@ policy, reserved concurrency and schedule rate, all read from the template as it
 new setting or default in the template is simulated without changing the simulator.
 
 Durations are scaled here: every PGDRAIN_* variable whose name ends in _SECONDS (and
-PGDRAIN_CONNECT_TIMEOUT) is divided by the factor before the function sees it."""
+PGDRAIN_CONNECT_TIMEOUT, and PGDRAIN_SCHEDULE_RATE, written as ScheduleRate is) is divided by
+the factor before the function sees it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pgdrain.aws.local_invoke import (
     load_template,
     read_function,
 )
+from pgdrain.settings import parse_duration
 
 REGION = "us-east-1"
 # A new AWS account's concurrent-execution limit, until it asks for more (docs/lambda.md).
@@ -30,6 +32,8 @@ LAMBDA_DEFAULT_RETRIES = 2
 LAMBDA_DEFAULT_EVENT_AGE_SECONDS = 21600
 # Variables that hold durations in seconds but whose names do not end in _SECONDS.
 EXTRA_DURATION_VARIABLES = ("PGDRAIN_CONNECT_TIMEOUT",)
+# A duration with its unit ("1 hour"): scaled to "N seconds".
+RATE_VARIABLE = "PGDRAIN_SCHEDULE_RATE"
 WAKE_PRECISION_VARIABLE = "PGDRAIN_WAKE_PRECISION_SECONDS"
 WAKE_PRECISION_SECONDS = 60.0  # EventBridge Scheduler's one-shot precision: one minute
 RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$")
@@ -77,6 +81,10 @@ def scaled_environment(env: dict[str, str], factor: float) -> dict[str, str]:
     schedule precision (which the control plane may read; harmless if it does not)."""
     out = dict(env)
     for name, value in env.items():
+        if name == RATE_VARIABLE and value.strip():
+            seconds = parse_duration(name, value) / factor
+            out[name] = f"{_seconds_text(seconds)} seconds"
+            continue
         if not _is_duration(name) or not value.strip():
             continue
         try:

@@ -60,7 +60,11 @@ ENV_VARIABLES = (
     "PGDRAIN_SCHEDULER_ROLE_ARN",
     "PGDRAIN_WAKE_PRECISION_SECONDS",
     "PGDRAIN_QUEUE_LIMITS",
+    "PGDRAIN_SCHEDULE_RATE",
 )
+# PGDRAIN_SCHEDULE_RATE: the template's ScheduleRate as written ("1 hour"), or seconds.
+DURATION = re.compile(r"^(\d+(?:\.\d+)?) *(second|seconds|minute|minutes|hour|hours|day|days)\Z")
+UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 
 def check_queue_name(name: str, source: str = "queue") -> str:
@@ -119,6 +123,11 @@ class Settings:
     wake_precision_seconds: float = DEFAULT_WAKE_PRECISION_SECONDS
     # At most this many running jobs per queue across all runs: (("emails", 2),).
     queue_limits: tuple[tuple[str, int], ...] = ()
+    # The safety net's interval (the template's ScheduleRate). Given, a run that ends having
+    # found every queue empty moves the next safety-net run to this long after it, and the rate
+    # schedule's ticks before then touch no database (pgdrain.aws.safety_net). None: the rate
+    # schedule alone.
+    schedule_rate_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.database_url is not None:
@@ -155,6 +164,12 @@ class Settings:
             "PGDRAIN_WAKE_PRECISION_SECONDS",
             "from 1 to 3600",
         )
+        if self.schedule_rate_seconds is not None:
+            _require(
+                1 <= self.schedule_rate_seconds <= 366 * 86400,
+                "PGDRAIN_SCHEDULE_RATE",
+                "from 1 second to 366 days",
+            )
         for name, limit in self.queue_limits:
             check_queue_name(name, "PGDRAIN_QUEUE_LIMITS")
             _require(1 <= limit <= 100000, "PGDRAIN_QUEUE_LIMITS", "limits from 1 to 100000")
@@ -186,6 +201,8 @@ class Settings:
             kwargs["queue_limits"] = parse_queue_limits(raw)
         if (raw := text("PGDRAIN_POOLER")) is not None:
             kwargs["pooler"] = raw.lower()
+        if (raw := text("PGDRAIN_SCHEDULE_RATE")) is not None:
+            kwargs["schedule_rate_seconds"] = parse_duration("PGDRAIN_SCHEDULE_RATE", raw)
         for name, attr in (
             ("PGDRAIN_BATCH_SIZE", "batch_size"),
             ("PGDRAIN_CONCURRENCY", "concurrency"),
@@ -227,6 +244,18 @@ def _check_conninfo(url: str) -> None:
 def _require(ok: bool, variable: str, expected: str) -> None:
     if not ok:
         raise ConfigError(f"{variable} must be {expected}")
+
+
+def parse_duration(variable: str, raw: str) -> float:
+    """ "1 hour", "5 minutes", "2 days" (ScheduleRate's form), "90 seconds" -> seconds."""
+    match = DURATION.match(raw.strip().lower())
+    if match is None:
+        raise ConfigError(
+            f"{variable}={raw[:40]!r} is not a duration: a number and a unit "
+            "(seconds, minutes, hours or days), as in '1 hour'"
+        )
+    unit = match.group(2).removesuffix("s")
+    return float(match.group(1)) * UNIT_SECONDS[unit]
 
 
 def _integer(variable: str, raw: str) -> int:

@@ -211,6 +211,37 @@ def test_a_one_shot_schedule_fires_its_input_and_is_deleted(
         scheduler.get_schedule(Name="soon", GroupName="pgdrain")
 
 
+def test_an_update_moves_a_schedule_and_its_old_time_no_longer_fires(
+    plane: ControlPlane, pool: RecordingPool
+) -> None:
+    scheduler = _client("scheduler", plane)
+    safety = {"pgdrain": {"reason": "safety"}}
+    request = {
+        "Name": "pgdrain-safety-net",
+        "GroupName": "pgdrain",
+        "ScheduleExpression": _at(1),
+        "FlexibleTimeWindow": {"Mode": "OFF"},
+        "ActionAfterCompletion": "DELETE",
+        "Target": {"Arn": ARN, "RoleArn": ROLE, "Input": json.dumps(safety)},
+    }
+    with pytest.raises(scheduler.exceptions.ResourceNotFoundException):
+        scheduler.update_schedule(**request)  # nothing to update yet
+    scheduler.create_schedule(**request)
+    later = _at(3600)
+    scheduler.update_schedule(**(request | {"ScheduleExpression": later}))
+
+    marker = {"pgdrain": {"reason": "wake", "queues": ["default"]}}
+    scheduler.create_schedule(  # a second after the old time: once it fires, that time passed
+        **(request | {"Name": "marker", "ScheduleExpression": _at(2)})
+        | {"Target": {"Arn": ARN, "RoleArn": ROLE, "Input": json.dumps(marker)}}
+    )
+
+    got = scheduler.get_schedule(Name="pgdrain-safety-net", GroupName="pgdrain")
+    assert got["ScheduleExpression"] == later
+    assert pool.wait_for(1) == [marker]  # and not the safety net's old time before it
+    assert plane.counters.schedules_updated == 1
+
+
 def test_an_injected_create_schedule_failure_is_a_500(pool: RecordingPool) -> None:
     with _plane(pool, faults=Faults(create_schedule_fail=((0.0, 1e9),))) as plane:
         scheduler = _client("scheduler", plane)

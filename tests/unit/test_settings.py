@@ -105,6 +105,12 @@ BAD_VALUES = [
     ("PGDRAIN_RETAIN_DONE", "nan"),
     ("PGDRAIN_RETAIN_FAILED", "36501"),
     ("PGDRAIN_RETAIN_FAILED", "inf"),
+    ("PGDRAIN_SCHEDULE_RATE", "hourly"),
+    ("PGDRAIN_SCHEDULE_RATE", "60"),  # a unit is required: ScheduleRate always has one
+    ("PGDRAIN_SCHEDULE_RATE", "1 week"),
+    ("PGDRAIN_SCHEDULE_RATE", "-1 hour"),
+    ("PGDRAIN_SCHEDULE_RATE", "0 minutes"),
+    ("PGDRAIN_SCHEDULE_RATE", "367 days"),
 ]
 
 
@@ -119,6 +125,21 @@ def test_a_bad_value_names_its_variable(variable: str, value: str) -> None:
     assert variable in message
     assert "\n" not in message
     assert isinstance(refused.value, BadInput)  # the CLI's exit 2
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1 hour", 3600),
+        ("5 minutes", 300),
+        ("1 minute", 60),
+        ("2 Days", 172800),
+        ("7.5 seconds", 7.5),
+    ],
+)
+def test_the_schedule_rate_is_read_as_template_yaml_writes_it(text: str, seconds: float) -> None:
+    assert Settings.from_env({"PGDRAIN_SCHEDULE_RATE": text}).schedule_rate_seconds == seconds
+    assert Settings.from_env({}).schedule_rate_seconds is None  # no sliding safety net
 
 
 def test_control_good_values_at_the_edges_are_accepted() -> None:

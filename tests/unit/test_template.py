@@ -27,9 +27,10 @@ from pgdrain.aws.metrics import (
     ProgressMetrics,
     metrics_namespace,
 )
+from pgdrain.aws.safety_net import SAFETY_SCHEDULE
 from pgdrain.aws.wake import WAKE_CREATED_METRIC, WAKE_FAILED_METRIC
 from pgdrain.errors import BadInput
-from pgdrain.settings import ENV_VARIABLES, Settings
+from pgdrain.settings import ENV_VARIABLES, Settings, parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -149,6 +150,8 @@ def test_no_policy_has_a_wildcard_action_or_resource(template: dict[str, Any]) -
         "secretsmanager:GetSecretValue",
         "scheduler:CreateSchedule",
         "scheduler:DeleteSchedule",
+        "scheduler:GetSchedule",  # the safety-net schedule only
+        "scheduler:UpdateSchedule",
         "iam:PassRole",
         "sts:AssumeRole",
     }
@@ -186,6 +189,10 @@ def test_wake_ups_go_through_a_role_that_may_only_invoke_this_function(
     schedule = by_sid["ScheduleWakeUps"]
     assert schedule["Resource"] == {"Fn::Sub": WAKE_SCHEDULES}
     assert by_sid["PassWakeRole"]["Resource"] == {"Fn::GetAtt": ["WakeSchedulerRole", "Arn"]}
+    # The sliding safety net: read and moved, that one schedule only.
+    net = by_sid["MoveSafetyNet"]
+    assert sorted(net["Action"]) == ["scheduler:GetSchedule", "scheduler:UpdateSchedule"]
+    assert net["Resource"] == {"Fn::Sub": WAKE_SCHEDULES.replace("/*", f"/{SAFETY_SCHEDULE}")}
     env = resources["DrainFunction"]["Properties"]["Environment"]["Variables"]
     assert env["PGDRAIN_SCHEDULE_GROUP"] == {"Ref": "WakeScheduleGroup"}
     assert env["PGDRAIN_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": ["WakeSchedulerRole", "Arn"]}
@@ -196,6 +203,9 @@ def test_the_rate_schedule_is_an_hourly_safety_net(template: dict[str, Any]) -> 
     # the runs that matter are kicks, wake-ups and fan-out (docs/lambda.md).
     assert template["Parameters"]["ScheduleRate"]["Default"] == "1 hour"
     assert template["Parameters"]["MaxRuns"]["Default"] == 10
+    env = template["Resources"]["DrainFunction"]["Properties"]["Environment"]["Variables"]
+    assert env["PGDRAIN_SCHEDULE_RATE"] == {"Ref": "ScheduleRate"}  # the sliding safety net's
+    assert parse_duration("ScheduleRate", "1 hour") == 3600
 
 
 def test_the_vpc_is_optional(template: dict[str, Any]) -> None:

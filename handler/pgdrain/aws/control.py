@@ -124,7 +124,7 @@ class RunControl:
         self._hold_renew_at = self._clock() + self._kick_hold_s / 2
         # Limits configured here are written by every run; a limit removed from the setting is
         # dropped by the next scheduled run (housekeeping), which costs the others nothing.
-        if self._queue_limits or self.trigger.reason == "schedule":
+        if self._queue_limits or self.trigger.housekeeping:
             session.run(store.queue_limit_sync, self.trigger.queues, self._queue_limits)
 
     def after_round_trip(

@@ -14,6 +14,9 @@ with one line saying what is wrong (and no database work is done for it).
 - A fan-out run, started by a run that saw more ready work than it could finish in time; `run`
   is the id its spawner reserved for it in pgdrain.runs:
   {"pgdrain": {"reason": "fanout", "queues": ["emails"], "chain": 1, "run": "…"}}
+- The sliding safety net's run (pgdrain.aws.safety_net), a scheduled run in every way:
+  {"pgdrain": {"reason": "safety"}}
+  Drains every queue in PGDRAIN_QUEUES.
 - A wake-up request, sent by pgdrain.kick() for a kicked delayed job when nothing is ready:
   make sure a wake-up comes at `at` (the job's run_at), without a run now that would find
   nothing; `reserved_by` is the id the kick recorded that wake-up under in pgdrain.wakes:
@@ -36,14 +39,15 @@ from pgdrain import jsonbound
 from pgdrain.errors import BadEvent, BadInput, ConfigError
 from pgdrain.settings import Settings, check_queue_name
 
-TriggerReason = Literal["schedule", "enqueue", "continue", "wake", "fanout", "later"]
+TriggerReason = Literal["schedule", "safety", "enqueue", "continue", "wake", "fanout", "later"]
 SCHEDULE: TriggerReason = "schedule"
+SAFETY: TriggerReason = "safety"
 ENQUEUE: TriggerReason = "enqueue"
 CONTINUE: TriggerReason = "continue"
 WAKE: TriggerReason = "wake"
 FANOUT: TriggerReason = "fanout"
 LATER: TriggerReason = "later"
-EXPECTED_REASONS = "'enqueue', 'continue', 'wake', 'fanout' or 'later'"
+EXPECTED_REASONS = "'enqueue', 'continue', 'wake', 'fanout', 'later' or 'safety'"
 SCHEDULE_SOURCES = ("aws.events", "aws.scheduler")
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
 # A real event is a few hundred bytes; an async invoke may carry up to 1 MB.
@@ -65,6 +69,12 @@ class Trigger:
     run_id: str | None = None  # a fan-out run: the id its spawner reserved in pgdrain.runs
     wake_at: dt.datetime | None = None  # a wake-up request: when its wake-up is due
     reserved_by: str | None = None  # a wake-up request: its id in pgdrain.wakes
+
+    @property
+    def housekeeping(self) -> bool:
+        """A scheduled run (the rate schedule's or the safety net's): it keeps part of its
+        budget for retention and syncs the queue limits."""
+        return self.reason in (SCHEDULE, SAFETY)
 
 
 def parse(event: object, settings: Settings) -> Trigger:
@@ -114,6 +124,10 @@ def fanout_event(queues: Sequence[str], chain: int, run_id: str) -> dict[str, An
     return {"pgdrain": {"reason": FANOUT, "queues": list(queues), "chain": chain, "run": run_id}}
 
 
+def safety_event() -> dict[str, Any]:
+    return {"pgdrain": {"reason": SAFETY}}
+
+
 def later_event(queues: Sequence[str], wake_at: dt.datetime, reserved_by: str) -> dict[str, Any]:
     body = {"reason": LATER, "queues": list(queues), "at": wake_at.isoformat()}
     return {"pgdrain": body | {"reserved_by": reserved_by}}
@@ -156,6 +170,9 @@ def _parse_pgdrain(event: dict[str, Any], settings: Settings) -> Trigger:
     if reason == FANOUT:
         _only_keys(body, ("reason", "queues", "chain", "run"))
         return Trigger(FANOUT, _queues(body, settings), _chain(body), run_id=_run_id(body))
+    if reason == SAFETY:
+        _only_keys(body, ("reason",))
+        return Trigger(SAFETY, settings.queues)
     if reason == LATER:
         _only_keys(body, ("reason", "queues", "at", "reserved_by"))
         queues = _queues(body, settings)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,7 @@ from pgdrain.aws.fanout import Spawner
 from pgdrain.aws.kick import kick_hold_seconds
 from pgdrain.aws.lambda_api import invoke_async
 from pgdrain.aws.metrics import AGE_METRIC, DELETED_METRIC, DEPTH_METRIC, ProgressMetrics
+from pgdrain.aws.safety_net import SafetyNet, SlideOutcome
 from pgdrain.aws.secrets import resolve_conninfo
 from pgdrain.aws.wake import Waker
 from pgdrain.budget import Budget
@@ -45,6 +48,11 @@ SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain i
 # run's whole budget still has its old jobs deleted.
 RETENTION_SHARE = 0.1
 RETENTION_MAX_SECONDS = 5.0
+
+# When this execution environment last ran retention (time.monotonic()): a run that stands in
+# for the safety net (below) runs it too, at most once per ScheduleRate per environment.
+_retention_ran_at: float | None = None
+_retention_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class _Finished:
     continued: bool
     depth: store.QueueDepth | None
     deleted: retention.RetentionResult | None
+    safety_net: SlideOutcome | None = None
 
 
 def handle(
@@ -102,6 +111,10 @@ def handle(
     run = _parse(event, context, runtime, logger)
     if not isinstance(run, _Invocation):
         return run  # the configuration or the event is bad: nothing ran
+    if run.trigger.reason == events.SCHEDULE:
+        skipped = _skip_tick(run, context, logger)
+        if skipped is not None:
+            return skipped
     if run.trigger.reason == events.LATER:
         with ProgressMetrics(metrics) as progress:
             waker = Waker(run.settings, _target(context), count=progress.count)
@@ -166,7 +179,7 @@ def _parse(
 
 def _drain_budget(run: _Invocation) -> Budget:
     """The invocation's budget, less what a scheduled run keeps for retention afterwards."""
-    if run.trigger.reason != "schedule":
+    if not run.trigger.housekeeping:
         return run.budget
     budget = run.budget
     kept = min(RETENTION_MAX_SECONDS, RETENTION_SHARE * budget.remaining())
@@ -182,21 +195,61 @@ def _finish(
     logger: Logger,
     progress: ProgressMetrics,
 ) -> _Finished:
-    """After the drain: continue if work is left, measure the backlog, and (a scheduled run)
-    delete finished jobs past their retention; the figures go out as gauges."""
+    """After the drain: continue if work is left, measure the backlog, (a scheduled run, or
+    one that stands in for it) delete finished jobs past their retention, and move the safety
+    net; the figures go out as gauges."""
     continued = _continue(run.trigger, result, run.settings, context, logger)
     depth = _after_drain(
         run.settings, conninfo, run.budget, run.trigger, result, control, continued
     )
+    stands_in = _stands_in_for_the_safety_net(run, result, continued)
     deleted = None
-    if run.trigger.reason == "schedule" and result.stop_reason != "error":
+    if result.stop_reason != "error" and (
+        run.trigger.housekeeping or (stands_in and _retention_due(run.settings))
+    ):
         deleted = _retention(run.settings, conninfo, run.budget, logger)
         if deleted is not None:
             progress.gauge(DELETED_METRIC, deleted.done + deleted.failed, MetricUnit.Count)
     if depth is not None:
         progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
         progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
-    return _Finished(result, continued, depth, deleted)
+    slid = None
+    if stands_in:
+        slid = SafetyNet(run.settings, _target(context), count=progress.count).slide()
+    return _Finished(result, continued, depth, deleted, slid)
+
+
+def _stands_in_for_the_safety_net(run: _Invocation, result: DrainResult, continued: bool) -> bool:
+    """A run that found every queue of the function empty has done what a safety-net run does
+    (pgdrain.aws.safety_net): the next one is due ScheduleRate after it."""
+    every_queue = set(run.settings.queues) <= set(run.trigger.queues)
+    return every_queue and result.stop_reason == "empty" and not continued
+
+
+def _retention_due(settings: Settings) -> bool:
+    """Retention in a run that stands in for the safety net: once per ScheduleRate in this
+    execution environment (a busy function's runs keep its table trimmed, a quiet one's first
+    run does)."""
+    if settings.schedule_rate_seconds is None:
+        return False
+    with _retention_lock:
+        last = _retention_ran_at
+    return last is None or time.monotonic() - last >= settings.schedule_rate_seconds
+
+
+def _skip_tick(
+    run: _Invocation, context: LambdaContextLike, logger: Logger
+) -> dict[str, Any] | None:
+    """A tick of the rate schedule while the sliding safety net's run is pending: a run ended
+    less than ScheduleRate ago having found every queue empty, so this one returns without
+    touching the database (None: it runs)."""
+    pending = SafetyNet(run.settings, _target(context)).pending()
+    if pending is None:
+        return None
+    summary: dict[str, Any] = {"ok": True, "trigger": run.trigger.reason, "skipped": True}
+    summary["safety_net_at"] = pending.isoformat()
+    logger.info("safety net pending; this tick touches no database", extra=summary)
+    return summary
 
 
 def _summary(
@@ -216,6 +269,7 @@ def _summary(
         # Scheduled runs only: finished jobs deleted past PGDRAIN_RETAIN_DONE/_FAILED.
         "retention": None if deleted is None else deleted.as_dict(),
         **control.summary(),
+        **({} if finished.safety_net is None else finished.safety_net.as_dict()),
     }
     if result.stop_reason == "error":
         logger.error("run failed: %s", result.error)
@@ -335,6 +389,9 @@ def _retention(
     except (PgdrainError, psycopg.Error) as exc:
         logger.warning("retention skipped: %s", exc)
         return None
+    global _retention_ran_at
+    with _retention_lock:
+        _retention_ran_at = time.monotonic()
     logger.info(
         "retention deleted finished jobs",
         extra={
