@@ -590,18 +590,40 @@ class ExitCheck:
     ready: bool  # a job is ready now
     due_at: dt.datetime | None  # when new work is next due in these queues
     kick_age_s: float | None = None  # seconds since the latest kick of these queues
-
-
-def run_exit_check(conn: Connection, queues: Sequence[str]) -> ExitCheck:
-    """Run inside the transaction that run_exit ends (it locks the queues' kick rows)."""
-    row = conn.execute(query("run_exit_check"), {"queues": list(queues)}).fetchone()
-    assert row is not None  # a SELECT without FROM returns one row
-    return ExitCheck(kicked=bool(row[0]), kick_age_s=row[1], ready=bool(row[2]), due_at=row[3])
+    exited: bool = True  # the run unregistered (and cleared its queues' kick window)
 
 
 @one_statement
-def run_exit(conn: Connection, run_id: str, queues: Sequence[str]) -> None:
-    conn.execute(query("run_exit"), {"run_id": run_id, "queues": list(queues)})
+def run_exit(
+    conn: Connection,
+    run_id: str,
+    queues: Sequence[str],
+    *,
+    may_stay: bool = False,
+    linger_window_s: float = 0.0,
+    clear_kicks: bool = True,
+) -> ExitCheck:
+    """The run exits, unless (may_stay) a kick or a ready job came after its last claim, or
+    its queues' latest kick is younger than linger_window_s; the check says which, and when
+    work is next due."""
+    row = conn.execute(
+        query("run_exit"),
+        {
+            "run_id": run_id,
+            "queues": list(queues),
+            "may_stay": may_stay,
+            "linger_window_s": linger_window_s,
+            "clear_kicks": clear_kicks,
+        },
+    ).fetchone()
+    assert row is not None  # one row, from the one-row CTEs
+    return ExitCheck(
+        kicked=bool(row[0]),
+        kick_age_s=row[1],
+        ready=bool(row[2]),
+        due_at=row[3],
+        exited=bool(row[4]),
+    )
 
 
 @one_statement

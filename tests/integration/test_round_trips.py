@@ -20,14 +20,14 @@ from pgdrain.session import Session
 Conn = psycopg.Connection[Any]
 
 
-def round_trips(session: Session, operation: Callable[[Conn], Any]) -> tuple[int, Any]:
+def round_trips(session: Session, operation: Callable[..., Any], *args: Any) -> tuple[int, Any]:
     conn = session._conn
     assert conn is not None
     with tempfile.NamedTemporaryFile("w", prefix="pgdrain-trace-") as handle:
         conn.pgconn.trace(handle.fileno())
         conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
         try:
-            result = session.run(operation)
+            result = session.run(operation, *args)
         finally:
             conn.pgconn.untrace()  # flushes libpq's trace buffer
         lines = Path(handle.name).read_text().splitlines()
@@ -112,3 +112,25 @@ def test_an_operation_marked_wrongly_is_refused_before_its_second_statement(
 
     with pytest.raises(AssertionError, match="second statement"):
         session.run(two)
+
+
+def test_a_run_exits_in_one_round_trip(session: Session, conn: Conn) -> None:
+    """The exit check and the exit are one statement (store.run_exit), decided in SQL: the kick
+    rows are locked, read and cleared, and the run unregistered, in the round trip that asks."""
+    from pgdrain.aws import events
+    from pgdrain.aws.control import RunControl
+    from pgdrain.aws.wake import Waker
+
+    budget = Budget.seconds(60)
+    control = RunControl(
+        events.Trigger("enqueue", ("emails",)),
+        "run-exiting",
+        budget,
+        waker=Waker(Settings(queues=("emails",)), None),
+    )
+    session.run(store.run_register, "run-exiting", ["emails"], 0, 60, hold_seconds=10)
+
+    trips, decision = round_trips(session, control._exit_or_again, True)
+
+    assert (trips, decision.again, decision.check.exited) == (1, False, True)
+    assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)

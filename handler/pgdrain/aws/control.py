@@ -23,15 +23,12 @@ not start one invocation per lull."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from psycopg.pq import TransactionStatus
 
 from pgdrain import store
 from pgdrain.aws import events
@@ -187,27 +184,33 @@ class RunControl:
             return due_at
         return slot if due_at is None else min(due_at, slot)
 
+    @store.one_statement
     def _exit_or_again(self, conn: store.Connection, may_drain_again: bool) -> ExitDecision:
-        # One short transaction: the kick rows stay locked from the check to the exit, so no
-        # kick can be suppressed in between. Repeating it (after a reconnect) is safe: the
-        # check only reads, and the exit clears and deletes what is already cleared or gone.
-        # A lingering run neither exits nor unregisters: it is still the run the open window
-        # is waiting on, and a later check decides again.
-        # Inside the session's transaction already (a nested one would cost a savepoint's two
-        # round trips); a transaction of its own only where the session runs none (a control).
-        in_transaction = conn.info.transaction_status != TransactionStatus.IDLE
-        with contextlib.nullcontext() if in_transaction else conn.transaction():
-            check = store.run_exit_check(conn, self.trigger.queues)
-            again = may_drain_again and self._trailing_edge and (check.kicked or check.ready)
-            linger = 0.0
-            if may_drain_again and self._trailing_edge and not again:
-                time_left = self._budget.remaining() - self._reserve_seconds
-                linger = linger_step(check.kick_age_s, self._linger_window_s, time_left)
-            if not again and not linger and self._trailing_edge:
-                store.run_exit(conn, self.run_id, self.trigger.queues)
-            elif not again and not linger:
-                store.run_unregister(conn, self.run_id)
-        return ExitDecision(again, check, linger)
+        # One statement (store.run_exit), so one round trip: the kick rows stay locked from the
+        # check to the exit, so no kick can be suppressed in between, and SQL decides. Repeating
+        # it (after a reconnect) is safe: the check only reads, and the exit clears and deletes
+        # what is already cleared or gone. A lingering run neither exits nor unregisters: it is
+        # still the run the open window is waiting on, and a later check decides again.
+        stays = may_drain_again and self._trailing_edge
+        window = min(self._linger_window_s, MAX_LINGER_SECONDS) if stays else 0.0
+        time_left = self._budget.remaining() - self._reserve_seconds
+        if time_left <= window / LINGER_STEPS:
+            window = 0.0  # no time left to linger in: exit
+        check = store.run_exit(
+            conn,
+            self.run_id,
+            self.trigger.queues,
+            may_stay=stays,
+            linger_window_s=window,
+            clear_kicks=self._trailing_edge,
+        )
+        if check.exited:
+            return ExitDecision(False, check)
+        if check.kicked or check.ready:
+            return ExitDecision(True, check)
+        # Stayed to linger: the latest kick is younger than the window.
+        linger = linger_step(check.kick_age_s, window, time_left) or window / LINGER_STEPS
+        return ExitDecision(False, check, linger)
 
     def summary(self) -> dict[str, Any]:
         spawned = [] if self._spawner is None else self._spawner.spawned

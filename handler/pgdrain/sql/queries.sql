@@ -487,8 +487,8 @@ SELECT EXISTS (
 -- run now, whose last invoke is older than the window (kicked_at) and that no live run drains
 -- (run_until); `invoke` says which.
 -- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
--- lost: a run about to exit sees its requested_at (run_exit_check) and drains again, and a run
--- that exits clears kicked_at (run_exit), so the next kick invokes.
+-- lost: a run about to exit sees its requested_at (run_exit) and drains again, and a run
+-- that exits clears kicked_at (run_exit too), so the next kick invokes.
 -- A queue with nothing ready needs no run now. When its next job is due before any wake-up
 -- pending for it (wake-ups are rounded up to %(precision_seconds)s) and no live run drains it,
 -- `later_at` says when that job is due: the kick asks for a wake-up then, without a run now
@@ -674,60 +674,71 @@ RETURNING run_id;
 -- Forget a run: one that exits, or a reservation whose invoke failed.
 DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
 
--- name: run_exit_check :one
--- A run that found nothing to claim, before it exits: should it drain again, and when is new
--- work next due in its queues? Locks the queues' kick rows until the transaction ends (then
--- run_exit clears them), so a kick either lands before this check, where it is seen, or after
+-- name: run_exit :one
+-- A run that found nothing to claim exits, unless it must stay, in one statement: it drains
+-- again for a kick or a ready job its last claim may have missed (when %(may_stay)s), and it
+-- lingers while its queues' latest kick is younger than %(linger_window_s)s (a burst becomes one
+-- invocation). Deciding here, not in the caller, makes the exit one round trip.
+-- It locks the queues' kick rows (FOR UPDATE re-reads a row a concurrent kick committed while
+-- this statement waited), so a kick either lands before this check, where it is seen, or after
 -- the exit, where it invokes. `kicked` is true for a kick whose transaction started after this
 -- one: its enqueue may have committed after this statement's snapshot. An older kick's enqueue
 -- committed before this snapshot, and `ready` sees its job. `due_at` is the earliest run_at of
 -- a queued job still in the future, or lease expiry of a running job (a dead run's jobs
 -- become claimable then): the wake-up this run must make sure of.
+-- Exiting, the kicks of its queues no longer wait on it (with %(clear_kicks)s: the next kick
+-- invokes, even while another run still drains the queue: at worst one invocation that finds
+-- nothing), and it no longer counts as a live run. The rows of runs that died (past their
+-- deadline for an hour) go too, so the table stays as small as the number of live runs.
+-- Safe to repeat: the check only reads, and the exit clears and deletes what is already
+-- cleared or gone.
 WITH kick AS MATERIALIZED (
     SELECT requested_at FROM pgdrain.kicks
     WHERE queue = ANY(%(queues)s::text[])
     ORDER BY queue
     FOR UPDATE
-)
-SELECT
-    coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
-    -- How long ago the latest kick of these queues was: a run lingers while kicks keep coming
-    -- (a burst becomes one invocation). NULL when none was ever recorded ('-infinity').
-    (SELECT extract(epoch FROM now() - max(requested_at))::float8 FROM kick
-     WHERE requested_at > '-infinity') AS kick_age_s,
-    -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
-    -- drain again (the lock lasts until this short transaction ends).
-    -- A queue at its concurrency limit has nothing claimable either: the runs holding its
-    -- slots claim its next jobs as they finish.
-    EXISTS (
-        SELECT 1 FROM pgdrain.jobs AS j
-        WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()
-          AND NOT EXISTS (
-              SELECT 1 FROM pgdrain.queue_limits AS l
-              WHERE l.queue = j.queue AND l.running >= l.max_running
-          )
-        LIMIT 1
-        FOR UPDATE OF j SKIP LOCKED
-    ) AS ready,
-    least(
-        (SELECT min(run_at) FROM pgdrain.jobs
-         WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at > now()),
-        (SELECT min(lease_expires_at) FROM pgdrain.jobs
-         WHERE status = 'running' AND queue = ANY(%(queues)s::text[]))
-    ) AS due_at;
-
--- name: run_exit :exec
--- The run exits: the kicks of its queues no longer wait on it (the next kick invokes, even
--- while another run still drains the queue: at worst one invocation that finds nothing), and
--- it no longer counts as a live run. The rows of runs that died (past their deadline for an
--- hour) go too, so the table stays as small as the number of live runs. Safe to repeat.
-WITH cleared AS (
+), seen AS MATERIALIZED (
+    SELECT
+        coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
+        -- How long ago the latest kick of these queues was. NULL when none was ever recorded
+        -- ('-infinity').
+        (SELECT extract(epoch FROM now() - max(requested_at))::float8 FROM kick
+         WHERE requested_at > '-infinity') AS kick_age_s,
+        -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
+        -- drain again (the lock lasts until this short transaction ends).
+        -- A queue at its concurrency limit has nothing claimable either: the runs holding its
+        -- slots claim its next jobs as they finish.
+        EXISTS (
+            SELECT 1 FROM pgdrain.jobs AS j
+            WHERE j.status = 'queued' AND j.queue = ANY(%(queues)s::text[]) AND j.run_at <= now()
+              AND NOT EXISTS (
+                  SELECT 1 FROM pgdrain.queue_limits AS l
+                  WHERE l.queue = j.queue AND l.running >= l.max_running
+              )
+            LIMIT 1
+            FOR UPDATE OF j SKIP LOCKED
+        ) AS ready,
+        least(
+            (SELECT min(run_at) FROM pgdrain.jobs
+             WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at > now()),
+            (SELECT min(lease_expires_at) FROM pgdrain.jobs
+             WHERE status = 'running' AND queue = ANY(%(queues)s::text[]))
+        ) AS due_at
+), decided AS MATERIALIZED (
+    SELECT NOT %(may_stay)s::boolean
+           OR (NOT (s.kicked OR s.ready)
+               AND (s.kick_age_s IS NULL OR s.kick_age_s >= %(linger_window_s)s::float8)) AS exits
+    FROM seen AS s
+), cleared AS (
     UPDATE pgdrain.kicks SET kicked_at = '-infinity', run_until = NULL
     WHERE queue = ANY(%(queues)s::text[])
+      AND %(clear_kicks)s::boolean AND (SELECT exits FROM decided)
+), unregistered AS (
+    DELETE FROM pgdrain.runs
+    WHERE (run_id = %(run_id)s OR deadline < now() - interval '1 hour')
+      AND (SELECT exits FROM decided)
 )
-DELETE FROM pgdrain.runs
-WHERE run_id = %(run_id)s
-   OR deadline < now() - interval '1 hour';
+SELECT s.kicked, s.kick_age_s, s.ready, s.due_at, d.exits FROM seen AS s, decided AS d;
 
 -- name: wake_reserve :one
 -- Claim the right to create the one-shot schedule for %(wake_at)s, unless an earlier or equal
