@@ -14,13 +14,18 @@ statement and COMMIT go out together in one pipeline sync, and its rows are read
 back (the same transaction, three round trips fewer). Any other operation runs its statements
 one after the other inside the transaction, as they need each other's results.
 
+A one-statement operation whose result nobody reads (a run's registration) can be sent with the
+next one (`send_with_next`): each in a transaction of its own, in order, in that operation's
+round trip. Only operations safe to repeat: after a broken connection they are sent again.
+
 If the connection breaks (a restart, a failover), the next statement reconnects within the
 budget and is tried once more."""
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
@@ -71,6 +76,7 @@ class Session:
         # job while ours still runs it. None: the whole budget (a test's control).
         self._lease_seconds_left = lease_seconds_left
         self._on_reconnect = on_reconnect
+        self._with_next: list[Callable[[psycopg.Connection[Any]], None]] = []
 
     def open(self) -> None:
         self._conn = self._connect()
@@ -99,6 +105,17 @@ class Session:
         if getattr(operation, "one_statement", False):
             once = store.one_statement(once)
         return self.run_recovering(once, once)
+
+    def send_with_next(self, operation: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """Send a one-statement operation whose result is not read with the next operation
+        this session runs (in its round trip when that one is a one-statement operation too).
+        Only for operations safe to repeat: a broken connection sends them again."""
+        assert getattr(operation, "one_statement", False), "only one-statement operations"
+
+        def once(conn: psycopg.Connection[Any]) -> None:
+            operation(conn, *args, **kwargs)
+
+        self._with_next.append(once)
 
     def run_recovering(
         self,
@@ -139,11 +156,29 @@ class Session:
     def _transaction(
         self, conn: psycopg.Connection[Any], operation: Callable[[psycopg.Connection[Any]], T]
     ) -> T:
+        before, self._with_next = self._with_next, []
+        try:
+            return self._in_transactions(conn, before, operation)
+        except psycopg.OperationalError:
+            if conn.closed or conn.broken:
+                self._with_next = before + self._with_next  # sent again after the reconnect
+            raise
+
+    def _in_transactions(
+        self,
+        conn: psycopg.Connection[Any],
+        before: list[Callable[[psycopg.Connection[Any]], None]],
+        operation: Callable[[psycopg.Connection[Any]], T],
+    ) -> T:
         if not self._limit_to_budget and not self._read_committed:
+            for earlier in before:
+                earlier(conn)
             return operation(conn)  # a test's control: the server's defaults
         if self._read_committed and getattr(operation, "one_statement", False):
             timeout_ms = self.timeout_ms() if self._limit_to_budget else None
-            return run_one_statement(conn, timeout_ms, operation)
+            return run_one_statement(conn, timeout_ms, operation, before)
+        for earlier in before:
+            self._in_transactions(conn, [], store.one_statement(earlier))
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
         # statements, COMMIT: one transaction, so the SET LOCALs end with it, a round trip
         # each. (Pipelined with a flush per result instead, as 5299e13 tried, this was slower,
@@ -165,12 +200,17 @@ def run_one_statement(
     conn: psycopg.Connection[Any],
     timeout_ms: int | None,
     operation: Callable[[psycopg.Connection[Any]], T],
+    before: Sequence[Callable[[psycopg.Connection[Any]], None]] = (),
 ) -> T:
     """Run a store.one_statement operation on an autocommit connection in one round trip: its
     statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
-    server's limits), BEGIN and COMMIT sent with it. An operation that executes nothing sends
-    nothing."""
-    return operation(cast(psycopg.Connection[Any], _SentWithItsTransaction(conn, timeout_ms)))
+    server's limits), BEGIN and COMMIT sent with it; and before it, in the same round trip,
+    each of `before` (one-statement operations whose results are not read) in a transaction of
+    its own. An operation that executes nothing sends only those."""
+    sent = _SentWithItsTransaction(conn, timeout_ms, before)
+    result = operation(cast(psycopg.Connection[Any], sent))
+    sent.send_rest()
+    return result
 
 
 class _SentWithItsTransaction:
@@ -179,23 +219,41 @@ class _SentWithItsTransaction:
     cursor with its rows already there. A second execute is a mistake in the operation (it was
     marked one_statement wrongly) and is refused before anything is sent."""
 
-    def __init__(self, conn: psycopg.Connection[Any], timeout_ms: int | None) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        timeout_ms: int | None,
+        before: Sequence[Callable[[psycopg.Connection[Any]], None]] = (),
+    ) -> None:
         self._conn = conn
         self._timeout_ms = timeout_ms
+        self._before = before
         self._sent = False
 
     def execute(self, statement: LiteralString, params: Any = None) -> psycopg.Cursor[Any]:
         if self._sent:
             raise AssertionError("an operation marked one_statement ran a second statement")
+        cursor = self._send(lambda: self._conn.execute(statement, params))
+        assert cursor is not None
+        return cursor
+
+    def send_rest(self) -> None:
+        """The operation executed nothing: send what was to go with it, alone."""
+        if not self._sent and self._before:
+            self._send(None)
+
+    def _send(
+        self, statement: Callable[[], psycopg.Cursor[Any]] | None
+    ) -> psycopg.Cursor[Any] | None:
         self._sent = True
         conn = self._conn
+        cursor = None
         try:
             with conn.pipeline():
-                store.transaction_begin(conn)
-                if self._timeout_ms is not None:
-                    store.transaction_limits(conn, self._timeout_ms)
-                cursor = conn.execute(statement, params)
-                store.transaction_commit(conn)
+                for earlier in self._before:
+                    self._in_its_transaction(functools.partial(earlier, conn))
+                if statement is not None:
+                    cursor = self._in_its_transaction(statement)
             # Leaving the block sent the Sync and read every result.
         except psycopg.Error:
             # A failed statement skipped the COMMIT, and a Sync does not end an explicit
@@ -204,3 +262,12 @@ class _SentWithItsTransaction:
                 conn.rollback()
             raise
         return cursor
+
+    def _in_its_transaction(self, send: Callable[[], T]) -> T:
+        conn = self._conn
+        store.transaction_begin(conn)
+        if self._timeout_ms is not None:
+            store.transaction_limits(conn, self._timeout_ms)
+        result = send()
+        store.transaction_commit(conn)
+        return result

@@ -134,3 +134,34 @@ def test_a_run_exits_in_one_round_trip(session: Session, conn: Conn) -> None:
 
     assert (trips, decision.again, decision.check.exited) == (1, False, True)
     assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)
+
+
+def test_a_run_registers_in_the_round_trip_of_its_reclaim(session: Session, conn: Conn) -> None:
+    """Registration and the queue-limit sync are read by no one: they go with the next
+    statement (Session.send_with_next), each in a transaction of its own, in its round trip."""
+    session.send_with_next(store.run_register, "run-starting", ["emails"], 0, 60)
+    session.send_with_next(store.queue_limit_sync, ["emails"], [("emails", 2)])
+
+    trips, reclaimed = round_trips(session, store.job_reclaim_expired, 100)
+
+    assert (trips, reclaimed) == (1, [])
+    assert conn.execute("SELECT run_id FROM pgdrain.runs").fetchall() == [("run-starting",)]
+    limits = conn.execute("SELECT queue, max_running FROM pgdrain.queue_limits").fetchall()
+    assert limits == [("emails", 2)]
+
+
+def test_what_goes_with_the_next_statement_is_sent_again_after_a_lost_connection(
+    session: Session, conn: Conn
+) -> None:
+    """The connection breaks before the round trip that carries the registration: after the
+    reconnect, that round trip carries it."""
+    session.send_with_next(store.run_register, "run-reconnecting", ["emails"], 0, 60)
+    broken = session._conn
+    assert broken is not None
+    conn.execute(
+        "SELECT pg_terminate_backend(%s)", (broken.info.backend_pid,)
+    )  # the server ends the run's connection
+
+    assert session.run(store.job_reclaim_expired, 100) == []
+
+    assert conn.execute("SELECT run_id FROM pgdrain.runs").fetchall() == [("run-reconnecting",)]

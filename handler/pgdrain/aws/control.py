@@ -110,7 +110,9 @@ class RunControl:
         self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
 
     def after_connect(self, session: Session) -> None:
-        session.run(
+        # Sent with the drain's first statement (the reclaim), in its round trip: neither
+        # result is read, and both are safe to repeat (session.send_with_next).
+        session.send_with_next(
             store.run_register,
             self.run_id,
             self.trigger.queues,
@@ -122,7 +124,7 @@ class RunControl:
         # Limits configured here are written by every run; a limit removed from the setting is
         # dropped by the next scheduled run (housekeeping), which costs the others nothing.
         if self._queue_limits or self.trigger.housekeeping:
-            session.run(store.queue_limit_sync, self.trigger.queues, self._queue_limits)
+            session.send_with_next(store.queue_limit_sync, self.trigger.queues, self._queue_limits)
 
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
