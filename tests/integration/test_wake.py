@@ -380,7 +380,12 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
     assert again["wake"] == "exists"
     (schedule,) = _schedules(scheduler)
     assert schedule["ScheduleExpression"] == at_expression(wake_at)
-    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["emails"])
+    # For every queue of the function, as a kicked run's wake-up: a run that ends with the
+    # same job due names the same schedule, and nothing runs twice at that minute.
+    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    assert _invoke(ENQUEUE_EMAILS)["wake"] == "exists"
+    assert len(_schedules(scheduler)) == 1
 
 
 def test_a_kick_whose_job_is_covered_by_a_pending_wake_up_sends_nothing(

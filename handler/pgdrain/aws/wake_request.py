@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -29,14 +30,16 @@ log = logging.getLogger(__name__)
 MIN_LEAD_SECONDS = 1.0
 
 
-def answer(trigger: Trigger, waker: Waker) -> dict[str, Any] | None:
+def answer(trigger: Trigger, waker: Waker, drained: Sequence[str]) -> dict[str, Any] | None:
     """The invocation's summary once the schedule exists, or None: drain instead (after
-    `forget`)."""
+    `forget`). The wake-up is for `drained`, every queue of the function, as a kicked run's
+    is: a run that ends with the same work due names the same schedule, whose second creation
+    is a ConflictException, and nothing runs twice."""
     assert trigger.wake_at is not None
     soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=MIN_LEAD_SECONDS)
     if not waker.can_schedule or trigger.wake_at <= soon:
         return None
-    outcome = waker.ensure_without_database(trigger.queues, trigger.wake_at)
+    outcome = waker.ensure_without_database(drained, trigger.wake_at)
     if outcome.action == "failed":
         return None
     summary = {"ok": True, "trigger": trigger.reason, "queues": list(trigger.queues)}
