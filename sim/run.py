@@ -37,6 +37,11 @@ SYSTEMS = ("pgdrain", "schedule-5min", "poller")
 BASELINE_RATE_S = 300.0  # today's default ScheduleRate
 ACCOUNT_CONCURRENCY = template.DEFAULT_ACCOUNT_CONCURRENCY
 SIM_QUEUES = ",".join(traces.QUEUES)
+KICK_VARIABLES = (
+    "PGDRAIN_KICK_DEBOUNCE_SECONDS",
+    "PGDRAIN_LEASE_SECONDS",
+    "PGDRAIN_WAKE_PRECISION_SECONDS",
+)
 START_LEAD_S = 0.5  # real seconds between starting the pieces and simulated time 0
 CHECK_INTERVAL_S = 0.5  # real
 SPARE_ENVIRONMENTS = {"pgdrain": 2, "schedule-5min": 1}
@@ -374,14 +379,18 @@ def _run_group(
 def _start(
     system: System, function: template.FunctionModel, scale: Scale, options: Options
 ) -> None:
+    scaled = template.scaled_environment(function.environment, options.factor)
     driver_env = _base_env(options.factor) | {
         "DATABASE_URL": system.url,
         "PGDRAIN_QUEUES": SIM_QUEUES,
         "PGDRAIN_FUNCTION_NAME": function.name if system.name == "pgdrain" else "",
-        "PGDRAIN_KICK_DEBOUNCE_SECONDS": template.scaled_environment(
-            function.environment, options.factor
-        ).get("PGDRAIN_KICK_DEBOUNCE_SECONDS", "0"),
     }
+    # What kick() reads besides the function's name, scaled as the function's are: the
+    # debounce window, the hold (a third of the lease) and the wake-up rounding (a kicked
+    # delayed job's wake-up moment is the application's to round).
+    for name in KICK_VARIABLES:
+        if name in scaled:
+            driver_env[name] = scaled[name]
     if system.plane is not None:
         driver_env["AWS_ENDPOINT_URL_LAMBDA"] = system.plane.url
         driver_env["AWS_ENDPOINT_URL_SCHEDULER"] = system.plane.url

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from pgdrain.aws import context as lambda_context
+from pgdrain.settings import ENV_VARIABLES
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -170,3 +172,23 @@ def metric_totals(records: list[dict[str, Any]]) -> dict[str, float]:
 def log_records(text: str) -> list[dict[str, Any]]:
     """The structured (Powertools) log lines among printed lines."""
     return [r for r in json_lines(text) if "level" in r and "message" in r]
+
+
+def handler_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    """Only these of the variables pgdrain reads are set (none left from the machine's)."""
+    for name in ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def invoke_handler(event: Any, remaining_s: float = 30.0) -> dict[str, Any]:
+    """One invocation of the function's handler, cold-started from os.environ."""
+    import app
+    from pgdrain.aws import run as lambda_run
+
+    runtime = lambda_run.cold_start(os.environ)
+    result: dict[str, Any] = lambda_run.handle(
+        event, FakeContext(remaining_s), runtime, logger=app.logger, metrics=app.metrics
+    )
+    return result

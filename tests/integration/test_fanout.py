@@ -5,7 +5,6 @@ serialise on the run_gate row lock. The race without the lock is reproduced dete
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -13,11 +12,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.aws import FakeContext, InvokeSpy, aws_environment, create_function, mocked_aws
+from helpers.aws import (
+    InvokeSpy,
+    aws_environment,
+    create_function,
+    invoke_handler,
+    mocked_aws,
+)
 from helpers.fixtures import wait_for
 from pgdrain import Budget, Settings, enqueue_many, store
 from pgdrain.aws import events
-from pgdrain.aws import run as lambda_run
 from pgdrain.aws.fanout import runs_needed, useful_runs
 from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.enqueue import build_job
@@ -167,16 +171,6 @@ def spy(monkeypatch: pytest.MonkeyPatch, db_url: str) -> Iterator[InvokeSpy]:
         yield recorder
 
 
-def _invoke(event: Any, remaining_s: float) -> dict[str, Any]:
-    import app
-
-    runtime = lambda_run.cold_start(os.environ)
-    result: dict[str, Any] = lambda_run.handle(
-        event, FakeContext(remaining_s), runtime, logger=app.logger, metrics=app.metrics
-    )
-    return result
-
-
 def test_a_backlog_fans_out_up_to_the_cap_with_the_hop_count(
     conn: Conn, spy: InvokeSpy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,7 +183,7 @@ def test_a_backlog_fans_out_up_to_the_cap_with_the_hop_count(
     with conn.transaction():
         enqueue_many(conn, [build_job("sleep", {"seconds": 0.05}) for _ in range(400)])
 
-    result = _invoke(events.continue_event(["default"], 2), remaining_s=3.5)
+    result = invoke_handler(events.continue_event(["default"], 2), remaining_s=3.5)
 
     assert result["ok"] is True, result
     spawned = [e for e in spy.events() if e["pgdrain"]["reason"] == "fanout"]
@@ -208,7 +202,7 @@ def test_a_backlog_fans_out_up_to_the_cap_with_the_hop_count(
     trigger = events.parse(event, Settings())
     assert (trigger.reason, trigger.chain, trigger.run_id) == ("fanout", 3, run_id)
     before = len(spy.calls)
-    second = _invoke(event, remaining_s=2.5)
+    second = invoke_handler(event, remaining_s=2.5)
     assert second["ok"] is True and second["trigger"] == "fanout"
     more = [e for e in spy.events()[before:] if e["pgdrain"]["reason"] == "fanout"]
     assert {e["pgdrain"]["chain"] for e in more} <= {4}
@@ -227,7 +221,7 @@ def test_a_run_at_the_hop_limit_does_not_fan_out(
     with conn.transaction():
         enqueue_many(conn, [build_job("sleep", {"seconds": 0.05}) for _ in range(400)])
 
-    result = _invoke(events.fanout_event(["default"], 2, "at-the-limit"), remaining_s=3.0)
+    result = invoke_handler(events.fanout_event(["default"], 2, "at-the-limit"), remaining_s=3.0)
 
     assert result["ok"] is True, result
     assert result["spawned"] == 0

@@ -7,20 +7,26 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from helpers.aws import REGION, FakeContext, aws_environment, emf_records, metric_totals, mocked_aws
+from helpers.aws import (
+    REGION,
+    aws_environment,
+    emf_records,
+    handler_env,
+    invoke_handler,
+    metric_totals,
+    mocked_aws,
+)
 from pgdrain import enqueue
 from pgdrain.aws import events
 from pgdrain.aws import run as lambda_run
 from pgdrain.aws.safety_net import SAFETY_SCHEDULE, forget_last_set
 from pgdrain.aws.wake import WAKE_FAILED_METRIC, at_expression, reset_clients, wake_time
-from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]
 GROUP = "pgdrain-test-safety"
@@ -53,28 +59,14 @@ def scheduler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def _env(monkeypatch: pytest.MonkeyPatch, db_url: str, rate: str | None = "1 hour") -> None:
-    for name in ENV_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    env = {
-        "DATABASE_URL": db_url,
-        "PGDRAIN_QUEUES": "emails,default",
-        "PGDRAIN_SCHEDULE_GROUP": GROUP,
-        "PGDRAIN_SCHEDULER_ROLE_ARN": ROLE_ARN,
-    }
-    if rate is not None:
-        env["PGDRAIN_SCHEDULE_RATE"] = rate
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-
-def _invoke(event: Any) -> dict[str, Any]:
-    import app
-
-    runtime = lambda_run.cold_start(os.environ)
-    result: dict[str, Any] = lambda_run.handle(
-        event, FakeContext(30.0), runtime, logger=app.logger, metrics=app.metrics
+    handler_env(
+        monkeypatch,
+        DATABASE_URL=db_url,
+        PGDRAIN_QUEUES="emails,default",
+        PGDRAIN_SCHEDULE_GROUP=GROUP,
+        PGDRAIN_SCHEDULER_ROLE_ARN=ROLE_ARN,
+        **({} if rate is None else {"PGDRAIN_SCHEDULE_RATE": rate}),
     )
-    return result
 
 
 def _safety(client: Any) -> dict[str, Any] | None:
@@ -92,7 +84,7 @@ def test_a_run_that_finds_every_queue_empty_moves_the_safety_net(
         enqueue(conn, "noop", {}, queue="emails")
 
     before = dt.datetime.now(dt.UTC)
-    first = _invoke(ENQUEUE)
+    first = invoke_handler(ENQUEUE)
     after = dt.datetime.now(dt.UTC)
 
     assert (first["result"]["done"], first["safety_net"]) == (1, "created")
@@ -108,10 +100,10 @@ def test_a_run_that_finds_every_queue_empty_moves_the_safety_net(
 
     forget_last_set()  # the next run in another execution environment
     monkeypatch.setattr(lambda_run, "_retention_ran_at", None)
-    second = _invoke(ENQUEUE)
+    second = invoke_handler(ENQUEUE)
     assert second["safety_net"] == "moved"
     assert dt.datetime.fromisoformat(second["safety_net_at"]) >= at
-    again = _invoke(ENQUEUE)  # the same environment, the same minute: no call at all
+    again = invoke_handler(ENQUEUE)  # the same environment, the same minute: no call at all
     assert again["safety_net"] in ("unchanged", "moved")  # "moved" only if a minute turned
     assert again["retention"] is None  # once per ScheduleRate per environment
 
@@ -124,10 +116,10 @@ def test_a_tick_while_the_safety_net_is_pending_touches_no_database(
     with the database unreachable. Sliding, the tick answers from the pending schedule; with
     the rate schedule alone (the control), it connects, and here fails for it."""
     _env(monkeypatch, db_url, rate)
-    assert "result" in _invoke(ENQUEUE)
+    assert "result" in invoke_handler(ENQUEUE)
 
     monkeypatch.setenv("DATABASE_URL", CLOSED_PORT_URL)
-    tick = _invoke(TICK)
+    tick = invoke_handler(TICK)
 
     if rate is not None:
         assert (tick["ok"], tick["skipped"]) == (True, True), tick
@@ -145,7 +137,7 @@ def test_without_a_pending_safety_net_the_tick_runs(
 ) -> None:
     """Never made, or deleted after it fired: the tick is a scheduled run as it always was."""
     _env(monkeypatch, db_url)
-    tick = _invoke(TICK)
+    tick = invoke_handler(TICK)
     assert tick["trigger"] == "schedule" and tick["result"]["stop_reason"] == "empty", tick
     assert tick["safety_net"] == "created"  # and it starts the slide
 
@@ -154,7 +146,7 @@ def test_the_safety_net_run_is_a_scheduled_run(
     db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _env(monkeypatch, db_url)
-    result = _invoke(events.safety_event())
+    result = invoke_handler(events.safety_event())
     assert result["trigger"] == "safety"
     assert set(result["queues"]) == {"emails", "default"}
     assert result["retention"] is not None
@@ -165,7 +157,7 @@ def test_a_run_that_leaves_a_queue_unchecked_or_work_behind_moves_nothing(
     db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _env(monkeypatch, db_url)
-    woken = _invoke(events.wake_event(["emails"]))  # drains emails only: default unchecked
+    woken = invoke_handler(events.wake_event(["emails"]))  # drains emails only: default unchecked
     assert woken["result"]["stop_reason"] == "empty"
     assert "safety_net" not in woken
     assert _safety(scheduler) is None
@@ -187,7 +179,7 @@ def test_a_failed_move_is_logged_and_counted_and_the_next_tick_runs(
     failing = wake.scheduler_client(REGION)
     with Stubber(failing) as stub:
         stub.add_client_error("update_schedule", "InternalServerException", http_status_code=500)
-        result = _invoke(ENQUEUE)
+        result = invoke_handler(ENQUEUE)
         stub.assert_no_pending_responses()
 
     assert (result["ok"], result["safety_net"]) == (True, "failed")  # the run succeeded
@@ -197,5 +189,5 @@ def test_a_failed_move_is_logged_and_counted_and_the_next_tick_runs(
         for r in caplog.records
         if r.levelname == "ERROR"
     )
-    tick = _invoke(TICK)  # nothing pending: it runs
+    tick = invoke_handler(TICK)  # nothing pending: it runs
     assert tick["result"]["stop_reason"] == "empty"

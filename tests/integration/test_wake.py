@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -18,15 +17,15 @@ import pytest
 from helpers.aws import (
     FUNCTION_ARN,
     REGION,
-    FakeContext,
     aws_environment,
     emf_records,
+    handler_env,
+    invoke_handler,
     metric_totals,
     mocked_aws,
 )
 from pgdrain import Budget, Settings, enqueue, store
 from pgdrain.aws import events
-from pgdrain.aws import run as lambda_run
 from pgdrain.aws.wake import (
     WAKE_FAILED_METRIC,
     Waker,
@@ -36,7 +35,6 @@ from pgdrain.aws.wake import (
     wake_time,
 )
 from pgdrain.session import Session
-from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]
 GROUP = "pgdrain-test-wake"
@@ -57,27 +55,13 @@ def scheduler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def _handler_env(monkeypatch: pytest.MonkeyPatch, db_url: str, **extra: str) -> None:
-    for name in ENV_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
     env = {
         "DATABASE_URL": db_url,
         "PGDRAIN_QUEUES": "emails,default",
         "PGDRAIN_SCHEDULE_GROUP": GROUP,
         "PGDRAIN_SCHEDULER_ROLE_ARN": ROLE_ARN,
-        **extra,
     }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-
-def _invoke(event: Any, remaining_s: float = 30.0) -> dict[str, Any]:
-    import app
-
-    runtime = lambda_run.cold_start(os.environ)
-    result: dict[str, Any] = lambda_run.handle(
-        event, FakeContext(remaining_s), runtime, logger=app.logger, metrics=app.metrics
-    )
-    return result
+    handler_env(monkeypatch, **(env | extra))
 
 
 def _schedules(client: Any) -> list[dict[str, Any]]:
@@ -126,7 +110,7 @@ def test_a_run_that_ends_with_a_delayed_job_schedules_one_wake_up(
     _handler_env(monkeypatch, db_url)
     run_at = _delayed(conn, "emails", 600)
 
-    result = _invoke(ENQUEUE_EMAILS)
+    result = invoke_handler(ENQUEUE_EMAILS)
 
     assert result["ok"] is True, result
     assert result["result"]["done"] == 0  # nothing was due: the kick found nothing to run
@@ -154,15 +138,15 @@ def test_runs_ending_one_after_another_make_one_schedule_and_an_earlier_one_wins
     _handler_env(monkeypatch, db_url)
     _delayed(conn, "emails", 900)
 
-    assert _invoke(ENQUEUE_EMAILS)["wake"] == "created"
-    assert _invoke(ENQUEUE_EMAILS)["wake"] == "pending"  # the same moment: pending already
+    assert invoke_handler(ENQUEUE_EMAILS)["wake"] == "created"
+    assert invoke_handler(ENQUEUE_EMAILS)["wake"] == "pending"  # the same moment: pending already
     assert len(_schedules(scheduler)) == 1
 
     earlier = _delayed(conn, "emails", 300)
-    second = _invoke(ENQUEUE_EMAILS)
+    second = invoke_handler(ENQUEUE_EMAILS)
     assert (second["wake"], second["wake_at"]) == ("created", wake_time(earlier, 60).isoformat())
     _delayed(conn, "emails", 600)  # due between the two: the earlier pending one covers it
-    assert _invoke(ENQUEUE_EMAILS)["wake"] == "pending"
+    assert invoke_handler(ENQUEUE_EMAILS)["wake"] == "pending"
     assert len(_schedules(scheduler)) == 2
 
 
@@ -171,10 +155,10 @@ def test_an_existing_schedule_of_the_same_name_is_success(
 ) -> None:
     _handler_env(monkeypatch, db_url)
     _delayed(conn, "emails", 600)
-    assert _invoke(ENQUEUE_EMAILS)["wake"] == "created"
+    assert invoke_handler(ENQUEUE_EMAILS)["wake"] == "created"
     conn.execute("DELETE FROM pgdrain.wakes")  # forgotten (say, its moment passed and came back)
 
-    result = _invoke(ENQUEUE_EMAILS)
+    result = invoke_handler(ENQUEUE_EMAILS)
 
     assert result["ok"] is True
     assert result["wake"] == "exists"  # CreateSchedule said ConflictException
@@ -191,7 +175,7 @@ def test_a_lease_held_by_another_run_is_work_due_at_its_expiry(
     row = conn.execute("SELECT lease_expires_at FROM pgdrain.jobs WHERE id = %s", (held.id,))
     expiry = row.fetchone()[0]  # type: ignore[index]
 
-    result = _invoke(ENQUEUE_EMAILS)
+    result = invoke_handler(ENQUEUE_EMAILS)
 
     assert result["wake_at"] == wake_time(expiry, 60).isoformat()
     assert result["wake"] == "created"
@@ -203,7 +187,7 @@ def test_locally_the_wake_up_is_only_reported(
     _handler_env(monkeypatch, db_url, PGDRAIN_SCHEDULE_GROUP="", PGDRAIN_SCHEDULER_ROLE_ARN="")
     run_at = _delayed(conn, "emails", 600)
 
-    result = _invoke(ENQUEUE_EMAILS)
+    result = invoke_handler(ENQUEUE_EMAILS)
 
     assert (result["wake"], result["wake_at"]) == ("reported", wake_time(run_at, 60).isoformat())
     assert _schedules(scheduler) == []
@@ -216,7 +200,7 @@ def test_nothing_due_means_no_wake_up(
     _handler_env(monkeypatch, db_url)
     with conn.transaction():
         enqueue(conn, "noop", {}, queue="emails")
-    result = _invoke(ENQUEUE_EMAILS)
+    result = invoke_handler(ENQUEUE_EMAILS)
     assert (result["result"]["done"], result["wake"], result["wake_at"]) == (1, "none", None)
     assert _schedules(scheduler) == []
 
@@ -243,7 +227,7 @@ def test_a_failed_creation_is_logged_and_suppresses_no_later_attempt(
     failing = wake.scheduler_client(REGION)
     with Stubber(failing) as stub:
         stub.add_client_error("create_schedule", "ThrottlingException", http_status_code=429)
-        result = _invoke(ENQUEUE_EMAILS)
+        result = invoke_handler(ENQUEUE_EMAILS)
         stub.assert_no_pending_responses()
 
     assert result["ok"] is True, result  # the run itself succeeded
@@ -261,7 +245,7 @@ def test_a_failed_creation_is_logged_and_suppresses_no_later_attempt(
             (dt.datetime.fromisoformat(result["wake_at"]),),
         )
 
-    again = _invoke(ENQUEUE_EMAILS)  # the next run to end
+    again = invoke_handler(ENQUEUE_EMAILS)  # the next run to end
 
     assert again["wake"] == ("created" if released else "pending")
     assert len(_schedules(scheduler)) == (1 if released else 0)
@@ -326,7 +310,7 @@ def test_a_run_that_stops_for_time_also_schedules_its_wake_up(
         enqueue(conn, "sleep", {"seconds": 2.5}, queue="emails")
     run_at = _delayed(conn, "emails", 600)
 
-    result = _invoke(ENQUEUE_EMAILS, remaining_s=6.0)
+    result = invoke_handler(ENQUEUE_EMAILS, remaining_s=6.0)
 
     assert result["result"]["stop_reason"] == "budget", result
     assert (result["result"]["done"], result["continued"]) == (1, False)
@@ -368,8 +352,8 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
     row = conn.execute("SELECT queue_set, wake_at, state FROM pgdrain.wakes").fetchone()
     assert row == ("emails", wake_at, "created")
     monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
-    answered = _invoke(request)
-    again = _invoke(request)  # a duplicate delivery: the same schedule, which exists
+    answered = invoke_handler(request)
+    again = invoke_handler(request)  # a duplicate delivery: the same schedule, which exists
 
     assert (answered["ok"], answered["wake"], answered["wake_at"]) == (
         True,
@@ -384,7 +368,7 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
     # same job due names the same schedule, and nothing runs twice at that minute.
     assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])
     monkeypatch.setenv("DATABASE_URL", db_url)
-    assert _invoke(ENQUEUE_EMAILS)["wake"] == "exists"
+    assert invoke_handler(ENQUEUE_EMAILS)["wake"] == "exists"
     assert len(_schedules(scheduler)) == 1
 
 
@@ -457,7 +441,7 @@ def test_a_wake_up_request_that_cannot_create_its_schedule_becomes_a_run_that_do
     with Stubber(failing) as stub:
         stub.add_client_error("create_schedule", "ThrottlingException", http_status_code=429)
         stub.add_response("create_schedule", {"ScheduleArn": "arn:aws:scheduler:::schedule/x"})
-        result = _invoke(request)
+        result = invoke_handler(request)
 
     assert result["ok"] is True, result
     assert result["result"]["stop_reason"] == "empty"  # it drained: nothing was ready
@@ -478,7 +462,7 @@ def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 minute'")
 
     before = dt.datetime.now(dt.UTC)
-    result = _invoke(ENQUEUE_EMAILS)  # reclaims one (the limit), runs it; the other is due
+    result = invoke_handler(ENQUEUE_EMAILS)  # reclaims one (the limit), runs it; the other is due
     after = dt.datetime.now(dt.UTC)
 
     assert (result["result"]["reclaimed"], result["result"]["done"]) == (1, 1)
@@ -507,7 +491,7 @@ def test_at_the_hop_limit_with_work_left_a_wake_up_starts_a_new_chain(
             enqueue(conn, "sleep", {"seconds": 2.5}, queue="emails")
 
     before = dt.datetime.now(dt.UTC)
-    result = _invoke(ENQUEUE_EMAILS, remaining_s=6.0)
+    result = invoke_handler(ENQUEUE_EMAILS, remaining_s=6.0)
     after = dt.datetime.now(dt.UTC)
 
     assert result["result"]["stop_reason"] == "budget", result

@@ -30,13 +30,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pgdrain.aws.events import safety_event
-from pgdrain.aws.lambda_api import region_from_arn
 from pgdrain.aws.wake import (
     TARGET_MAX_EVENT_AGE_SECONDS,
     TARGET_RETRY_ATTEMPTS,
     WAKE_FAILED_METRIC,
+    Scheduling,
     at_expression,
-    scheduler_client,
     wake_time,
 )
 from pgdrain.settings import Settings
@@ -66,7 +65,7 @@ class SlideOutcome:
         return {"safety_net_at": self.at.isoformat(), "safety_net": self.action}
 
 
-class SafetyNet:
+class SafetyNet(Scheduling):
     def __init__(
         self,
         settings: Settings,
@@ -76,21 +75,12 @@ class SafetyNet:
         count: Callable[[str, int], None] | None = None,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
-        self._settings = settings
-        self._target = target_arn
-        self._client = client
-        self._count = count or (lambda _name, _n: None)
+        super().__init__(settings, target_arn, client=client, count=count)
         self._now = now
 
     @property
     def slides(self) -> bool:
-        s = self._settings
-        return bool(
-            self._target
-            and s.schedule_group
-            and s.scheduler_role_arn
-            and s.schedule_rate_seconds is not None
-        )
+        return self.can_schedule and self._settings.schedule_rate_seconds is not None
 
     def slide(self) -> SlideOutcome | None:
         """Move the next safety-net run to ScheduleRate from now (None: no sliding here)."""
@@ -181,10 +171,6 @@ class SafetyNet:
 
     def _create(self, at: dt.datetime) -> None:
         self._scheduler().create_schedule(**self._definition(at))
-
-    def _scheduler(self) -> EventBridgeSchedulerClient:
-        assert self._target
-        return self._client or scheduler_client(region_from_arn(self._target))
 
 
 def forget_last_set() -> None:

@@ -125,8 +125,9 @@ def reset_clients() -> None:
         _clients.clear()
 
 
-class Waker:
-    """Makes sure of one wake-up for a run's queues at its next due moment."""
+class Scheduling:
+    """What makes one-shot schedules needs (Waker here, SafetyNet): the settings, the function
+    the schedules invoke (None: none can be made), a Scheduler client, a metric counter."""
 
     def __init__(
         self,
@@ -145,6 +146,14 @@ class Waker:
     def can_schedule(self) -> bool:
         s = self._settings
         return bool(self._target and s.schedule_group and s.scheduler_role_arn)
+
+    def _scheduler(self) -> EventBridgeSchedulerClient:
+        assert self._target
+        return self._client or scheduler_client(region_from_arn(self._target))
+
+
+class Waker(Scheduling):
+    """Makes sure of one wake-up for a run's queues at its next due moment."""
 
     def ensure(
         self,
@@ -204,8 +213,7 @@ class Waker:
     def _create(self, name: str, queues: Sequence[str], wake_at: dt.datetime) -> None:
         settings = self._settings
         assert self._target and settings.schedule_group and settings.scheduler_role_arn
-        client = self._client or scheduler_client(region_from_arn(self._target))
-        client.create_schedule(
+        self._scheduler().create_schedule(
             Name=name,
             GroupName=settings.schedule_group,
             ScheduleExpression=at_expression(wake_at),
