@@ -61,6 +61,8 @@ def kick(
     """Ask the drain function to run for `queues`, at most once per debounce window per queue.
     Returns the queues it was invoked for: empty when every queue was kicked recently, when no
     function is configured (PGDRAIN_FUNCTION_NAME unset: local use), or when the invoke failed.
+    A queue with nothing ready is not among them: its next job gets a wake-up request instead
+    (when no wake-up pending for it comes early enough), which starts no run now.
 
     Call it after the enqueue has committed, on a connection with no transaction open."""
     settings = settings or Settings.from_env(os.environ)
