@@ -3,9 +3,9 @@
 The scheduled run calls run_once() (pgdrain.aws.run, trigger "schedule"), so the table stays
 bounded with no extra AWS resource. Done jobs are kept `retain_done_days`, failed and cancelled
 ones `retain_failed_days` (longer: someone may still want to read why they failed). Parked jobs
-are never deleted: they wait for a person. Each batch is one short DELETE in its own
-transaction, so a run killed mid-way loses nothing but the batch in flight, and the next
-scheduled run carries on. Safe to run twice: a deleted row matches nothing.
+are never deleted: they wait for a person. Each batch is one short statement (a DELETE of
+each kind) in its own transaction, so a run killed mid-way loses nothing but the batch in
+flight, and the next scheduled run carries on. Safe to run twice: a deleted row matches nothing.
 
 Each batch's transaction first sets statement_timeout and lock_timeout to the budget left less
 the final margin, local to it (set_config(..., true), as the drain's Session does): a DELETE
@@ -15,8 +15,8 @@ deadline."""
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -63,57 +63,34 @@ def run_once(
     leaves at least `min_remaining` seconds. `conn` is in autocommit mode. A batch cancelled at
     its limit ends the run (`stopped`). `limit_to_budget=False` (a test's control) runs the
     batches with the server's limits: a lock wait may then outlast the budget."""
-    done = _delete(conn, ("done",), retain_done_days, budget, batch, min_remaining, limit_to_budget)
-    if done.stopped is not None:
-        return RetentionResult(done.deleted, 0, False, done.stopped)
-    failed = _delete(
-        conn,
-        ("failed", "cancelled"),
-        retain_failed_days,
-        budget,
-        batch,
-        min_remaining,
-        limit_to_budget,
-    )
-    return RetentionResult(
-        done.deleted, failed.deleted, done.complete and failed.complete, failed.stopped
-    )
-
-
-@dataclass(frozen=True)
-class _Pass:
-    deleted: int
-    complete: bool
-    stopped: str | None = None
-
-
-def _delete(
-    conn: store.Connection,
-    statuses: Sequence[store.FinishedStatus],
-    days: float,
-    budget: Budget,
-    batch: int,
-    min_remaining: float,
-    limit_to_budget: bool,
-) -> _Pass:
-    total = 0
-    while (remaining := budget.remaining()) >= min_remaining:
+    done = failed = 0
+    more_done = more_failed = True  # a batch that came back full may have left more
+    while more_done or more_failed:
+        remaining = budget.remaining()
+        if remaining < min_remaining:
+            return RetentionResult(done, failed, False)
         limit_ms = session.statement_limit_ms(remaining)
+        batch_of = functools.partial(
+            store.job_retention_batch,
+            done_days=retain_done_days,
+            failed_days=retain_failed_days,
+            done_limit=batch if more_done else 0,
+            failed_limit=batch if more_failed else 0,
+        )
         try:
-            # One round trip: BEGIN, the limits, the batch's DELETE and COMMIT together.
-            deleted = session.run_one_statement(
-                conn,
-                limit_ms if limit_to_budget else None,
-                lambda c: store.job_purge_finished(c, days, batch, statuses=statuses),
+            # One round trip: BEGIN, the limits, the batch's two DELETEs and COMMIT together.
+            deleted_done, deleted_failed = session.run_one_statement(
+                conn, limit_ms if limit_to_budget else None, batch_of
             )
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
             stopped = f"a batch was cancelled at its limit of {limit_ms} ms: {one_line(exc)}"
             log.warning(
                 "retention stopped; the next scheduled run carries on",
-                extra={"reason": stopped, "deleted": total},
+                extra={"reason": stopped, "deleted": done + failed},
             )
-            return _Pass(total, False, stopped)
-        total += deleted
-        if deleted < batch:
-            return _Pass(total, True)
-    return _Pass(total, False)
+            return RetentionResult(done, failed, False, stopped)
+        done += deleted_done
+        failed += deleted_failed
+        more_done = more_done and deleted_done >= batch
+        more_failed = more_failed and deleted_failed >= batch
+    return RetentionResult(done, failed, True)

@@ -417,6 +417,29 @@ def job_purge_finished(
     return cur.rowcount
 
 
+@one_statement
+def job_retention_batch(
+    conn: Connection,
+    done_days: float,
+    failed_days: float,
+    done_limit: int,
+    failed_limit: int,
+) -> tuple[int, int]:
+    """Delete one batch of done jobs older than done_days and one of failed and cancelled jobs
+    older than failed_days, in one statement; returns how many of each (pgdrain.retention)."""
+    row = conn.execute(
+        query("job_retention_batch"),
+        {
+            "done_days": done_days,
+            "failed_days": failed_days,
+            "done_limit": done_limit,
+            "failed_limit": failed_limit,
+        },
+    ).fetchone()
+    assert row is not None  # one row of two counts
+    return int(row[0]), int(row[1])
+
+
 def queue_stats(conn: Connection) -> list[QueueStats]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("queue_stats")).fetchall()

@@ -379,6 +379,34 @@ WHERE id IN (
     LIMIT %(limit)s
 );
 
+-- name: job_retention_batch :one
+-- One retention batch, in one statement: at most %(done_limit)s done jobs finished more than
+-- %(done_days)s days ago, and at most %(failed_limit)s failed or cancelled ones finished more
+-- than %(failed_days)s days ago (parked jobs wait for a person: never). Returns how many of
+-- each went; a count short of its limit means that kind is done. Safe to run twice: a deleted
+-- row matches nothing.
+WITH done AS (
+    DELETE FROM pgdrain.jobs
+    WHERE id IN (
+        SELECT id FROM pgdrain.jobs
+        WHERE status IN ('done', 'failed', 'cancelled')  -- finished rows only, whatever follows
+          AND status = 'done' AND finished_at < now() - %(done_days)s * interval '1 day'
+        LIMIT %(done_limit)s
+    )
+    RETURNING 1
+), failed AS (
+    DELETE FROM pgdrain.jobs
+    WHERE id IN (
+        SELECT id FROM pgdrain.jobs
+        WHERE status IN ('done', 'failed', 'cancelled')
+          AND status IN ('failed', 'cancelled')
+          AND finished_at < now() - %(failed_days)s * interval '1 day'
+        LIMIT %(failed_limit)s
+    )
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM done) AS done, (SELECT count(*) FROM failed) AS failed;
+
 -- name: job_list :many
 -- The newest jobs matching the filters; a NULL filter matches every job. --since compares
 -- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).
