@@ -1,9 +1,9 @@
 """Retention without a cron: delete finished jobs past their age, in bounded batches.
 
-A scheduled run calls run_once() (pgdrain.aws.run; and a run that moves the safety net, once per
-ScheduleRate per execution environment), so the table stays
-bounded with no extra AWS resource. Done jobs are kept `retain_done_days`, failed and cancelled
-ones `retain_failed_days` (longer: someone may still want to read why they failed). Parked jobs
+A scheduled run calls run_once() (pgdrain.aws.run; so does a run that moves the safety net,
+once per ScheduleRate per execution environment), so the table stays bounded with no extra AWS
+resource. Done jobs are kept `retain_done_days`, failed and cancelled ones
+`retain_failed_days` (longer: someone may still want to read why they failed). Parked jobs
 are never deleted: they wait for a person. Each batch is one short statement (a DELETE of
 each kind) in its own transaction, so a run killed mid-way loses nothing but the batch in
 flight, and the next scheduled run carries on. Safe to run twice: a deleted row matches nothing.
