@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -575,18 +576,35 @@ def _since(text: str) -> dt.datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
+# How soon a watch notices Ctrl-C while it waits for its next redraw.
+WATCH_STOP_CHECK_SECONDS = 0.1
+
+
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         if args.watch is None:
             _print_stats(store.queue_stats(conn), args.json, clear=False)
             return EXIT_OK
         clear = sys.stdout.isatty() and not args.json
+        # Ctrl-C is how a watch ends, a normal exit. It only raises a flag: as an exception it
+        # could land inside the driver's wait for a query, which cancels the query and may not
+        # hand the interrupt back (seen once in CI: a watch that never ended).
+        stopping = False
+
+        def stop(_signum: int, _frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        previous = signal.signal(signal.SIGINT, stop)
         try:
-            while True:
+            while not stopping:
                 _print_stats(store.queue_stats(conn), args.json, clear=clear)
-                time.sleep(args.watch)
-        except KeyboardInterrupt:  # Ctrl-C is how a watch ends: a normal exit
-            return EXIT_OK
+                deadline = time.monotonic() + args.watch
+                while not stopping and (left := deadline - time.monotonic()) > 0:
+                    time.sleep(min(left, WATCH_STOP_CHECK_SECONDS))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return EXIT_OK
 
 
 def _print_stats(rows: Sequence[store.QueueStats], as_json: bool, *, clear: bool) -> None:
