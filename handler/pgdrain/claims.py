@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pgdrain import outcomes, retry, store
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.claim_ahead import ClaimAhead
+from pgdrain.session import Later
 from pgdrain.settings import Settings
 from pgdrain.store import ClaimedJob
 
@@ -47,10 +48,22 @@ class Claims:
         self._queues = queues
         self._lease_seconds = lease_seconds
         self._reclaim_limit = reclaim_limit
+        self._reclaimed: Later[list[store.Reclaimed]] | None = None
 
     def reclaim_expired(self) -> None:
-        """Take back jobs whose lease expired (a run that died): queued again, or failed."""
-        reclaimed = self._session.run(store.job_reclaim_expired, self._reclaim_limit)
+        """Take back jobs whose lease expired (a run that died): queued again, or failed. Sent
+        with the run's first claim, in its round trip and before it (so that claim can take
+        what it queued again); reported once that round trip is back. Safe to send twice (after
+        a lost connection): a lease taken back is no longer expired, so it matches nothing."""
+        self._reclaimed = self._session.read_with_next(store.reclaim_expired(self._reclaim_limit))
+
+    def report_reclaimed(self) -> None:
+        """Log and count what the reclaim took back, once its round trip is back."""
+        later, self._reclaimed = self._reclaimed, None
+        if later is None or not later.received:
+            self._reclaimed = later
+            return
+        reclaimed = later.value()
         for job in reclaimed:
             log.warning(
                 "reclaimed a job whose lease expired",
@@ -97,6 +110,7 @@ class Claims:
             claim, claim_again if self._recover_lost_replies else claim
         )
         self.ahead.claim_took(time.monotonic() - sent_at)
+        self.report_reclaimed()
         if claimed:
             self._attempts.leases_claimed(sent_at)
         self._record_completions(result)

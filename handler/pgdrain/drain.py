@@ -203,10 +203,14 @@ class _Run:
         try:
             self.session.open()
             self.hooks.after_connect(self.session)
+            # Goes with the first claim, in its round trip (and the registration before it).
             self.claims.reclaim_expired()
-            # Due slots of periodic kinds, once each (idempotency keys): no statement when none.
-            self.session.run(periodic.enqueue_due, self.registry.periodics)
+            # Due slots of periodic kinds, once each (idempotency keys).
+            if self.registry.periodics:
+                self.session.run(periodic.enqueue_due, self.registry.periodics)
             stop_reason = self._loop(pool)
+            self.session.send_pending()  # a run that never claimed still reclaims
+            self.claims.report_reclaimed()
             if stop_reason == "budget":
                 more_ready = self.session.run(store.queue_has_ready, self.queues)
         except (PgdrainError, psycopg.Error) as exc:

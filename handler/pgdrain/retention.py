@@ -50,6 +50,20 @@ class RetentionResult:
         return {"done": self.done, "failed": self.failed, "complete": self.complete}
 
 
+def first_batch(
+    retain_done_days: float, retain_failed_days: float
+) -> store.Statement[tuple[int, int]]:
+    """The first batch alone, for a run to send with its exit (pgdrain.aws.control): on a
+    quiet table it is all there is to delete."""
+    return store.retention_batch(retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH)
+
+
+def after_first_batch(done: int, failed: int, batch: int = DEFAULT_BATCH) -> RetentionResult:
+    """What the first batch did: `complete` unless either kind came back full (more to
+    delete: run_once carries on)."""
+    return RetentionResult(done, failed, done < batch and failed < batch)
+
+
 def run_once(
     conn: store.Connection,
     *,

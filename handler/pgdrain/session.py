@@ -15,8 +15,10 @@ back (the same transaction, three round trips fewer). Any other operation runs i
 one after the other inside the transaction, as they need each other's results.
 
 A one-statement operation whose result nobody reads (a run's registration) can be sent with the
-next one (`send_with_next`): each in a transaction of its own, in order, in that operation's
-round trip. Only operations safe to repeat: after a broken connection they are sent again.
+next one (`send_with_next`), and so can a statement whose result is read once that round trip is
+back (`read_with_next`, a store.Statement: the run's reclaim goes with its first claim): each in
+a transaction of its own, in order, in that operation's round trip. Only statements safe to
+repeat: after a broken connection they are sent again.
 
 If the connection breaks (a restart, a failover), the next statement reconnects within the
 budget and is tried once more."""
@@ -26,7 +28,8 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, LiteralString, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Generic, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -53,6 +56,38 @@ def statement_limit_ms(remaining: float) -> int:
     return max(MIN_TIMEOUT_MS, round(left * 1000))
 
 
+class Later(Generic[T]):
+    """The result of a statement sent with another one: there once that round trip is back."""
+
+    def __init__(self) -> None:
+        self._received = False
+        self._value: T | None = None
+
+    @property
+    def received(self) -> bool:
+        return self._received
+
+    def value(self) -> T:
+        assert self._received, "its round trip has not been made yet"
+        return cast(T, self._value)
+
+    def _receive(self, value: T) -> None:
+        self._value, self._received = value, True
+
+
+@dataclass(frozen=True)
+class WithNext:
+    """A statement that goes with the next round trip, in a transaction of its own."""
+
+    send: Callable[[psycopg.Connection[Any]], psycopg.Cursor[Any] | None]
+    receive: Callable[[psycopg.Cursor[Any]], None] | None = None  # None: nobody reads it
+    limit_ms: int | None = None  # a tighter statement and lock limit than its round trip's
+
+    def delivered(self, cursor: psycopg.Cursor[Any] | None) -> None:
+        if self.receive is not None and cursor is not None:
+            self.receive(cursor)
+
+
 class Session:
     def __init__(
         self,
@@ -76,7 +111,7 @@ class Session:
         # job while ours still runs it. None: the whole budget (a test's control).
         self._lease_seconds_left = lease_seconds_left
         self._on_reconnect = on_reconnect
-        self._with_next: list[Callable[[psycopg.Connection[Any]], None]] = []
+        self._with_next: list[WithNext] = []
 
     def open(self) -> None:
         self._conn = self._connect()
@@ -112,10 +147,30 @@ class Session:
         Only for operations safe to repeat: a broken connection sends them again."""
         assert getattr(operation, "one_statement", False), "only one-statement operations"
 
-        def once(conn: psycopg.Connection[Any]) -> None:
+        def send(conn: psycopg.Connection[Any]) -> None:
             operation(conn, *args, **kwargs)
 
-        self._with_next.append(once)
+        self._with_next.append(WithNext(send))
+
+    def read_with_next(
+        self, statement: store.Statement[T], limit_ms: int | None = None
+    ) -> Later[T]:
+        """Send `statement` with the next operation this session runs, in its round trip, and
+        read its result when that is back. Only statements safe to repeat: a broken connection
+        sends them again. `limit_ms` bounds it tighter than the round trip's own limit."""
+        later: Later[T] = Later()
+        self._with_next.append(
+            WithNext(
+                statement.send, lambda cursor: later._receive(statement.read(cursor)), limit_ms
+            )
+        )
+        return later
+
+    def send_pending(self) -> None:
+        """Send what waits for a next operation, alone: a run that ends before its first claim
+        still registers, reclaims and reads what it asked for."""
+        if self._with_next:
+            self.run_recovering(_nothing, _nothing)
 
     def run_recovering(
         self,
@@ -167,18 +222,18 @@ class Session:
     def _in_transactions(
         self,
         conn: psycopg.Connection[Any],
-        before: list[Callable[[psycopg.Connection[Any]], None]],
+        before: list[WithNext],
         operation: Callable[[psycopg.Connection[Any]], T],
     ) -> T:
         if not self._limit_to_budget and not self._read_committed:
             for earlier in before:
-                earlier(conn)
+                earlier.delivered(earlier.send(conn))
             return operation(conn)  # a test's control: the server's defaults
+        timeout_ms = self.timeout_ms() if self._limit_to_budget else None
         if self._read_committed and getattr(operation, "one_statement", False):
-            timeout_ms = self.timeout_ms() if self._limit_to_budget else None
             return run_one_statement(conn, timeout_ms, operation, before)
         for earlier in before:
-            self._in_transactions(conn, [], store.one_statement(earlier))
+            run_one_statement(conn, timeout_ms, _nothing, [earlier])
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
         # statements, COMMIT: one transaction, so the SET LOCALs end with it, a round trip
         # each. (Pipelined with a flush per result instead, as 5299e13 tried, this was slower,
@@ -196,17 +251,22 @@ class Session:
         return conn
 
 
+@store.one_statement
+def _nothing(conn: psycopg.Connection[Any]) -> None:
+    """An operation that executes nothing: run, it sends only what was to go with it."""
+
+
 def run_one_statement(
     conn: psycopg.Connection[Any],
     timeout_ms: int | None,
     operation: Callable[[psycopg.Connection[Any]], T],
-    before: Sequence[Callable[[psycopg.Connection[Any]], None]] = (),
+    before: Sequence[WithNext] = (),
 ) -> T:
     """Run a store.one_statement operation on an autocommit connection in one round trip: its
     statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
     server's limits), BEGIN and COMMIT sent with it; and before it, in the same round trip,
-    each of `before` (one-statement operations whose results are not read) in a transaction of
-    its own. An operation that executes nothing sends only those."""
+    each of `before` in a transaction of its own, its result handed to it once the round trip
+    is back. An operation that executes nothing sends only those."""
     sent = _SentWithItsTransaction(conn, timeout_ms, before)
     result = operation(cast(psycopg.Connection[Any], sent))
     sent.send_rest()
@@ -223,7 +283,7 @@ class _SentWithItsTransaction:
         self,
         conn: psycopg.Connection[Any],
         timeout_ms: int | None,
-        before: Sequence[Callable[[psycopg.Connection[Any]], None]] = (),
+        before: Sequence[WithNext] = (),
     ) -> None:
         self._conn = conn
         self._timeout_ms = timeout_ms
@@ -250,8 +310,12 @@ class _SentWithItsTransaction:
         cursor = None
         try:
             with conn.pipeline():
-                for earlier in self._before:
-                    self._in_its_transaction(functools.partial(earlier, conn))
+                earlier_cursors = [
+                    self._in_its_transaction(
+                        functools.partial(earlier.send, conn), earlier.limit_ms
+                    )
+                    for earlier in self._before
+                ]
                 if statement is not None:
                     cursor = self._in_its_transaction(statement)
             # Leaving the block sent the Sync and read every result.
@@ -261,13 +325,18 @@ class _SentWithItsTransaction:
             if not conn.broken and conn.info.transaction_status == TransactionStatus.INERROR:
                 conn.rollback()
             raise
+        for earlier, earlier_cursor in zip(self._before, earlier_cursors, strict=True):
+            earlier.delivered(earlier_cursor)
         return cursor
 
-    def _in_its_transaction(self, send: Callable[[], T]) -> T:
+    def _in_its_transaction(self, send: Callable[[], T], limit_ms: int | None = None) -> T:
         conn = self._conn
         store.transaction_begin(conn)
-        if self._timeout_ms is not None:
-            store.transaction_limits(conn, self._timeout_ms)
+        timeout_ms = self._timeout_ms
+        if timeout_ms is not None and limit_ms is not None:
+            timeout_ms = min(timeout_ms, limit_ms)
+        if timeout_ms is not None:
+            store.transaction_limits(conn, timeout_ms)
         result = send()
         store.transaction_commit(conn)
         return result

@@ -7,9 +7,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, LiteralString, TypeVar
+from typing import Any, Generic, Literal, LiteralString, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -19,6 +19,7 @@ from pgdrain.sql import Migration, query, statements
 
 Connection = psycopg.Connection[Any]
 Operation = TypeVar("Operation", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def one_statement(operation: Operation) -> Operation:
@@ -27,6 +28,23 @@ def one_statement(operation: Operation) -> Operation:
     in one round trip (session.py). Called with a plain connection it runs as ever."""
     operation.one_statement = True  # type: ignore[attr-defined]
     return operation
+
+
+@dataclass(frozen=True)
+class Statement(Generic[T]):
+    """One named statement, its parameters, and how its result is read: what a Session sends
+    in the round trip of another statement and reads when that round trip is back
+    (Session.read_with_next), so that one reply carries both results."""
+
+    name: str  # in sql/queries.sql
+    params: Mapping[str, Any]
+    read: Callable[[psycopg.Cursor[Any]], T]
+
+    def send(self, conn: Connection) -> psycopg.Cursor[Any]:
+        return conn.execute(query(self.name), self.params)
+
+    def run(self, conn: Connection) -> T:
+        return self.read(self.send(conn))
 
 
 # The job states and recovery policies the schema's CHECK constraints allow.
@@ -391,8 +409,16 @@ def job_fail(
 
 @one_statement
 def job_reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
-    rows = conn.execute(query("job_reclaim_expired"), {"limit": limit}).fetchall()
-    return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in rows]
+    return reclaim_expired(limit).run(conn)
+
+
+def reclaim_expired(limit: int) -> Statement[list[Reclaimed]]:
+    """Expired leases taken back: queued again, or failed when out of attempts."""
+    return Statement("job_reclaim_expired", {"limit": limit}, _reclaimed)
+
+
+def _reclaimed(cur: psycopg.Cursor[Any]) -> list[Reclaimed]:
+    return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in cur.fetchall()]
 
 
 def job_retry(conn: Connection, ids: Sequence[int]) -> list[int]:
@@ -427,15 +453,23 @@ def job_retention_batch(
 ) -> tuple[int, int]:
     """Delete one batch of done jobs older than done_days and one of failed and cancelled jobs
     older than failed_days, in one statement; returns how many of each (pgdrain.retention)."""
-    row = conn.execute(
-        query("job_retention_batch"),
-        {
-            "done_days": done_days,
-            "failed_days": failed_days,
-            "done_limit": done_limit,
-            "failed_limit": failed_limit,
-        },
-    ).fetchone()
+    return retention_batch(done_days, failed_days, done_limit, failed_limit).run(conn)
+
+
+def retention_batch(
+    done_days: float, failed_days: float, done_limit: int, failed_limit: int
+) -> Statement[tuple[int, int]]:
+    params = {
+        "done_days": done_days,
+        "failed_days": failed_days,
+        "done_limit": done_limit,
+        "failed_limit": failed_limit,
+    }
+    return Statement("job_retention_batch", params, _deleted_counts)
+
+
+def _deleted_counts(cur: psycopg.Cursor[Any]) -> tuple[int, int]:
+    row = cur.fetchone()
     assert row is not None  # one row of two counts
     return int(row[0]), int(row[1])
 

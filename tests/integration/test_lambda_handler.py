@@ -32,10 +32,12 @@ from helpers.aws import (
     mocked_aws,
 )
 from helpers.fixtures import claim_batch, wait_for
-from pgdrain import enqueue, store
+from helpers.protocol import traced_connections
+from pgdrain import enqueue, enqueue_many, retention, store
 from pgdrain.aws import run as lambda_run
 from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.aws.metrics import ProgressMetrics
+from pgdrain.enqueue import build_job
 from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]
@@ -685,3 +687,50 @@ def test_the_scheduled_run_deletes_finished_jobs_past_their_retention(
     assert totals["JobsDeleted"] == 4
     [line] = [r for r in function.log_lines() if r["message"] == "retention deleted finished jobs"]
     assert (line["deleted_done"], line["deleted_failed"]) == (2, 2)
+
+
+def test_an_empty_scheduled_run_deletes_in_the_round_trip_of_its_exit(
+    function: Function, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One connection, two round trips after connect: the reclaim goes with the first claim,
+    the retention batch with the exit (it used to open a connection of its own)."""
+    function.configure(PGDRAIN_RETAIN_DONE="2")
+    old = _finished_long_ago(conn, "done", 3)
+    young = _finished_long_ago(conn, "done", 1)
+
+    with traced_connections(monkeypatch) as round_trips_of:
+        result = function.invoke(SCHEDULED_EVENT)
+        trips = round_trips_of()
+
+    assert result["ok"] is True, result
+    assert result["retention"] == {"done": 1, "failed": 0, "complete": True}
+    assert trips == [2]
+    left = {int(r[0]) for r in conn.execute("SELECT id FROM pgdrain.jobs")}
+    assert old not in left and young in left
+
+
+def test_retention_past_one_batch_carries_on_after_the_exit(
+    function: Function, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch sent with the exit came back full: the rest is deleted on a short connection
+    of its own, within the run's retention share, and the counts add up."""
+    function.configure(PGDRAIN_RETAIN_DONE="2")
+    with conn.transaction():
+        enqueue_many(conn, [build_job("noop") for _ in range(retention.DEFAULT_BATCH + 5)])
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = 'done', attempts = 1,"
+        " finished_at = now() - interval '3 days'"
+    )
+
+    with traced_connections(monkeypatch) as round_trips_of:
+        result = function.invoke(SCHEDULED_EVENT)
+        connections = len(round_trips_of())
+
+    assert result["ok"] is True, result
+    assert result["retention"] == {
+        "done": retention.DEFAULT_BATCH + 5,
+        "failed": 0,
+        "complete": True,
+    }
+    assert connections == 2
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)

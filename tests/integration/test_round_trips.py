@@ -14,20 +14,26 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgdrain import Budget, Settings, enqueue, store
+from helpers.protocol import traced_connections
+from pgdrain import Budget, Registry, Settings, drain, enqueue, store
 from pgdrain.session import Session
 
 Conn = psycopg.Connection[Any]
 
 
 def round_trips(session: Session, operation: Callable[..., Any], *args: Any) -> tuple[int, Any]:
+    return traced(session, lambda: session.run(operation, *args))
+
+
+def traced(session: Session, call: Callable[[], Any]) -> tuple[int, Any]:
+    """The round trips `call` makes on the session's connection, and its result."""
     conn = session._conn
     assert conn is not None
     with tempfile.NamedTemporaryFile("w", prefix="pgdrain-trace-") as handle:
         conn.pgconn.trace(handle.fileno())
         conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
         try:
-            result = session.run(operation, *args)
+            result = call()
         finally:
             conn.pgconn.untrace()  # flushes libpq's trace buffer
         lines = Path(handle.name).read_text().splitlines()
@@ -165,3 +171,91 @@ def test_what_goes_with_the_next_statement_is_sent_again_after_a_lost_connection
     assert session.run(store.job_reclaim_expired, 100) == []
 
     assert conn.execute("SELECT run_id FROM pgdrain.runs").fetchall() == [("run-reconnecting",)]
+
+
+def _expire_a_lease(conn: Conn) -> int:
+    """A job left running by a run that died: its lease ended a second ago."""
+    job_id = enqueue(conn, "k")
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = 'running', attempts = 1, leased_by = 'gone',"
+        " attempt_token = gen_random_uuid(), heartbeat_at = now() - interval '1 minute',"
+        " lease_expires_at = now() - interval '1 second'"
+        " WHERE id = %s",
+        (job_id,),
+    )
+    return job_id
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["read with next", "control: alone"])
+def test_a_statement_read_with_the_next_one_shares_its_round_trip(
+    session: Session, conn: Conn, together: bool
+) -> None:
+    """The run's reclaim goes with its first claim (Session.read_with_next): both results come
+    back in one round trip, in order (what the reclaim queued again is there for the next
+    statement). The control sends the reclaim as an operation of its own: two round trips."""
+    job_id = _expire_a_lease(conn)
+
+    if together:
+        later = session.read_with_next(store.reclaim_expired(100))
+        assert not later.received  # nothing is sent before the next operation
+        trips, ready = round_trips(session, store.queue_has_ready, ["default"])
+        reclaimed = later.value()
+    else:
+        first, reclaimed = round_trips(session, store.job_reclaim_expired, 100)
+        second, ready = round_trips(session, store.queue_has_ready, ["default"])
+        trips = first + second
+
+    assert (trips, ready) == ((1 if together else 2), True)
+    assert [(r.id, r.status) for r in reclaimed] == [(job_id, "queued")]
+
+
+def test_a_statement_read_with_the_next_is_sent_again_after_a_lost_connection(
+    session: Session, conn: Conn
+) -> None:
+    job_id = _expire_a_lease(conn)
+    later = session.read_with_next(store.reclaim_expired(100))
+    broken = session._conn
+    assert broken is not None
+    conn.execute("SELECT pg_terminate_backend(%s)", (broken.info.backend_pid,))
+
+    assert session.run(store.queue_has_ready, ["default"]) is True
+
+    assert [r.id for r in later.value()] == [job_id]
+
+
+def test_what_waits_for_a_next_statement_can_be_sent_alone(session: Session, conn: Conn) -> None:
+    """A run that stops before its first claim still sends its reclaim (Session.send_pending)."""
+    job_id = _expire_a_lease(conn)
+    later = session.read_with_next(store.reclaim_expired(100))
+
+    trips, _ = traced(session, session.send_pending)
+
+    assert trips == 1 and [r.id for r in later.value()] == [job_id]
+    trips, _ = traced(session, session.send_pending)
+    assert trips == 0  # nothing left to send
+
+
+def test_a_drain_of_an_empty_queue_takes_one_round_trip(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reclaim and the first claim go together; with nothing claimed the drain ends."""
+    with traced_connections(monkeypatch) as round_trips_of:
+        result = drain(Settings(), Budget.seconds(30), Registry(), db_url)
+        assert round_trips_of() == [1]
+
+    assert result.stop_reason == "empty" and result.error is None
+
+
+def test_a_job_whose_lease_expired_is_reclaimed_and_run_by_the_next_run(
+    db_url: str, conn: Conn
+) -> None:
+    """The reclaim rides on the first claim, before it: that claim takes the job back."""
+    job_id = _expire_a_lease(conn)
+    registry = Registry()
+    registry.job("k")(lambda job: None)
+
+    result = drain(Settings(), Budget.seconds(30), registry, db_url)
+
+    assert (result.reclaimed, result.claimed, result.done) == (1, 1, 1)
+    row = conn.execute("SELECT status, attempts FROM pgdrain.jobs WHERE id = %s", (job_id,))
+    assert row.fetchone() == ("done", 2)

@@ -35,7 +35,7 @@ from pgdrain.aws import events
 from pgdrain.aws.fanout import Spawner
 from pgdrain.aws.wake import WakeOutcome, Waker
 from pgdrain.budget import Budget
-from pgdrain.session import Session
+from pgdrain.session import Later, Session
 from pgdrain.summary import Counter
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class RunControl:
         clock: Callable[[], float] = time.monotonic,
         before_exit_check: Callable[[], None] | None = None,
         next_periodic_slot: Callable[[], dt.datetime | None] = lambda: None,
+        retention_batch: Callable[[], store.Statement[tuple[int, int]] | None] = lambda: None,
+        retention_limit_ms: int | None = None,
     ) -> None:
         self.trigger = trigger
         self.run_id = run_id
@@ -105,6 +107,9 @@ class RunControl:
         self._hold_renew_at = 0.0
         self._before_exit_check = before_exit_check
         self._next_periodic_slot = next_periodic_slot
+        self._retention_batch = retention_batch
+        self._retention_limit_ms = retention_limit_ms
+        self._retention: Later[tuple[int, int]] | None = None
         self.wake = WakeOutcome(None, "none")
         self.drained_again = 0
         self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
@@ -146,6 +151,14 @@ class RunControl:
     def before_exit(self, session: Session) -> bool:
         if self._before_exit_check is not None:
             self._before_exit_check()
+        if self._retention is None:
+            # The run's housekeeping, when it has any, goes with its exit, in its round trip
+            # (before it, each in a transaction of its own): one batch of finished jobs past
+            # their retention. Safe to repeat (a deleted row matches nothing), so harmless when
+            # the run drains again instead of exiting.
+            first_batch = self._retention_batch()
+            if first_batch is not None:
+                self._retention = session.read_with_next(first_batch, self._retention_limit_ms)
         decision = session.run(self._exit_or_again, True)
         if decision.again:
             self.drained_again += 1
@@ -162,6 +175,12 @@ class RunControl:
         due_at = self._with_periodic_slot(decision.check.due_at)
         self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
         return False
+
+    @property
+    def retention_deleted(self) -> tuple[int, int] | None:
+        """What the retention batch sent with the exit deleted (done, failed), if it was sent."""
+        later = self._retention
+        return later.value() if later is not None and later.received else None
 
     def after_budget(self, session: Session, continued: bool) -> None:
         """A run that stopped for time, on a short connection of its own after the drain: it

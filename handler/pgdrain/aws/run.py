@@ -204,12 +204,18 @@ def _finish(
     )
     stands_in = _stands_in_for_the_safety_net(run, result, continued)
     deleted = None
-    if result.stop_reason != "error" and (
+    first = control.retention_deleted  # the batch that went with the run's exit, if any
+    if first is not None:
+        deleted = retention.after_first_batch(*first)
+        _retention_ran(logger, run.settings, deleted)
+        if not deleted.complete:  # more past retention than one batch: carry on
+            deleted = _retention(run.settings, conninfo, run.budget, logger, deleted)
+    elif result.stop_reason != "error" and (
         run.trigger.housekeeping or (stands_in and _retention_due(run.settings))
     ):
         deleted = _retention(run.settings, conninfo, run.budget, logger)
-        if deleted is not None:
-            progress.gauge(DELETED_METRIC, deleted.done + deleted.failed, MetricUnit.Count)
+    if deleted is not None:
+        progress.gauge(DELETED_METRIC, deleted.done + deleted.failed, MetricUnit.Count)
     if depth is not None:
         progress.gauge(DEPTH_METRIC, depth.ready, MetricUnit.Count)
         progress.gauge(AGE_METRIC, round(depth.oldest_ready_age_s, 3), MetricUnit.Seconds)
@@ -235,6 +241,22 @@ def _retention_due(settings: Settings) -> bool:
     with _retention_lock:
         last = _retention_ran_at
     return last is None or time.monotonic() - last >= settings.schedule_rate_seconds
+
+
+def _retention_with_exit(
+    settings: Settings, trigger: events.Trigger
+) -> Callable[[], store.Statement[tuple[int, int]] | None]:
+    """The retention batch a run sends with its exit (RunControl.before_exit), asked for when
+    the run is about to exit on an empty claim: in a scheduled run, and in a run that stands in
+    for the safety net (it covers every queue of the function) when retention is due."""
+
+    def batch() -> store.Statement[tuple[int, int]] | None:
+        every_queue = set(settings.queues) <= set(trigger.queues)
+        if trigger.housekeeping or (every_queue and _retention_due(settings)):
+            return retention.first_batch(settings.retain_done_days, settings.retain_failed_days)
+        return None
+
+    return batch
 
 
 def _skip_tick(
@@ -315,6 +337,8 @@ def _control(
         # While it claims, the run holds its queues' kicks, renewed every half hold.
         kick_hold_s=kick_hold_seconds(settings),
         next_periodic_slot=lambda: periodic.next_periodic_slot(registry.periodics),
+        retention_batch=_retention_with_exit(settings, trigger),
+        retention_limit_ms=round(RETENTION_MAX_SECONDS * 1000),
     )
 
 
@@ -362,10 +386,15 @@ def _drain(
 
 
 def _retention(
-    settings: Settings, conninfo: str, budget: Budget, logger: Logger
+    settings: Settings,
+    conninfo: str,
+    budget: Budget,
+    logger: Logger,
+    already: retention.RetentionResult | None = None,
 ) -> retention.RetentionResult | None:
     """Delete finished jobs past their retention, within RETENTION_MAX_SECONDS and never into
-    the reserve. A failure is logged and skipped: the next scheduled run tries again."""
+    the reserve, on a short connection of its own (`already`: what the batch sent with the
+    run's exit deleted). A failure is logged and skipped: the next scheduled run tries again."""
     started = budget.remaining()
     share = Budget(
         lambda: min(
@@ -374,7 +403,7 @@ def _retention(
         )
     )
     if share.exhausted(retention.MIN_REMAINING_SECONDS):
-        return None
+        return already
     quick = dataclasses.replace(
         settings, connect_timeout=max(0.5, min(settings.connect_timeout, share.remaining()))
     )
@@ -388,7 +417,16 @@ def _retention(
             )
     except (PgdrainError, psycopg.Error) as exc:
         logger.warning("retention skipped: %s", exc)
-        return None
+        return already
+    if already is not None:
+        deleted = dataclasses.replace(
+            deleted, done=already.done + deleted.done, failed=already.failed + deleted.failed
+        )
+    _retention_ran(logger, settings, deleted)
+    return deleted
+
+
+def _retention_ran(logger: Logger, settings: Settings, deleted: retention.RetentionResult) -> None:
     global _retention_ran_at
     with _retention_lock:
         _retention_ran_at = time.monotonic()
@@ -402,7 +440,6 @@ def _retention(
             "retain_failed_days": settings.retain_failed_days,
         },
     )
-    return deleted
 
 
 def _failed_before_work(result: DrainResult) -> bool:
