@@ -30,6 +30,9 @@ DEFAULT_RETAIN_DONE_DAYS = 7.0  # the scheduled run deletes finished jobs older 
 DEFAULT_RETAIN_FAILED_DAYS = 30.0  # failed and cancelled: kept longer, to read why
 MAX_RETAIN_DAYS = 36_500.0
 DEFAULT_MAX_RUNS = 10  # concurrent runs in all, fan-out included: each holds one connection
+# A run fans out when its ready work would take it longer than this (or than its budget): long
+# enough that a spawned run's start (a cold start and a connect) is a small share of its work.
+DEFAULT_FANOUT_SECONDS = 10.0
 DEFAULT_WAKE_PRECISION_SECONDS = 60.0  # EventBridge Scheduler's one-shot precision: a minute
 
 PoolerMode = Literal["session", "transaction"]
@@ -56,6 +59,7 @@ ENV_VARIABLES = (
     "PGDRAIN_RETAIN_DONE",
     "PGDRAIN_RETAIN_FAILED",
     "PGDRAIN_MAX_RUNS",
+    "PGDRAIN_FANOUT_SECONDS",
     "PGDRAIN_SCHEDULE_GROUP",
     "PGDRAIN_SCHEDULER_ROLE_ARN",
     "PGDRAIN_WAKE_PRECISION_SECONDS",
@@ -116,6 +120,9 @@ class Settings:
     retain_done_days: float = DEFAULT_RETAIN_DONE_DAYS
     retain_failed_days: float = DEFAULT_RETAIN_FAILED_DAYS
     max_runs: int = DEFAULT_MAX_RUNS
+    # Fan-out's horizon: more runs start when this run alone would take longer than this to
+    # drain what is ready (0: only when it would not finish within its budget).
+    fanout_seconds: float = DEFAULT_FANOUT_SECONDS
     # Where a run creates its one-shot wake-up schedules, and the role they invoke through;
     # without both, the wake-up time is only reported (local runs).
     schedule_group: str | None = None
@@ -159,6 +166,7 @@ class Settings:
                 f"a number of days from 0 to {MAX_RETAIN_DAYS:g}",
             )
         _require(1 <= self.max_runs <= 1000, "PGDRAIN_MAX_RUNS", "from 1 to 1000")
+        _require(0 <= self.fanout_seconds <= 3600, "PGDRAIN_FANOUT_SECONDS", "from 0 to 3600")
         _require(
             1 <= self.wake_precision_seconds <= 3600,
             "PGDRAIN_WAKE_PRECISION_SECONDS",
@@ -218,6 +226,7 @@ class Settings:
             ("PGDRAIN_CONNECT_TIMEOUT", "connect_timeout"),
             ("PGDRAIN_KICK_DEBOUNCE_SECONDS", "kick_debounce_seconds"),
             ("PGDRAIN_WAKE_PRECISION_SECONDS", "wake_precision_seconds"),
+            ("PGDRAIN_FANOUT_SECONDS", "fanout_seconds"),
         ):
             if (raw := text(name)) is not None:
                 kwargs[attr] = _seconds(name, raw)

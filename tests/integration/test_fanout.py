@@ -56,6 +56,10 @@ def test_runs_needed() -> None:
     assert runs_needed(1000, 10.0, 20.0, 20.0) == 5  # 200 here, 800 / 200 per new run
     assert runs_needed(1000, 10.0, 1.0, 20.0) == 6  # near its end: 10 here, 990 / 200
     assert runs_needed(1000, 0.0, 20.0, 20.0) == 1  # nothing measured yet: no decision
+    # Within a horizon shorter than the budget: every run does its share in it.
+    assert runs_needed(100, 10.0, 20.0, 20.0, horizon_seconds=5.0) == 2  # 50 each in 5 s
+    assert runs_needed(50, 10.0, 20.0, 20.0, horizon_seconds=5.0) == 1  # done within it alone
+    assert runs_needed(1000, 10.0, 1.0, 20.0, horizon_seconds=5.0) == 6  # the budget binds
 
 
 def test_limited_queues_want_no_more_runs_than_their_slots() -> None:
@@ -207,6 +211,31 @@ def test_a_backlog_fans_out_up_to_the_cap_with_the_hop_count(
     more = [e for e in spy.events()[before:] if e["pgdrain"]["reason"] == "fanout"]
     assert {e["pgdrain"]["chain"] for e in more} <= {4}
     assert _live_runs(conn) <= 4
+
+
+@pytest.mark.parametrize(("horizon", "spawned"), [("0.5", 2), ("0", 0)], ids=["horizon", "budget"])
+def test_work_that_would_outlast_the_horizon_fans_out_though_the_budget_suffices(
+    conn: Conn, spy: InvokeSpy, monkeypatch: pytest.MonkeyPatch, horizon: str, spawned: int
+) -> None:
+    """About 2.5 s of work (100 jobs of 50 ms, 2 at a time) in a 30 s budget: one run would
+    finish it alone, so with no horizon (PGDRAIN_FANOUT_SECONDS=0, the control) nothing is
+    started; with a horizon of 0.5 s the run starts the most runs the cap allows."""
+    for name, value in {
+        "PGDRAIN_MAX_RUNS": "3",
+        "PGDRAIN_CONCURRENCY": "2",
+        "PGDRAIN_RESERVE_SECONDS": "1",
+        "PGDRAIN_FANOUT_SECONDS": horizon,
+    }.items():
+        monkeypatch.setenv(name, value)
+    with conn.transaction():
+        enqueue_many(conn, [build_job("sleep", {"seconds": 0.05}) for _ in range(100)])
+
+    result = invoke_handler(events.continue_event(["default"], 1), remaining_s=30.0)
+
+    assert result["ok"] is True, result
+    assert result["result"]["done"] == 100  # the spawned runs are only recorded: it drains all
+    assert result["spawned"] == spawned
+    assert len([e for e in spy.events() if e["pgdrain"]["reason"] == "fanout"]) == spawned
 
 
 def test_a_run_at_the_hop_limit_does_not_fan_out(

@@ -48,6 +48,7 @@ def test_every_variable_is_read() -> None:
             "PGDRAIN_MAX_CHAIN": "0",
             "PGDRAIN_KICK_DEBOUNCE_SECONDS": "0.5",
             "PGDRAIN_FUNCTION_NAME": "pgdrain-drain",
+            "PGDRAIN_FANOUT_SECONDS": "0",
         }
     )
     assert s.database_url == "postgresql://u:secret@db.example:5432/app"
@@ -57,6 +58,7 @@ def test_every_variable_is_read() -> None:
     assert (s.lease_seconds, s.reserve_seconds, s.pooler) == (45.5, 0.5, "transaction")
     assert (s.connect_timeout, s.reclaim_limit, s.max_chain) == (15.0, 100, 0)
     assert (s.kick_debounce_seconds, s.function_name) == (0.5, "pgdrain-drain")
+    assert s.fanout_seconds == 0.0  # fan out only for work past the budget
 
 
 def test_the_database_url_is_not_in_the_repr() -> None:
@@ -111,6 +113,9 @@ BAD_VALUES = [
     ("PGDRAIN_SCHEDULE_RATE", "-1 hour"),
     ("PGDRAIN_SCHEDULE_RATE", "0 minutes"),
     ("PGDRAIN_SCHEDULE_RATE", "367 days"),
+    ("PGDRAIN_FANOUT_SECONDS", "-1"),
+    ("PGDRAIN_FANOUT_SECONDS", "3601"),
+    ("PGDRAIN_FANOUT_SECONDS", "soon"),
 ]
 
 

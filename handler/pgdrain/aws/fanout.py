@@ -1,9 +1,13 @@
 """Fan-out: a run that sees more ready work than it can finish in its budget starts more runs,
 so a backlog drains on many Lambda invocations at once; PostgreSQL is the only coordinator.
+So does a run whose ready work would keep it busy longer than PGDRAIN_FANOUT_SECONDS (10 s):
+a backlog of 100 s of work that one run could finish in its 300 s drains on 10 runs in about
+10 s for about the same billed duration (a spawned run's start is a small share of its work).
 
 The decision, every FANOUT_INTERVAL_SECONDS once the run has measured its throughput: when the
 ready jobs exceed what this run finishes in its remaining seconds (its jobs per second x the
-time left), the runs needed are this one plus enough full-budget runs for the rest. Runs are
+time left), the runs needed are this one plus enough full-budget runs for the rest; when they
+exceed what it finishes within the horizon, enough runs to finish them within it. Runs are
 counted in pgdrain.runs (a row past its deadline counts for nothing), and the reservation of
 new runs serialises on the run_gate row lock, so the cap PGDRAIN_MAX_RUNS (each run holds one
 connection) holds however many runs decide at once. A spawned run carries the hop count
@@ -38,14 +42,25 @@ Invoke = Callable[[str, dict[str, Any]], None]
 
 
 def runs_needed(
-    ready: int, jobs_per_second: float, remaining_seconds: float, run_seconds: float
+    ready: int,
+    jobs_per_second: float,
+    remaining_seconds: float,
+    run_seconds: float,
+    horizon_seconds: float = 0.0,
 ) -> int:
-    """How many runs, this one included, finish `ready` jobs in time: this run does what its
-    remaining seconds allow, and each new run (a full budget, run_seconds) as much as this
-    one does per second. 1 when this run finishes alone."""
-    mine = jobs_per_second * remaining_seconds
+    """How many runs, this one included, finish `ready` jobs in time: within this run's
+    remaining seconds, or within `horizon_seconds` when that is sooner (0: no horizon). Each
+    run does as much per second as this one. Within the budget: this run does what its
+    remaining seconds allow, and each new run (a full budget, run_seconds) the rest; within the
+    horizon, every run its share. 1 when this run finishes alone."""
+    within = remaining_seconds
+    if 0 < horizon_seconds < remaining_seconds:
+        within = horizon_seconds
+    mine = jobs_per_second * within
     if ready <= mine:
         return 1
+    if within < remaining_seconds:
+        return math.ceil(ready / mine)
     per_run = jobs_per_second * max(run_seconds, remaining_seconds)
     if per_run <= 0:
         return 1
@@ -107,7 +122,10 @@ class Spawner:
         per_run = max(self._run_seconds, remaining)
         limit = math.ceil(rate * (remaining + (max_runs - 1) * per_run)) + 1
         ready = session.run(store.queue_ready_count, self._trigger.queues, limit)
-        needed = min(runs_needed(ready, rate, remaining, self._run_seconds), self._useful_runs)
+        needed = runs_needed(
+            ready, rate, remaining, self._run_seconds, self._settings.fanout_seconds
+        )
+        needed = min(needed, self._useful_runs)
         if needed <= 1:
             return
         reserved = session.run(
