@@ -20,6 +20,15 @@ back (`read_with_next`, a store.Statement: the run's reclaim goes with its first
 a transaction of its own, in order, in that operation's round trip. Only statements safe to
 repeat: after a broken connection they are sent again.
 
+On a connection of its own (PGDRAIN_POOLER=session, the default: no transaction pooler in
+between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED
+and generic plans), and a one-statement operation goes alone, without BEGIN and COMMIT, as its
+own implicit transaction: half the client's work per round trip and less of the server's.
+They are sent again, in the explicit transaction of the statement that carries them, at least
+every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS later (so a
+statement started before the next refresh still ends by the final margin), and at every
+statement once the budget nears its end, after an error and after a reconnect.
+
 If the connection breaks (a restart, a failover), the next statement reconnects within the
 budget and is tried once more."""
 
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, TypeVar, cast
@@ -46,6 +56,8 @@ T = TypeVar("T")
 
 # The shortest limit a statement gets, however little budget is left: 0 would mean no limit.
 MIN_TIMEOUT_MS = 50
+# How long a connection keeps the limits it was sent before they are sent again.
+KEEP_SECONDS = 0.5
 
 
 def statement_limit_ms(remaining: float) -> int:
@@ -99,6 +111,7 @@ class Session:
         read_committed: bool = True,
         lease_seconds_left: Callable[[], float | None] | None = None,
         on_reconnect: Callable[[], None] | None = None,
+        keep_limits: bool = True,
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
@@ -112,6 +125,12 @@ class Session:
         self._lease_seconds_left = lease_seconds_left
         self._on_reconnect = on_reconnect
         self._with_next: list[WithNext] = []
+        # None: every transaction carries its limits (a transaction pooler, or a test's control).
+        self._kept = (
+            _KeptLimits()
+            if keep_limits and settings.pooler == "session" and limit_to_budget and read_committed
+            else None
+        )
 
     def open(self) -> None:
         self._conn = self._connect()
@@ -229,8 +248,11 @@ class Session:
             for earlier in before:
                 earlier.delivered(earlier.send(conn))
             return operation(conn)  # a test's control: the server's defaults
+        one_statement = getattr(operation, "one_statement", False)
+        if self._kept is not None and one_statement:
+            return self._with_kept_limits(conn, before, operation)
         timeout_ms = self.timeout_ms() if self._limit_to_budget else None
-        if self._read_committed and getattr(operation, "one_statement", False):
+        if self._read_committed and one_statement:
             return run_one_statement(conn, timeout_ms, operation, before)
         for earlier in before:
             run_one_statement(conn, timeout_ms, _nothing, [earlier])
@@ -243,12 +265,63 @@ class Session:
                 store.transaction_limits(conn, self.timeout_ms())
             return operation(conn)
 
+    def _with_kept_limits(
+        self,
+        conn: psycopg.Connection[Any],
+        before: list[WithNext],
+        operation: Callable[[psycopg.Connection[Any]], T],
+    ) -> T:
+        """A one-statement operation on a connection that keeps its limits: alone when they are
+        fresh; else in an explicit transaction that sends them again (its own isolation level
+        is fixed when it begins, so BEGIN ISOLATION LEVEL READ COMMITTED pins it)."""
+        kept = self._kept
+        assert kept is not None
+        now = time.monotonic()
+        remaining = self._budget.remaining()
+        allowed = statement_limit_ms(remaining)
+        try:
+            if kept.fresh(now, allowed):
+                return run_one_statement(conn, allowed, operation, before, alone=True)
+            kept.forget()
+            near_the_end = remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS
+            keep_ms = allowed if near_the_end else statement_limit_ms(remaining - KEEP_SECONDS)
+            result = run_one_statement(conn, allowed, operation, before, keep_ms=keep_ms)
+            if not near_the_end:  # near the end, every statement sends them, exact
+                kept.sent(now, keep_ms)
+            return result
+        except BaseException:
+            kept.forget()  # a transaction that sent them may have rolled back
+            raise
+
     def _connect(self, budget: Budget | None = None) -> psycopg.Connection[Any]:
+        if self._kept is not None:
+            self._kept.forget()  # a new connection keeps nothing
         conn = db.connect(self._conninfo, self._settings, budget or self._budget)
         if self._read_committed:
             # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
+
+
+class _KeptLimits:
+    """The limit a connection was last sent (ms), and when (time.monotonic())."""
+
+    def __init__(self) -> None:
+        self._limit_ms: int | None = None
+        self._sent_at = 0.0
+
+    def fresh(self, now: float, allowed_ms: int) -> bool:
+        return (
+            self._limit_ms is not None
+            and now - self._sent_at < KEEP_SECONDS
+            and self._limit_ms <= allowed_ms
+        )
+
+    def sent(self, now: float, limit_ms: int) -> None:
+        self._limit_ms, self._sent_at = limit_ms, now
+
+    def forget(self) -> None:
+        self._limit_ms = None
 
 
 @store.one_statement
@@ -261,13 +334,18 @@ def run_one_statement(
     timeout_ms: int | None,
     operation: Callable[[psycopg.Connection[Any]], T],
     before: Sequence[WithNext] = (),
+    *,
+    alone: bool = False,
+    keep_ms: int | None = None,
 ) -> T:
     """Run a store.one_statement operation on an autocommit connection in one round trip: its
     statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
     server's limits), BEGIN and COMMIT sent with it; and before it, in the same round trip,
     each of `before` in a transaction of its own, its result handed to it once the round trip
-    is back. An operation that executes nothing sends only those."""
-    sent = _SentWithItsTransaction(conn, timeout_ms, before)
+    is back. An operation that executes nothing sends only those. On a connection that keeps
+    its limits (Session): `alone` sends the statement without BEGIN and COMMIT, and `keep_ms`
+    has its transaction set the connection's limits to that instead of its own."""
+    sent = _SentWithItsTransaction(conn, timeout_ms, before, alone=alone, keep_ms=keep_ms)
     result = operation(cast(psycopg.Connection[Any], sent))
     sent.send_rest()
     return result
@@ -284,10 +362,15 @@ class _SentWithItsTransaction:
         conn: psycopg.Connection[Any],
         timeout_ms: int | None,
         before: Sequence[WithNext] = (),
+        *,
+        alone: bool = False,
+        keep_ms: int | None = None,
     ) -> None:
         self._conn = conn
         self._timeout_ms = timeout_ms
         self._before = before
+        self._alone = alone
+        self._keep_ms = keep_ms
         self._sent = False
 
     def execute(self, statement: LiteralString, params: Any = None) -> psycopg.Cursor[Any]:
@@ -316,8 +399,10 @@ class _SentWithItsTransaction:
                     )
                     for earlier in self._before
                 ]
-                if statement is not None:
-                    cursor = self._in_its_transaction(statement)
+                if statement is not None and self._alone:
+                    cursor = statement()  # its own implicit transaction, up to the Sync
+                elif statement is not None:
+                    cursor = self._in_its_transaction(statement, keep_ms=self._keep_ms)
             # Leaving the block sent the Sync and read every result.
         except psycopg.Error:
             # A failed statement skipped the COMMIT, and a Sync does not end an explicit
@@ -329,13 +414,17 @@ class _SentWithItsTransaction:
             earlier.delivered(earlier_cursor)
         return cursor
 
-    def _in_its_transaction(self, send: Callable[[], T], limit_ms: int | None = None) -> T:
+    def _in_its_transaction(
+        self, send: Callable[[], T], limit_ms: int | None = None, keep_ms: int | None = None
+    ) -> T:
         conn = self._conn
         store.transaction_begin(conn)
         timeout_ms = self._timeout_ms
         if timeout_ms is not None and limit_ms is not None:
             timeout_ms = min(timeout_ms, limit_ms)
-        if timeout_ms is not None:
+        if keep_ms is not None:
+            store.session_limits(conn, keep_ms)  # this transaction's limits too, from now on
+        elif timeout_ms is not None:
             store.transaction_limits(conn, timeout_ms)
         result = send()
         store.transaction_commit(conn)

@@ -213,6 +213,13 @@ def transaction_limits(conn: Connection, timeout_ms: int) -> None:
     conn.execute(query("transaction_limits"), {"timeout_ms": timeout_ms})
 
 
+def session_limits(conn: Connection, timeout_ms: int) -> None:
+    """Bound the connection's statements and lock waits to `timeout_ms` until set again, its
+    transactions READ COMMITTED, its prepared statements on their generic plans (session.py)."""
+    assert timeout_ms > 0, "a timeout of 0 disables the limit"
+    conn.execute(query("session_limits"), {"timeout_ms": timeout_ms})
+
+
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
     held by an unfinished (queued or running) job of the same queue returns that job's id and

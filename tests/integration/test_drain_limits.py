@@ -55,9 +55,15 @@ def drain_waiting_on_a_lock(conn: Conn) -> bool:
     return bool(row and row[0])
 
 
+# On its own connection the drain's connection keeps the limits; behind a transaction pooler
+# each transaction carries its own (session.py). Both must hold.
+POOLERS = pytest.mark.parametrize("pooler", ["session", "transaction"])
+
+
+@POOLERS
 @pytest.mark.parametrize("limited", [True, False], ids=["limited", "unlimited"])
 def test_a_drain_blocked_on_a_table_lock_ends_by_its_deadline_only_with_the_limits(
-    db_url: str, conn: Conn, limited: bool
+    db_url: str, conn: Conn, limited: bool, pooler: str
 ) -> None:
     gate = Gate()
     gate.release.set()
@@ -68,7 +74,7 @@ def test_a_drain_blocked_on_a_table_lock_ends_by_its_deadline_only_with_the_limi
         locker.execute("LOCK TABLE pgdrain.jobs IN ACCESS EXCLUSIVE MODE")
         began = db_now(conn)
         thread, results = in_background(
-            db_url, gate.registry, budget, switches, reserve_seconds=0.5
+            db_url, gate.registry, budget, switches, reserve_seconds=0.5, pooler=pooler
         )
         if limited:
             thread.join(30)
@@ -92,10 +98,11 @@ def test_a_drain_blocked_on_a_table_lock_ends_by_its_deadline_only_with_the_limi
         assert result.elapsed_s > budget  # ran past its deadline: a Lambda would be killed
 
 
+@POOLERS
 @pytest.mark.parametrize("default", ["serializable", "repeatable read"])
 @pytest.mark.parametrize("pinned", [True, False], ids=["read-committed", "server-default"])
 def test_a_completion_that_waited_for_a_concurrent_update_is_recorded_under_any_default(
-    db_url: str, conn: Conn, default: str, pinned: bool
+    db_url: str, conn: Conn, default: str, pinned: bool, pooler: str
 ) -> None:
     dbname = conn.info.dbname
     conn.execute(
@@ -106,7 +113,7 @@ def test_a_completion_that_waited_for_a_concurrent_update_is_recorded_under_any_
     gate = Gate()
     job_id = enqueue(conn, "gate")
     switches = SafetySwitches(pin_read_committed=pinned)
-    thread, results = in_background(db_url, gate.registry, 60, switches)
+    thread, results = in_background(db_url, gate.registry, 60, switches, pooler=pooler)
     assert gate.started.wait(30)
     with psycopg.connect(db_url) as other:  # e.g. an operator touching the row
         other.execute("UPDATE pgdrain.jobs SET updated_at = now() WHERE id = %s", (job_id,))

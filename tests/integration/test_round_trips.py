@@ -5,6 +5,7 @@ server sends ends one exchange."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,13 @@ def round_trips(session: Session, operation: Callable[..., Any], *args: Any) -> 
 
 def traced(session: Session, call: Callable[[], Any]) -> tuple[int, Any]:
     """The round trips `call` makes on the session's connection, and its result."""
+    trips, _, result = traced_statements(session, call)
+    return trips, result
+
+
+def traced_statements(session: Session, call: Callable[[], Any]) -> tuple[int, int, Any]:
+    """The round trips and the statements `call` makes on the session's connection, and its
+    result."""
     conn = session._conn
     assert conn is not None
     with tempfile.NamedTemporaryFile("w", prefix="pgdrain-trace-") as handle:
@@ -38,12 +46,15 @@ def traced(session: Session, call: Callable[[], Any]) -> tuple[int, Any]:
             conn.pgconn.untrace()  # flushes libpq's trace buffer
         lines = Path(handle.name).read_text().splitlines()
     messages = [line.split("\t") for line in lines]
-    return sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"]), result
+    trips = sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"])
+    return trips, sum(1 for m in messages if m[0] == "F" and m[2:3] == ["Execute"]), result
 
 
 @pytest.fixture
 def session(db_url: str) -> Any:
-    session = Session(db_url, Settings(), Budget.seconds(60))
+    # Behind a transaction pooler: every transaction carries its limits (the one-statement
+    # tests below count what it sends); the connection that keeps them has tests of its own.
+    session = Session(db_url, Settings(pooler="transaction"), Budget.seconds(60))
     session.open()
     yield session
     session.close()
@@ -259,3 +270,87 @@ def test_a_job_whose_lease_expired_is_reclaimed_and_run_by_the_next_run(
     assert (result.reclaimed, result.claimed, result.done) == (1, 1, 1)
     row = conn.execute("SELECT status, attempts FROM pgdrain.jobs WHERE id = %s", (job_id,))
     assert row.fetchone() == ("done", 2)
+
+
+@store.one_statement
+def _limits(c: Conn) -> tuple[str, str, str, str]:
+    row = c.execute(
+        "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
+        " current_setting('transaction_isolation'), current_setting('plan_cache_mode')"
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1], row[2], row[3]
+
+
+def _ms(setting: str) -> float:
+    value = float(re.sub(r"[a-z]+$", "", setting))
+    return value * {"ms": 1, "s": 1000, "min": 60_000}[re.sub(r"^[0-9.]+", "", setting)]
+
+
+@pytest.mark.parametrize("pooler", ["session", "transaction"], ids=["keeps", "control: pooler"])
+def test_a_connection_of_its_own_keeps_its_limits_and_sends_each_statement_alone(
+    db_url: str, conn: Conn, pooler: str
+) -> None:
+    """The first statement sends the limits the connection keeps (BEGIN, them, it, COMMIT);
+    the next goes alone, its own implicit transaction, and still runs under them: READ
+    COMMITTED whatever the database's default, bounded by the budget, on generic plans. Behind
+    a transaction pooler (the control) every statement carries its transaction's."""
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'serializable'").format(
+            sql.Identifier(conn.info.dbname)
+        )
+    )
+    session = Session(db_url, Settings(pooler=pooler), Budget.seconds(60))
+    session.open()
+    try:
+        first_trips, first_sent, first = traced_statements(session, lambda: session.run(_limits))
+        trips, sent, second = traced_statements(session, lambda: session.run(_limits))
+    finally:
+        session.close()
+
+    assert (first_trips, trips) == (1, 1)
+    assert (first_sent, sent) == ((4, 1) if pooler == "session" else (4, 4))
+    for timeout, lock_timeout, isolation, plans in (first, second):
+        assert isolation == "read committed"
+        assert timeout == lock_timeout and 0 < _ms(timeout) <= 59_500
+        assert plans == "force_generic_plan"
+
+
+def test_the_kept_limit_is_sent_again_when_the_budget_falls_below_it(db_url: str) -> None:
+    left = [60.0]
+    session = Session(db_url, Settings(), Budget(lambda: left[0]))
+    session.open()
+    try:
+        long = _ms(session.run(_limits)[0])
+        left[0] = 5.0  # less left than the limit the connection keeps
+        short = _ms(session.run(_limits)[0])
+        same = _ms(session.run(_limits)[0])
+    finally:
+        session.close()
+
+    assert 58_000 <= long <= 59_000  # 60 s less the final margin and the keep interval
+    assert short <= 4_500 and same == short
+
+
+def test_after_a_failed_statement_the_limits_are_sent_again(db_url: str, conn: Conn) -> None:
+    """A statement that fails may roll back the transaction that set them: the next one sends
+    them again, so the connection never runs on limits it was not sent."""
+    session = Session(db_url, Settings(), Budget.seconds(60))
+    session.open()
+
+    @store.one_statement
+    def fails(c: Conn) -> None:
+        c.execute("SELECT 1 / 0")
+
+    try:
+        session.run(_limits)
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            session.run(fails)
+        trips, sent, (timeout, _, isolation, _) = traced_statements(
+            session, lambda: session.run(_limits)
+        )
+    finally:
+        session.close()
+
+    assert (trips, sent) == (1, 4)  # BEGIN, the limits, the statement, COMMIT
+    assert isolation == "read committed" and 0 < _ms(timeout) <= 59_500
