@@ -390,6 +390,8 @@ class _SentWithItsTransaction:
     ) -> psycopg.Cursor[Any] | None:
         self._sent = True
         conn = self._conn
+        if statement is not None and self._alone and not self._before:
+            return statement()  # one statement, one round trip: no pipeline needed
         cursor = None
         try:
             with conn.pipeline():

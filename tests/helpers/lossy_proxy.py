@@ -1,7 +1,8 @@
 """A loopback TCP proxy in front of the test's PostgreSQL that can lose a reply on purpose.
 
 `drop_commit_reply(marker)`: the next transaction whose statement contains `marker` is
-forwarded whole, its COMMIT too; the proxy waits until the server has answered the COMMIT
+forwarded whole, its COMMIT (or the Sync that ends a statement sent alone) too; the proxy
+waits until the server has answered the COMMIT
 (so the transaction is committed), then closes both sides without passing the answer on. The
 client sees its connection break with no way to know whether its work committed: the lost
 reply of a network fault or a failover, reproduced at one exact point, with no sleeps.
@@ -23,6 +24,9 @@ from typing import Any
 import psycopg
 
 READY_FOR_QUERY_IDLE = b"Z\x00\x00\x00\x05I"  # the server's answer to a COMMIT ends with this
+# The end of a request: a statement sent alone (no BEGIN) commits there, its implicit
+# transaction ending (session.py sends the drain's one-statement operations so).
+SYNC = b"S\x00\x00\x00\x04"
 
 
 class _Link:
@@ -157,7 +161,9 @@ class LossyProxy:
                     # A pipelined transaction sends its COMMIT in the same bytes, after it.
                     after_marker = seen[seen.index(self._marker) :]
                     link.state, self._marker = "marked", None
-                if link.state == "marked" and b"COMMIT\x00" in after_marker:
+                if link.state == "marked" and (
+                    b"COMMIT\x00" in after_marker or SYNC in after_marker
+                ):
                     link.state = "committing"  # before forwarding: its answer is held
                 tail = data[-64:]
             self._flowing.wait()

@@ -47,7 +47,8 @@ def traced_statements(session: Session, call: Callable[[], Any]) -> tuple[int, i
         lines = Path(handle.name).read_text().splitlines()
     messages = [line.split("\t") for line in lines]
     trips = sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"])
-    return trips, sum(1 for m in messages if m[0] == "F" and m[2:3] == ["Execute"]), result
+    sent = sum(1 for m in messages if m[0] == "F" and m[2:3] in (["Execute"], ["Query"]))
+    return trips, sent, result
 
 
 @pytest.fixture
