@@ -291,9 +291,10 @@ def markdown(prof: dict[str, Any]) -> list[str]:
         "database take turns: while a statement is out the drain's thread waits for it (the "
         "job threads run what was claimed ahead meanwhile), and while the drain's Python "
         "runs (outcomes, the next statement's parameters, the last one's rows) the database "
-        "waits. Each statement is one pipelined transaction (BEGIN, limits, statement, "
-        "COMMIT in one round trip); what its backend spends outside the active state (the "
-        "messages between them, the commit's flush) falls in the rest."
+        "waits. Each statement goes alone, its own implicit transaction on a connection "
+        "that keeps its limits (a refresh every 0.5 s adds BEGIN, the limits and COMMIT to "
+        "one of them), prepared on its generic plan; what its backend spends outside the "
+        "active state (the commit's flush, the messages) falls in the rest."
     )
     out.append("")
     for key, who in (

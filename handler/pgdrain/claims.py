@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pgdrain import outcomes, retry, store
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.claim_ahead import ClaimAhead
-from pgdrain.session import Later
+from pgdrain.reclaim import Reclaim
 from pgdrain.settings import Settings
 from pgdrain.store import ClaimedJob
 
@@ -49,35 +49,13 @@ class Claims:
         self._worker_id = run.worker_id
         self._queues = queues
         self._lease_seconds = lease_seconds
-        self._reclaim_limit = reclaim_limit
-        self._reclaimed: Later[list[store.Reclaimed]] | None = None
+        self.reclaim = Reclaim(run.session, run.counters, reclaim_limit)
         # Claim ids: one random base per run, counted up, so a claim's id costs no call into
         # the OS (uuid4 reads os.urandom, which gives up the GIL; getting it back while the job
         # threads run cost more than the rest of the claim's bookkeeping). Unique within the
         # run; two runs' ids meet only if their random 128-bit bases lie within the number of
         # claims of each other.
         self._claim_ids = itertools.count(uuid.uuid4().int)
-
-    def reclaim_expired(self) -> None:
-        """Take back jobs whose lease expired (a run that died): queued again, or failed. Sent
-        with the run's first claim, in its round trip and before it (so that claim can take
-        what it queued again); reported once that round trip is back. Safe to send twice (after
-        a lost connection): a lease taken back is no longer expired, so it matches nothing."""
-        self._reclaimed = self._session.read_with_next(store.reclaim_expired(self._reclaim_limit))
-
-    def report_reclaimed(self) -> None:
-        """Log and count what the reclaim took back, once its round trip is back."""
-        later, self._reclaimed = self._reclaimed, None
-        if later is None or not later.received:
-            self._reclaimed = later
-            return
-        reclaimed = later.value()
-        for job in reclaimed:
-            log.warning(
-                "reclaimed a job whose lease expired",
-                extra={"job_id": job.id, "status": job.status, "reclaims": job.reclaim_count},
-            )
-        self._counters.add("reclaimed", len(reclaimed))
 
     def complete_and_claim(self, limit: int) -> int:
         """One round trip: record the finished jobs, claim up to `limit` more. Returns how
@@ -119,7 +97,7 @@ class Claims:
             claim, claim_again if self._recover_lost_replies else claim
         )
         self.ahead.claim_took(time.monotonic() - sent_at)
-        self.report_reclaimed()
+        self.reclaim.report()
         if claimed:
             self._attempts.leases_claimed(sent_at)
         self._record_completions(result)

@@ -7,10 +7,11 @@ left: session.py): no transaction is open while a job runs, and no session state
 the same SQL works through PgBouncer in transaction mode. Workers never touch the database;
 their outcomes come back on a queue.
 
-The pieces, each in its own module: attempts.py (what the run holds), claims.py (claiming and
-completing), heartbeat.py, deadline.py, stop.py (when the run stops claiming: the reserve or a
-stop request, and its grace), session.py (the one connection), summary.py (counters and the
-result), execute.py (calling a job's function), pool.py (the worker threads)."""
+The pieces, each in its own module: attempts.py (what the run holds), reclaim.py (expired
+leases, at the start), claims.py (claiming and completing), heartbeat.py, deadline.py, stop.py
+(when the run stops claiming: the reserve or a stop request, and its grace), session.py (the
+one connection), summary.py (counters and the result), execute.py (calling a job's function),
+pool.py (the worker threads)."""
 
 from __future__ import annotations
 
@@ -204,13 +205,12 @@ class _Run:
             self.session.open()
             self.hooks.after_connect(self.session)
             # Goes with the first claim, in its round trip (and the registration before it).
-            self.claims.reclaim_expired()
+            self.claims.reclaim.send_with_next()
             # Due slots of periodic kinds, once each (idempotency keys).
             if self.registry.periodics:
                 self.session.run(periodic.enqueue_due, self.registry.periodics)
             stop_reason = self._loop(pool)
-            self.session.send_pending()  # a run that never claimed still reclaims
-            self.claims.report_reclaimed()
+            self.claims.reclaim.finish()  # a run that never claimed still reclaims
             if stop_reason == "budget":
                 more_ready = self.session.run(store.queue_has_ready, self.queues)
         except (PgdrainError, psycopg.Error) as exc:

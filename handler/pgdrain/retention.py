@@ -55,7 +55,9 @@ def first_batch(
 ) -> store.Statement[tuple[int, int]]:
     """The first batch alone, for a run to send with its exit (pgdrain.aws.control): on a
     quiet table it is all there is to delete."""
-    return store.retention_batch(retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH)
+    return store.job_retention_batch_statement(
+        retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH
+    )
 
 
 def after_first_batch(done: int, failed: int, batch: int = DEFAULT_BATCH) -> RetentionResult:

@@ -36,12 +36,12 @@ class Statement(Generic[T]):
     in the round trip of another statement and reads when that round trip is back
     (Session.read_with_next), so that one reply carries both results."""
 
-    name: str  # in sql/queries.sql
+    text: LiteralString  # query(name): built by the function `<name>_statement`
     params: Mapping[str, Any]
     read: Callable[[psycopg.Cursor[Any]], T]
 
     def send(self, conn: Connection) -> psycopg.Cursor[Any]:
-        return conn.execute(query(self.name), self.params)
+        return conn.execute(self.text, self.params)
 
     def run(self, conn: Connection) -> T:
         return self.read(self.send(conn))
@@ -416,16 +416,16 @@ def job_fail(
 
 @one_statement
 def job_reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
-    return reclaim_expired(limit).run(conn)
+    return job_reclaim_expired_statement(limit).run(conn)
 
 
-def reclaim_expired(limit: int) -> Statement[list[Reclaimed]]:
+def job_reclaim_expired_statement(limit: int) -> Statement[list[Reclaimed]]:
     """Expired leases taken back: queued again, or failed when out of attempts."""
-    return Statement("job_reclaim_expired", {"limit": limit}, _reclaimed)
 
+    def reclaimed(cur: psycopg.Cursor[Any]) -> list[Reclaimed]:
+        return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in cur.fetchall()]
 
-def _reclaimed(cur: psycopg.Cursor[Any]) -> list[Reclaimed]:
-    return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in cur.fetchall()]
+    return Statement(query("job_reclaim_expired"), {"limit": limit}, reclaimed)
 
 
 def job_retry(conn: Connection, ids: Sequence[int]) -> list[int]:
@@ -460,10 +460,10 @@ def job_retention_batch(
 ) -> tuple[int, int]:
     """Delete one batch of done jobs older than done_days and one of failed and cancelled jobs
     older than failed_days, in one statement; returns how many of each (pgdrain.retention)."""
-    return retention_batch(done_days, failed_days, done_limit, failed_limit).run(conn)
+    return job_retention_batch_statement(done_days, failed_days, done_limit, failed_limit).run(conn)
 
 
-def retention_batch(
+def job_retention_batch_statement(
     done_days: float, failed_days: float, done_limit: int, failed_limit: int
 ) -> Statement[tuple[int, int]]:
     params = {
@@ -472,13 +472,13 @@ def retention_batch(
         "done_limit": done_limit,
         "failed_limit": failed_limit,
     }
-    return Statement("job_retention_batch", params, _deleted_counts)
 
+    def deleted_counts(cur: psycopg.Cursor[Any]) -> tuple[int, int]:
+        row = cur.fetchone()
+        assert row is not None  # one row of two counts
+        return int(row[0]), int(row[1])
 
-def _deleted_counts(cur: psycopg.Cursor[Any]) -> tuple[int, int]:
-    row = cur.fetchone()
-    assert row is not None  # one row of two counts
-    return int(row[0]), int(row[1])
+    return Statement(query("job_retention_batch"), params, deleted_counts)
 
 
 def queue_stats(conn: Connection) -> list[QueueStats]:

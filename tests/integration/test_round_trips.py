@@ -208,7 +208,7 @@ def test_a_statement_read_with_the_next_one_shares_its_round_trip(
     job_id = _expire_a_lease(conn)
 
     if together:
-        later = session.read_with_next(store.reclaim_expired(100))
+        later = session.read_with_next(store.job_reclaim_expired_statement(100))
         assert not later.received  # nothing is sent before the next operation
         trips, ready = round_trips(session, store.queue_has_ready, ["default"])
         reclaimed = later.value()
@@ -225,7 +225,7 @@ def test_a_statement_read_with_the_next_is_sent_again_after_a_lost_connection(
     session: Session, conn: Conn
 ) -> None:
     job_id = _expire_a_lease(conn)
-    later = session.read_with_next(store.reclaim_expired(100))
+    later = session.read_with_next(store.job_reclaim_expired_statement(100))
     broken = session._conn
     assert broken is not None
     conn.execute("SELECT pg_terminate_backend(%s)", (broken.info.backend_pid,))
@@ -238,7 +238,7 @@ def test_a_statement_read_with_the_next_is_sent_again_after_a_lost_connection(
 def test_what_waits_for_a_next_statement_can_be_sent_alone(session: Session, conn: Conn) -> None:
     """A run that stops before its first claim still sends its reclaim (Session.send_pending)."""
     job_id = _expire_a_lease(conn)
-    later = session.read_with_next(store.reclaim_expired(100))
+    later = session.read_with_next(store.job_reclaim_expired_statement(100))
 
     trips, _ = traced(session, session.send_pending)
 

@@ -1,5 +1,6 @@
 """One name per statement: each statement in queries.sql is run by the pgdrain.store function of
-the same name (and that function does run it), that function reads the result the way the
+the same name (and that function does run it, itself or through the function `<name>_statement`
+that builds it to be sent with another: store.Statement), that function reads the result the way the
 statement's shape tag says, every statement is used outside its own definition, and every name
 the code asks for exists."""
 
@@ -72,12 +73,18 @@ def _unused(
 def _not_run_by_their_function(
     names: list[str], functions: dict[str, ast.FunctionDef]
 ) -> list[str]:
-    """The statements whose store function is missing or never calls query() with its name."""
-    return sorted(
-        name
-        for name in names
-        if name not in functions or name not in {n for n, _ in _query_calls(functions[name])}
-    )
+    """The statements whose store function is missing or never calls query() with its name,
+    itself or through its `<name>_statement` builder."""
+
+    def runs(name: str) -> bool:
+        function = functions[name]
+        if name in {n for n, _ in _query_calls(function)}:
+            return True
+        builder = _builder(functions, name)
+        called = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
+        return builder is not None and builder.name in called
+
+    return sorted(name for name in names if name not in functions or not runs(name))
 
 
 def test_only_the_store_runs_named_statements() -> None:
@@ -95,7 +102,7 @@ def test_each_statement_is_run_by_the_store_function_of_the_same_name() -> None:
     misplaced = []
     for function in functions.values():
         for name, _call in _query_calls(function):
-            if name != function.name:
+            if name != function.name.removesuffix("_statement"):
                 misplaced.append(f"{function.name}() runs {name}")
     assert misplaced == []
     not_run = _not_run_by_their_function(query_names(), functions)
@@ -144,6 +151,14 @@ def test_every_name_the_code_asks_for_exists() -> None:
     assert sorted(asked - known) == []
 
 
+def _builder(functions: dict[str, ast.FunctionDef], name: str) -> ast.FunctionDef | None:
+    """The function `<name>_statement` that builds the statement `name`, if there is one."""
+    builder = functions.get(f"{name}_statement")
+    if builder is not None and name in {n for n, _ in _query_calls(builder)}:
+        return builder
+    return None
+
+
 def _shape_read_by(function: ast.FunctionDef) -> str:
     """How a store function reads its statement's result."""
     source = ast.unparse(function)
@@ -158,9 +173,11 @@ def _shape_read_by(function: ast.FunctionDef) -> str:
 
 def test_each_store_function_reads_the_shape_its_statement_declares() -> None:
     functions = _store_functions()
+    # A statement built to be sent with another (store.Statement) is read where it is built.
+    readers = {name: _builder(functions, name) or functions[name] for name in statements()}
     wrong = {
-        name: (statement.shape, _shape_read_by(functions[name]))
+        name: (statement.shape, _shape_read_by(readers[name]))
         for name, statement in statements().items()
-        if _shape_read_by(functions[name]) != statement.shape
+        if _shape_read_by(readers[name]) != statement.shape
     }
     assert wrong == {}, "statement: (declared shape, shape the store function reads)"
