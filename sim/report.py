@@ -241,7 +241,10 @@ keeps them, so a cold start's real second does not become 12 simulated seconds. 
 lengths were chosen for the full form to finish in about half an hour on a 2-core machine: the
 sparse trace covers {meta["sparse_minutes"]:g} simulated minutes; idle nearly all the time, it
 runs beside the others at a scale of its own where the traces say so (its processes' real
-time then looks that many times longer: conservative for the delays it measures).
+time then looks that many times longer: conservative for the delays it measures). The backlog
+runs in real time (scale 1), so that its jobs' 20 ms are 20 real ms: at a larger scale a run
+drains jobs of a fraction of a millisecond, and ten runs measure this machine's two cores, not
+fan-out.
 
 ## Columns
 

@@ -555,6 +555,8 @@ def _traces_doc(size: traces.Size, seed: int) -> str:
         if not trace.systems_in_parallel:
             text += "; the systems run one after the other"
         if trace.scale is not None:
-            text += f"; at time scale {trace.scale:g}, beside the other traces"
+            text += f"; at time scale {trace.scale:g}"
+            if trace.alongside:
+                text += ", beside the other traces"
         lines.append(text + ".")
     return "\n".join(lines)
