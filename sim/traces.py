@@ -2,7 +2,7 @@
 stand-in injects, and how long the trace runs. Each is deterministic (a seeded generator), so the
 driver process rebuilds the same plan from the trace's name and size.
 
-(a) sparse: three jobs an hour over eight simulated hours; some delayed 1 to 60 minutes,
+(a) sparse: two jobs an hour over eight simulated hours; some delayed 1 to 60 minutes,
     some failing once. It is idle nearly all the time, so it runs at a larger time scale than
     the others and alongside them.
 (b) burst: 1,000 enqueue+kick, each its own transaction, as fast as the driver can.
@@ -76,7 +76,9 @@ class Size:
 
 FULL = Size(
     sparse_minutes=8 * 60,
-    sparse_jobs=24,  # "a few jobs an hour" (issue 11): three
+    # "A few jobs an hour" (issue 11): two. At three (24 jobs, 1.02x the ideal at 9d24207) the
+    # ideal alone is 28% of what an always-on poller keeps awake, above the 25% target.
+    sparse_jobs=16,
     # 8 simulated hours in 24 real minutes. No larger: the template's ReserveSeconds (10) and
     # LeaseSeconds (30) scaled by it must stay within their settings' minimums (0.5 s, 1 s).
     sparse_scale=20,
