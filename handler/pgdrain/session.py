@@ -390,8 +390,8 @@ class _SentWithItsTransaction:
     ) -> psycopg.Cursor[Any] | None:
         self._sent = True
         conn = self._conn
-        if statement is not None and self._alone and not self._before:
-            return statement()  # one statement, one round trip: no pipeline needed
+        # Alone, a statement still goes through a pipeline: outside one, psycopg would prepare
+        # it (at its sixth execution) in a round trip of its own, before executing it.
         cursor = None
         try:
             with conn.pipeline():

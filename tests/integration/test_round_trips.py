@@ -5,8 +5,10 @@ server sends ends one exchange."""
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -355,3 +357,34 @@ def test_after_a_failed_statement_the_limits_are_sent_again(db_url: str, conn: C
 
     assert (trips, sent) == (1, 4)  # BEGIN, the limits, the statement, COMMIT
     assert isolation == "read committed" and 0 < _ms(timeout) <= 59_500
+
+
+def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
+    db_url: str, conn: Conn
+) -> None:
+    """psycopg prepares a statement at its sixth execution; outside a pipeline it would prepare
+    it in a round trip of its own. On a connection that keeps its limits the claims go alone,
+    and still one round trip each."""
+    with conn.transaction():
+        for _ in range(100):
+            enqueue(conn, "k")
+    session = Session(db_url, Settings(), Budget.seconds(60))
+    session.open()
+    held: list[store.Held] = []
+    trips = []
+    try:
+        for _ in range(8):
+
+            @store.one_statement
+            def claim(c: Conn, held: list[store.Held] = held) -> list[store.ClaimedJob]:
+                return store.job_complete_and_claim(
+                    c, held, ("default",), 5, "w", 30.0, None, uuid.uuid4()
+                )[1]
+
+            count, claimed = traced(session, functools.partial(session.run, claim))
+            trips.append(count)
+            held = [job.held for job in claimed]
+    finally:
+        session.close()
+
+    assert trips == [1] * 8
