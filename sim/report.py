@@ -217,7 +217,7 @@ compares with is the 5-minute schedule's run, less its wait for the first tick):
 ## How to run
 
 ```
-make simulate          # the full form: writes docs/simulate.md, .json, .png (~20 min)
+make simulate          # the full form: writes docs/simulate.md, .json, .png (~25 min)
 make simulate-smoke    # the small form, < 2 min, written to $TMPDIR/pgdrain-sim-smoke/
 .venv-sim/bin/python -m sim --help
 ```

@@ -21,8 +21,8 @@ a transaction of its own, in order, in that operation's round trip. Only stateme
 repeat: after a broken connection they are sent again.
 
 On a connection of its own (PGDRAIN_POOLER=session, the default: no transaction pooler in
-between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED
-and generic plans), and a one-statement operation goes alone, without BEGIN and COMMIT, as its
+between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED),
+and a one-statement operation goes alone, without BEGIN and COMMIT, as its
 own implicit transaction: half the client's work per round trip and less of the server's.
 They are sent again, in the explicit transaction of the statement that carries them, at least
 every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS later (so a

@@ -214,8 +214,8 @@ def transaction_limits(conn: Connection, timeout_ms: int) -> None:
 
 
 def session_limits(conn: Connection, timeout_ms: int) -> None:
-    """Bound the connection's statements and lock waits to `timeout_ms` until set again, its
-    transactions READ COMMITTED, its prepared statements on their generic plans (session.py)."""
+    """Bound the connection's statements and lock waits to `timeout_ms` until set again, and
+    its transactions READ COMMITTED (session.py)."""
     assert timeout_ms > 0, "a timeout of 0 disables the limit"
     conn.execute(query("session_limits"), {"timeout_ms": timeout_ms})
 

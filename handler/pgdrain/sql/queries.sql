@@ -51,23 +51,20 @@ COMMIT;
 -- The first statement of each of the drain's transactions: no statement, and no wait for a
 -- lock, may last longer than what is left of the run's budget. `true` makes the settings local
 -- to this transaction, so nothing outlives it on a pooled server connection.
--- A prepared statement (psycopg prepares one from its sixth execution) runs its generic plan:
--- the server would otherwise plan the claim again at every batch (its estimate of the generic
--- plan is worse than the custom plans it compares it with), and planning the claim cost more
--- than executing it (a batch of 10: 1.13 ms a round trip with a plan each time, 0.69 ms
--- without). The generic plans use the same indexes (tests/integration/test_query_plans.py).
+-- Prepared statements keep the server's plan_cache_mode (auto): forced onto their generic
+-- plans (tried at a2f1692), the claim was planned once instead of at every batch (1.13 ms a
+-- round trip at batch 10 became 0.69 ms on a small table), but on a table of 2 million finished
+-- and 200,000 queued rows its generic plan walked the delayed rows: 18 ms a claim against 1.2.
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, true),
-       set_config('lock_timeout', %(timeout_ms)s::text, true),
-       set_config('plan_cache_mode', 'force_generic_plan', true);
+       set_config('lock_timeout', %(timeout_ms)s::text, true);
 
 -- name: session_limits :exec
--- The same limits and plan mode, and READ COMMITTED, kept by the connection (`false`: past
--- this transaction) until the run sends them again. Only on a connection of its own (not
+-- The same limits, and READ COMMITTED, kept by the connection (`false`: past this
+-- transaction) until the run sends them again. Only on a connection of its own (not
 -- behind a transaction pooler): its one-statement operations then go without BEGIN and COMMIT,
 -- each its own implicit transaction (session.py says when they are sent again).
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, false),
        set_config('lock_timeout', %(timeout_ms)s::text, false),
-       set_config('plan_cache_mode', 'force_generic_plan', false),
        set_config('default_transaction_isolation', 'read committed', false);
 
 -- name: job_insert :one
