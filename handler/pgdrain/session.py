@@ -111,7 +111,6 @@ class Session:
         read_committed: bool = True,
         lease_seconds_left: Callable[[], float | None] | None = None,
         on_reconnect: Callable[[], None] | None = None,
-        keep_limits: bool = True,
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
@@ -128,7 +127,7 @@ class Session:
         # None: every transaction carries its limits (a transaction pooler, or a test's control).
         self._kept = (
             _KeptLimits()
-            if keep_limits and settings.pooler == "session" and limit_to_budget and read_committed
+            if settings.pooler == "session" and limit_to_budget and read_committed
             else None
         )
 
