@@ -18,6 +18,7 @@ Two shapes, whichever queries.sql has (the drain loop's owner may change it):
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import tempfile
@@ -42,6 +43,10 @@ PARAMS = {
     "done_ids": ":ids",
     "done_tokens": ":tokens",
 }
+# The plan settings the drain's connection keeps (queries.sql, session_limits): generic plans
+# and no JIT. pgbench's prepared statements would mostly get generic plans anyway (its literal
+# queue list makes their estimate match the custom plans'); set, the two are planned alike.
+PGOPTIONS = "-c plan_cache_mode=force_generic_plan -c jit=off"
 # :batch and :quota come from the command line (-D), like :ids, :tokens and :n.
 SETS = "\\set lease_seconds 30\n\\set cap_seconds 600\n"
 # complete-and-claim: claim `quota` batches, then one transaction that only completes.
@@ -142,6 +147,7 @@ def run(url: str, jobs: int, batch: int, clients: int) -> PgbenchResult:
             text=True,
             check=False,
             timeout=600,
+            env={**os.environ, "PGOPTIONS": PGOPTIONS},
         )
     finally:
         path.unlink()

@@ -276,13 +276,14 @@ def test_a_job_whose_lease_expired_is_reclaimed_and_run_by_the_next_run(
 
 
 @store.one_statement
-def _limits(c: Conn) -> tuple[str, str, str, str]:
+def _limits(c: Conn) -> tuple[str, str, str, str, str]:
     row = c.execute(
         "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
-        " current_setting('transaction_isolation'), current_setting('plan_cache_mode')"
+        " current_setting('transaction_isolation'), current_setting('plan_cache_mode'),"
+        " current_setting('jit')"
     ).fetchone()
     assert row is not None
-    return row[0], row[1], row[2], row[3]
+    return row[0], row[1], row[2], row[3], row[4]
 
 
 def _ms(setting: str) -> float:
@@ -296,7 +297,8 @@ def test_a_connection_of_its_own_keeps_its_limits_and_sends_each_statement_alone
 ) -> None:
     """The first statement sends the limits the connection keeps (BEGIN, them, it, COMMIT);
     the next goes alone, its own implicit transaction, and still runs under them: READ
-    COMMITTED whatever the database's default, bounded by the budget. Behind
+    COMMITTED whatever the database's default, bounded by the budget, on generic plans and
+    without JIT. Behind
     a transaction pooler (the control) every statement carries its transaction's."""
     conn.execute(
         sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'serializable'").format(
@@ -313,10 +315,10 @@ def test_a_connection_of_its_own_keeps_its_limits_and_sends_each_statement_alone
 
     assert (first_trips, trips) == (1, 1)
     assert (first_sent, sent) == ((4, 1) if pooler == "session" else (4, 4))
-    for timeout, lock_timeout, isolation, plans in (first, second):
+    for timeout, lock_timeout, isolation, plans, jit in (first, second):
         assert isolation == "read committed"
         assert timeout == lock_timeout and 0 < _ms(timeout) <= 59_500
-        assert plans == "auto"  # the server's: a forced generic plan is slow on a long history
+        assert (plans, jit) == ("force_generic_plan", "off")
 
 
 def test_the_kept_limit_is_sent_again_when_the_budget_falls_below_it(db_url: str) -> None:
@@ -349,7 +351,7 @@ def test_after_a_failed_statement_the_limits_are_sent_again(db_url: str, conn: C
         session.run(_limits)
         with pytest.raises(psycopg.errors.DivisionByZero):
             session.run(fails)
-        trips, sent, (timeout, _, isolation, _) = traced_statements(
+        trips, sent, (timeout, _, isolation, _, _) = traced_statements(
             session, lambda: session.run(_limits)
         )
     finally:

@@ -51,21 +51,29 @@ COMMIT;
 -- The first statement of each of the drain's transactions: no statement, and no wait for a
 -- lock, may last longer than what is left of the run's budget. `true` makes the settings local
 -- to this transaction, so nothing outlives it on a pooled server connection.
--- Prepared statements keep the server's plan_cache_mode (auto): forced onto their generic
--- plans (tried at a2f1692), the claim was planned once instead of at every batch (1.13 ms a
--- round trip at batch 10 became 0.69 ms on a small table), but on a table of 2 million finished
--- and 200,000 queued rows its generic plan took 19 ms against 0.8 (EXPLAIN ANALYZE: 16 ms of it
--- in the completions' scan of unnest(ids, tokens), with both arrays empty).
+-- Prepared statements (psycopg prepares one from its sixth execution) run their generic plans,
+-- and no statement is compiled by JIT. Left to choose, the server plans the claim again at
+-- every batch (its estimate of the generic plan is worse than the custom plans it compares it
+-- with; planning cost about as much as executing). The generic plan's estimate, though, can
+-- pass jit_above_cost on a long history (2 M finished and 200 k queued rows: the LIMIT of each
+-- queue's scan is a parameter, estimated at a tenth of its ready rows), and JIT then compiles
+-- it at every execution: 32 ms of a 34 ms claim whose plan itself runs in 0.6 ms
+-- (EXPLAIN ANALYZE; bench/bigtable.py times it). A claim, a heartbeat or a fenced update is
+-- never long enough for JIT to pay.
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, true),
-       set_config('lock_timeout', %(timeout_ms)s::text, true);
+       set_config('lock_timeout', %(timeout_ms)s::text, true),
+       set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('jit', 'off', true);
 
 -- name: session_limits :exec
--- The same limits, and READ COMMITTED, kept by the connection (`false`: past this
+-- The same limits and plan settings, and READ COMMITTED, kept by the connection (`false`: past this
 -- transaction) until the run sends them again. Only on a connection of its own (not
 -- behind a transaction pooler): its one-statement operations then go without BEGIN and COMMIT,
 -- each its own implicit transaction (session.py says when they are sent again).
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, false),
        set_config('lock_timeout', %(timeout_ms)s::text, false),
+       set_config('plan_cache_mode', 'force_generic_plan', false),
+       set_config('jit', 'off', false),
        set_config('default_transaction_isolation', 'read committed', false);
 
 -- name: job_insert :one
