@@ -17,7 +17,8 @@ fetch, one round trip on a local socket): the median and the 90th percentile are
 A statement that writes (the claim, reclaim) runs in a transaction rolled back each time, so
 every run sees the same table. Each is planned as a run plans it: the claim, repeated within
 a run, as a prepared statement (psycopg prepares it at its sixth execution) on its generic
-plan and without JIT (the drain's connection sets plan_cache_mode and jit: session.py); the
+plan, without JIT and without an explicit sort where an index gives the order (the drain's
+connection sets plan_cache_mode, jit and enable_sort: queries.sql, session_limits); the
 others, run once per run on a fresh connection, with a plan of their own each time (never
 prepared). Beside
 each figure: the indexes its plan uses and whether it holds a sequential scan of
@@ -217,6 +218,7 @@ def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int)
     if case.repeated:  # as the drain's connection runs it (store.session_limits)
         conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute("SET jit = off")
+        conn.execute("SET enable_sort = off")
     for i in range(warmup + runs):
         if case.writes:
             conn.execute("BEGIN")
@@ -230,6 +232,7 @@ def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int)
             out.append(elapsed * 1000.0)
     conn.execute("RESET plan_cache_mode")
     conn.execute("RESET jit")
+    conn.execute("RESET enable_sort")
     return out
 
 

@@ -280,7 +280,7 @@ def _limits(c: Conn) -> tuple[str, str, str, str, str]:
     row = c.execute(
         "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
         " current_setting('transaction_isolation'), current_setting('plan_cache_mode'),"
-        " current_setting('jit')"
+        " current_setting('jit') || ' ' || current_setting('enable_sort')"
     ).fetchone()
     assert row is not None
     return row[0], row[1], row[2], row[3], row[4]
@@ -297,8 +297,8 @@ def test_a_connection_of_its_own_keeps_its_limits_and_sends_each_statement_alone
 ) -> None:
     """The first statement sends the limits the connection keeps (BEGIN, them, it, COMMIT);
     the next goes alone, its own implicit transaction, and still runs under them: READ
-    COMMITTED whatever the database's default, bounded by the budget, on generic plans and
-    without JIT. Behind
+    COMMITTED whatever the database's default, bounded by the budget, on generic plans,
+    without JIT and without an explicit sort where an index gives the order. Behind
     a transaction pooler (the control) every statement carries its transaction's."""
     conn.execute(
         sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'serializable'").format(
@@ -315,10 +315,10 @@ def test_a_connection_of_its_own_keeps_its_limits_and_sends_each_statement_alone
 
     assert (first_trips, trips) == (1, 1)
     assert (first_sent, sent) == ((4, 1) if pooler == "session" else (4, 4))
-    for timeout, lock_timeout, isolation, plans, jit in (first, second):
+    for timeout, lock_timeout, isolation, plans, jit_and_sort in (first, second):
         assert isolation == "read committed"
         assert timeout == lock_timeout and 0 < _ms(timeout) <= 59_500
-        assert (plans, jit) == ("force_generic_plan", "off")
+        assert (plans, jit_and_sort) == ("force_generic_plan", "off off")
 
 
 def test_the_kept_limit_is_sent_again_when_the_budget_falls_below_it(db_url: str) -> None:
