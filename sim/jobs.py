@@ -9,16 +9,14 @@ Each attempt writes a `start` row into pgdrain_sim.ledger when it begins and a `
 moment this attempt became due) and the execution environment that ran it;
 a killed attempt leaves only its `start` row.
 
-The ledger connections are this process's own (application_name pgdrain-sim-ledger, so that the
-simulator does not count them as the drain's): up to LEDGER_CONNECTIONS, each used by one worker
-thread at a time, and closed after each invocation so that nothing stays connected between runs.
-(One connection shared by a run's ten threads made the jobs queue for it: with ten runs, a 20 ms
-job took 30 ms from its start row to its done row at the median and 110 ms at p99, and each run
-drained 135 jobs a second of the 500 its ten threads could.) Their commits do not wait for the
-WAL flush (synchronous_commit off, for these connections only): the ledger is the simulator's
-instrument, not the jobs' work, and with two rows per job a flush each made it the bottleneck
-of a backlog of short jobs (every system's alike). The rows are still committed before the job
-goes on; only a server crash, which the simulator never causes, could lose the last of them."""
+The ledger connection is this process's own (application_name pgdrain-sim-ledger, so that the
+simulator does not count it as the drain's), shared by the run's worker threads (a psycopg
+connection is thread-safe), and closed after each invocation so that nothing stays connected
+between runs. Its commits do not wait for the WAL flush (synchronous_commit off, for this
+connection only): the ledger is the simulator's instrument, not the jobs' work, and with two
+rows per job a flush each made it the bottleneck of a backlog of short jobs (every system's
+alike). The rows are still committed before the job goes on; only a server crash, which the
+simulator never causes, could lose the last of them."""
 
 from __future__ import annotations
 
@@ -62,53 +60,30 @@ _RECORD = (
     " (SELECT run_at FROM pgdrain.jobs WHERE id = %(id)s)"
 )
 
-# Per process: ten runs of ten threads stay within the server's connection limit.
-LEDGER_CONNECTIONS = 4
-
-_lock = threading.Condition()
-_idle: list[psycopg.Connection[Any]] = []
-_opened: list[psycopg.Connection[Any]] = []
+_lock = threading.Lock()
+_conn: psycopg.Connection[Any] | None = None
 
 
-def _connect() -> psycopg.Connection[Any]:
-    return psycopg.connect(
-        os.environ["DATABASE_URL"],
-        autocommit=True,
-        application_name=LEDGER_APPLICATION_NAME,
-        connect_timeout=10,
-        options="-c synchronous_commit=off",
-    )
-
-
-def _take() -> psycopg.Connection[Any]:
-    """An idle ledger connection, a new one while fewer than LEDGER_CONNECTIONS are open, or
-    the next one given back."""
+def _ledger() -> psycopg.Connection[Any]:
+    global _conn
     with _lock:
-        while True:
-            while _idle:
-                conn = _idle.pop()
-                if not conn.closed:
-                    return conn
-                _opened.remove(conn)
-            if len(_opened) < LEDGER_CONNECTIONS:
-                conn = _connect()
-                _opened.append(conn)
-                return conn
-            _lock.wait()
-
-
-def _give_back(conn: psycopg.Connection[Any]) -> None:
-    with _lock:
-        _idle.append(conn)
-        _lock.notify()
+        if _conn is None or _conn.closed:
+            _conn = psycopg.connect(
+                os.environ["DATABASE_URL"],
+                autocommit=True,
+                application_name=LEDGER_APPLICATION_NAME,
+                connect_timeout=10,
+                options="-c synchronous_commit=off",
+            )
+        return _conn
 
 
 def close_ledger() -> None:
+    global _conn
     with _lock:
-        for conn in _opened:
-            conn.close()
-        _opened.clear()
-        _idle.clear()
+        if _conn is not None:
+            _conn.close()
+            _conn = None
 
 
 def record(job: Job, phase: str) -> None:
@@ -118,11 +93,7 @@ def record(job: Job, phase: str) -> None:
         "phase": phase,
         "env": os.environ.get(ENV_ID_VARIABLE, "?"),
     }
-    conn = _take()
-    try:
-        conn.execute(_RECORD, params)
-    finally:
-        _give_back(conn)
+    _ledger().execute(_RECORD, params)
 
 
 def _scale() -> float:
