@@ -614,7 +614,10 @@ def markdown(res: Results, png_name: str) -> str:
         "pgdrain claims no more jobs than it has free worker threads (no job waits claimed), "
         "so each batch size other than the default runs with as many threads as jobs per "
         "claim; a claim is made once half of them are free. The drain's CPU is every thread's "
-        "user + system time (getrusage around the drain, as `bench/profile.py` reads it)."
+        "user + system time (getrusage around the drain, as `bench/profile.py` reads it). "
+        "The ceiling's pgbench runs with the plan settings the drain's connection keeps "
+        "(`bench/ceiling.py` PGOPTIONS: generic plans, no JIT, no explicit sort where an index "
+        "gives the order), so both run the same plans."
     )
     if _has_strict(res):
         add("")
