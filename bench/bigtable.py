@@ -16,9 +16,10 @@ Each statement runs `warmup` times, then `runs` times, timed from the client (ex
 fetch, one round trip on a local socket): the median and the 90th percentile are reported.
 A statement that writes (the claim, reclaim) runs in a transaction rolled back each time, so
 every run sees the same table. Each is planned as a run plans it: the claim, repeated within
-a run, as a prepared statement (psycopg prepares it at its sixth execution) on its generic
-plan, without JIT and without an explicit sort where an index gives the order (the drain's
-connection sets plan_cache_mode, jit and enable_sort: queries.sql, session_limits); the
+a run, as a prepared statement (psycopg prepares it at its sixth execution; PostgreSQL then
+keeps a generic plan if it costs no more), without JIT and without an explicit sort where an
+index gives the order (the drain's connection sets jit and enable_sort: queries.sql,
+session_limits); the
 others, run once per run on a fresh connection, with a plan of their own each time (never
 prepared). Beside
 each figure: the indexes its plan uses and whether it holds a sequential scan of
@@ -216,7 +217,6 @@ def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int)
     """Milliseconds per execution (execute + fetch), `runs` of them after `warmup`."""
     out: list[float] = []
     if case.repeated:  # as the drain's connection runs it (store.session_limits)
-        conn.execute("SET plan_cache_mode = force_generic_plan")
         conn.execute("SET jit = off")
         conn.execute("SET enable_sort = off")
     for i in range(warmup + runs):
@@ -230,7 +230,6 @@ def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int)
             conn.execute("ROLLBACK")
         if i >= warmup:
             out.append(elapsed * 1000.0)
-    conn.execute("RESET plan_cache_mode")
     conn.execute("RESET jit")
     conn.execute("RESET enable_sort")
     return out

@@ -293,7 +293,7 @@ def markdown(prof: dict[str, Any]) -> list[str]:
         "runs (outcomes, the next statement's parameters, the last one's rows) the database "
         "waits. Each statement goes alone, its own implicit transaction on a connection "
         "that keeps its limits (a refresh every 0.5 s adds BEGIN, the limits and COMMIT to "
-        "one of them), prepared on its generic plan; what its backend spends outside the "
+        "one of them); what its backend spends outside the "
         "active state (the commit's flush, the messages) falls in the rest."
     )
     out.append("")

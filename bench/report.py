@@ -615,9 +615,10 @@ def markdown(res: Results, png_name: str) -> str:
         "so each batch size other than the default runs with as many threads as jobs per "
         "claim; a claim is made once half of them are free. The drain's CPU is every thread's "
         "user + system time (getrusage around the drain, as `bench/profile.py` reads it). "
-        "The ceiling's pgbench runs with the plan settings the drain's connection keeps "
-        "(`bench/ceiling.py` PGOPTIONS: generic plans, no JIT, no explicit sort where an index "
-        "gives the order), so both run the same plans."
+        "The ceiling's pgbench runs with the planner settings the drain's connection keeps "
+        "(`bench/ceiling.py` PGOPTIONS: no JIT, no explicit sort where an index gives the "
+        "order). The server keeps a generic plan for pgbench's claim (its queue list is a "
+        "literal) and plans the drain's claim (a bound array) at every batch."
     )
     if _has_strict(res):
         add("")

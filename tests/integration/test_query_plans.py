@@ -172,9 +172,9 @@ def test_the_statement_uses_its_indexes_on_a_big_table(
 
 def _generic_plan(conn: Conn, statement: str, params: dict[str, Any]) -> Any:
     """The plan PostgreSQL keeps for a prepared statement whatever its parameters, under the
-    settings of the drain's connection (store.session_limits: generic plans, no JIT, no explicit
-    sort where an index gives the order): the drain prepares what it runs repeatedly (psycopg,
-    from a statement's sixth execution)."""
+    settings of the drain's connection (store.session_limits: no JIT, no explicit sort where an
+    index gives the order): the drain prepares what it runs repeatedly (psycopg, from a
+    statement's sixth execution), and after five runs the server may switch to this plan."""
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
     numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
     args = sql.SQL("")
@@ -184,6 +184,7 @@ def _generic_plan(conn: Conn, statement: str, params: dict[str, Any]) -> Any:
     try:
         with conn.transaction(force_rollback=True):
             store.session_limits(conn, 60_000)  # undone by the rollback
+            conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             row = conn.execute(
                 sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE plan_check{}").format(args)
             ).fetchone()
