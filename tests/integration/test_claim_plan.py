@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from helpers.plans import plan_nodes
 from pgdrain import store
 from pgdrain.sql import query
 
@@ -63,20 +64,11 @@ def _claim_scan(conn: Conn, *, sorts_allowed: bool) -> tuple[set[str], int]:
         ).fetchone()
     assert row is not None
     scans = [
-        n for n in _nodes(row[0]) if n.get("Relation Name") == "jobs" and "Index" in n["Node Type"]
+        n
+        for n in plan_nodes(row[0])
+        if n.get("Relation Name") == "jobs" and "Index" in n["Node Type"]
     ]
     return {n["Index Name"] for n in scans}, sum(n["Actual Rows"] for n in scans)
-
-
-def _nodes(plan: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(plan, dict):
-        if "Node Type" in plan:
-            yield plan
-        for value in plan.values():
-            yield from _nodes(value)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _nodes(value)
 
 
 def test_a_claim_after_a_burst_reads_only_what_it_claims(burst: Conn) -> None:

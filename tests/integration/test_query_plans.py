@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from helpers.plans import plan_nodes
 from pgdrain import store
 from pgdrain.sql import query
 
@@ -74,22 +75,10 @@ def big(module_db_url: str) -> Iterator[Conn]:
 # -- reading a plan ----------------------------------------------------------------------------
 
 
-def _nodes(plan: Any) -> Iterator[dict[str, Any]]:
-    """Every node of an EXPLAIN (FORMAT JSON) plan, sub-plans and CTEs included."""
-    if isinstance(plan, dict):
-        if "Node Type" in plan:
-            yield plan
-        for value in plan.values():
-            yield from _nodes(value)
-    elif isinstance(plan, list):
-        for value in plan:
-            yield from _nodes(value)
-
-
 def plan_problems(plan: Any, intended: set[str]) -> list[str]:
     """What is wrong with a plan: an intended index it does not use, a sequential scan of
     pgdrain.jobs. Empty when the plan is as meant."""
-    nodes = list(_nodes(plan))
+    nodes = list(plan_nodes(plan))
     used = {n["Index Name"] for n in nodes if "Index Name" in n}
     problems = [f"does not use {name}" for name in sorted(intended - used)]
     problems += [
@@ -282,7 +271,7 @@ def test_control_the_statements_before_read_every_finished_row(
 
 def _ready_index_scans(plan: Any) -> list[int]:
     """How many times each scan of jobs_ready_idx ran (EXPLAIN ANALYZE)."""
-    return [n["Actual Loops"] for n in _nodes(plan) if n.get("Index Name") == "jobs_ready_idx"]
+    return [n["Actual Loops"] for n in plan_nodes(plan) if n.get("Index Name") == "jobs_ready_idx"]
 
 
 def test_the_last_empty_claim_does_not_walk_the_delayed_jobs(big: Conn) -> None:
