@@ -59,24 +59,24 @@ COMMIT;
 -- No statement is compiled by JIT: on a long history (2 M finished and 200 k queued rows) the
 -- claim's generic plan, which the server keeps once it costs no more than the custom ones,
 -- passed jit_above_cost, and JIT compiled it at every execution (32 ms of a 34 ms claim whose
--- plan runs in 0.6 ms, EXPLAIN ANALYZE). A claim, a heartbeat or a
--- fenced update is never long enough for JIT to pay.
+-- plan runs in 0.6 ms, EXPLAIN ANALYZE). A claim, a heartbeat or a fenced update is never
+-- long enough for JIT to pay.
 -- And the planner may not choose an explicit sort where an index gives the order
--- (enable_sort off: a sort the statement cannot do without still runs). With statistics that
--- do not know a backlog (a table not analysed since a burst of jobs came in: autovacuum
--- analyses it a minute later at best, on a long history not before a tenth of it changed) the
--- planner believes few jobs are ready and claims through jobs_queued_run_at_idx, reading and
--- sorting every ready job of the queue at every claim: 18 to 28 ms a claim with 50,000 ready,
--- against 0.5 ms along jobs_ready_idx, which gives the claim's order
--- (tests/integration/test_claim_plan.py). Every statement of the drain has an index for its order.
+-- (enable_sort off: a sort the statement cannot do without, as the claim's round-robin order,
+-- still runs). With statistics that do not know a backlog (a table not analysed since a burst
+-- of jobs came in: autovacuum analyses it a minute later at best, on a long history not before
+-- a tenth of it changed) the planner believes few jobs are ready and claims through
+-- jobs_queued_run_at_idx, reading and sorting every ready job of the queue at every claim: 18
+-- to 40 ms a claim with 50,000 ready, against 0.5 ms along jobs_ready_idx, which gives the
+-- claim's order (tests/integration/test_claim_plan.py).
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, true),
        set_config('lock_timeout', %(timeout_ms)s::text, true),
        set_config('jit', 'off', true),
        set_config('enable_sort', 'off', true);
 
 -- name: session_limits :exec
--- The same limits and planner settings, and READ COMMITTED, kept by the connection (`false`: past this
--- transaction) until the run sends them again. Only on a connection of its own (not
+-- The same limits and planner settings, and READ COMMITTED, kept by the connection (`false`:
+-- past this transaction) until the run sends them again. Only on a connection of its own (not
 -- behind a transaction pooler): its one-statement operations then go without BEGIN and COMMIT,
 -- each its own implicit transaction (session.py says when they are sent again).
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, false),
