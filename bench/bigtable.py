@@ -19,13 +19,11 @@ every run sees the same table. Each is planned as a run plans it: the claim, rep
 a run, as a prepared statement (psycopg prepares it at its sixth execution; PostgreSQL then
 keeps a generic plan if it costs no more), without JIT and without an explicit sort where an
 index gives the order (the drain's connection sets jit and enable_sort: queries.sql,
-session_limits); the
-others, run once per run on a fresh connection, with a plan of their own each time (never
-prepared). Beside
-each figure: the indexes its plan uses and whether it holds a sequential scan of
-pgdrain.jobs. The statements as they were before migration 0005 (commit 82125ec) are timed
-the same way on the same table without that migration's indexes (their text is kept below):
-the schema and statements as they were."""
+session_limits); the others, run once per run on a fresh connection, with a plan of their own
+each time (never prepared). Beside each figure: the indexes its plan uses and whether it
+holds a sequential scan of pgdrain.jobs. The statements as they were before migration 0005
+(commit 82125ec) are timed the same way on the same table without that migration's indexes
+(their text is kept below): the schema and statements as they were."""
 
 from __future__ import annotations
 
@@ -230,8 +228,9 @@ def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int)
             conn.execute("ROLLBACK")
         if i >= warmup:
             out.append(elapsed * 1000.0)
-    conn.execute("RESET jit")
-    conn.execute("RESET enable_sort")
+    if case.repeated:
+        conn.execute("RESET jit")
+        conn.execute("RESET enable_sort")
     return out
 
 
