@@ -75,12 +75,20 @@ def big(module_db_url: str) -> Iterator[Conn]:
 # -- reading a plan ----------------------------------------------------------------------------
 
 
+# The running rows are few and two partial indexes hold exactly them (jobs_lease_idx,
+# jobs_claim_idx): either serves a count of them, and which one the planner takes hangs on
+# ANALYZE's sample (2 of 20 re-analyses of this table chose jobs_claim_idx for queue_stats).
+RUNNING_ROWS = "jobs_lease_idx|jobs_claim_idx"
+
+
 def plan_problems(plan: Any, intended: set[str]) -> list[str]:
     """What is wrong with a plan: an intended index it does not use, a sequential scan of
-    pgdrain.jobs. Empty when the plan is as meant."""
+    pgdrain.jobs. Empty when the plan is as meant. An intended entry "a|b" is met by either."""
     nodes = list(plan_nodes(plan))
     used = {n["Index Name"] for n in nodes if "Index Name" in n}
-    problems = [f"does not use {name}" for name in sorted(intended - used)]
+    problems = [
+        f"does not use {name}" for name in sorted(intended) if not used & set(name.split("|"))
+    ]
     problems += [
         f"{n['Node Type']} of pgdrain.jobs"
         for n in nodes
@@ -144,7 +152,7 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
         "stats",
         "queue_stats",
         {},
-        {"jobs_queued_run_at_idx", "jobs_lease_idx", "jobs_finished_queue_idx"},
+        {"jobs_queued_run_at_idx", RUNNING_ROWS, "jobs_finished_queue_idx"},
     ),
     ("reclaim", "job_reclaim_expired", {"limit": 100}, {"jobs_lease_idx"}),
 ]
@@ -199,12 +207,13 @@ def test_control_without_its_index_the_check_fails(
     primary key stays: it is the table's, not this issue's.)"""
     dropped = sorted(intended - {"jobs_pkey"})
     with big.transaction(force_rollback=True):
-        for index in dropped:
-            big.execute(sql.SQL("DROP INDEX pgdrain.{}").format(sql.Identifier(index)))
+        for entry in dropped:
+            for index in entry.split("|"):
+                big.execute(sql.SQL("DROP INDEX pgdrain.{}").format(sql.Identifier(index)))
         row = big.execute("EXPLAIN (FORMAT JSON) " + query(name), params).fetchone()
     assert row is not None
     problems = plan_problems(row[0], intended)
-    assert {f"does not use {index}" for index in dropped} <= set(problems), problems
+    assert {f"does not use {entry}" for entry in dropped} <= set(problems), problems
 
 
 # -- the statements these replaced: the reproduction, and the oracle for the answers -----------
