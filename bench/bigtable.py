@@ -15,18 +15,18 @@ lease. VACUUM ANALYZE, as autovacuum would have left it.
 Each statement runs `warmup` times, then `runs` times, timed from the client (execute and
 fetch, one round trip on a local socket): the median and the 90th percentile are reported.
 A statement that writes (the claim, reclaim) runs in a transaction rolled back each time, so
-every run sees the same table. Each is planned as a run plans it: the claim, repeated within
-a run, as a prepared statement (psycopg prepares it at its sixth execution; PostgreSQL then
-keeps a generic plan if it costs no more), without JIT and without an explicit sort where an
-index gives the order (the drain's connection sets jit and enable_sort: queries.sql,
-session_limits); the others, run once per run on a fresh connection, with a plan of their own
-each time (never prepared). Beside each figure: the indexes its plan uses and whether it
+every run sees the same table. Each is planned as a run plans it: what a run sends, under the
+settings its connection keeps (queries.sql, session_limits: generic plans, no JIT, no explicit
+sort where an index gives the order; psycopg prepares a statement at its sixth execution);
+`pgdrain stats`, which runs on a connection of its own, with a plan of its own each time
+(never prepared). Beside each figure: the indexes its plan uses and whether it
 holds a sequential scan of pgdrain.jobs. The statements as they were before migration 0005
 (commit 82125ec) are timed the same way on the same table without that migration's indexes
 (their text is kept below): the schema and statements as they were."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -37,6 +37,7 @@ import psycopg
 from psycopg import sql
 
 from bench.common import Server, log
+from pgdrain import store
 from pgdrain.sql import query
 
 FINISHED = 2_000_000
@@ -45,6 +46,16 @@ DELAYED_ONLY_JOBS = 20_000
 QUEUES = ["default", "email", "reports", "webhooks"]
 DELAYED_ONLY = "reminders"
 NEW_INDEXES = ["jobs_queued_run_at_idx", "jobs_finished_queue_idx"]  # migration 0005's
+EXIT = {"run_id": "bench", "clear_kicks": False, "linger_window_s": 1.0, "may_stay": False}
+# What store.session_limits sets, reset after each statement timed under it.
+SESSION_SETTINGS = [
+    "statement_timeout",
+    "lock_timeout",
+    "jit",
+    "enable_sort",
+    "plan_cache_mode",
+    "default_transaction_isolation",
+]
 
 SEED: list[LiteralString] = [
     """INSERT INTO pgdrain.jobs (queue, kind, status, attempts, run_at, finished_at)
@@ -118,7 +129,7 @@ class Case:
     statement: LiteralString
     params: dict[str, Any]
     writes: bool = False
-    repeated: bool = False  # run many times per connection (prepared), else once per run
+    on_drain: bool = True  # sent by a run, under its connection's settings (else the CLI's)
     version: str = "now"  # "now" (HEAD's queries.sql) or "before" (the text at 82125ec)
 
 
@@ -139,7 +150,6 @@ def cases() -> list[Case]:
             query("job_complete_and_claim"),
             _claim(QUEUES),
             writes=True,
-            repeated=True,
         ),
         Case(
             "claim_empty",
@@ -147,10 +157,9 @@ def cases() -> list[Case]:
             query("job_complete_and_claim"),
             _claim([DELAYED_ONLY]),
             writes=True,
-            repeated=True,
         ),
         Case("depth", "queue_depth, 4 queues", query("queue_depth"), {"queues": QUEUES}),
-        Case("stats", "queue_stats (`pgdrain stats`)", query("queue_stats"), {}),
+        Case("stats", "queue_stats (`pgdrain stats`)", query("queue_stats"), {}, on_drain=False),
         Case(
             "reclaim",
             "job_reclaim_expired, limit 100",
@@ -158,13 +167,36 @@ def cases() -> list[Case]:
             {"limit": 100},
             writes=True,
         ),
+        Case(
+            "exit",
+            "run_exit, 4 queues (a run's exit check)",
+            query("run_exit"),
+            {"queues": QUEUES, **EXIT},
+            writes=True,
+        ),
+        Case(
+            "exit_empty",
+            "run_exit, nothing ready",
+            query("run_exit"),
+            {"queues": [DELAYED_ONLY], **EXIT},
+            writes=True,
+        ),
     ]
     before = [
-        Case("has_ready", "", BEFORE_HAS_READY, {"queues": QUEUES}, version="before"),
-        Case("has_ready_empty", "", BEFORE_HAS_READY, {"queues": [DELAYED_ONLY]}, version="before"),
-        Case("claim", "", _before_claim(), _claim(QUEUES), True, True, "before"),
-        Case("claim_empty", "", _before_claim(), _claim([DELAYED_ONLY]), True, True, "before"),
-        Case("stats", "", BEFORE_STATS, {}, version="before"),
+        # As they ran then: no settings kept by the connection, the claim prepared.
+        Case("has_ready", "", BEFORE_HAS_READY, {"queues": QUEUES}, False, False, "before"),
+        Case(
+            "has_ready_empty",
+            "",
+            BEFORE_HAS_READY,
+            {"queues": [DELAYED_ONLY]},
+            False,
+            False,
+            "before",
+        ),
+        Case("claim", "", _before_claim(), _claim(QUEUES), True, False, "before"),
+        Case("claim_empty", "", _before_claim(), _claim([DELAYED_ONLY]), True, False, "before"),
+        Case("stats", "", BEFORE_STATS, {}, False, False, "before"),
     ]
     return now + before
 
@@ -200,12 +232,33 @@ def _nodes(plan: Any) -> Iterator[dict[str, Any]]:
             yield from _nodes(value)
 
 
+def _explained(conn: psycopg.Connection[Any], case: Case) -> Any:
+    """The plan the statement runs on: for a run's statement, the generic plan (PREPARE, then
+    EXPLAIN EXECUTE under the drain's settings); else the one planned for these parameters."""
+    if not case.on_drain:
+        with conn.transaction(force_rollback=True):
+            row = conn.execute("EXPLAIN (FORMAT JSON) " + case.statement, case.params).fetchone()
+        assert row is not None
+        return row[0]
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", case.statement)))
+    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", case.statement)
+    args = sql.SQL(", ").join(sql.Literal(case.params[n]) for n in names)
+    conn.execute(sql.SQL("PREPARE bench_plan AS {}").format(sql.SQL(numbered)))  # type: ignore[arg-type]
+    try:
+        with conn.transaction(force_rollback=True):
+            store.session_limits(conn, 60_000)  # undone by the rollback
+            explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE bench_plan ({})").format(args)
+            row = conn.execute(explain).fetchone()
+    finally:
+        conn.execute("DEALLOCATE bench_plan")
+    assert row is not None
+    return row[0]
+
+
 def plan_summary(conn: psycopg.Connection[Any], case: Case) -> tuple[list[str], bool]:
     """(indexes the plan uses, whether it scans pgdrain.jobs sequentially)."""
-    with conn.transaction(force_rollback=True):
-        row = conn.execute("EXPLAIN (FORMAT JSON) " + case.statement, case.params).fetchone()
-    assert row is not None
-    nodes = list(_nodes(row[0]))
+    plan = _explained(conn, case)
+    nodes = list(_nodes(plan))
     indexes = sorted({n["Index Name"] for n in nodes if "Index Name" in n})
     seq = any(n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "jobs" for n in nodes)
     return indexes, seq
@@ -214,23 +267,23 @@ def plan_summary(conn: psycopg.Connection[Any], case: Case) -> tuple[list[str], 
 def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int) -> list[float]:
     """Milliseconds per execution (execute + fetch), `runs` of them after `warmup`."""
     out: list[float] = []
-    if case.repeated:  # as the drain's connection runs it (store.session_limits)
-        conn.execute("SET jit = off")
-        conn.execute("SET enable_sort = off")
+    if case.on_drain:  # as the drain's connection runs it
+        store.session_limits(conn, 60_000)
     for i in range(warmup + runs):
         if case.writes:
             conn.execute("BEGIN")
         began = time.perf_counter()
-        prepare = None if case.repeated else False  # None: psycopg's own threshold, as a drain
+        # None: psycopg's own threshold, as on a drain's connection
+        prepare = None if case.on_drain or case.key.startswith("claim") else False
         conn.execute(case.statement, case.params, prepare=prepare).fetchall()
         elapsed = time.perf_counter() - began
         if case.writes:
             conn.execute("ROLLBACK")
         if i >= warmup:
             out.append(elapsed * 1000.0)
-    if case.repeated:
-        conn.execute("RESET jit")
-        conn.execute("RESET enable_sort")
+    if case.on_drain:
+        for setting in SESSION_SETTINGS:
+            conn.execute(sql.SQL("RESET {}").format(sql.Identifier(setting)))
     return out
 
 

@@ -11,6 +11,7 @@ statements also give the answers the old ones gave (the old text is kept here as
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,12 +64,16 @@ SEED = [
 @pytest.fixture(scope="module")
 def big(module_db_url: str) -> Iterator[Conn]:
     with psycopg.connect(module_db_url, autocommit=True) as conn:
-        for statement in SEED:
+        *history_and_backlog, running = SEED
+        for statement in history_and_backlog:
             conn.execute(statement, {"queues": QUEUES, "finished": FINISHED, "queued": QUEUED})
         # As autovacuum leaves a table whose history no longer changes: the visibility map set,
         # so that the planner counts finished rows from the index alone (without it, stats'
-        # bounded counts are planned as a sequential scan that stops at the bound).
+        # bounded counts are planned as a sequential scan that stops at the bound). Analysed
+        # while nothing ran, as an idle queue is: the statistics know of no running row, the
+        # case in which a partial index of running rows looks cheapest to the planner.
         conn.execute("VACUUM ANALYZE pgdrain.jobs")
+        conn.execute(running)
         yield conn
 
 
@@ -120,6 +125,14 @@ def _claim_params(queues: list[str], done_ids: list[int] | None = None) -> dict[
     }
 
 
+# Ten of the running rows (the seed's last 200) and tokens that are not theirs: a fenced write
+# is planned the same whether its fence matches or not.
+RUNNING_IDS = list(range(FINISHED + 1000 + QUEUED + 5000 + 191, FINISHED + 1000 + QUEUED + 5201))
+OTHER_TOKENS = [uuid.UUID(int=n) for n in range(1, 11)]
+HELD = {"ids": RUNNING_IDS, "tokens": OTHER_TOKENS}
+
+EXIT = {"run_id": "r", "clear_kicks": False, "linger_window_s": 1.0, "may_stay": False}
+
 # (case id, statement name, parameters, the indexes its plan must use)
 CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     ("ready check", "queue_has_ready", {"queues": QUEUES}, {"jobs_queued_run_at_idx"}),
@@ -154,8 +167,67 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
         {},
         {"jobs_queued_run_at_idx", RUNNING_ROWS, "jobs_finished_queue_idx"},
     ),
-    ("reclaim", "job_reclaim_expired", {"limit": 100}, {"jobs_lease_idx"}),
+    # Expired leases by expiry; analysed while nothing ran, the planner may walk the running rows
+    # by claim instead: either reads only running rows.
+    ("reclaim", "job_reclaim_expired", {"limit": 100}, {RUNNING_ROWS}),
+    # What a run decides its exit on: work ready, or when it comes.
+    (
+        "exit",
+        "run_exit",
+        {"queues": QUEUES, **EXIT},
+        {"jobs_queued_run_at_idx", RUNNING_ROWS},
+    ),
+    (
+        "exit, nothing ready",
+        "run_exit",
+        {"queues": [DELAYED_ONLY], **EXIT},
+        {"jobs_queued_run_at_idx", RUNNING_ROWS},
+    ),
+    (
+        "ready count",
+        "queue_ready_count",
+        {"queues": QUEUES, "limit": 1000},
+        {"jobs_queued_run_at_idx|jobs_ready_idx"},
+    ),
+    # A scheduled run's retention batch, which finds nothing this old here: by the finished index.
+    (
+        "retention",
+        "job_retention_batch",
+        {"done_days": 7, "done_limit": 1000, "failed_days": 30, "failed_limit": 1000},
+        {"jobs_finished_idx", "jobs_pkey"},
+    ),
+    # The fenced writes of the jobs a run holds, by primary key.
+    (
+        "heartbeat",
+        "job_extend_leases",
+        {**HELD, "lease_seconds": 30.0, "cap_seconds": None},
+        {"jobs_pkey"},
+    ),
+    ("complete", "job_complete_many", HELD, {"jobs_pkey"}),
+    ("release", "job_release_many", HELD, {"jobs_pkey"}),
+    (
+        "fail",
+        "job_fail",
+        {
+            "id": RUNNING_IDS[0],
+            "token": OTHER_TOKENS[0],
+            "cancelled": False,
+            "final": False,
+            "spend_attempt": True,
+            "delay_seconds": 1.0,
+            "error": "boom",
+            "error_record": None,
+        },
+        {"jobs_pkey"},
+    ),
+    (
+        "claim recovery",
+        "job_claim_recover",
+        {"done_ids": RUNNING_IDS, "done_tokens": OTHER_TOKENS, "claim_id": OTHER_TOKENS[0]},
+        {"jobs_pkey", "jobs_claim_idx"},
+    ),
 ]
+FENCED = {"heartbeat", "complete", "release", "fail", "claim", "claim with completions"}
 IDS = [case[0] for case in CASES]
 
 
@@ -197,6 +269,35 @@ def test_its_generic_plan_uses_its_indexes_too(
 ) -> None:
     plan = _generic_plan(big, query(name), params)
     assert plan_problems(plan, intended) == [], plan
+
+
+FENCED_CASES = [c for c in CASES if c[0] in FENCED]
+
+
+@pytest.mark.parametrize(
+    ("case", "name", "params", "intended"), FENCED_CASES, ids=[c[0] for c in FENCED_CASES]
+)
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_a_fenced_write_finds_its_rows_by_primary_key(
+    big: Conn, case: str, name: str, params: dict[str, Any], intended: set[str], generic: bool
+) -> None:
+    """Not by walking a partial index of the running rows: whatever the statistics say about
+    them, a run's heartbeat or completion reads its own jobs, not everyone's."""
+    statement = query(name)
+    plan = _generic_plan(big, statement, params) if generic else _explain(big, statement, params)
+    completions = [
+        n
+        for n in plan_nodes(plan)
+        if n.get("Node Type") == "ModifyTable" and n.get("Operation") == "Update"
+    ]
+    assert completions, plan
+    scans = [
+        n.get("Index Name", n["Node Type"])
+        for update in completions
+        for n in plan_nodes(update["Plans"])
+        if n.get("Relation Name") == "jobs"
+    ]
+    assert scans and set(scans) <= {"jobs_pkey"}, scans
 
 
 @pytest.mark.parametrize(("case", "name", "params", "intended"), CASES, ids=IDS)

@@ -297,8 +297,8 @@ def test_a_connection_of_its_own_keeps_its_limits_and_sends_each_statement_alone
 ) -> None:
     """The first statement sends the limits the connection keeps (BEGIN, them, it, COMMIT);
     the next goes alone, its own implicit transaction, and still runs under them: READ
-    COMMITTED whatever the database's default, bounded by the budget, without JIT and
-    without an explicit sort where an index gives the order. Behind
+    COMMITTED whatever the database's default, bounded by the budget, without JIT, without an
+    explicit sort where an index gives the order, and on generic plans. Behind
     a transaction pooler (the control) every statement carries its transaction's."""
     conn.execute(
         sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'serializable'").format(
@@ -318,7 +318,7 @@ def test_a_connection_of_its_own_keeps_its_limits_and_sends_each_statement_alone
     for timeout, lock_timeout, isolation, plans, jit_and_sort in (first, second):
         assert isolation == "read committed"
         assert timeout == lock_timeout and 0 < _ms(timeout) <= 59_500
-        assert (plans, jit_and_sort) == ("auto", "off off")  # the server's plan choice
+        assert (plans, jit_and_sort) == ("force_generic_plan", "off off")
 
 
 def test_the_kept_limit_is_sent_again_when_the_budget_falls_below_it(db_url: str) -> None:

@@ -17,21 +17,19 @@ import sys
 from collections.abc import Sequence
 from typing import Any, LiteralString, cast
 
-from helpers.fixtures import without_line
+from helpers.fixtures import unfenced
 from pgdrain import cli, store
 from pgdrain.drain import SafetySwitches, drain
 from pgdrain.sql import query
 
 # The statements that record a completion, and the fence line each loses in the control.
 COMPLETIONS = ("job_complete_and_claim", "job_complete_many")
-FENCE = "AND j.attempt_token = held.token"
 
 
 def _unfenced_query(name: str) -> LiteralString:
-    statement = query(name)
     if name in COMPLETIONS:
-        return cast(LiteralString, without_line(statement, FENCE))
-    return statement
+        return cast(LiteralString, unfenced(name))
+    return query(name)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -18,7 +18,13 @@ SOURCES = sorted(HANDLER.rglob("*.py"))
 
 # The fence: the attempt token the writer holds must still be the row's. Alone on its line, so
 # that tests can derive the unfenced control from the real statement by dropping that line.
-FENCE_LINE = re.compile(r"^\s*AND j\.attempt_token = [\w.%()]+\s*$")
+# Where the plan must find the rows by primary key, the fence is the token of a running row,
+# in a CASE (queries.sql, transaction_limits, says why).
+FENCE_LINE = re.compile(
+    r"^\s*AND (j\.attempt_token"
+    r"|CASE WHEN j\.status = 'running' THEN j\.attempt_token END)"
+    r" = ([\w.]+|%\(\w+\)s|ANY\(%\(\w+\)s::uuid\[\]\))\s*$"
+)
 JOB_UPDATE = re.compile(r"\bUPDATE pgdrain\.jobs\b")
 JOB_DELETE = re.compile(r"\bDELETE FROM pgdrain\.jobs\b")
 
@@ -148,6 +154,10 @@ def test_control_the_fence_check_catches_a_missing_fence() -> None:
 def test_the_fence_line_holds_nothing_else() -> None:
     assert FENCE_LINE.match("  AND j.attempt_token = held.token")
     assert FENCE_LINE.match("  AND j.attempt_token = %(token)s")
+    by_key = "  AND CASE WHEN j.status = 'running' THEN j.attempt_token END"
+    assert FENCE_LINE.match(by_key + " = ANY(%(tokens)s::uuid[])")
+    assert FENCE_LINE.match(by_key + " = held.token")
+    assert not FENCE_LINE.match(by_key + " = ANY(%(tokens)s::uuid[]) OR true")
     assert not FENCE_LINE.match("  AND j.attempt_token = held.token AND j.id = 1")
     assert not FENCE_LINE.match("    lease_expires_at = NULL, attempt_token = NULL,")
 
