@@ -243,13 +243,13 @@ def _explained(conn: psycopg.Connection[Any], case: Case) -> Any:
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", case.statement)))
     numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", case.statement)
     args = sql.SQL(", ").join(sql.Literal(case.params[n]) for n in names)
-    conn.execute(sql.SQL("PREPARE bench_plan AS {}").format(sql.SQL(numbered)))  # type: ignore[arg-type]
-    try:
-        with conn.transaction(force_rollback=True):
-            store.session_limits(conn, 60_000)  # undone by the rollback
-            explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE bench_plan ({})").format(args)
-            row = conn.execute(explain).fetchone()
-    finally:
+    # All in one rolled-back transaction: after a ROLLBACK psycopg deallocates every prepared
+    # statement of the connection (DEALLOCATE ALL), this one too.
+    with conn.transaction(force_rollback=True):
+        conn.execute(sql.SQL("PREPARE bench_plan AS {}").format(sql.SQL(numbered)))  # type: ignore[arg-type]
+        store.session_limits(conn, 60_000)  # undone by the rollback
+        explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE bench_plan ({})").format(args)
+        row = conn.execute(explain).fetchone()
         conn.execute("DEALLOCATE bench_plan")
     assert row is not None
     return row[0]

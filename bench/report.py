@@ -617,8 +617,9 @@ def markdown(res: Results, png_name: str) -> str:
         "user + system time (getrusage around the drain, as `bench/profile.py` reads it). "
         "The ceiling's pgbench runs with the planner settings the drain's connection keeps "
         "(`bench/ceiling.py` PGOPTIONS: no JIT, no explicit sort where an index gives the "
-        "order). The server keeps a generic plan for pgbench's claim (its queue list is a "
-        "literal) and plans the drain's claim (a bound array) at every batch."
+        "order). Both claim on a generic plan, planned once: the drain's connection keeps "
+        "plan_cache_mode at force_generic_plan (queries.sql, session_limits), and the server "
+        "chooses the generic plan for pgbench's prepared claim (its queue list is a literal)."
     )
     if _has_strict(res):
         add("")

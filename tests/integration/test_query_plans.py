@@ -300,6 +300,34 @@ def test_a_fenced_write_finds_its_rows_by_primary_key(
     assert scans and set(scans) <= {"jobs_pkey"}, scans
 
 
+# job_complete_many as it was: the fence a join on `status = 'running'`.
+BEFORE_COMPLETE = """UPDATE pgdrain.jobs AS j
+SET status = 'done',
+    completed_token = held.token,
+    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+    last_error = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
+WHERE j.id = held.id
+  AND j.status = 'running'
+  AND j.attempt_token = held.token
+RETURNING j.id, held.token"""
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_control_a_fence_joined_on_running_walks_the_running_rows(big: Conn, generic: bool) -> None:
+    """The same completion written as a join: on statistics that saw nothing running, the
+    planner reads the jobs through a partial index of running rows, all of them."""
+    plan = (
+        _generic_plan(big, BEFORE_COMPLETE, HELD)
+        if generic
+        else _explain(big, BEFORE_COMPLETE, HELD)
+    )
+    used = {n.get("Index Name") for n in plan_nodes(plan) if n.get("Relation Name") == "jobs"}
+    assert used & set(RUNNING_ROWS.split("|")), used
+
+
 @pytest.mark.parametrize(("case", "name", "params", "intended"), CASES, ids=IDS)
 def test_control_without_its_index_the_check_fails(
     big: Conn, case: str, name: str, params: dict[str, Any], intended: set[str]
