@@ -431,6 +431,9 @@ def plot_cost(drain: cost.Drain, fn: cost.Function, path: Path, label: str) -> N
     plt.close(fig)
 
 
+# Rows without a "before" run: what the before column says instead.
+BEFORE_NOTE = {"exit": "not run", "exit_empty": "not run"}
+
 BIGTABLE_ORDER = [
     "has_ready",
     "has_ready_empty",
@@ -439,6 +442,8 @@ BIGTABLE_ORDER = [
     "depth",
     "stats",
     "reclaim",
+    "exit",
+    "exit_empty",
 ]
 
 
@@ -479,7 +484,8 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
             continue
         old = before.get(key)
         out.append(
-            f"| {case['label']} | {_n(old['median_ms'], 2) if old else 'same text'} | "
+            f"| {case['label']} | "
+            f"{_n(old['median_ms'], 2) if old else BEFORE_NOTE.get(key, 'same text')} | "
             f"{_plan(old) if old else ''} | {_n(case['median_ms'], 2)} "
             f"({_n(case['p90_ms'], 2)}) | {_plan(case)} |"
         )
@@ -495,7 +501,10 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
         "The guard does not help a queue whose ready jobs all sit behind many delayed jobs "
         "of a more urgent priority: the claim still walks those. queue_depth counts the "
         "ready rows of the same index (exact, so it grows with the ready backlog, never with "
-        "the history)."
+        "the history). run_exit, the statement a run now ends on (it came after migration "
+        "0005), made the same mistake in its own ready probe until 4e3bdf4: a sequential scan "
+        "through the history in its plan, generic and custom; it probes each queue as "
+        "queue_has_ready does now."
     )
     out.append("")
     out.append(

@@ -425,6 +425,34 @@ def test_control_without_the_guard_the_empty_claim_walks_the_queue(big: Conn) ->
     assert _ready_index_scans(plan) == [1]
 
 
+def _rows_read_from(plan: Any, index: str) -> int:
+    """Index entries a plan read from `index` (EXPLAIN ANALYZE), every loop counted."""
+    return sum(
+        n["Actual Rows"] * n["Actual Loops"]
+        for n in plan_nodes(plan)
+        if n.get("Index Name") == index
+    )
+
+
+# run_exit's earliest delayed job as it was: a minimum over every queue at once.
+BEFORE_NEXT_DUE = """(SELECT min(run_at) FROM pgdrain.jobs
+             WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at > now())"""
+
+
+@pytest.mark.parametrize("before", [False, True], ids=["per queue", "control: all at once"])
+def test_the_exit_finds_the_next_due_job_in_one_probe_per_queue(big: Conn, before: bool) -> None:
+    """5,000 delayed jobs and none ready: the exit reads one of them, not all."""
+    statement = query("run_exit")
+    if before:
+        start = statement.index("(SELECT min(next.run_at)")
+        end = statement.index(") AS next)", start) + len(") AS next)")
+        statement = statement[:start] + BEFORE_NEXT_DUE + statement[end:]
+    params = {"queues": [DELAYED_ONLY, "no-such-queue"], **EXIT}
+    plan = _explain(big, statement, params, True)
+    read = _rows_read_from(plan, "jobs_queued_run_at_idx")
+    assert (read >= 5000) if before else (read <= 2), read
+
+
 def test_the_checks_answer_as_the_statements_before_them(big: Conn) -> None:
     for queues in (QUEUES, [DELAYED_ONLY], [RUNNING_ONLY, "no-such-queue"], ["email"]):
         row = big.execute(BEFORE_HAS_READY, {"queues": queues}).fetchone()

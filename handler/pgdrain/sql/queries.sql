@@ -794,8 +794,16 @@ WITH kick AS MATERIALIZED (
             )
         ) AS ready,
         least(
-            (SELECT min(run_at) FROM pgdrain.jobs
-             WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at > now()),
+            -- The earliest delayed job, one probe per queue (over all queues at once, the
+            -- minimum read every delayed row: 5.9 ms with 100,000 delayed).
+            (SELECT min(next.run_at)
+             FROM unnest(%(queues)s::text[]) AS q(name)
+             CROSS JOIN LATERAL (
+                 SELECT j.run_at FROM pgdrain.jobs AS j
+                 WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at > now()
+                 ORDER BY j.run_at
+                 LIMIT 1
+             ) AS next),
             (SELECT min(lease_expires_at) FROM pgdrain.jobs
              WHERE status = 'running' AND queue = ANY(%(queues)s::text[]))
         ) AS due_at
