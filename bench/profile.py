@@ -287,11 +287,18 @@ def markdown(prof: dict[str, Any]) -> list[str]:
         f"({b['jobs_per_statement']:.1f} jobs each: one `job_complete_and_claim` per batch, "
         f"and the run's few others), {b['db_us_per_statement']:.0f} µs of database time "
         f"each. CPU per 1,000 no-op jobs: **{b['cpu_ms_per_1000_jobs']:.0f} ms** of the "
-        "drain process (the database's own CPU not included). The drain's thread and the "
-        "database take turns: while a statement is out the drain's thread waits for it (the "
-        "job threads run what was claimed ahead meanwhile), and while the drain's Python "
-        "runs (outcomes, the next statement's parameters, the last one's rows) the database "
-        "waits. Each statement goes alone, its own implicit transaction on a connection "
+        "drain process (the database's own CPU not included). "
+        + (
+            "Python and the database overlap: their times add up to the wall time or more "
+            "(the job threads run what was claimed ahead while a statement is out, and the "
+            "drain's thread waits for it on the socket). "
+            if b["rest_us_per_job"] <= 0
+            else "The drain's thread and the database take turns: while a statement is out "
+            "the drain's thread waits for it (the job threads run what was claimed ahead "
+            "meanwhile), and while the drain's Python runs (outcomes, the next statement's "
+            "parameters, the last one's rows) the database waits. "
+        )
+        + "Each statement goes alone, its own implicit transaction on a connection "
         "that keeps its limits (a refresh every 0.5 s adds BEGIN, the limits and COMMIT to "
         "one of them); what its backend spends outside the "
         "active state (the commit's flush, the messages) falls in the rest."
