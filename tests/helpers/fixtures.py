@@ -48,11 +48,32 @@ FENCE_ON_RUNNING = re.compile(
 )
 
 
+# A completion fenced by primary key, and what it records as the accepted attempt.
+FENCED_COMPLETION = re.compile(
+    r"WHERE j\.id = ANY\((?P<ids>%\(\w+\)s)::bigint\[\]\)\n(?P<indent>\s*)"
+    r"AND CASE WHEN j\.status = 'running' THEN j\.attempt_token END"
+    r" = ANY\((?P<tokens>%\(\w+\)s)::uuid\[\]\)"
+)
+
+
 def unfenced(name: str) -> str:
     """The named statement without its attempt_token fence: the line goes, or (where the fence
     is written inside a CASE) only the token's comparison, so that rows must still be running
-    and the token is the one thing changed."""
+    and the token is the one thing changed. A completion then records the token it was given
+    (a join on the pairs, as it was written before the fence moved into the CASE): with the
+    fence, that is the row's own; without it, a stale attempt's, which is what the controls
+    look for."""
     statement = query(name)
+    if "completed_token = j.attempt_token" in statement:
+        joined, count = FENCED_COMPLETION.subn(
+            lambda m: (
+                f"FROM unnest({m['ids']}::bigint[], {m['tokens']}::uuid[]) AS held(id, token)\n"
+                f"{m['indent'][:-2]}WHERE j.id = held.id\n{m['indent']}AND j.status = 'running'"
+            ),
+            statement,
+        )
+        assert count == 1, f"{name}: one fenced completion expected"
+        return joined.replace("completed_token = j.attempt_token", "completed_token = held.token")
     if FENCE_ON_RUNNING.search(statement):
         replaced, count = FENCE_ON_RUNNING.subn("j.status = 'running'", statement)
         assert count == 1, f"{name}: one fence expected"
