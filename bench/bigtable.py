@@ -130,6 +130,7 @@ class Case:
     params: dict[str, Any]
     writes: bool = False
     on_drain: bool = True  # sent by a run, under its connection's settings (else the CLI's)
+    prepared: bool = False  # repeated within a run: psycopg prepares it from its sixth execution
     version: str = "now"  # "now" (HEAD's queries.sql) or "before" (the text at 82125ec)
 
 
@@ -150,6 +151,7 @@ def cases() -> list[Case]:
             query("job_complete_and_claim"),
             _claim(QUEUES),
             writes=True,
+            prepared=True,
         ),
         Case(
             "claim_empty",
@@ -157,6 +159,7 @@ def cases() -> list[Case]:
             query("job_complete_and_claim"),
             _claim([DELAYED_ONLY]),
             writes=True,
+            prepared=True,
         ),
         Case("depth", "queue_depth, 4 queues", query("queue_depth"), {"queues": QUEUES}),
         Case("stats", "queue_stats (`pgdrain stats`)", query("queue_stats"), {}, on_drain=False),
@@ -182,21 +185,22 @@ def cases() -> list[Case]:
             writes=True,
         ),
     ]
+    # As they ran then: no settings kept by the connection, the claim prepared.
+    then: dict[str, Any] = {"on_drain": False, "version": "before"}
     before = [
-        # As they ran then: no settings kept by the connection, the claim prepared.
-        Case("has_ready", "", BEFORE_HAS_READY, {"queues": QUEUES}, False, False, "before"),
+        Case("has_ready", "", BEFORE_HAS_READY, {"queues": QUEUES}, **then),
+        Case("has_ready_empty", "", BEFORE_HAS_READY, {"queues": [DELAYED_ONLY]}, **then),
+        Case("claim", "", _before_claim(), _claim(QUEUES), writes=True, prepared=True, **then),
         Case(
-            "has_ready_empty",
+            "claim_empty",
             "",
-            BEFORE_HAS_READY,
-            {"queues": [DELAYED_ONLY]},
-            False,
-            False,
-            "before",
+            _before_claim(),
+            _claim([DELAYED_ONLY]),
+            writes=True,
+            prepared=True,
+            **then,
         ),
-        Case("claim", "", _before_claim(), _claim(QUEUES), True, False, "before"),
-        Case("claim_empty", "", _before_claim(), _claim([DELAYED_ONLY]), True, False, "before"),
-        Case("stats", "", BEFORE_STATS, {}, False, False, "before"),
+        Case("stats", "", BEFORE_STATS, {}, **then),
     ]
     return now + before
 
@@ -273,8 +277,8 @@ def time_case(conn: psycopg.Connection[Any], case: Case, runs: int, warmup: int)
         if case.writes:
             conn.execute("BEGIN")
         began = time.perf_counter()
-        # None: psycopg's own threshold, as on a drain's connection
-        prepare = None if case.on_drain or case.key.startswith("claim") else False
+        # None: psycopg's own threshold, as a run repeats it; False: once per run, never prepared
+        prepare = None if case.prepared else False
         conn.execute(case.statement, case.params, prepare=prepare).fetchall()
         elapsed = time.perf_counter() - began
         if case.writes:
