@@ -26,7 +26,6 @@ holds a sequential scan of pgdrain.jobs. The statements as they were before migr
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from psycopg import sql
 
 from bench.common import Server, log
 from pgdrain import store
-from pgdrain.sql import query
+from pgdrain.sql import PLACEHOLDER, query
 
 FINISHED = 2_000_000
 QUEUED = 200_000
@@ -244,8 +243,8 @@ def _explained(conn: psycopg.Connection[Any], case: Case) -> Any:
             row = conn.execute("EXPLAIN (FORMAT JSON) " + case.statement, case.params).fetchone()
         assert row is not None
         return row[0]
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", case.statement)))
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", case.statement)
+    names = list(dict.fromkeys(PLACEHOLDER.findall(case.statement)))
+    numbered = PLACEHOLDER.sub(lambda m: f"${names.index(m.group(1)) + 1}", case.statement)
     args = sql.SQL(", ").join(sql.Literal(case.params[n]) for n in names)
     # All in one rolled-back transaction: after a ROLLBACK psycopg deallocates every prepared
     # statement of the connection (DEALLOCATE ALL), this one too.

@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import pgbench_path
-from pgdrain.sql import query, query_names
-
-_PARAM = re.compile(r"%\((\w+)\)s")
+from pgdrain.sql import PLACEHOLDER, query, query_names
 
 # pgdrain's own values for a run: its queue, a 30 s lease, a lease cap well past the run.
 PARAMS = {
@@ -75,7 +73,7 @@ def _translate(name: str) -> str:
             raise KeyError(f"no pgbench value for {name}'s parameter %({match.group(1)})s")
         return PARAMS[match.group(1)]
 
-    statement = _PARAM.sub(one, query(name))
+    statement = PLACEHOLDER.sub(one, query(name))
     if "%(" in statement:
         raise ValueError(f"a parameter of {name} was left untranslated")
     return "\n".join(line for line in statement.splitlines() if not line.lstrip().startswith("--"))

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 JobFunction = Callable[["Job"], object]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Job:
     """What a job function receives. Frozen: the function reads it, the runner owns it."""
 

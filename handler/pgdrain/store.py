@@ -8,7 +8,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, LiteralString, TypeVar
 
 import psycopg
@@ -56,6 +56,20 @@ RecoveryPolicy = Literal["auto", "manual"]
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """A job this run holds: the id and the token that proves the lease is still ours."""
+
+    id: int
+    token: uuid.UUID
+
+    def __hash__(self) -> int:
+        # By id alone: a run's attempts are dict keys and set members at every stage, and a
+        # UUID hashes in Python (uuid.UUID.__hash__). Two attempts of one job share a hash
+        # and are told apart by equality, which compares the token too.
+        return hash(self.id)
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimedJob:
     id: int
     queue: str
@@ -64,22 +78,16 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     attempt_token: uuid.UUID
+    # Made once per attempt: the run keys its bookkeeping by it at every stage, and the same
+    # object found again is found by identity, without comparing tokens.
+    held: Held = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "held", Held(self.id, self.attempt_token))
 
     @property
     def payload(self) -> Any:
         return json.loads(self.payload_json)
-
-    @property
-    def held(self) -> Held:
-        return Held(self.id, self.attempt_token)
-
-
-@dataclass(frozen=True)
-class Held:
-    """A job this run holds: the id and the token that proves the lease is still ours."""
-
-    id: int
-    token: uuid.UUID
 
 
 @dataclass(frozen=True)

@@ -44,15 +44,15 @@ def without_line(statement: str, fragment: str) -> str:
 # The fence written for a plan that reads by primary key: the token of a running row.
 FENCE_ON_RUNNING = re.compile(
     r"CASE WHEN j\.status = 'running' THEN j\.attempt_token END"
-    r" = (ANY\(%\(\w+\)s::uuid\[\]\)|%\(\w+\)s|[\w.]+)"
+    r" = (ANY\(%\(\w+\)[sb]::uuid\[\]\)|%\(\w+\)[sb]|[\w.]+)"
 )
 
 
 # A completion fenced by primary key, and what it records as the accepted attempt.
 FENCED_COMPLETION = re.compile(
-    r"WHERE j\.id = ANY\((?P<ids>%\(\w+\)s)::bigint\[\]\)\n(?P<indent>\s*)"
+    r"WHERE j\.id = ANY\((?P<ids>%\(\w+\)[sb])::bigint\[\]\)\n(?P<indent>\s*)"
     r"AND CASE WHEN j\.status = 'running' THEN j\.attempt_token END"
-    r" = ANY\((?P<tokens>%\(\w+\)s)::uuid\[\]\)"
+    r" = ANY\((?P<tokens>%\(\w+\)[sb])::uuid\[\]\)"
 )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from helpers.fixtures import wait_for
 from pgdrain.migrate import migrate
-from pgdrain.sql import migrations, query, query_names
+from pgdrain.sql import PLACEHOLDER, migrations, query, query_names
 
 Conn = psycopg.Connection[Any]
 
@@ -142,7 +142,7 @@ def explain_conn(module_db_url: str) -> Iterator[Conn]:
 
 
 def _placeholders(statement: str) -> list[str]:
-    return sorted(set(re.findall(r"%\((\w+)\)s", statement)))
+    return sorted(set(PLACEHOLDER.findall(statement)))
 
 
 # BEGIN and COMMIT have no plan to EXPLAIN: tests/integration/test_round_trips.py runs them.

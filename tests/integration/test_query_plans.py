@@ -21,7 +21,7 @@ from psycopg import sql
 
 from helpers.plans import plan_nodes
 from pgdrain import store
-from pgdrain.sql import query
+from pgdrain.sql import PLACEHOLDER, query
 
 Conn = psycopg.Connection[Any]
 
@@ -244,8 +244,8 @@ def _generic_plan(conn: Conn, statement: str, params: dict[str, Any]) -> Any:
     settings of the drain's connection (store.session_limits: no JIT, no explicit sort where an
     index gives the order): the drain prepares what it runs repeatedly (psycopg, from a
     statement's sixth execution), and after five runs the server may switch to this plan."""
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
-    numbered = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", statement)
+    names = list(dict.fromkeys(PLACEHOLDER.findall(statement)))
+    numbered = PLACEHOLDER.sub(lambda m: f"${names.index(m.group(1)) + 1}", statement)
     args = sql.SQL("")
     if names:
         args = sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(params[n]) for n in names))

@@ -23,7 +23,7 @@ SOURCES = sorted(HANDLER.rglob("*.py"))
 FENCE_LINE = re.compile(
     r"^\s*AND (j\.attempt_token"
     r"|CASE WHEN j\.status = 'running' THEN j\.attempt_token END)"
-    r" = ([\w.]+|%\(\w+\)s|ANY\(%\(\w+\)s::uuid\[\]\))\s*$"
+    r" = ([\w.]+|%\(\w+\)[sb]|ANY\(%\(\w+\)[sb]::uuid\[\]\))\s*$"
 )
 JOB_UPDATE = re.compile(r"\bUPDATE pgdrain\.jobs\b")
 JOB_DELETE = re.compile(r"\bDELETE FROM pgdrain\.jobs\b")

@@ -15,6 +15,9 @@ Shape = Literal["one", "many", "rowcount", "exec"]
 SHAPES: tuple[str, ...] = get_args(Shape)
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)(?: :(\w+))?[ \t]*$", re.MULTILINE)
+# A bound parameter, as psycopg writes it: %(name)s, or %(name)b where the value is sent in
+# binary (the hot path's arrays of ids and tokens: no quoting, no parsing of text).
+PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 
 
 @dataclass(frozen=True)

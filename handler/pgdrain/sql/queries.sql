@@ -168,8 +168,8 @@ SET lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
     heartbeat_at = now(),
     updated_at = now()
 -- Fenced as job_complete_and_claim's completions are, and found by primary key as they are.
-WHERE j.id = ANY(%(ids)s::bigint[])
-  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(tokens)s::uuid[])
+WHERE j.id = ANY(%(ids)b::bigint[])
+  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(tokens)b::uuid[])
 RETURNING j.id, j.attempt_token;
 
 -- name: job_complete_and_claim :many
@@ -192,8 +192,8 @@ WITH completed AS (
     -- The fence: only the attempt whose token this run holds (each attempt's token is a
     -- random UUID of its own, so matching the id and the token each against the lists is
     -- matching the pair). Written so that the plan, generic, reads these rows by primary key.
-    WHERE j.id = ANY(%(done_ids)s::bigint[])
-      AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(done_tokens)s::uuid[])
+    WHERE j.id = ANY(%(done_ids)b::bigint[])
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(done_tokens)b::uuid[])
     RETURNING j.id, j.queue, j.completed_token AS token
 ), limits AS MATERIALIZED (
     -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
@@ -281,10 +281,10 @@ UNION ALL
 -- repeat. A NULL claim id asks about completions alone.
 SELECT true AS completed, j.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
        NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
-FROM unnest(%(done_ids)s::bigint[], %(done_tokens)s::uuid[]) AS held(id, token)
+FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 JOIN pgdrain.jobs AS j ON j.id = held.id
 -- By primary key, as the completions are: no partial index of finished rows.
-WHERE j.id = ANY(%(done_ids)s::bigint[])
+WHERE j.id = ANY(%(done_ids)b::bigint[])
   AND CASE WHEN j.status = 'done' THEN j.completed_token END = held.token
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
@@ -303,8 +303,8 @@ SET status = 'done',
     last_error = NULL,
     finished_at = now(),
     updated_at = now()
-WHERE j.id = ANY(%(ids)s::bigint[])
-  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(tokens)s::uuid[])
+WHERE j.id = ANY(%(ids)b::bigint[])
+  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(tokens)b::uuid[])
 RETURNING j.id, j.completed_token AS token;
 
 -- name: job_fail :one
@@ -349,8 +349,8 @@ SET status = 'queued',
     lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
     updated_at = now()
 -- held gives back the token the update clears; the rows are found by primary key all the same.
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS held(id, token)
-WHERE j.id = ANY(%(ids)s::bigint[])
+FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS held(id, token)
+WHERE j.id = ANY(%(ids)b::bigint[])
   AND j.id = held.id
   AND CASE WHEN j.status = 'running' THEN j.attempt_token END = held.token
 RETURNING j.id, held.token;
