@@ -57,9 +57,9 @@ class Claims:
         # claims of each other.
         self._claim_ids = itertools.count(uuid.uuid4().int)
 
-    def complete_and_claim(self, limit: int) -> int:
+    def complete_and_claim(self, limit: int, while_sent: Callable[[], None] | None = None) -> int:
         """One round trip: record the finished jobs, claim up to `limit` more. Returns how
-        many it claimed."""
+        many it claimed. `while_sent` runs while the statement is on the wire."""
         held = [a.held for a in self._attempts.take_finished()]
         # Chosen here, so a retry can ask what this claim took.
         claim_id = uuid.UUID(int=next(self._claim_ids) & UUID_MASK)
@@ -94,7 +94,7 @@ class Claims:
 
         sent_at = time.monotonic()
         result, claimed = self._session.run_recovering(
-            claim, claim_again if self._recover_lost_replies else claim
+            claim, claim_again if self._recover_lost_replies else claim, while_sent=while_sent
         )
         self.ahead.claim_took(time.monotonic() - sent_at)
         self.reclaim.report()
@@ -192,14 +192,21 @@ def wanted(claims: Claims, attempts: Attempts, settings: Settings) -> int:
 def claim_and_start(
     claims: Claims, attempts: Attempts, submit: Callable[[ClaimedJob], None], settings: Settings
 ) -> tuple[bool, bool]:
-    """Start what was claimed ahead, claim what is wanted, start what came. Returns (claimed,
-    full): whether a claim was made, and whether it took all it asked for (a short one means
-    the queue is drained for now: the next claim waits for an outcome, so an empty queue is
-    not polled)."""
-    attempts.start_free(submit, settings.concurrency)
-    n = wanted(claims, attempts, settings)
-    full = n > 0 and claims.complete_and_claim(n) == n
-    attempts.start_free(submit, settings.concurrency)
+    """Claim what is wanted and start what was claimed ahead while that claim is on the wire;
+    then start what came, as far as slots are free. Returns (claimed, full): whether a claim
+    was made, and whether it took all it asked for (a short one means the queue is drained for
+    now: the next claim waits for an outcome, so an empty queue is not polled).
+
+    The jobs start after the claim has gone out, not before: started first, their threads
+    took the interpreter from this one while it built and sent the claim, and the claim went
+    out only once they had run (Python and the database took turns instead of overlapping)."""
+
+    def start() -> None:
+        attempts.start_free(submit, settings.concurrency)
+
+    n = wanted(claims, attempts, settings)  # unstarted attempts hold their slots already
+    full = n > 0 and claims.complete_and_claim(n, while_sent=start) == n
+    start()
     return n > 0, full
 
 

@@ -194,13 +194,17 @@ class Session:
         self,
         first: Callable[[psycopg.Connection[Any]], T],
         again: Callable[[psycopg.Connection[Any]], T],
+        *,
+        while_sent: Callable[[], None] | None = None,
     ) -> T:
         """Run `first`; if the connection breaks, reconnect and run `again` instead: it first
         asks what `first` already did (it may have committed before the reply was lost) and
-        does only the rest."""
+        does only the rest. `while_sent` is called once `first`'s statement is on the wire,
+        before its reply is awaited (a one-statement operation; others never call it): work
+        that needs no reply is done while the database runs the statement."""
         assert self._conn is not None, "open() the session first"
         try:
-            return self._transaction(self._conn, first)
+            return self._transaction(self._conn, first, while_sent)
         except psycopg.OperationalError as exc:
             if not self._conn.closed and not self._conn.broken:
                 raise
@@ -227,11 +231,14 @@ class Session:
         return Budget(remaining)
 
     def _transaction(
-        self, conn: psycopg.Connection[Any], operation: Callable[[psycopg.Connection[Any]], T]
+        self,
+        conn: psycopg.Connection[Any],
+        operation: Callable[[psycopg.Connection[Any]], T],
+        while_sent: Callable[[], None] | None = None,
     ) -> T:
         before, self._with_next = self._with_next, []
         try:
-            return self._in_transactions(conn, before, operation)
+            return self._in_transactions(conn, before, operation, while_sent)
         except psycopg.OperationalError:
             if conn.closed or conn.broken:
                 self._with_next = before + self._with_next  # sent again after the reconnect
@@ -242,6 +249,7 @@ class Session:
         conn: psycopg.Connection[Any],
         before: list[WithNext],
         operation: Callable[[psycopg.Connection[Any]], T],
+        while_sent: Callable[[], None] | None,
     ) -> T:
         if not self._limit_to_budget and not self._read_committed:
             for earlier in before:
@@ -249,10 +257,10 @@ class Session:
             return operation(conn)  # a test's control: the server's defaults
         one_statement = getattr(operation, "one_statement", False)
         if self._kept is not None and one_statement:
-            return self._with_kept_limits(conn, before, operation)
+            return self._with_kept_limits(conn, before, operation, while_sent)
         timeout_ms = self.timeout_ms() if self._limit_to_budget else None
         if self._read_committed and one_statement:
-            return run_one_statement(conn, timeout_ms, operation, before)
+            return run_one_statement(conn, timeout_ms, operation, before, while_sent=while_sent)
         for earlier in before:
             run_one_statement(conn, timeout_ms, _nothing, [earlier])
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
@@ -269,6 +277,7 @@ class Session:
         conn: psycopg.Connection[Any],
         before: list[WithNext],
         operation: Callable[[psycopg.Connection[Any]], T],
+        while_sent: Callable[[], None] | None,
     ) -> T:
         """A one-statement operation on a connection that keeps its limits: alone when they are
         fresh; else in an explicit transaction that sends them again (its own isolation level
@@ -280,11 +289,15 @@ class Session:
         allowed = statement_limit_ms(remaining)
         try:
             if kept.fresh(now, allowed):
-                return run_one_statement(conn, allowed, operation, before, alone=True)
+                return run_one_statement(
+                    conn, allowed, operation, before, alone=True, while_sent=while_sent
+                )
             kept.forget()
             near_the_end = remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS
             keep_ms = allowed if near_the_end else statement_limit_ms(remaining - KEEP_SECONDS)
-            result = run_one_statement(conn, allowed, operation, before, keep_ms=keep_ms)
+            result = run_one_statement(
+                conn, allowed, operation, before, keep_ms=keep_ms, while_sent=while_sent
+            )
             if not near_the_end:  # near the end, every statement sends them, exact
                 kept.sent(now, keep_ms)
             return result
@@ -336,6 +349,7 @@ def run_one_statement(
     *,
     alone: bool = False,
     keep_ms: int | None = None,
+    while_sent: Callable[[], None] | None = None,
 ) -> T:
     """Run a store.one_statement operation on an autocommit connection in one round trip: its
     statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
@@ -343,8 +357,11 @@ def run_one_statement(
     each of `before` in a transaction of its own, its result handed to it once the round trip
     is back. An operation that executes nothing sends only those. On a connection that keeps
     its limits (Session): `alone` sends the statement without BEGIN and COMMIT, and `keep_ms`
-    has its transaction set the connection's limits to that instead of its own."""
-    sent = _SentWithItsTransaction(conn, timeout_ms, before, alone=alone, keep_ms=keep_ms)
+    has its transaction set the connection's limits to that instead of its own. `while_sent`
+    is called once the statement has gone out, before its reply is read."""
+    sent = _SentWithItsTransaction(
+        conn, timeout_ms, before, alone=alone, keep_ms=keep_ms, while_sent=while_sent
+    )
     result = operation(cast(psycopg.Connection[Any], sent))
     sent.send_rest()
     return result
@@ -364,12 +381,14 @@ class _SentWithItsTransaction:
         *,
         alone: bool = False,
         keep_ms: int | None = None,
+        while_sent: Callable[[], None] | None = None,
     ) -> None:
         self._conn = conn
         self._timeout_ms = timeout_ms
         self._before = before
         self._alone = alone
         self._keep_ms = keep_ms
+        self._while_sent = while_sent
         self._sent = False
 
     def execute(self, statement: LiteralString, params: Any = None) -> psycopg.Cursor[Any]:
@@ -404,6 +423,10 @@ class _SentWithItsTransaction:
                     cursor = statement()  # its own implicit transaction, up to the Sync
                 elif statement is not None:
                     cursor = self._in_its_transaction(statement, keep_ms=self._keep_ms)
+                if statement is not None and self._while_sent is not None:
+                    # In a pipeline, execute() has sent the statement: the server runs it as
+                    # it arrives (an implicit transaction commits at the Sync, sent next).
+                    self._while_sent()
             # Leaving the block sent the Sync and read every result.
         except psycopg.Error:
             # A failed statement skipped the COMMIT, and a Sync does not end an explicit

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import re
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -276,6 +277,62 @@ def test_a_job_whose_lease_expired_is_reclaimed_and_run_by_the_next_run(
 
 
 @store.one_statement
+@pytest.mark.parametrize("pooler", ["session", "transaction"], ids=["alone", "in its transaction"])
+@pytest.mark.parametrize("called", ["while_sent", "before"], ids=["on the wire", "control: before"])
+def test_work_given_with_a_statement_runs_while_the_server_runs_that_statement(
+    db_url: str, conn: Conn, pooler: str, called: str
+) -> None:
+    """What the drain does while its claim is on the wire (starting the jobs claimed ahead)
+    runs once the server has the statement: here a statement that waits on an advisory lock
+    this test holds, so the server is seen running it (waiting in pg_locks) from inside the
+    callback. The control calls the same callback just before the statement, as the drain
+    started its jobs before: the server has nothing to run yet."""
+    session = Session(db_url, Settings(pooler=pooler), Budget.seconds(60))
+    session.open()
+    key = 715_004
+    conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+    seen: list[bool] = []
+
+    @store.one_statement
+    def waits(c: Conn) -> int:
+        row = c.execute("SELECT pg_advisory_xact_lock(%s)::text IS NULL", (key,)).fetchone()
+        return 1 if row else 0
+
+    def look() -> None:
+        assert session._conn is not None
+        seen.append(_waits_on_advisory_lock(conn, session._conn.info.backend_pid, called))
+        conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+    try:
+        if called == "before":
+            look()
+            assert session.run_recovering(waits, waits) == 1
+        else:
+            assert session.run_recovering(waits, waits, while_sent=look) == 1
+        assert session.run(store.queue_has_ready, ["default"]) is False  # still usable
+    finally:
+        session.close()
+
+    assert seen == [called == "while_sent"]
+
+
+def _waits_on_advisory_lock(conn: Conn, pid: int, called: str) -> bool:
+    """Whether backend `pid` comes to wait on an advisory lock, looked for up to 5 s (the
+    control, where it never can, looks once: nothing has been sent to wait)."""
+    deadline = time.monotonic() + (5.0 if called == "while_sent" else 0.0)
+    while True:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s"
+            " AND NOT granted",
+            (pid,),
+        ).fetchone()
+        if row is not None and row[0] > 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
 def _limits(c: Conn) -> tuple[str, str, str, str, str]:
     row = c.execute(
         "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
