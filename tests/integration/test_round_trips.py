@@ -276,7 +276,6 @@ def test_a_job_whose_lease_expired_is_reclaimed_and_run_by_the_next_run(
     assert row.fetchone() == ("done", 2)
 
 
-@store.one_statement
 @pytest.mark.parametrize("pooler", ["session", "transaction"], ids=["alone", "in its transaction"])
 @pytest.mark.parametrize("called", ["while_sent", "before"], ids=["on the wire", "control: before"])
 def test_work_given_with_a_statement_runs_while_the_server_runs_that_statement(
@@ -333,6 +332,7 @@ def _waits_on_advisory_lock(conn: Conn, pid: int, called: str) -> bool:
         time.sleep(0.01)
 
 
+@store.one_statement
 def _limits(c: Conn) -> tuple[str, str, str, str, str]:
     row = c.execute(
         "SELECT current_setting('statement_timeout'), current_setting('lock_timeout'),"
