@@ -24,6 +24,9 @@ class Attempts:
     def __init__(self) -> None:
         self.unstarted: deque[ClaimedJob] = deque()
         self.running: dict[Held, ClaimedJob] = {}
+        # When each running attempt was handed to a worker (monotonic), oldest first: claim-ahead
+        # reads which are about to end (claim_ahead.py).
+        self.running_since: dict[Held, float] = {}
         self.finished: list[ClaimedJob] = []  # returned; their completion rides on a round trip
         self.first_finished_at = 0.0
         # Tokens of attempts whose lease was found gone; Job.lease_lost() reads it from the
@@ -76,11 +79,13 @@ class Attempts:
     def start_next(self) -> ClaimedJob:
         attempt = self.unstarted.popleft()
         self.running[attempt.held] = attempt
+        self.running_since[attempt.held] = time.monotonic()
         return attempt
 
     def stop_running(self, attempt: ClaimedJob) -> None:
         """The attempt's function returned or raised: it no longer runs."""
         self.running.pop(attempt.held, None)
+        self.running_since.pop(attempt.held, None)
 
     def finish(self, attempt: ClaimedJob) -> None:
         self.stop_running(attempt)

@@ -12,9 +12,21 @@ with jobs longer than concurrency round trips, none (the claims alternate as bef
 claimed ahead holds a lease and an attempt while it waits, and it waits about one round trip:
 the slots it was claimed for free by the time it arrives. One slow job cuts the allowance at
 once (the average moves a fifth of the way, and a 5 s job is far over any round trip). Never
-at concurrency 1: strict ordering holds one job at a time."""
+at concurrency 1: strict ordering holds one job at a time.
+
+That count assumes the slots free one after another. Jobs claimed together start together and,
+when they take about as long, end together: the batch frees at once, the count-based claim goes
+out only then, and the slots stand empty for a round trip (or two: the first claim takes only
+what half-empty slots allow). So wherever claiming ahead pays at all (that count is at least
+one), the running jobs expected to end within one round trip (started at least the smoothed job
+time less a round trip ago) count as about to free as well, and the run wakes when the next one
+comes within a round trip of its end: the claim for their slots arrives as they end. Measured
+by the control-plane simulator's backlog (docs/simulate.md: ten slots of 20 ms jobs)."""
 
 from __future__ import annotations
+
+import math
+from collections.abc import Iterable
 
 # How far each new measurement moves the smoothed figures.
 SMOOTHING = 0.2
@@ -33,14 +45,47 @@ class ClaimAhead:
     def claim_took(self, seconds: float) -> None:
         self._round_trip_seconds = _smoothed(self._round_trip_seconds, seconds)
 
-    def allowance(self) -> int:
-        """How many jobs beyond the free slots the next claim may take."""
+    def allowance(self, running_since: Iterable[float] = (), now: float = 0.0) -> int:
+        """How many jobs beyond the free slots the next claim may take: the slots that free
+        during a round trip, and at least the running jobs (started at `running_since`, oldest
+        first, monotonic seconds) expected to end within one."""
+        steady = self._steady()
+        if steady == 0 or steady == self._batch:
+            return steady
+        lead = self._lead_seconds()
+        ending = 0
+        for started in running_since:
+            if started + lead > now:
+                break  # the ones started after it are expected to end after it
+            ending += 1
+        return min(self._batch, max(steady, ending))
+
+    def wake_at(self, running_since: Iterable[float], now: float) -> float:
+        """When the next running job comes within a round trip of its expected end (a claim
+        for its slot is due then): a moment after `now`, or infinity (none, or claiming ahead
+        does not pay)."""
+        steady = self._steady()
+        if steady == 0 or steady == self._batch:
+            return math.inf
+        lead = self._lead_seconds()
+        for started in running_since:
+            if started + lead > now:
+                return started + lead
+        return math.inf
+
+    def _steady(self) -> int:
+        """The slots that free during one round trip when jobs end one after another."""
         job, trip = self._job_seconds, self._round_trip_seconds
         if not self._batch or job is None or trip is None:
             return 0
         if job <= 0:
             return self._batch
         return min(self._batch, int(self._concurrency * trip / job))
+
+    def _lead_seconds(self) -> float:
+        """How long after its start a job is within one round trip of its expected end."""
+        assert self._job_seconds is not None and self._round_trip_seconds is not None
+        return self._job_seconds - self._round_trip_seconds
 
 
 def _smoothed(average: float | None, value: float) -> float:

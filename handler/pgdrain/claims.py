@@ -185,7 +185,7 @@ class Claims:
 
 def wanted(claims: Claims, attempts: Attempts, settings: Settings) -> int:
     """How many jobs to claim now: for the free slots, and for those about to free."""
-    allowance = claims.ahead.allowance()
+    allowance = claims.ahead.allowance(attempts.running_since.values(), time.monotonic())
     return attempts.to_claim(settings.concurrency, settings.batch_size, allowance)
 
 

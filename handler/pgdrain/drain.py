@@ -240,7 +240,6 @@ class _Run:
         while True:
             claimed = full = False
             if stopping.may_claim(running=len(attempts.running)):
-                # Jobs claimed ahead start first: they run while the next claim is out.
                 claimed, full = claim_and_start(claims, attempts, pool.submit, self.settings)
                 if claimed:
                     elapsed = time.monotonic() - self.started
@@ -275,12 +274,13 @@ class _Run:
             self.heartbeat.beat_if_due()
 
     def _seconds_to_wait(self) -> float:
-        """Until the next thing the loop must do: a heartbeat, a due completion write, or a
-        deadline (or grace) check."""
+        """Until the next thing the loop must do: a heartbeat, a due completion write, a
+        deadline (or grace) check, or a claim for slots about to free."""
         now = time.monotonic()
         wake_at = min(self.heartbeat.next_at, self.stopping.next_check_at(now))
         if self.attempts.finished:
             wake_at = min(wake_at, self.attempts.first_finished_at + COMPLETION_FLUSH_SECONDS)
+        wake_at = min(wake_at, self.claims.ahead.wake_at(self.attempts.running_since.values(), now))
         return max(0.0, wake_at - now)
 
     def _run_job(self, claimed: store.ClaimedJob) -> None:

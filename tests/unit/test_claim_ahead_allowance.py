@@ -3,6 +3,8 @@ how long jobs run and how long a claim takes to come back."""
 
 from __future__ import annotations
 
+import math
+
 from pgdrain.claim_ahead import ClaimAhead
 
 
@@ -45,3 +47,36 @@ def test_strict_ordering_and_the_control_never_claim_ahead() -> None:
     off.job_ran(0.00001)
     off.claim_took(0.0015)
     assert off.allowance() == 0
+
+
+# A batch of ten 20 ms jobs started together at t = 0, claims coming back in 5 ms: two slots
+# free per round trip when jobs end one after another, but these ten end together at 20 ms.
+TOGETHER = [0.0] * 10
+
+
+def test_jobs_started_together_are_claimed_for_a_round_trip_before_they_end() -> None:
+    ahead = measured(0.020, 0.005)
+    assert ahead.allowance(TOGETHER, now=0.010) == 2  # the count: nothing is ending yet
+    assert ahead.allowance(TOGETHER, now=0.0151) == 10  # within a round trip of their end
+
+
+def test_the_run_wakes_when_the_next_job_comes_within_a_round_trip_of_its_end() -> None:
+    ahead = measured(0.020, 0.005)
+    assert ahead.wake_at([0.0, 0.0, 0.004], now=0.001) == 0.015
+    assert ahead.wake_at([0.0, 0.0, 0.004], now=0.016) == 0.019
+    assert ahead.wake_at([0.0, 0.0, 0.004], now=0.020) == math.inf  # all counted already
+    assert ahead.allowance([0.0, 0.0, 0.004], now=0.016) == 2  # the older two
+
+
+def test_jobs_ending_together_count_only_where_claiming_ahead_pays() -> None:
+    long = measured(0.200, 0.001)  # a round trip is half a percent of a job: no gain
+    assert long.allowance(TOGETHER, now=0.1995) == 0
+    assert long.wake_at(TOGETHER, now=0.0) == math.inf
+    short = measured(0.00001, 0.0015)  # a whole batch ahead already: no wake-ups needed
+    assert short.allowance(TOGETHER, now=0.0) == 10
+    assert short.wake_at(TOGETHER, now=0.0) == math.inf
+    off = ClaimAhead(10, 10, enabled=False)
+    off.job_ran(0.020)
+    off.claim_took(0.005)
+    assert off.allowance(TOGETHER, now=0.0151) == 0
+    assert off.wake_at(TOGETHER, now=0.0) == math.inf

@@ -85,3 +85,15 @@ def test_claim_ahead_adds_the_slots_about_to_free_at_most_a_batch() -> None:
     assert attempts.to_claim(concurrency=4, batch_size=10) == 0  # every slot busy
     assert attempts.to_claim(concurrency=4, batch_size=10, ahead=2) == 2
     assert attempts.to_claim(concurrency=4, batch_size=3, ahead=10) == 3
+
+
+def test_running_attempts_are_kept_in_the_order_they_started_until_they_stop() -> None:
+    """Claim-ahead reads when each running attempt started, oldest first."""
+    attempts = Attempts()
+    for job_id in range(3):
+        attempts.unstarted.append(_claimed(job_id))
+    first, second, third = (attempts.start_next() for _ in range(3))
+    attempts.finish(second)
+    attempts.stop_running(first)
+    since = list(attempts.running_since.values())
+    assert list(attempts.running_since) == [third.held] and since[0] <= time.monotonic()
