@@ -52,12 +52,7 @@ class ClaimAhead:
         steady = self._steady()
         if steady == 0 or steady == self._batch:
             return steady
-        lead = self._lead_seconds()
-        ending = 0
-        for started in running_since:
-            if started + lead > now:
-                break  # the ones started after it are expected to end after it
-            ending += 1
+        ending, _ = self._ending(running_since, now)
         return min(self._batch, max(steady, ending))
 
     def wake_at(self, running_since: Iterable[float], now: float) -> float:
@@ -67,11 +62,19 @@ class ClaimAhead:
         steady = self._steady()
         if steady == 0 or steady == self._batch:
             return math.inf
-        lead = self._lead_seconds()
+        return self._ending(running_since, now)[1]
+
+    def _ending(self, running_since: Iterable[float], now: float) -> tuple[int, float]:
+        """How many running jobs are within one round trip of their expected end, and when the
+        next one will be (infinity: none is left)."""
+        assert self._job_seconds is not None and self._round_trip_seconds is not None
+        lead = self._job_seconds - self._round_trip_seconds  # from a job's start
+        ending = 0
         for started in running_since:
             if started + lead > now:
-                return started + lead
-        return math.inf
+                return ending, started + lead  # those started after it end after it
+            ending += 1
+        return ending, math.inf
 
     def _steady(self) -> int:
         """The slots that free during one round trip when jobs end one after another."""
@@ -81,11 +84,6 @@ class ClaimAhead:
         if job <= 0:
             return self._batch
         return min(self._batch, int(self._concurrency * trip / job))
-
-    def _lead_seconds(self) -> float:
-        """How long after its start a job is within one round trip of its expected end."""
-        assert self._job_seconds is not None and self._round_trip_seconds is not None
-        return self._job_seconds - self._round_trip_seconds
 
 
 def _smoothed(average: float | None, value: float) -> float:
