@@ -27,7 +27,7 @@ from psycopg.conninfo import make_conninfo
 from pgdrain.migrate import migrate
 from pgdrain.settings import Settings
 from sim import measure, report, template, traces
-from sim.jobs import ENV_ID_VARIABLE, LEDGER_DDL, SCALE_VARIABLE
+from sim.jobs import ENV_ID_VARIABLE, LEDGER_DDL, LEDGER_VARIABLE, SCALE_VARIABLE
 from sim.launcher import Pool
 from sim.standin import ControlPlane, PlaneConfig
 from sim.timescale import DEFAULT_FACTOR, Scale
@@ -288,7 +288,11 @@ def _function_env(
         "AWS_LAMBDA_FUNCTION_TIMEOUT": f"{function.timeout_s / factor:g}",
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
     }
-    return env
+    return env | _ledger_env(system.trace)
+
+
+def _ledger_env(trace: traces.Trace) -> dict[str, str]:
+    return {LEDGER_VARIABLE: "buffered"} if trace.buffered_ledger else {}
 
 
 def _plane(system: System, function: template.FunctionModel, options: Options) -> ControlPlane:
@@ -404,7 +408,7 @@ def _start(
             "PGDRAIN_JOBS": "sim.jobs",
             "PGDRAIN_QUEUES": SIM_QUEUES,
             ENV_ID_VARIABLE: "poller",
-        }
+        } | _ledger_env(system.trace)
         system.processes.append(_spawn(["-m", "sim.poller"], poller_env, system.log))
     command = [
         "-m",

@@ -53,6 +53,9 @@ class Trace:
     # take a larger one.
     scale: float | None = None
     alongside: bool = False  # runs beside the other traces, not after them (it is idle)
+    # Its jobs append their ledger rows to a buffer written every few ms (sim.jobs says when
+    # that is exact), instead of two statements per job that the job waits for.
+    buffered_ledger: bool = False
 
     @property
     def jobs(self) -> int:
@@ -132,6 +135,7 @@ def build(name: str, size: Size, seed: int = 11) -> Trace:
             + size.backlog_jobs / 25.0,
             systems_in_parallel=size.traces_in_parallel,
             scale=size.backlog_scale,
+            buffered_ledger=True,
         )
     if name == "faults":
         return _faults(size, rng)
