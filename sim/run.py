@@ -44,7 +44,6 @@ KICK_VARIABLES = (
 )
 START_LEAD_S = 0.5  # real seconds between starting the pieces and simulated time 0
 CHECK_INTERVAL_S = 0.5  # real
-SPARE_ENVIRONMENTS = {"pgdrain": 2, "schedule-5min": 1}
 
 
 @dataclass
@@ -295,6 +294,14 @@ def _ledger_env(trace: traces.Trace) -> dict[str, str]:
     return {LEDGER_VARIABLE: "buffered"} if trace.buffered_ledger else {}
 
 
+def _prepared(system: System, config: PlaneConfig, size: traces.Size) -> int:
+    """Environments initialised before the trace: as many as can run at once for pgdrain (the
+    smoke form fewer, to start quickly); the single chain runs one at a time."""
+    if system.name != "pgdrain":
+        return 1
+    return min(config.concurrency, size.prepared_environments)
+
+
 def _plane(system: System, function: template.FunctionModel, options: Options) -> ControlPlane:
     reserved = function.reserved_concurrency or ACCOUNT_CONCURRENCY
     faults = system.trace.faults
@@ -324,11 +331,16 @@ def _plane(system: System, function: template.FunctionModel, options: Options) -
     provisional = Scale(options.factor)
     # The pool needs the plane's URL in its environment, the plane needs the pool: the plane
     # is made with an empty pool, which is replaced before it starts.
-    plane = ControlPlane(config, provisional, Pool({}, ROOT, system.log, prefix="x", spare=0))
+    plane = ControlPlane(config, provisional, Pool({}, ROOT, system.log, prefix="x", prepared=0))
     env = _function_env(system, function, plane.url, options.factor)
     Settings.from_env(env)  # a scale that takes a setting out of its range fails here, at once
     plane.pool = Pool(
-        env, ROOT, system.log, prefix=system.name, spare=SPARE_ENVIRONMENTS[system.name]
+        env,
+        ROOT,
+        system.log,
+        prefix=system.name,
+        prepared=_prepared(system, config, _size(options)),
+        factor=options.factor,
     )
     plane.pool.start()  # the warm environments, initialised before the trace starts
     return plane

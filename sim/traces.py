@@ -75,6 +75,7 @@ class Size:
     traces_in_parallel: bool = False
     sparse_scale: float | None = None
     backlog_scale: float | None = None
+    prepared_environments: int = 10  # pgdrain's, initialised before each trace (sim.launcher)
 
 
 FULL = Size(
@@ -105,6 +106,7 @@ SMOKE = Size(
     tail_minutes=6,
     burst_minutes=4,
     traces_in_parallel=True,
+    prepared_environments=2,
 )
 NAMES = ("sparse", "burst", "backlog", "faults")
 TRICKLE_EVERY_S = 5.0
