@@ -107,7 +107,7 @@ def script() -> str:
         sets = SETS + "\\set limit :batch\n"
         return f"{sets}{claim}\n{complete};\n"
     cycle = _wrap_result(_translate("job_complete_and_claim"), "\nSELECT ")
-    cycle += GSET.format(rows="result_rows WHERE NOT completed")
+    cycle += GSET.format(rows="result_rows WHERE NOT lost")
     return f"{SETS}{COUNTER}{cycle}\n"
 
 

@@ -300,6 +300,7 @@ def job_complete_and_claim(
     claim_id: uuid.UUID | None = None,
 ) -> tuple[Fenced, list[ClaimedJob]]:
     """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit).
+    The statement returns the claimed jobs and only those of `finished` the fence refused.
     cap_seconds bounds every new lease to the run's deadline (None leaves it uncapped: only
     tests do that, to show what the cap prevents). claim_id, chosen by the caller, is stored
     on the claimed rows: job_claim_recover finds them by it after a lost reply."""
@@ -316,7 +317,9 @@ def job_complete_and_claim(
             "claim_id": claim_id,
         },
     ).fetchall()
-    return _completed_and_claimed(rows, finished)
+    lost = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
+    claimed = [ClaimedJob(*r[1:]) for r in rows if not r[0]]  # ClaimedJob's fields in order
+    return Fenced(frozenset(finished) - lost, lost), claimed
 
 
 @one_statement

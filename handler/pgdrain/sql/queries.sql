@@ -177,8 +177,8 @@ RETURNING j.id, j.attempt_token;
 -- %(limit)s ready jobs, the queues taking turns (round-robin, priority order within a turn)
 -- and each limited queue (pgdrain.queue_limits) kept within its running limit across all
 -- runs. SKIP LOCKED lets concurrent drains pass each other.
--- A finished job not returned as completed had lost its lease: its result is not recorded,
--- and completed_token keeps the token of the attempt whose result was. A claimed lease never
+-- A finished job returned as lost had lost its lease: its result is not recorded, and
+-- completed_token keeps the token of the attempt whose result was. A claimed lease never
 -- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
 -- clock. One statement, so one commit, for both.
 WITH completed AS (
@@ -263,11 +263,14 @@ WITH completed AS (
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.attempt_token
 )
--- The payload comes back as text: the job's own worker thread parses it, off the one thread
--- that talks to the database.
-SELECT true AS completed, id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
-       NULL::int AS attempts, NULL::int AS max_attempts, token AS attempt_token
-FROM completed
+-- Of the finished attempts only those the fence refused come back (rarely any): a row per
+-- completed job was as many rows again as the claim's, each decoded by the one thread that
+-- talks to the database. The payload comes back as text: the job's own worker thread parses
+-- it, off that thread.
+SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
+       NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
+FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
+WHERE NOT EXISTS (SELECT 1 FROM completed AS c WHERE c.id = held.id AND c.token = held.token)
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
  FROM claimed
