@@ -236,8 +236,14 @@ one-shot schedules' one-minute precision (PGDRAIN_WAKE_PRECISION_SECONDS is pass
 function's own PGDRAIN_*_SECONDS settings from template.yaml. What is not scaled: the
 database's and the processes' own speed (a claim, a connection, an import take the same real
 time, so they look 12 times slower in simulated time: the figures are conservative for pgdrain
-and for its baselines alike). Execution environments are kept warm a few at a time, as Lambda
-keeps them, so a cold start's real second does not become 12 simulated seconds. The trace
+and for its baselines alike). Cold starts: Lambda initialises each new execution environment
+on a host of its own, so the simulator prepares pgdrain's environments (as many as may run at
+once) one at a time before a trace, measuring how long each took to initialise alone, and an
+environment's first invocation waits that long, scaled; on two cores, seven imports at once took
+3.4 to 4.4 s where one takes under a second, which made fan-out's runs late for the machine's
+reason, not Lambda's. The backlog's jobs write their ledger rows through a buffer (sim.jobs):
+two statements waited for per job were the largest share of the CPU its ten runs competed
+for. The trace
 lengths were chosen for the full form to finish in about half an hour on a 2-core machine: the
 sparse trace covers {meta["sparse_minutes"]:g} simulated minutes; idle nearly all the time, it
 runs beside the others at a scale of its own where the traces say so (its processes' real

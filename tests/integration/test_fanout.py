@@ -22,7 +22,7 @@ from helpers.aws import (
 from helpers.fixtures import wait_for
 from pgdrain import Budget, Settings, enqueue_many, store
 from pgdrain.aws import events
-from pgdrain.aws.fanout import runs_needed, useful_runs
+from pgdrain.aws.fanout import MEASURE_JOBS_PER_SLOT, Spawner, runs_needed, useful_runs
 from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.enqueue import build_job
 from pgdrain.session import Session
@@ -236,6 +236,37 @@ def test_work_that_would_outlast_the_horizon_fans_out_though_the_budget_suffices
     assert result["result"]["done"] == 100  # the spawned runs are only recorded: it drains all
     assert result["spawned"] == spawned
     assert len([e for e in spy.events() if e["pgdrain"]["reason"] == "fanout"]) == spawned
+
+
+@pytest.mark.parametrize("finished", [10, 9], ids=["measured", "too-few-to-measure"])
+def test_the_first_decision_comes_once_each_slot_has_finished_a_few_jobs(
+    db_url: str, conn: Conn, finished: int
+) -> None:
+    """No time passes (an injected clock): the first decision does not wait its second once
+    every slot has finished MEASURE_JOBS_PER_SLOT jobs (2 slots: 10 jobs); one job fewer (the
+    control), and it waits. 400 jobs at the measured 20 a second outlast the 10 s horizon."""
+    settings = Settings(concurrency=2, max_runs=3, reserve_seconds=1.0)
+    assert MEASURE_JOBS_PER_SLOT * settings.concurrency == 10
+    with conn.transaction():
+        enqueue_many(conn, [build_job("sleep", {"seconds": 0.05}) for _ in range(400)])
+    invoked: list[dict[str, Any]] = []
+    budget = Budget.seconds(60)
+    spawner = Spawner(
+        settings,
+        events.Trigger("enqueue", ("default",)),
+        budget,
+        "arn:aws:lambda:us-east-1:123456789012:function:drain",
+        lambda _arn, event: invoked.append(event),
+        clock=lambda: 0.0,
+    )
+    session = Session(db_url, settings, budget)
+    session.open()
+    try:
+        spawner.after_round_trip(session, {"done": finished}, 0.5)
+    finally:
+        session.close()
+
+    assert bool(invoked) is (finished == 10)  # runs started (this test's run is not registered)
 
 
 def test_a_run_at_the_hop_limit_does_not_fan_out(

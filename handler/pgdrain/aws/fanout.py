@@ -4,7 +4,9 @@ So does a run whose ready work would keep it busy longer than PGDRAIN_FANOUT_SEC
 a backlog of 100 s of work that one run could finish in its 300 s drains on 10 runs in about
 10 s for about the same billed duration (a spawned run's start is a small share of its work).
 
-The decision, every FANOUT_INTERVAL_SECONDS once the run has measured its throughput: when the
+The decision, every FANOUT_INTERVAL_SECONDS once the run has measured its throughput (the first
+as soon as MEASURE_JOBS_PER_SLOT jobs per worker slot have finished, or after
+MIN_MEASURE_SECONDS at the latest: a backlog of short jobs starts its runs at once): when the
 ready jobs exceed what this run finishes in its remaining seconds (its jobs per second x the
 time left), the runs needed are this one plus enough full-budget runs for the rest; when they
 exceed what it finishes within the horizon, enough runs to finish them within it. Runs are
@@ -32,7 +34,10 @@ from pgdrain.summary import Counter
 log = logging.getLogger(__name__)
 
 FANOUT_INTERVAL_SECONDS = 2.0
-MIN_MEASURE_SECONDS = 1.0  # throughput is measured over at least this long
+# The first decision: once this many jobs per worker slot have finished (each slot has gone
+# round a few times: past the first claim and the threads' start), or after this long.
+MEASURE_JOBS_PER_SLOT = 5
+MIN_MEASURE_SECONDS = 1.0
 # A spawned run's reservation counts this long until the run registers its own deadline.
 SPAWN_RESERVE_SECONDS = 60.0
 SPAWNED_METRIC = "RunsSpawned"
@@ -97,6 +102,7 @@ class Spawner:
         self._count = count or (lambda _name, _n: None)
         self._clock = clock
         self._next_check = clock() + MIN_MEASURE_SECONDS
+        self._measured_after: float = MEASURE_JOBS_PER_SLOT * settings.concurrency  # finished
         # A spawned run gets a budget like this run's at its start (the function's timeout).
         self._run_seconds = budget.remaining() - settings.reserve_seconds
         self._useful_runs = useful_runs(settings, trigger.queues)
@@ -109,10 +115,12 @@ class Spawner:
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
     ) -> None:
-        if not self.enabled or self._clock() < self._next_check or elapsed_s <= 0:
+        finished = counts.get("done", 0) + counts.get("retried", 0) + counts.get("failed", 0)
+        due = self._clock() >= self._next_check or finished >= self._measured_after
+        if not self.enabled or not due or elapsed_s <= 0:
             return
         self._next_check = self._clock() + FANOUT_INTERVAL_SECONDS
-        finished = counts.get("done", 0) + counts.get("retried", 0) + counts.get("failed", 0)
+        self._measured_after = math.inf  # after the first decision, every interval
         rate = finished / elapsed_s
         remaining = self._budget.remaining() - self._settings.reserve_seconds
         if rate <= 0 or remaining <= 0:
