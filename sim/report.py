@@ -217,7 +217,7 @@ compares with is the 5-minute schedule's run, less its wait for the first tick):
 ## How to run
 
 ```
-make simulate          # the full form: writes docs/simulate.md, .json, .png (~25 min)
+make simulate          # the full form: writes docs/simulate.md, .json, .png (~40 min)
 make simulate-smoke    # the small form, < 2 min, written to $TMPDIR/pgdrain-sim-smoke/
 .venv-sim/bin/python -m sim --help
 ```
@@ -243,14 +243,14 @@ environment's first invocation waits that long, scaled; on two cores, seven impo
 3.4 to 4.4 s where one takes under a second, which made fan-out's runs late for the machine's
 reason, not Lambda's. The backlog's jobs write their ledger rows through a buffer (sim.jobs):
 two statements waited for per job were the largest share of the CPU its ten runs competed
-for. The trace
-lengths were chosen for the full form to finish in about half an hour on a 2-core machine: the
-sparse trace covers {meta["sparse_minutes"]:g} simulated minutes; idle nearly all the time, it
+for. The trace lengths were chosen for the full form to finish in about forty minutes on a
+2-core machine: the sparse trace covers {meta["sparse_minutes"]:g} simulated minutes; idle nearly all the time, it
 runs beside the others at a scale of its own where the traces say so (its processes' real
 time then looks that many times longer: conservative for the delays it measures). The backlog
 runs in real time (scale 1), so that its jobs' 20 ms are 20 real ms: at a larger scale a run
 drains jobs of a fraction of a millisecond, and ten runs measure this machine's two cores, not
-fan-out.
+fan-out. For the same reason it runs last, alone: beside the sparse trace (whose poller polls
+twenty times a real second) its ten runs took 20 s where alone they took 15.
 
 ## Columns
 

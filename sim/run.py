@@ -97,9 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     try:
         # The smoke form runs every trace at once, to be quick; the full form runs them one
-        # after the other (they load the machine), except an idle trace, which runs beside them.
+        # after the other (they load the machine), except an idle trace, which runs beside them,
+        # and then a trace that needs the machine to itself.
         together = [t for t in built if size.traces_in_parallel or t.alongside]
-        in_turn = [t for t in built if t not in together]
+        alone = [t for t in built if t not in together and t.alone]
+        in_turn = [t for t in built if t not in together and t not in alone]
         with ThreadPoolExecutor(len(together) + 1) as pool:
             futures = [pool.submit(_run_trace, t, function, base_url, options) for t in together]
             sequence = pool.submit(
@@ -107,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             by_name = {t.name: f.result() for t, f in zip(together, futures, strict=True)}
             by_name |= {t.name: r for t, r in zip(in_turn, sequence.result(), strict=True)}
+        by_name |= {t.name: _run_trace(t, function, base_url, options) for t in alone}
         per_trace = [by_name[t.name] for t in built]
     finally:
         cleanup()

@@ -56,6 +56,9 @@ class Trace:
     # Its jobs append their ledger rows to a buffer written every few ms (sim.jobs says when
     # that is exact), instead of two statements per job that the job waits for.
     buffered_ledger: bool = False
+    # Runs when no other trace does (the full form): bound by the machine's CPU, it would
+    # measure whatever runs beside it (the sparse trace's poller polls 20 times a second).
+    alone: bool = False
 
     @property
     def jobs(self) -> int:
@@ -138,6 +141,7 @@ def build(name: str, size: Size, seed: int = 11) -> Trace:
             systems_in_parallel=size.traces_in_parallel,
             scale=size.backlog_scale,
             buffered_ledger=True,
+            alone=True,
         )
     if name == "faults":
         return _faults(size, rng)
