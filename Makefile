@@ -74,7 +74,7 @@ clean:
 
 # `make simulate` measures the control plane with the simulator (sim/, docs/simulate.md): the
 # real handler in processes, a stand-in for Lambda and EventBridge Scheduler, real PostgreSQL
-# (DATABASE_URL, else the embedded one). The full form takes about 20 minutes and writes
+# (DATABASE_URL, else the embedded one). The full form takes about 40 minutes and writes
 # docs/simulate.md, .json and .png; `make simulate-smoke` runs the small form (< 2 minutes).
 # matplotlib (for the plot) lives in the simulator's own virtualenv.
 SIM_VENV ?= .venv-sim
