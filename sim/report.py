@@ -244,9 +244,10 @@ environment's first invocation waits that long, scaled; on two cores, seven impo
 reason, not Lambda's. The backlog's jobs write their ledger rows through a buffer (sim.jobs):
 two statements waited for per job were the largest share of the CPU its ten runs competed
 for. The trace lengths were chosen for the full form to finish in about forty minutes on a
-2-core machine: the sparse trace covers {meta["sparse_minutes"]:g} simulated minutes; idle nearly all the time, it
-runs beside the others at a scale of its own where the traces say so (its processes' real
-time then looks that many times longer: conservative for the delays it measures). The backlog
+2-core machine: the sparse trace covers {meta["sparse_minutes"]:g} simulated minutes; idle
+nearly all the time, it runs beside the others at a scale of its own where the traces say so
+(its processes' real time then looks that many times longer: conservative for the delays it
+measures). The backlog
 runs in real time (scale 1), so that its jobs' 20 ms are 20 real ms: at a larger scale a run
 drains jobs of a fraction of a millisecond, and ten runs measure this machine's two cores, not
 fan-out. For the same reason it runs last, alone: beside the sparse trace (whose poller polls
