@@ -763,6 +763,17 @@ def markdown(res: Results, png_name: str) -> str:
                 imp.value <= IMPORT_MS,
             )
         )
+    deployed = res.figures.get("import_deployed")
+    if deployed is not None and deployed.values:
+        targets.append(
+            (
+                "cold start as deployed: `import app` from the function's package, wall ms: "
+                "sources only (`sam build`) / with their bytecode (`make sam`)",
+                f"{_n(deployed.extra_median('sources_ms'))} / {_n(deployed.value)}",
+                "",
+                None,
+            )
+        )
     if enq is not None and enq.values:
         targets.append(
             (
@@ -807,7 +818,13 @@ def markdown(res: Results, png_name: str) -> str:
             f"({_n(empty.extra_median('connect_xacts'))}). The peak RSS is the drain "
             "process's VmHWM (getrusage's ru_maxrss would report the parent's peak: it "
             "survives exec). The import is timed in a fresh interpreter after one untimed "
-            "run that compiles the bytecode."
+            "run that compiles and caches the bytecode (whatever PYTHONDONTWRITEBYTECODE "
+            "says). *As deployed*: the packages `import app` loads from outside the "
+            "standard library (pgdrain's, psycopg's, Powertools'...) copied into one "
+            "directory as `sam build` ships them, sources only, and imported from it alone "
+            "(`python -S`, no bytecode written: a function's /var/task is read-only, so it "
+            "compiles every module at every cold start); then again once `make sam`'s step "
+            "has compiled them (compileall, unchecked-hash)."
         )
         add("")
     lines += cost_section(res, cost_png(Path(png_name)).name)
