@@ -53,7 +53,7 @@ $(SAM_INSTALLED):
 
 # Then the build's bytecode, compiled by the runtime's Python (3.12): SAM ships sources only, and
 # a function cannot cache bytecode (/var/task is read-only), so each cold start compiled every
-# module it imports (`import app` 2.3x slower: docs/benchmarks.md). unchecked-hash: the zip
+# module it imports (`import app` 2x slower: docs/benchmarks.md). unchecked-hash: the zip
 # does not keep the sources' timestamps, which the default check compares.
 sam: $(SAM_INSTALLED)
 	$(SAM_ENV) $(SAM_VENV)/bin/sam validate --lint --region us-east-1
