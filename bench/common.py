@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -24,6 +25,18 @@ from psycopg import sql
 
 REPO = Path(__file__).resolve().parent.parent
 HANDLER = REPO / "handler"
+
+
+def make_sam_compileall_options() -> list[str]:
+    """The compileall options of the Makefile's `sam` recipe, its build directory left out: what
+    `make sam` compiles a function's package with (the benchmark compiles its copy the same way)."""
+    for line in (REPO / "Makefile").read_text().splitlines():
+        if line.startswith("\t") and "-m compileall" in line:
+            words = shlex.split(line.split("-m compileall", 1)[1])
+            return [w for w in words if w != ".aws-sam/build"]
+    raise AssertionError("the Makefile's sam recipe compiles no bytecode")
+
+
 DB_PREFIX = "pgdrain_bench_"
 # The key prefixes of the strict-ordering figures (batch 1, concurrency 1): apart from
 # pgdrain/B/P and ceiling/B/P, whose concurrency follows from the batch size.

@@ -38,6 +38,7 @@ from bench.common import (
     cpu_seconds_per_1000_jobs,
     load_average,
     log,
+    make_sam_compileall_options,
     resolve_server,
     run_workers,
     worker_env,
@@ -448,9 +449,8 @@ def deployed_cold_start(cfg: Config, res: Results, env: dict[str, str]) -> None:
         package = Path(tmp)
         deployed_layout(env, package)
         sources = _time_imports(env, package, cfg.import_runs)
-        compile_all = ["-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash"]
         subprocess.run(
-            [sys.executable, *compile_all, str(package)],
+            [sys.executable, "-m", "compileall", *make_sam_compileall_options(), str(package)],
             check=True,
             capture_output=True,
         )

@@ -9,7 +9,6 @@ that only the timestamps can tell): the module says which one ran."""
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -19,15 +18,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # bench/ is not a package of the library
+    sys.path.insert(0, str(ROOT))
 
-
-def _compileall_arguments() -> list[str]:
-    """The compileall options of the Makefile's `sam` recipe (its build directory left out)."""
-    for line in (ROOT / "Makefile").read_text().splitlines():
-        if line.startswith("\t") and "-m compileall" in line:
-            words = shlex.split(line.split("-m compileall", 1)[1])
-            return [w for w in words if w != ".aws-sam/build"]
-    raise AssertionError("the Makefile's sam recipe compiles no bytecode")
+from bench.common import make_sam_compileall_options  # noqa: E402
 
 
 def _zipped_as_sam_does(source: Path, archive: Path) -> None:
@@ -85,5 +79,5 @@ def test_the_makefile_compiles_bytecode_for_the_functions_runtime() -> None:
 def test_the_bytecode_make_sam_compiles_is_used_after_sams_zip(
     tmp_path: Path, options: list[str] | None, ran: str
 ) -> None:
-    compile_options = _compileall_arguments() if options is None else options
+    compile_options = make_sam_compileall_options() if options is None else options
     assert _which_ran(tmp_path / "build", tmp_path, compile_options) == ran
