@@ -763,6 +763,17 @@ def markdown(res: Results, png_name: str) -> str:
                 imp.value <= IMPORT_MS,
             )
         )
+        if imp.extra.get("dependencies_ms"):
+            packages = ", ".join(res.info.get("import_dependencies", []))
+            targets.append(
+                (
+                    f"of which the installed packages alone ({packages}): the same modules "
+                    "imported without pgdrain's, wall ms",
+                    _n(imp.extra_median("dependencies_ms")),
+                    "",
+                    None,
+                )
+            )
     deployed = res.figures.get("import_deployed")
     if deployed is not None and deployed.values:
         targets.append(
