@@ -180,31 +180,36 @@ def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[i
     generator of a million jobs never sits in memory, nor in one message to the server."""
     ids: list[int] = []
     with conn.transaction():
-        for chunk in _chunks(jobs):
-            ids.extend(store.job_insert_many(conn, chunk))
+        for chunk, payloads_json in _chunks(jobs):
+            ids.extend(store.job_insert_many(conn, chunk, payloads_json))
     return ids
 
 
-def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[list[store.NewJob]]:
+def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], list[str]]]:
+    """The jobs in chunks, each with its jobs' payloads encoded (store.payload_json): each
+    payload is encoded once, here, to size the chunk, and that text is what is sent."""
     chunk: list[store.NewJob] = []
+    texts: list[str] = []
     chunk_bytes = 0
     last_payload: object = object()
-    last_size = 0
+    last_text, last_size = "", 0
     for job in jobs:
-        if job.payload is not last_payload:  # the same payload repeated is measured once
-            last_payload, last_size = job.payload, payload_size(job.payload)
+        if job.payload is not last_payload:  # the same payload repeated is encoded once
+            last_payload, last_text = job.payload, store.payload_json(job.payload)
+            last_size = len(last_text.encode())
         if chunk and (len(chunk) >= CHUNK_ROWS or chunk_bytes + last_size > CHUNK_BYTES):
-            yield chunk
-            chunk, chunk_bytes = [], 0
+            yield chunk, texts
+            chunk, texts, chunk_bytes = [], [], 0
         chunk.append(job)
+        texts.append(last_text)
         chunk_bytes += last_size
     if chunk:
-        yield chunk
+        yield chunk, texts
 
 
 def payload_size(payload: Any) -> int:
     """Bytes of the payload as stored (UTF-8 JSON); build_job has checked it encodes."""
-    return len(json.dumps({} if payload is None else payload, ensure_ascii=False).encode())
+    return len(store.payload_json(payload).encode())
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:

@@ -256,15 +256,29 @@ def job_find_by_key(conn: Connection, queue: str, idempotency_key: str) -> int |
     return None if row is None else int(row[0])
 
 
-def job_insert_many(conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
+def payload_json(payload: Any) -> str:
+    """A job's payload as the jobs table receives it: JSON text (None is {}), non-ASCII
+    characters as they are, not escaped (so its UTF-8 length is the size stored)."""
+    return json.dumps({} if payload is None else payload, ensure_ascii=False)
+
+
+def job_insert_many(
+    conn: Connection, jobs: Sequence[NewJob], payloads_json: Sequence[str] | None = None
+) -> list[int]:
     """Insert many jobs in one statement; returns the ids created (a key held by an
-    unfinished job of the same queue is skipped)."""
+    unfinished job of the same queue is skipped). `payloads_json`, when given, holds each
+    job's payload_json() already: enqueue_many encodes each payload once, to size its chunks,
+    and sends that text."""
     if not jobs:
         return []
+    if payloads_json is None:
+        payloads_json = [payload_json(j.payload) for j in jobs]
+    if len(payloads_json) != len(jobs):
+        raise ValueError("one encoded payload per job")
     params = {
         "queues": [j.queue for j in jobs],
         "kinds": [j.kind for j in jobs],
-        "payloads": [Jsonb({} if j.payload is None else j.payload) for j in jobs],
+        "payloads": list(payloads_json),
         "priorities": [j.priority for j in jobs],
         "run_ats": [j.run_at for j in jobs],
         "delays": [float(j.delay_seconds) for j in jobs],

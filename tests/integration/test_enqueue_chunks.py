@@ -23,9 +23,11 @@ def chunk_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     real = store.job_insert_many
 
-    def spy(conn: Conn, jobs: Sequence[store.NewJob]) -> list[int]:
+    def spy(
+        conn: Conn, jobs: Sequence[store.NewJob], payloads_json: Sequence[str] | None = None
+    ) -> list[int]:
         sizes.append(len(jobs))
-        return real(conn, jobs)
+        return real(conn, jobs, payloads_json)
 
     monkeypatch.setattr(store, "job_insert_many", spy)
     return sizes
@@ -62,13 +64,32 @@ def test_a_failing_chunk_rolls_back_the_chunks_before_it(
     """One transaction: the third chunk fails, the first two are not left behind."""
     spy = store.job_insert_many
 
-    def fail_third(c: Conn, jobs: Sequence[store.NewJob]) -> list[int]:
+    def fail_third(
+        c: Conn, jobs: Sequence[store.NewJob], payloads_json: Sequence[str] | None = None
+    ) -> list[int]:
         if len(chunk_sizes) == 2:
             raise RuntimeError("the server went away")
-        return spy(c, jobs)
+        return spy(c, jobs, payloads_json)
 
     monkeypatch.setattr(store, "job_insert_many", fail_third)
     with pytest.raises(RuntimeError):
         enqueue_many(conn, itertools.repeat(build_job("noop"), 3 * CHUNK_ROWS))
     assert chunk_sizes == [CHUNK_ROWS, CHUNK_ROWS]
     assert count_jobs(conn) == 0
+
+
+def test_each_job_keeps_its_own_payload_across_chunks(conn: Conn) -> None:
+    """Payloads are encoded once each, beside the jobs, and sent as text: every row gets its
+    own job's payload, repeated objects and chunk boundaries included."""
+    shared = {"user": "Zoë ✓", "tags": ["a", "b"]}
+    payloads: list[object] = [None, shared, shared, [1, 2.5, None], "text", {"n": 0}]
+    jobs = [build_job("noop", payloads[i % len(payloads)]) for i in range(CHUNK_ROWS + 5)]
+    ids = enqueue_many(conn, jobs)
+    rows = conn.execute(
+        "SELECT id, payload FROM pgdrain.jobs WHERE id = ANY(%s) ORDER BY id", [ids]
+    ).fetchall()
+    expected = [
+        {} if p is None else p for p in (payloads[i % len(payloads)] for i in range(len(jobs)))
+    ]
+    assert [r[0] for r in rows] == ids
+    assert [r[1] for r in rows] == expected
