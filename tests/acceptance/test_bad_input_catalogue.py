@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import os
 import re
 import subprocess
@@ -590,11 +591,20 @@ def handler(secret_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
     monkeypatch.setenv("DATABASE_URL", secret_url)
     monkeypatch.setattr(app, "runtime", lambda_run.cold_start(os.environ))
     buffer = io.StringIO()
-    previous = app.logger.logger_handler.setStream(buffer)
+    handler = app.logger.logger_handler
+    previous = handler.setStream(buffer)
+    # The logger app.py configured at import: a test that ran earlier may have taken the
+    # handler off it again (tests/integration/test_lambda_handler.py's `logs` does).
+    library = logging.getLogger(app.logger.name)
+    attached = handler in library.handlers
+    if not attached:
+        library.addHandler(handler)
     try:
         yield app, buffer
     finally:
-        app.logger.logger_handler.setStream(previous)
+        handler.setStream(previous)
+        if not attached:
+            library.removeHandler(handler)
 
 
 @pytest.mark.parametrize(("event", "fragment"), BAD_EVENTS.values(), ids=BAD_EVENTS.keys())
