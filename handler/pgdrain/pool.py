@@ -1,4 +1,5 @@
-"""A fixed set of daemon threads that run job functions and report each outcome on a queue.
+"""Daemon threads, up to a fixed number, that run job functions and report each outcome on a
+queue.
 
 Daemon threads, unlike concurrent.futures' workers, do not hold the process open at exit: a job
 still running when the budget is spent must not keep a CLI drain (or a Lambda handler) alive.
@@ -7,6 +8,7 @@ Its lease ends at the run's deadline, so the job is reclaimable then."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # Each worker thread keeps one event loop for the `async def` jobs it runs, made on first use
 # and closed when the worker exits: reusing it is cheaper than asyncio.run() per job (a new
@@ -49,20 +53,46 @@ class Outcome(Generic[T]):
 
 
 class WorkerPool(Generic[T]):
+    """At most `size` threads, started as jobs need them: one more whenever a job is submitted
+    while every thread started so far has a job whose outcome was not taken yet. So a run that
+    finds nothing starts no thread (starting one costs ~0.1 ms: 30 ms for 250), one that claims
+    three jobs starts three, and a submitted job never waits for a thread while fewer than
+    `size` jobs are out. submit() and take() are called from one thread (the run's), which
+    alone keeps that count."""
+
     def __init__(self, size: int, run: Callable[[T], object], name: str = "pgdrain-job") -> None:
+        self._size = size
+        self._name = name
         self._run = run
         self._tasks: queue.SimpleQueue[T | None] = queue.SimpleQueue()
         # None is a wake-up (pgdrain.stop), not an outcome.
         self.outcomes: queue.SimpleQueue[Outcome[T] | None] = queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-            for i in range(size)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._threads: list[threading.Thread] = []
+        self._out = 0  # jobs submitted whose outcome was not taken yet
 
     def submit(self, item: T) -> None:
+        self._out += 1
+        if self._out > len(self._threads) and len(self._threads) < self._size:
+            self._start_thread()
         self._tasks.put(item)
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(
+            target=self._work, name=f"{self._name}-{len(self._threads)}", daemon=True
+        )
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread": the process's limit
+            if not self._threads:
+                raise
+            # The job waits for a thread that is running one: later, not lost.
+            log.warning(
+                "could not start another job thread; jobs share the ones running",
+                extra={"threads": len(self._threads)},
+            )
+            self._size = len(self._threads)
+            return
+        self._threads.append(thread)
 
     def take(self, wait: float) -> Iterator[Outcome[T]]:
         """Wait up to `wait` seconds for an outcome, then yield it and every other one ready,
@@ -73,6 +103,7 @@ class WorkerPool(Generic[T]):
             return
         while True:
             if outcome is not None:
+                self._out -= 1
                 yield outcome
             try:
                 outcome = self.outcomes.get_nowait()

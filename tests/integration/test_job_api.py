@@ -195,6 +195,38 @@ def test_middleware_runs_in_the_jobs_own_thread(db_url: str, conn: Conn) -> None
     assert name.startswith("pgdrain-job")
 
 
+def test_a_run_starts_job_threads_as_its_jobs_need_them(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty run starts no job thread at concurrency 50, a run of three jobs at most three
+    (each thread costs ~0.1 ms to start, and most runs claim little or nothing)."""
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        real_start(thread)
+        started.append(thread.name)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    registry = Registry()
+
+    @registry.job("noop")
+    def noop(job: Job) -> None:
+        pass
+
+    def job_threads() -> list[str]:
+        return [name for name in started if name.startswith("pgdrain-job")]
+
+    settings = Settings(concurrency=50, batch_size=50)
+    empty = drain(settings, Budget.seconds(30), registry, db_url)
+    assert (empty.claimed, job_threads()) == (0, [])
+    for _ in range(3):
+        enqueue(conn, "noop")
+    ran = drain(settings, Budget.seconds(30), registry, db_url)
+    assert ran.done == 3
+    assert 1 <= len(job_threads()) <= 3
+
+
 # -- per-kind options -----------------------------------------------------------------------
 
 
