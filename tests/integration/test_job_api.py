@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import job_row
+from helpers.threads import started_threads
 from pgdrain import Budget, DrainResult, Job, Registry, RetryPolicy, Settings, drain, enqueue
 
 Conn = psycopg.Connection[Any]
@@ -200,14 +201,7 @@ def test_a_run_with_nothing_to_do_starts_no_job_thread(
 ) -> None:
     """Most runs find nothing: they start none of the concurrency's threads (each costs ~0.1
     ms to start); a run with jobs starts them all."""
-    started: list[str] = []
-    real_start = threading.Thread.start
-
-    def start(thread: threading.Thread) -> None:
-        real_start(thread)
-        started.append(thread.name)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
+    started = started_threads(monkeypatch)
     registry = Registry()
 
     @registry.job("noop")

@@ -10,22 +10,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from helpers.threads import started_threads
 from pgdrain.pool import Outcome, WorkerPool
 
 WAIT = 10.0  # seconds: only reached if a job never runs (the test fails then)
-
-
-def started_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the threads started from now on."""
-    names: list[str] = []
-    real_start = threading.Thread.start
-
-    def start(thread: threading.Thread) -> None:
-        real_start(thread)
-        names.append(thread.name)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
-    return names
 
 
 def take(pool: WorkerPool[int], count: int) -> list[Outcome[int]]:
