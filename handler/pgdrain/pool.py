@@ -1,5 +1,5 @@
-"""Daemon threads, up to a fixed number, that run job functions and report each outcome on a
-queue.
+"""A fixed number of daemon threads, started with the first job, that run job functions and
+report each outcome on a queue.
 
 Daemon threads, unlike concurrent.futures' workers, do not hold the process open at exit: a job
 still running when the budget is spent must not keep a CLI drain (or a Lambda handler) alive.
