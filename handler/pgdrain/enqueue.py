@@ -177,7 +177,9 @@ def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[i
     """Enqueue many jobs (built with build_job) in one transaction (a savepoint inside the
     caller's, if one is open): all or none. Returns the ids created. `jobs` is consumed lazily
     and sent in chunks of at most CHUNK_ROWS rows and about CHUNK_BYTES of payload, so a
-    generator of a million jobs never sits in memory, nor in one message to the server."""
+    generator of a million jobs never sits in memory, nor in one message to the server. Each
+    payload is encoded as its job is taken from `jobs`, and one payload object repeated only
+    once: do not change a payload object after handing it over."""
     ids: list[int] = []
     with conn.transaction():
         for chunk, payloads_json in _chunks(jobs):
