@@ -371,14 +371,9 @@ def cold_start(cfg: Config, res: Results) -> None:
     # The same import of the installed packages alone (psycopg, Powertools...), the modules
     # `import app` loads from them in the order it loads them: the part of the figure that
     # pgdrain's own code does not decide. Timed in turn with the whole import, run by run.
-    dependencies = subprocess.run(
-        [sys.executable, "-c", _DEPENDENCY_MODULES, str(HANDLER)],
-        env=compiling,
-        cwd=HANDLER,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
+    dependencies = [
+        name for name, file in loaded_outside_stdlib(compiling) if not file.is_relative_to(HANDLER)
+    ]
     floor_code = (
         "import importlib, sys, time; names = sys.argv[1:]; t = time.perf_counter(); "
         "[importlib.import_module(name) for name in names]; print(time.perf_counter() - t)"
@@ -412,46 +407,41 @@ def cold_start(cfg: Config, res: Results) -> None:
         deployed_cold_start(cfg, res, env)
 
 
-# The modules `import app` loads from installed packages (neither the standard library nor
-# handler/), in the order it loads them.
-_DEPENDENCY_MODULES = """
-import sys, sysconfig
-stdlib, handler = sysconfig.get_paths()["stdlib"], sys.argv[1]
-import app
-for name, module in list(sys.modules.items()):
-    path = getattr(module, "__file__", None) or ""
-    if path and not path.startswith((stdlib, handler)):
-        print(name)
-"""
-
-
-# What `import app` loads from outside the standard library, as top-level names: what a
-# function's package holds (SAM copies handler/ and installs handler/requirements.txt).
-_IMPORTED_PACKAGES = """
+# Every module `import app` loads from outside the standard library, in the order it loads
+# them: its name and its file, a line each.
+_LOADED_OUTSIDE_STDLIB = """
 import sys, sysconfig
 stdlib = sysconfig.get_paths()["stdlib"]
 import app
 for name, module in list(sys.modules.items()):
     path = getattr(module, "__file__", None) or ""
-    if "." not in name and path and not path.startswith(stdlib):
-        print(path)
+    if path and not path.startswith(stdlib):
+        print(name, path, sep="\\t")
 """
 
 
-def deployed_layout(env: dict[str, str], into: Path) -> None:
-    """Copy into `into` the packages `import app` loads from outside the standard library
-    (handler/'s own and the installed ones), as a function's package holds them: sources, no
-    bytecode."""
+def loaded_outside_stdlib(env: dict[str, str]) -> list[tuple[str, Path]]:
+    """(name, file) of each module `import app` loads from outside the standard library
+    (handler/'s own and the installed packages'), in the order it loads them."""
     out = subprocess.run(
-        [sys.executable, "-c", _IMPORTED_PACKAGES],
+        [sys.executable, "-c", _LOADED_OUTSIDE_STDLIB],
         env=env,
         cwd=HANDLER,
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    for line in out.splitlines():
-        file = Path(line)
+    return [(name, Path(path)) for name, path in (line.split("\t") for line in out.splitlines())]
+
+
+def deployed_layout(env: dict[str, str], into: Path) -> None:
+    """Copy into `into` the packages `import app` loads from outside the standard library
+    (handler/'s own and the installed ones), as a function's package holds them: sources, no
+    bytecode."""
+    # What a function's package holds: the top-level packages and modules (SAM copies handler/
+    # and installs handler/requirements.txt).
+    top_level = [file for name, file in loaded_outside_stdlib(env) if "." not in name]
+    for file in top_level:
         # A package is its directory (its __file__ is the __init__), a module its one file.
         if file.stem == "__init__":
             shutil.copytree(
