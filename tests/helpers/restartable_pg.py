@@ -21,6 +21,12 @@ from typing import Any
 
 SYSTEM_USER = "pgserver"  # the user pgserver itself runs PostgreSQL as, when started as root
 START_TIMEOUT_SECONDS = 60
+# How long a connection's backend waits for the client's first message. PostgreSQL's default
+# is 60 s, and a shutdown waits for every connection that arrived while it was shutting down
+# (each is told "shutting down" once its first message is read): a client that connected
+# through a paused proxy (helpers.lossy_proxy) sends none, and held the soak's restart for a
+# minute. The proxy's pauses last at most 2 s, so 5 s lets every paused handshake finish.
+AUTHENTICATION_TIMEOUT = "5s"
 
 
 def _pgserver() -> tuple[Any, Any]:
@@ -53,8 +59,11 @@ class RestartableServer:
     """initdb once, then start/stop/restart at will. Use as a context manager: on exit the
     server is stopped (immediately) and its directory removed."""
 
-    def __init__(self, folder: Path | None = None) -> None:
+    def __init__(
+        self, folder: Path | None = None, authentication_timeout: str = AUTHENTICATION_TIMEOUT
+    ) -> None:
         self._commands, utils = _pgserver()
+        self.authentication_timeout = authentication_timeout
         # A folder directly under /tmp: pytest's own tmp folders are not traversable by the
         # unprivileged user that runs the server.
         self.folder = folder or Path(tempfile.mkdtemp(prefix="pgdrain-pg-"))
@@ -97,7 +106,8 @@ class RestartableServer:
     def start(self) -> None:
         options = (
             f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories='' "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+            f"-c authentication_timeout={self.authentication_timeout}"
         )
         self._run(
             "pg_ctl",
@@ -105,9 +115,14 @@ class RestartableServer:
         )
         self.starts += 1
 
-    def stop(self, mode: str = "fast") -> None:
+    def stop(self, mode: str = "fast", timeout: int = START_TIMEOUT_SECONDS) -> None:
         """fast: end every session, then shut down cleanly. immediate: like a crash."""
-        self._run("pg_ctl", ["-w", "-t", str(START_TIMEOUT_SECONDS), "-m", mode, "stop"])
+        self._run("pg_ctl", ["-w", "-t", str(timeout), "-m", mode, "stop"])
+
+    def begin_smart_shutdown(self) -> None:
+        """Ask for a smart shutdown and return at once: open sessions go on, new connections
+        are told the database is shutting down, the server stops when the last session ends."""
+        self._run("pg_ctl", ["-W", "-m", "smart", "stop"])
 
     def restart(self, mode: str = "fast") -> None:
         self.stop(mode)
@@ -124,7 +139,11 @@ class RestartableServer:
 
     def close(self) -> None:
         if self.pgdata.exists() and self.is_running():
-            self.stop("immediate")
+            try:
+                self.stop("immediate")
+            except RuntimeError:
+                if self.is_running():  # else a shutdown under way ended while we asked
+                    raise
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> RestartableServer:
