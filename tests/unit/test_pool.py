@@ -15,6 +15,9 @@ from pgdrain.pool import Outcome, WorkerPool
 
 WAIT = 10.0  # seconds: only reached if a job never runs (the test fails then)
 
+# The `pools` fixture: makes a pool of a size and a job function, closed after the test.
+MakePool = Callable[[int, Callable[[int], object]], WorkerPool[int]]
+
 
 def take(pool: WorkerPool[int], count: int) -> list[Outcome[int]]:
     taken: list[Outcome[int]] = []
@@ -24,7 +27,7 @@ def take(pool: WorkerPool[int], count: int) -> list[Outcome[int]]:
 
 
 @pytest.fixture
-def pools() -> Iterator[Callable[[int, Callable[[int], object]], WorkerPool[int]]]:
+def pools() -> Iterator[MakePool]:
     made: list[WorkerPool[int]] = []
 
     def make(size: int, run: Callable[[int], object]) -> WorkerPool[int]:
@@ -38,8 +41,7 @@ def pools() -> Iterator[Callable[[int, Callable[[int], object]], WorkerPool[int]
 
 
 def test_a_pool_given_no_job_starts_no_thread(
-    monkeypatch: pytest.MonkeyPatch,
-    pools: Callable[[int, Callable[[int], object]], WorkerPool[int]],
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool
 ) -> None:
     names = started_threads(monkeypatch)
     pool = pools(250, lambda n: None)
@@ -48,8 +50,7 @@ def test_a_pool_given_no_job_starts_no_thread(
 
 
 def test_the_first_job_starts_every_thread(
-    monkeypatch: pytest.MonkeyPatch,
-    pools: Callable[[int, Callable[[int], object]], WorkerPool[int]],
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool
 ) -> None:
     names = started_threads(monkeypatch)
     pool = pools(10, lambda n: None)
@@ -61,8 +62,7 @@ def test_the_first_job_starts_every_thread(
 
 
 def test_every_job_out_at_once_runs_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-    pools: Callable[[int, Callable[[int], object]], WorkerPool[int]],
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool
 ) -> None:
     """Eight blocking jobs in a pool of eight: each gets a thread of its own at once (the
     barrier opens only when all eight wait on it together)."""
@@ -77,10 +77,7 @@ def test_every_job_out_at_once_runs_at_once(
     assert len(names) == 8
 
 
-def test_no_more_threads_than_its_size(
-    monkeypatch: pytest.MonkeyPatch,
-    pools: Callable[[int, Callable[[int], object]], WorkerPool[int]],
-) -> None:
+def test_no_more_threads_than_its_size(monkeypatch: pytest.MonkeyPatch, pools: MakePool) -> None:
     """Control for the test above: with room for only four at once, the barrier of eight can
     never open, and the jobs past the size wait for a thread instead of getting a fifth."""
     names = started_threads(monkeypatch)
@@ -96,7 +93,7 @@ def test_no_more_threads_than_its_size(
 def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-    pools: Callable[[int, Callable[[int], object]], WorkerPool[int]],
+    pools: MakePool,
 ) -> None:
     """At the process's thread limit the pool goes on with the threads it has: every job
     still runs, later; none is lost."""
@@ -122,8 +119,7 @@ def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
 
 
 def test_a_pool_that_cannot_start_any_thread_says_so(
-    monkeypatch: pytest.MonkeyPatch,
-    pools: Callable[[int, Callable[[int], object]], WorkerPool[int]],
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool
 ) -> None:
     def start(thread: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
