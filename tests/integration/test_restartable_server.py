@@ -11,7 +11,6 @@ variable is authentication_timeout: the helper's 5 s, or PostgreSQL's default.""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,10 +74,8 @@ def _server_children(server: RestartableServer) -> set[int]:
 
 def test_a_silent_connection_does_not_hold_the_stop() -> None:
     with RestartableServer() as server, silent_connection_during_shutdown(server):
-        started = time.monotonic()
-        server.stop("fast", timeout=STOP_TIMEOUT_SECONDS)
+        server.stop("fast", timeout=STOP_TIMEOUT_SECONDS)  # raises past the timeout
         assert not server.is_running()
-        assert time.monotonic() - started < STOP_TIMEOUT_SECONDS
 
 
 def test_control_at_postgres_default_the_silent_connection_holds_the_stop() -> None:
