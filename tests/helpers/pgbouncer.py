@@ -65,6 +65,10 @@ class PgBouncer:
         self.folder = Path(tempfile.mkdtemp(prefix="pgdrain-pgbouncer-"))
         self.log = self.folder / "pgbouncer.log"
         userlist = "".join(f'"{user}" ""\n' for user in users)
+        # From 1.21 PgBouncer can track protocol-level prepared statements itself (on by default
+        # from 1.24); off here, as in most managed poolers, so that what the tests show does not
+        # depend on the version installed.
+        prepared = "max_prepared_statements = 0\n" if version(executable) >= (1, 21) else ""
         (self.folder / "userlist.txt").write_text(userlist)
         (self.folder / "pgbouncer.ini").write_text(
             "[databases]\n"
@@ -79,6 +83,7 @@ class PgBouncer:
             f"default_pool_size = {pool_size}\n"
             "max_client_conn = 200\n"
             "server_reset_query =\n"
+            f"{prepared}"
             "ignore_startup_parameters = extra_float_digits\n"
             f"logfile = {self.log}\n"
             f"pidfile = {self.folder / 'pgbouncer.pid'}\n"

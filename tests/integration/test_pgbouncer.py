@@ -1,7 +1,8 @@
 """Through PgBouncer in transaction mode (PGDRAIN_POOLER=transaction): the drain, the heartbeat,
 reclaim, kick debouncing and migrations all work, because pgdrain keeps no session state and
 prepares no statement. The control: the same drains with psycopg's default prepared statements
-(pooler='session') fail through the same pooler."""
+(pooler='session') fail through the same pooler, because two client connections leave and look for
+statements under the same names on one server session."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, job_row, wait_for
-from helpers.pgbouncer import PgBouncer, find_pgbouncer, version
+from helpers.pgbouncer import PgBouncer, find_pgbouncer
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain, store
 from pgdrain.db import connection_kwargs
 from pgdrain.migrate import migrate
@@ -85,17 +86,41 @@ def test_concurrent_drains_pass_through_the_transaction_pooler(conn: Conn, poole
     )
 
 
-def test_control_with_prepared_statements_the_same_drains_fail(
-    conn: Conn, pooled_url: str, bouncer: PgBouncer
+@pytest.fixture(scope="module")
+def one_server_bouncer(server_url: str) -> Iterator[PgBouncer]:
+    """A pool of one server connection: every client's transactions run on the same server
+    session, so whatever one client leaves in that session meets the next client for certain."""
+    with PgBouncer(server_url, pool_mode="transaction", pool_size=1) as running:
+        yield running
+
+
+def _drain_one_after_another(
+    conn: Conn, url: str, settings: Settings, runs: int = 2
+) -> list[DrainResult]:
+    """Each drain gets 100 jobs, so it runs its claim more than psycopg's prepare threshold
+    (5 executions) and, unless told not to, prepares it as `_pg3_0`, the first name on every new
+    connection. The next drain's connection starts that count again on the same server session."""
+    results = []
+    for _ in range(runs):
+        _enqueue(conn, 100)
+        results.append(drain(settings, Budget.seconds(BUDGET_SECONDS), registry, url))
+    return results
+
+
+def test_drains_one_after_another_share_a_server_session(
+    conn: Conn, db_url: str, one_server_bouncer: PgBouncer
 ) -> None:
-    _enqueue(conn, 300)
-    results = _drain_concurrently(pooled_url, SESSION)
+    results = _drain_one_after_another(conn, one_server_bouncer.url(db_url), TRANSACTION)
+    assert [(r.stop_reason, r.done) for r in results] == [("empty", 100)] * 2, [
+        r.error for r in results
+    ]
+
+
+def test_control_with_prepared_statements_the_same_drains_fail(
+    conn: Conn, db_url: str, one_server_bouncer: PgBouncer
+) -> None:
+    results = _drain_one_after_another(conn, one_server_bouncer.url(db_url), SESSION)
     errors = [r.error for r in results if r.stop_reason == "error"]
-    if not errors and version(bouncer.executable) >= (1, 22):
-        pytest.skip(
-            "this PgBouncer (>= 1.22) keeps protocol-level prepared statements across "
-            "transactions, so the control does not fail here"
-        )
     assert errors, "prepared statements went through a transaction pooler unharmed"
     assert all("prepared statement" in str(e) for e in errors), errors
 
