@@ -66,8 +66,8 @@ class PgBouncer:
         self.log = self.folder / "pgbouncer.log"
         userlist = "".join(f'"{user}" ""\n' for user in users)
         # From 1.21 PgBouncer can track protocol-level prepared statements itself (on by default
-        # from 1.24); off here, as in most managed poolers, so that what the tests show does not
-        # depend on the version installed.
+        # from 1.24); off here, so that what the tests show does not depend on the version
+        # installed (pgdrain prepares nothing, and needs no pooler to track anything).
         prepared = "max_prepared_statements = 0\n" if version(executable) >= (1, 21) else ""
         (self.folder / "userlist.txt").write_text(userlist)
         (self.folder / "pgbouncer.ini").write_text(
