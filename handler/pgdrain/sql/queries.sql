@@ -283,8 +283,9 @@ UNION ALL
 -- After a lost reply (the connection broke once a statement was sent): what the claim
 -- %(claim_id)s already did, if it committed. First the attempts it was to complete that are
 -- recorded done (completed_token holds the accepted attempt's token), then the jobs it claimed
--- that still run under it (a later claim by anyone overwrites claim_id). Only reads: safe to
--- repeat. A NULL claim id asks about completions alone.
+-- that still run under it (a later claim by anyone overwrites claim_id), found among the running
+-- rows (jobs_lease_idx): claim_id has no index, which every claim would pay for (migration
+-- 0011). Only reads: safe to repeat. A NULL claim id asks about completions alone.
 SELECT true AS completed, j.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
        NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
