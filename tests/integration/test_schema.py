@@ -159,9 +159,9 @@ def test_the_partial_indexes_exist(shared: Conn, index: str, columns: str, predi
     assert f"ON pgdrain.jobs USING btree {columns} {predicate}" in row[0]
 
 
-# Each index on pgdrain.jobs that a job's claim or completion writes into costs every job
-# about 5% of the SQL ceiling (migration 0011, which dropped one), so each is here on purpose:
-# who reads it.
+# Every job writes entries into the indexes of pgdrain.jobs as it moves (enqueued, claimed,
+# finished), and each one its claim or completion writes into costs about 5% of the SQL
+# ceiling (migration 0011, which dropped one). So each is here on purpose: who reads it.
 JOBS_INDEXES = {
     "jobs_pkey": "every fenced write, by id",
     "jobs_ready_idx": "the claim, in priority order",
