@@ -1,11 +1,13 @@
 """The worker pool starts its threads when the first job comes (none for a run with nothing to
-do), all of them, so that no job waits for a thread while fewer than `size` run. Blocking jobs
-are held on a barrier: what runs at once is shown, not timed."""
+do), all of them, so that no job waits for a thread while fewer than `size` run: the first at
+once, the others from a starter thread while the first jobs run. Blocking jobs are held on a
+barrier, thread starts on an event: what runs at once is shown, not timed."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -14,9 +16,15 @@ from helpers.threads import started_threads
 from pgdrain.pool import Outcome, WorkerPool
 
 WAIT = 10.0  # seconds: only reached if a job never runs (the test fails then)
+EXIT_WAIT = 2.0  # seconds, all threads together: only reached by a thread that never exits
 
 # The `pools` fixture: makes a pool of a size and a job function, closed after the test.
 MakePool = Callable[[int, Callable[[int], object]], WorkerPool[int]]
+
+
+def workers(names: list[str]) -> list[str]:
+    """The pool's worker threads among the threads started (not its starter)."""
+    return [name for name in names if name.startswith("test-pool-")]
 
 
 def take(pool: WorkerPool[int], count: int) -> list[Outcome[int]]:
@@ -58,7 +66,9 @@ def test_the_first_job_starts_every_thread(
         pool.submit(n)
         [outcome] = take(pool, 1)
         assert outcome.item == n and outcome.error is None
-    assert sorted(names) == sorted(f"test-pool-{i}" for i in range(10))
+    pool.close()  # once the starter is done
+    assert sorted(workers(names)) == sorted(f"test-pool-{i}" for i in range(10))
+    assert names.count("starting-test-pool") == 1
 
 
 def test_every_job_out_at_once_runs_at_once(
@@ -74,7 +84,8 @@ def test_every_job_out_at_once_runs_at_once(
     outcomes = take(pool, 8)
     assert all(o.error is None for o in outcomes)  # a broken barrier would be the error
     assert sorted(o.item for o in outcomes) == list(range(8))
-    assert len(names) == 8
+    pool.close()  # once the starter is done
+    assert len(workers(names)) == 8
 
 
 def test_no_more_threads_than_its_size(monkeypatch: pytest.MonkeyPatch, pools: MakePool) -> None:
@@ -87,7 +98,8 @@ def test_no_more_threads_than_its_size(monkeypatch: pytest.MonkeyPatch, pools: M
         pool.submit(n)
     outcomes = take(pool, 8)
     assert any(isinstance(o.error, threading.BrokenBarrierError) for o in outcomes)
-    assert len(names) == 4
+    pool.close()
+    assert len(workers(names)) == 4
 
 
 def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
@@ -101,7 +113,7 @@ def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
     started: list[str] = []
 
     def start(thread: threading.Thread) -> None:
-        if len(started) == 2:
+        if len(workers(started)) == 2 and thread.name.startswith("test-pool-"):
             raise RuntimeError("can't start new thread")
         real_start(thread)
         started.append(thread.name)
@@ -113,9 +125,106 @@ def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
         for n in range(6):
             pool.submit(n)
         outcomes = take(pool, 6)
+        pool.close()  # once the starter has given up
     assert sorted(o.item for o in outcomes) == sorted(ran) == list(range(6))
-    assert len(started) == 2
+    assert len(workers(started)) == 2
     assert "could not start another job thread" in caplog.text
+
+
+def test_a_starter_that_cannot_start_leaves_the_jobs_to_the_first_thread(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    pools: MakePool,
+) -> None:
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "starting-test-pool":
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    ran: list[int] = []
+    pool = pools(10, ran.append)
+    with caplog.at_level(logging.WARNING, logger="pgdrain.pool"):
+        for n in range(6):
+            pool.submit(n)
+        outcomes = take(pool, 6)
+    assert sorted(o.item for o in outcomes) == sorted(ran) == list(range(6))
+    assert "could not start another job thread" in caplog.text
+
+
+def hold_start_of(monkeypatch: pytest.MonkeyPatch, name: str) -> threading.Event:
+    """Starting the thread called `name` waits (in the thread that starts it) until the event
+    returned is set."""
+    real_start = threading.Thread.start
+    release = threading.Event()
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == name:
+            assert release.wait(WAIT), "never released"
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    return release
+
+
+def test_the_first_job_runs_while_the_other_threads_are_still_starting(
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool
+) -> None:
+    """The starter is held before the second thread: the first job has run anyway (and the
+    submit returned at once: it starts only the first thread)."""
+    release = hold_start_of(monkeypatch, "test-pool-1")
+    pool = pools(10, lambda n: None)
+    pool.submit(7)
+    [outcome] = take(pool, 1)
+    assert (outcome.item, outcome.error, release.is_set()) == (7, None, False)
+    release.set()
+
+
+def _close_while_the_starter_is_held(
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool, wait_for_starter: bool
+) -> list[threading.Thread]:
+    """A pool of ten whose starter is held before the sixth thread; close() is called, then
+    the starter released (by close() itself when it waits for the starter, else after it).
+    Returns the pool's threads still alive once the others have exited."""
+    release = hold_start_of(monkeypatch, "test-pool-5")
+    real_join = threading.Thread.join
+
+    def join(thread: threading.Thread, timeout: float | None = None) -> None:
+        if thread.name == "starting-test-pool":
+            release.set()
+        real_join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", join)
+    pool = pools(10, lambda n: None)
+    pool.submit(0)
+    take(pool, 1)
+    pool.close(wait_for_starter=wait_for_starter)
+    release.set()
+    for starter in [t for t in threading.enumerate() if t.name == "starting-test-pool"]:
+        real_join(starter, WAIT)  # every thread it starts has started then
+    threads = [t for t in threading.enumerate() if t.name.startswith("test-pool-")]
+    deadline = time.monotonic() + EXIT_WAIT
+    for thread in threads:
+        real_join(thread, max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()]
+
+
+def test_close_waits_for_the_starter_so_every_thread_exits(
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool
+) -> None:
+    assert _close_while_the_starter_is_held(monkeypatch, pools, wait_for_starter=True) == []
+
+
+def test_control_close_without_waiting_for_the_starter_leaves_threads_waiting(
+    monkeypatch: pytest.MonkeyPatch, pools: MakePool
+) -> None:
+    """The same timeline, close() not waiting: the threads started after it never get their
+    request to exit (in a warm Lambda container they would wait from run to run). The pools
+    fixture's own close() ends them after the test."""
+    alive = _close_while_the_starter_is_held(monkeypatch, pools, wait_for_starter=False)
+    assert alive, "every thread exited"
 
 
 def test_a_pool_that_cannot_start_any_thread_says_so(
