@@ -102,18 +102,20 @@ def test_no_more_threads_than_its_size(monkeypatch: pytest.MonkeyPatch, pools: M
     assert len(workers(names)) == 4
 
 
-def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
+def _six_jobs_when_starts_fail(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     pools: MakePool,
-) -> None:
-    """At the process's thread limit the pool goes on with the threads it has: every job
-    still runs, later; none is lost."""
+    refuse: Callable[[threading.Thread, list[str]], bool],
+) -> list[str]:
+    """Six jobs in a pool of ten whose thread starts picked by `refuse` (the thread, the names
+    started so far) fail as at the process's thread limit: every job still runs, later, none
+    is lost, and the pool says so. Returns the names of the threads that started."""
     real_start = threading.Thread.start
     started: list[str] = []
 
     def start(thread: threading.Thread) -> None:
-        if len(workers(started)) == 2 and thread.name.startswith("test-pool-"):
+        if refuse(thread, started):
             raise RuntimeError("can't start new thread")
         real_start(thread)
         started.append(thread.name)
@@ -127,8 +129,20 @@ def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
         outcomes = take(pool, 6)
         pool.close()  # once the starter has given up
     assert sorted(o.item for o in outcomes) == sorted(ran) == list(range(6))
-    assert len(workers(started)) == 2
     assert "could not start another job thread" in caplog.text
+    return started
+
+
+def test_a_thread_that_cannot_start_leaves_its_job_to_the_running_ones(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    pools: MakePool,
+) -> None:
+    def third_worker(thread: threading.Thread, started: list[str]) -> bool:
+        return thread.name.startswith("test-pool-") and len(workers(started)) == 2
+
+    started = _six_jobs_when_starts_fail(monkeypatch, caplog, pools, third_worker)
+    assert workers(started) == ["test-pool-0", "test-pool-1"]
 
 
 def test_a_starter_that_cannot_start_leaves_the_jobs_to_the_first_thread(
@@ -136,22 +150,11 @@ def test_a_starter_that_cannot_start_leaves_the_jobs_to_the_first_thread(
     caplog: pytest.LogCaptureFixture,
     pools: MakePool,
 ) -> None:
-    real_start = threading.Thread.start
+    def starter(thread: threading.Thread, started: list[str]) -> bool:
+        return thread.name == "starting-test-pool"
 
-    def start(thread: threading.Thread) -> None:
-        if thread.name == "starting-test-pool":
-            raise RuntimeError("can't start new thread")
-        real_start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", start)
-    ran: list[int] = []
-    pool = pools(10, ran.append)
-    with caplog.at_level(logging.WARNING, logger="pgdrain.pool"):
-        for n in range(6):
-            pool.submit(n)
-        outcomes = take(pool, 6)
-    assert sorted(o.item for o in outcomes) == sorted(ran) == list(range(6))
-    assert "could not start another job thread" in caplog.text
+    started = _six_jobs_when_starts_fail(monkeypatch, caplog, pools, starter)
+    assert workers(started) == ["test-pool-0"]
 
 
 def hold_start_of(monkeypatch: pytest.MonkeyPatch, name: str) -> threading.Event:
