@@ -71,7 +71,7 @@ class WorkerPool(Generic[T]):
         self._tasks: queue.SimpleQueue[T | None] = queue.SimpleQueue()
         # None is a wake-up (pgdrain.stop), not an outcome.
         self.outcomes: queue.SimpleQueue[Outcome[T] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []  # appended by the starter once it runs
+        self._threads: list[threading.Thread] = []  # the first by submit, the rest by the starter
         self._starter: threading.Thread | None = None
 
     def submit(self, item: T) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from helpers.threads import started_threads
+from helpers.threads import on_thread_start, started_threads
 from pgdrain.pool import Outcome, WorkerPool
 
 WAIT = 10.0  # seconds: only reached if a job never runs (the test fails then)
@@ -111,16 +111,12 @@ def _six_jobs_when_starts_fail(
     """Six jobs in a pool of ten whose thread starts picked by `refuse` (the thread, the names
     started so far) fail as at the process's thread limit: every job still runs, later, none
     is lost, and the pool says so. Returns the names of the threads that started."""
-    real_start = threading.Thread.start
-    started: list[str] = []
 
-    def start(thread: threading.Thread) -> None:
+    def at_the_limit(thread: threading.Thread, started: list[str]) -> None:
         if refuse(thread, started):
             raise RuntimeError("can't start new thread")
-        real_start(thread)
-        started.append(thread.name)
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+    started = on_thread_start(monkeypatch, at_the_limit)
     ran: list[int] = []
     pool = pools(10, ran.append)
     with caplog.at_level(logging.WARNING, logger="pgdrain.pool"):
@@ -160,15 +156,13 @@ def test_a_starter_that_cannot_start_leaves_the_jobs_to_the_first_thread(
 def hold_start_of(monkeypatch: pytest.MonkeyPatch, name: str) -> threading.Event:
     """Starting the thread called `name` waits (in the thread that starts it) until the event
     returned is set."""
-    real_start = threading.Thread.start
     release = threading.Event()
 
-    def start(thread: threading.Thread) -> None:
+    def hold(thread: threading.Thread, started: list[str]) -> None:
         if thread.name == name:
             assert release.wait(WAIT), "never released"
-        real_start(thread)
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+    on_thread_start(monkeypatch, hold)
     return release
 
 
@@ -233,10 +227,10 @@ def test_control_close_without_waiting_for_the_starter_leaves_threads_waiting(
 def test_a_pool_that_cannot_start_any_thread_says_so(
     monkeypatch: pytest.MonkeyPatch, pools: MakePool
 ) -> None:
-    def start(thread: threading.Thread) -> None:
+    def at_the_limit(thread: threading.Thread, started: list[str]) -> None:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(threading.Thread, "start", start)
+    on_thread_start(monkeypatch, at_the_limit)
     pool = pools(10, lambda n: None)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         pool.submit(1)
