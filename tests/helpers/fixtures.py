@@ -48,11 +48,12 @@ FENCE_ON_RUNNING = re.compile(
 )
 
 
-# A completion fenced by primary key, and what it records as the accepted attempt.
-FENCED_COMPLETION = re.compile(
+# The fence of a statement given a list of held attempts, found by primary key (`j.id =
+# ANY(ids)` on the line before): a CASE that compares a short list in turn and hashes a long one.
+FENCE_ON_LIST = re.compile(
     r"WHERE j\.id = ANY\((?P<ids>%\(\w+\)[sb])::bigint\[\]\)\n(?P<indent>\s*)"
-    r"AND CASE WHEN j\.status = 'running' THEN j\.attempt_token END"
-    r" = ANY\((?P<tokens>%\(\w+\)[sb])::uuid\[\]\)"
+    r"AND CASE WHEN j\.status = 'running' THEN CASE\n.*?\bEND END\n",
+    re.S,
 )
 
 
@@ -60,20 +61,29 @@ def unfenced(name: str) -> str:
     """The named statement without its attempt_token fence: the line goes, or (where the fence
     is written inside a CASE) only the token's comparison, so that rows must still be running
     and the token is the one thing changed. A completion then records the token it was given
-    (a join on the pairs, as it was written before the fence moved into the CASE): with the
-    fence, that is the row's own; without it, a stale attempt's, which is what the controls
-    look for."""
+    (a join on the pairs): with the fence, that is the row's own; without it, a stale
+    attempt's, which is what the controls look for."""
     statement = query(name)
-    if "completed_token = j.attempt_token" in statement:
-        joined, count = FENCED_COMPLETION.subn(
-            lambda m: (
-                f"FROM unnest({m['ids']}::bigint[], {m['tokens']}::uuid[]) AS held(id, token)\n"
-                f"{m['indent'][:-2]}WHERE j.id = held.id\n{m['indent']}AND j.status = 'running'"
-            ),
-            statement,
-        )
-        assert count == 1, f"{name}: one fenced completion expected"
-        return joined.replace("completed_token = j.attempt_token", "completed_token = held.token")
+    if FENCE_ON_LIST.search(statement):
+        completion = "completed_token = j.attempt_token" in statement
+
+        def running_only(m: re.Match[str]) -> str:
+            ids, indent = m["ids"], m["indent"]
+            if not completion:
+                return f"WHERE j.id = ANY({ids}::bigint[])\n{indent}AND j.status = 'running'\n"
+            tokens = ids.replace("ids", "tokens")
+            return (
+                f"FROM unnest({ids}::bigint[], {tokens}::uuid[]) AS held(id, token)\n"
+                f"{indent[:-2]}WHERE j.id = held.id\n{indent}AND j.status = 'running'\n"
+            )
+
+        replaced, count = FENCE_ON_LIST.subn(running_only, statement)
+        assert count == 1, f"{name}: one fence expected"
+        if completion:
+            return replaced.replace(
+                "completed_token = j.attempt_token", "completed_token = held.token"
+            )
+        return replaced
     if FENCE_ON_RUNNING.search(statement):
         replaced, count = FENCE_ON_RUNNING.subn("j.status = 'running'", statement)
         assert count == 1, f"{name}: one fence expected"

@@ -165,6 +165,74 @@ def test_the_current_token_still_writes(conn: Conn, name: str) -> None:
     assert operation(conn, current) == {current.id}
 
 
+# A long list of held attempts is fenced by a hash of its pairs, a short one by comparing each
+# token in turn (queries.sql): the same stale write, among 150 current ones.
+LONG_LIST = 150
+LIST_OPERATIONS = ("job_complete_and_claim", "job_complete_many", "job_extend_leases")
+
+
+def _with_many_current(conn: Conn, stale: store.Held) -> list[store.Held]:
+    for n in range(LONG_LIST):
+        enqueue(conn, "send_email", {"email_id": n})
+    current = [
+        c.held for c in claim_batch(conn, ["default"], LONG_LIST, WORKER, LEASE_SECONDS, None)
+    ]
+    assert len(current) == LONG_LIST
+    return [*current[:75], stale, *current[75:]]
+
+
+def _list_params(name: str, held: list[store.Held]) -> dict[str, Any]:
+    lists = {"ids": [h.id for h in held], "tokens": [h.token for h in held]}
+    if name == "job_complete_and_claim":
+        return {
+            **_complete_and_claim_params(held[0]),
+            "done_ids": lists["ids"],
+            "done_tokens": lists["tokens"],
+        }
+    if name == "job_extend_leases":
+        return {**_extend_params(held[0]), **lists}
+    return lists
+
+
+def _write_list(conn: Conn, name: str, held: list[store.Held], fenced: bool) -> set[int]:
+    """The ids the statement wrote (as it reports them)."""
+    if fenced and name == "job_complete_and_claim":
+        return set(
+            store.job_complete_and_claim(conn, held, ["default"], 0, WORKER, LEASE_SECONDS, None)[
+                0
+            ].applied
+        )
+    if fenced and name == "job_complete_many":
+        return set(store.job_complete_many(conn, held).applied)
+    if fenced:
+        return set(store.job_extend_leases(conn, held, 3600.0, None).applied)
+    rows = conn.execute(unfenced(name), _list_params(name, held)).fetchall()
+    if name == "job_complete_and_claim":  # it returns only the attempts it refused
+        return {h.id for h in held} - {row[1] for row in rows}
+    return {row[0] for row in rows}
+
+
+@pytest.mark.parametrize("fenced", [True, False], ids=["fenced", "control-unfenced"])
+@pytest.mark.parametrize("name", LIST_OPERATIONS)
+def test_a_stale_token_among_many_writes_nothing_only_with_the_fence(
+    conn: Conn, name: str, fenced: bool
+) -> None:
+    stale, current = _stale_and_current(conn)
+    held = _with_many_current(conn, stale)
+    before = job_row(conn, stale.id)
+
+    written = _write_list(conn, name, held, fenced)
+
+    others = {h.id for h in held} - {stale.id}
+    assert others <= written  # the current attempts' writes go through either way
+    after = job_row(conn, stale.id)
+    if fenced:
+        assert stale.id not in written and after == before
+        assert after["attempt_token"] == current.token
+    else:
+        assert stale.id in written and after != before
+
+
 # The reclaim race: reclaim reads an expired lease's token, then writes. Between the two,
 # another worker takes the job (after a reclaim of its own) with a fresh token.
 

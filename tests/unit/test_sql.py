@@ -25,6 +25,17 @@ FENCE_LINE = re.compile(
     r"|CASE WHEN j\.status = 'running' THEN j\.attempt_token END)"
     r" = ([\w.]+|%\(\w+\)[sb]|ANY\(%\(\w+\)[sb]::uuid\[\]\))\s*$"
 )
+# Given a list of held attempts, the fence spans four lines: a CASE that compares a short list
+# in turn and hashes a long one (queries.sql, job_complete_and_claim, says why). Joined into
+# one line by _fence_lines, it must be exactly this, the tokens and ids its own parameters.
+LIST_FENCE = re.compile(
+    r"AND CASE WHEN j\.status = 'running' THEN CASE"
+    r" WHEN cardinality\((?P<t>%\(\w+\)b)::uuid\[\]\) < \d+"
+    r" THEN j\.attempt_token = ANY\((?P=t)::uuid\[\]\)"
+    r" ELSE \(j\.id, j\.attempt_token\) IN"
+    r" \(SELECT \* FROM unnest\(%\(\w+\)b::bigint\[\], (?P=t)::uuid\[\]\)\)"
+    r" END END"
+)
 JOB_UPDATE = re.compile(r"\bUPDATE pgdrain\.jobs\b")
 JOB_DELETE = re.compile(r"\bDELETE FROM pgdrain\.jobs\b")
 
@@ -52,6 +63,21 @@ def _where(segment: str) -> str:
     match = re.search(r"\bWHERE\b(.*?)(\bRETURNING\b|\Z)", segment, re.DOTALL)
     assert match, f"an UPDATE of pgdrain.jobs without WHERE:\n{segment}"
     return match.group(1)
+
+
+def _fence_lines(where: str) -> list[str]:
+    """The WHERE clause's lines that are a fence: a one-line fence, or a list fence's lines
+    joined into one."""
+    lines, block = [], []
+    for line in where.splitlines():
+        if block or line.strip().startswith("AND CASE WHEN j.status = 'running' THEN CASE"):
+            block.append(line.strip())
+            if line.strip().startswith("END END"):
+                lines.append(" ".join(block))
+                block = []
+        else:
+            lines.append(line)
+    return [line for line in lines if FENCE_LINE.match(line) or LIST_FENCE.fullmatch(line)]
 
 
 def _writes_a_leased_row(where: str) -> bool:
@@ -109,7 +135,7 @@ def test_every_write_of_a_leased_job_is_fenced_on_its_own_line() -> None:
         for segment in _update_segments(query(name)):
             where = _where(segment)
             if _writes_a_leased_row(where):
-                lines = [line for line in where.splitlines() if FENCE_LINE.match(line)]
+                lines = _fence_lines(where)
                 assert len(lines) == 1, f"{name}: a write of running jobs without its fence line"
                 fenced.add(name)
     # The fenced transitions (docs/architecture.md): heartbeat, complete, fail, release, reclaim.
@@ -148,7 +174,7 @@ def test_control_the_fence_check_catches_a_missing_fence() -> None:
     [segment] = _update_segments(NAIVE_COMPLETE)
     where = _where(segment)
     assert _writes_a_leased_row(where)
-    assert not [line for line in where.splitlines() if FENCE_LINE.match(line)]
+    assert not _fence_lines(where)
 
 
 def test_the_fence_line_holds_nothing_else() -> None:
@@ -160,6 +186,24 @@ def test_the_fence_line_holds_nothing_else() -> None:
     assert not FENCE_LINE.match(by_key + " = ANY(%(tokens)s::uuid[]) OR true")
     assert not FENCE_LINE.match("  AND j.attempt_token = held.token AND j.id = 1")
     assert not FENCE_LINE.match("    lease_expires_at = NULL, attempt_token = NULL,")
+
+
+def test_the_list_fence_holds_nothing_else() -> None:
+    fence = (
+        "WHERE j.id = ANY(%(ids)b::bigint[])\n"
+        "  AND CASE WHEN j.status = 'running' THEN CASE\n"
+        "      WHEN cardinality(%(tokens)b::uuid[]) < 100"
+        " THEN j.attempt_token = ANY(%(tokens)b::uuid[])\n"
+        "      ELSE (j.id, j.attempt_token) IN"
+        " (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]))\n"
+        "  END END"
+    )
+    assert len(_fence_lines(fence)) == 1
+    assert not _fence_lines(fence.replace("END END", "END OR true END"))
+    assert not _fence_lines(fence.replace("ANY(%(tokens)b", "ANY(%(other)b"))
+    assert not _fence_lines(
+        fence.replace("unnest(%(ids)b::bigint[], %(tokens)b", "unnest(%(ids)b::bigint[], %(x)b")
+    )
 
 
 # No SQL built with f-strings, %, + or .format anywhere in handler/.

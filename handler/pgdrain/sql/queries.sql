@@ -172,7 +172,10 @@ SET lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
     updated_at = now()
 -- Fenced as job_complete_and_claim's completions are, and found by primary key as they are.
 WHERE j.id = ANY(%(ids)b::bigint[])
-  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(tokens)b::uuid[])
+  AND CASE WHEN j.status = 'running' THEN CASE
+      WHEN cardinality(%(tokens)b::uuid[]) < 100 THEN j.attempt_token = ANY(%(tokens)b::uuid[])
+      ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]))
+  END END
 RETURNING j.id, j.attempt_token;
 
 -- name: job_complete_and_claim :many
@@ -194,9 +197,15 @@ WITH completed AS (
         updated_at = now()
     -- The fence: only the attempt whose token this run holds (each attempt's token is a
     -- random UUID of its own, so matching the id and the token each against the lists is
-    -- matching the pair). Written so that the plan, generic, reads these rows by primary key.
+    -- matching the pair). A short list is compared in turn; from 100 pairs on they are hashed,
+    -- once, when a row first asks: at a batch of 1,000, comparing each row with every token
+    -- took 1.5 ms of a 7.5 ms completion, and a hash of a few pairs costs more than it saves.
+    -- Written so that the plan, generic, reads these rows by primary key.
     WHERE j.id = ANY(%(done_ids)b::bigint[])
-      AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(done_tokens)b::uuid[])
+      AND CASE WHEN j.status = 'running' THEN CASE
+          WHEN cardinality(%(done_tokens)b::uuid[]) < 100 THEN j.attempt_token = ANY(%(done_tokens)b::uuid[])
+          ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]))
+      END END
     RETURNING j.id, j.queue, j.completed_token AS token
 ), limits AS MATERIALIZED (
     -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
@@ -311,7 +320,10 @@ SET status = 'done',
     finished_at = now(),
     updated_at = now()
 WHERE j.id = ANY(%(ids)b::bigint[])
-  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = ANY(%(tokens)b::uuid[])
+  AND CASE WHEN j.status = 'running' THEN CASE
+      WHEN cardinality(%(tokens)b::uuid[]) < 100 THEN j.attempt_token = ANY(%(tokens)b::uuid[])
+      ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]))
+  END END
 RETURNING j.id, j.completed_token AS token;
 
 -- name: job_fail :one
