@@ -1,5 +1,6 @@
 """The attempts a run holds, by stage: claimed but not started, running, finished but not yet
-recorded as done. Only the run's main thread changes them; worker threads read `lost_tokens`.
+recorded as done. Only the run's main thread changes them; worker threads read `lost_tokens`
+and say when each attempt they were handed starts (`started`).
 
 Every attempt is keyed by (job id, attempt token), never by the job id alone: one run can hold
 two attempts of the same job at once (its lease expired while the first ran, another run
@@ -23,10 +24,13 @@ from pgdrain.summary import Counters
 class Attempts:
     def __init__(self) -> None:
         self.unstarted: deque[ClaimedJob] = deque()
+        # Handed to the worker pool: running, or (claimed ahead) waiting there for a thread.
         self.running: dict[Held, ClaimedJob] = {}
-        # When each running attempt was handed to a worker (monotonic), oldest first: claim-ahead
-        # reads which are about to end (claim_ahead.py).
+        # When each running attempt started (monotonic; when it was handed over, until its
+        # thread says), oldest first: claim-ahead reads which are about to end (claim_ahead.py).
         self.running_since: dict[Held, float] = {}
+        # The attempts handed over that no thread has taken yet (WorkerPool.take_back).
+        self._take_back_waiting: Callable[[], list[ClaimedJob]] = list
         self.finished: list[ClaimedJob] = []  # returned; their completion rides on a round trip
         self.first_finished_at = 0.0
         # Tokens of attempts whose lease was found gone; Job.lease_lost() reads it from the
@@ -76,6 +80,33 @@ class Attempts:
         while self.unstarted and len(self.running) < concurrency:
             submit(self.start_next())
 
+    def start_all(self, submit: Callable[[ClaimedJob], None]) -> None:
+        """Hand every unstarted attempt to `submit`: those beyond the free slots wait in the
+        pool and start as its threads free, while the run's thread waits for a claim's reply
+        (it could start them only once the reply is in)."""
+        while self.unstarted:
+            submit(self.start_next())
+
+    def started(self, held: Held) -> None:
+        """Called by the worker thread as the attempt starts. It changes the value of a key the
+        run's thread put in before handing the attempt over, and which only the attempt's
+        outcome removes: no key comes or goes, so the run's thread may iterate meanwhile."""
+        self.running_since[held] = time.monotonic()
+
+    def take_back_with(self, take_back: Callable[[], list[ClaimedJob]]) -> None:
+        """Where `take_back` finds the attempts handed over that no thread has started."""
+        self._take_back_waiting = take_back
+
+    def take_back(self) -> None:
+        """Make the attempts waiting in the pool for a thread unstarted again (ahead of those
+        claimed since, as they were): none of them will run, so releasing or forgetting the
+        unstarted attempts covers them too."""
+        waiting = self._take_back_waiting()
+        for attempt in waiting:
+            self.running.pop(attempt.held, None)
+            self.running_since.pop(attempt.held, None)
+        self.unstarted.extendleft(reversed(waiting))
+
     def start_next(self) -> ClaimedJob:
         attempt = self.unstarted.popleft()
         self.running[attempt.held] = attempt
@@ -98,12 +129,14 @@ class Attempts:
         return finished
 
     def take_unstarted(self) -> list[ClaimedJob]:
+        self.take_back()
         unstarted = list(self.unstarted)
         self.unstarted.clear()
         return unstarted
 
     def forget_lost(self, lost: Collection[Held]) -> None:
         """A heartbeat found these leases gone: never start them, and tell running ones."""
+        self.take_back()  # the rest are handed over again with the next claim
         for attempt in list(self.unstarted):
             if attempt.held in lost:
                 self.unstarted.remove(attempt)

@@ -11,11 +11,12 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pgdrain import outcomes, retry, store
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.claim_ahead import ClaimAhead
+from pgdrain.pool import Outcome
 from pgdrain.reclaim import Reclaim
 from pgdrain.settings import Settings
 from pgdrain.store import ClaimedJob
@@ -139,7 +140,10 @@ class Claims:
         )
 
     def release_unstarted(self) -> None:
+        """Give back what has not started, those waiting in the pool for a thread included."""
         held = [a.held for a in self._attempts.take_unstarted()]
+        if not held:
+            return
         result = self._session.run(store.job_release_many, held)
         self._counters.add("released", len(result.applied_attempts))
         for gone in result.lost_attempts:
@@ -192,10 +196,12 @@ def wanted(claims: Claims, attempts: Attempts, settings: Settings) -> int:
 def claim_and_start(
     claims: Claims, attempts: Attempts, submit: Callable[[ClaimedJob], None], settings: Settings
 ) -> tuple[bool, bool]:
-    """Claim what is wanted and start what was claimed ahead while that claim is on the wire;
-    then start what came, as far as slots are free. Returns (claimed, full): whether a claim
-    was made, and whether it took all it asked for (a short one means the queue is drained for
-    now: the next claim waits for an outcome, so an empty queue is not polled).
+    """Claim what is wanted and, while that claim is on the wire, hand everything claimed ahead
+    to the pool, whose threads start each as one frees (this thread, waiting for the reply,
+    could not); then start what came, as far as slots are free. Returns (claimed, full):
+    whether a claim was made, and whether it took all it asked for (a short one means the
+    queue is drained for now: the next claim waits for an outcome, so an empty queue is not
+    polled).
 
     The jobs start after the claim has gone out, not before: started first, their threads
     took the interpreter from this one while it built and sent the claim, and the claim went
@@ -204,10 +210,27 @@ def claim_and_start(
     def start() -> None:
         attempts.start_free(submit, settings.concurrency)
 
+    def start_all() -> None:
+        attempts.start_all(submit)
+
     n = wanted(claims, attempts, settings)  # unstarted attempts hold their slots already
-    full = n > 0 and claims.complete_and_claim(n, while_sent=start) == n
+    full = n > 0 and claims.complete_and_claim(n, while_sent=start_all) == n
     start()
     return n > 0, full
+
+
+def record_outcomes(
+    claims: Claims, attempts: Attempts, outcomes: Iterable[Outcome[ClaimedJob]]
+) -> None:
+    """Take the jobs' outcomes (WorkerPool.take). Successes wait for the next round trip (at
+    most COMPLETION_FLUSH_SECONDS); failures are recorded at once."""
+    for outcome in outcomes:
+        claims.ahead.job_ran(outcome.seconds)
+        if outcome.error is None:
+            attempts.finish(outcome.item)
+        else:
+            attempts.stop_running(outcome.item)
+            claims.record_failure(outcome.item, outcome.error)
 
 
 def _error_record(decision: outcomes.Decision) -> dict[str, str | None] | None:

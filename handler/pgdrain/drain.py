@@ -32,7 +32,13 @@ from pgdrain.abandoned import ThreadWatch, warn_of_stale_threads
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.budget import Budget
 from pgdrain.claim_ahead import ClaimAhead
-from pgdrain.claims import COMPLETION_FLUSH_SECONDS, Claims, claim_and_start, wanted
+from pgdrain.claims import (
+    COMPLETION_FLUSH_SECONDS,
+    Claims,
+    claim_and_start,
+    record_outcomes,
+    wanted,
+)
 from pgdrain.deadline import Deadline
 from pgdrain.errors import PgdrainError
 from pgdrain.heartbeat import Heartbeat
@@ -77,6 +83,9 @@ class SafetySwitches:
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
     reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
+    # Jobs claimed ahead and still waiting in the pool for a thread are taken back when the run
+    # releases what has not started (a stop, the reserve) or ends: never started after that.
+    take_back_waiting_jobs: bool = True
 
 
 class RunHooks(Protocol):
@@ -192,6 +201,7 @@ class _Run:
             state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
         )
         self.threads = ThreadWatch(enabled=switches.mark_abandoned_lost)
+        self.take_back_waiting = switches.take_back_waiting_jobs
 
     def execute(self) -> DrainResult:
         stop_reason: StopReason = "empty"
@@ -200,6 +210,7 @@ class _Run:
         more_ready = False
         stale = warn_of_stale_threads(self.worker_id)
         pool: WorkerPool[store.ClaimedJob] = WorkerPool(self.settings.concurrency, self._run_job)
+        self.attempts.take_back_with(pool.take_back if self.take_back_waiting else lambda: [])
         self.stopping.request.on_request(pool.wake)
         try:
             self.session.open()
@@ -217,6 +228,7 @@ class _Run:
             stop_reason, error, kind = "error", one_line(exc), error_kind(exc)
             log.error("drain stopped: %s", error, extra={"worker": self.worker_id})
         finally:
+            self.attempts.take_back()  # never run after the run; their leases end
             self.threads.give_up(self.attempts.running, self.attempts.lost_tokens)
             pool.close()
             self.session.close()
@@ -244,8 +256,8 @@ class _Run:
                 if claimed:
                     elapsed = time.monotonic() - self.started
                     self.hooks.after_round_trip(self.session, dict(self.counters.values), elapsed)
-            elif attempts.unstarted:
-                claims.release_unstarted()
+            else:
+                claims.release_unstarted()  # those waiting in the pool for a thread too
             # Finished jobs ride on the next claim; when none came in time, write them alone.
             if claims.completion_due():
                 claims.flush_completions()
@@ -270,7 +282,7 @@ class _Run:
 
             # A full claim and claim-ahead: the next claim goes out at once.
             ahead = full and wanted(claims, attempts, self.settings)
-            self._collect(pool, 0.0 if ahead else self._seconds_to_wait())
+            record_outcomes(claims, attempts, pool.take(0.0 if ahead else self._seconds_to_wait()))
             self.heartbeat.beat_if_due()
 
     def _seconds_to_wait(self) -> float:
@@ -285,20 +297,10 @@ class _Run:
 
     def _run_job(self, claimed: store.ClaimedJob) -> None:
         """In a worker thread: call the job's function, watched in case the run gives up."""
+        self.attempts.started(claimed.held)
         self.threads.run(
             claimed.held,
             lambda: execute.run_job(
                 self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens
             ),
         )
-
-    def _collect(self, pool: WorkerPool[store.ClaimedJob], wait: float) -> None:
-        """Take the outcomes ready within `wait` seconds. Successes wait for the next round trip
-        (at most COMPLETION_FLUSH_SECONDS); failures are recorded at once."""
-        for outcome in pool.take(wait):
-            self.claims.ahead.job_ran(outcome.seconds)
-            if outcome.error is None:
-                self.attempts.finish(outcome.item)
-            else:
-                self.attempts.stop_running(outcome.item)
-                self.claims.record_failure(outcome.item, outcome.error)

@@ -118,6 +118,21 @@ class WorkerPool(Generic[T]):
         )
         self._size = len(self._threads)
 
+    def take_back(self) -> list[T]:
+        """The jobs submitted that no thread has taken yet, oldest first; none of them will run.
+        A thread that takes one at the same moment runs it: each job goes to one or the other
+        (SimpleQueue's get is atomic), so none is run twice and none is dropped by both."""
+        waiting: list[T] = []
+        while True:
+            try:
+                item = self._tasks.get_nowait()
+            except queue.Empty:
+                return waiting
+            if item is None:  # a request to exit, after close(): keep it for a thread
+                self._tasks.put(None)
+                return waiting
+            waiting.append(item)
+
     def take(self, wait: float) -> Iterator[Outcome[T]]:
         """Wait up to `wait` seconds for an outcome, then yield it and every other one ready,
         each taken as the caller asks for the next. A wake-up ends the wait and is skipped."""

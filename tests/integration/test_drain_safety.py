@@ -295,3 +295,60 @@ def test_no_session_stays_open_and_none_is_idle_in_transaction(ledger_url: str, 
     # The client has closed its connection when drain() returns; the server's backend leaves
     # pg_stat_activity a moment later, on its own time (a loaded machine shows the gap).
     wait_for(lambda: sessions_left() == 0, timeout=10, what="the run's session to end")
+
+
+# -- a stop while jobs claimed ahead wait in the pool for a thread ------------------------------
+
+
+@pytest.mark.parametrize("take_back", [True, False], ids=["taken-back", "control-left-waiting"])
+def test_a_stop_gives_back_the_jobs_waiting_in_the_pool_unstarted(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, take_back: bool
+) -> None:
+    """Two threads run jobs 1 and 2 (held); the run's second claim hands the four it claimed
+    ahead to the pool, where they wait for a thread, and takes four more. A stop comes then:
+    the run gives back all eight unstarted (queued again, no attempt spent). The control, not
+    taking back what waits in the pool, starts those four after the stop was requested."""
+    from pgdrain import Registry
+    from pgdrain.claim_ahead import ClaimAhead
+    from pgdrain.stop import StopRequest
+
+    # Claim-ahead as it is with short jobs, fixed instead of measured: a claim may take 8 jobs
+    # beyond the free slots (concurrency 2, batches of 6: most_ahead is 10).
+    monkeypatch.setattr(ClaimAhead, "allowance", lambda self, *args, **kwargs: 8)
+    ids = [enqueue(conn, "hold", {"n": n}) for n in range(10)]
+    registry, release, started = Registry(), threading.Event(), []
+
+    @registry.job("hold")
+    def hold(job: Any) -> None:
+        started.append(job.id)
+        assert release.wait(60), "the test never released the held jobs"
+
+    request = StopRequest(grace_seconds=60)
+
+    def observe(counter: str, n: int) -> None:
+        if counter == "claimed" and n == 4:
+            request.request()  # the second claim is in: four wait in the pool, four unstarted
+        if counter == "released":
+            release.set()
+
+    result = drain(
+        Settings(concurrency=2, batch_size=6),
+        Budget.seconds(60),
+        registry,
+        db_url,
+        observer=observe,
+        stop=request,
+        switches=SafetySwitches(take_back_waiting_jobs=take_back),
+    )
+    assert result.claimed == 10 and result.stop_reason == "stopped"
+    rows = conn.execute(
+        "SELECT status, attempts, count(*) FROM pgdrain.jobs GROUP BY 1, 2 ORDER BY 1"
+    ).fetchall()
+    if take_back:
+        assert sorted(started) == ids[:2]
+        assert (result.done, result.released) == (2, 8)
+        assert rows == [("done", 1, 2), ("queued", 0, 8)]
+    else:  # the four waiting in the pool ran after the stop
+        assert sorted(started) == ids[:6]
+        assert (result.done, result.released) == (6, 4)
+        assert rows == [("done", 1, 6), ("queued", 0, 4)]

@@ -4,8 +4,11 @@ how long jobs run and how long a claim takes to come back."""
 from __future__ import annotations
 
 import math
+import uuid
 
-from pgdrain.claim_ahead import ClaimAhead
+from pgdrain.attempts import Attempts
+from pgdrain.claim_ahead import ClaimAhead, most_ahead
+from pgdrain.store import ClaimedJob
 
 
 def measured(job_s: float, trip_s: float, *, batch: int = 10, concurrency: int = 10) -> ClaimAhead:
@@ -29,6 +32,20 @@ def test_jobs_much_shorter_than_a_round_trip_are_claimed_a_batch_ahead() -> None
 def test_the_allowance_is_the_slots_that_free_during_one_round_trip() -> None:
     # 10 slots, 5 ms jobs: one frees every 0.5 ms, so three during a 1.5 ms round trip.
     assert measured(0.005, 0.0015).allowance() == 3
+
+
+def test_a_batch_larger_than_the_slots_is_claimed_whole_while_the_last_one_waits() -> None:
+    """250 slots, batches of 1,000: just after a reply the run holds that batch, and the next
+    claim may still take 1,000 (250 + 1,750 - 1,000), not the 250 that alternating would."""
+    assert most_ahead(batch_size=10, concurrency=10) == 10  # a batch, as ever
+    assert most_ahead(batch_size=4, concurrency=10) == 4
+    assert most_ahead(batch_size=1000, concurrency=250) == 1750
+    assert measured(0.00001, 0.0015, batch=1000, concurrency=250).allowance() == 1750
+    attempts = Attempts()
+    attempts.unstarted.extend(
+        ClaimedJob(n, "default", "k", "{}", 1, 5, uuid.uuid4()) for n in range(1000)
+    )
+    assert attempts.to_claim(concurrency=250, batch_size=1000, ahead=1750) == 1000
 
 
 def test_jobs_longer_than_concurrency_round_trips_are_never_claimed_ahead() -> None:

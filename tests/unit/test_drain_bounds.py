@@ -97,3 +97,65 @@ def test_running_attempts_are_kept_in_the_order_they_started_until_they_stop() -
     attempts.stop_running(first)
     since = list(attempts.running_since.values())
     assert list(attempts.running_since) == [third.held] and since[0] <= time.monotonic()
+
+
+# -- attempts handed to the pool that no thread has started ------------------------------------
+
+
+class FakePool:
+    """Stands for WorkerPool's queue: what was submitted and no thread has taken."""
+
+    def __init__(self) -> None:
+        self.waiting: list[ClaimedJob] = []
+
+    def submit(self, attempt: ClaimedJob) -> None:
+        self.waiting.append(attempt)
+
+    def take_back(self) -> list[ClaimedJob]:
+        taken, self.waiting = self.waiting, []
+        return taken
+
+
+def _handed_over(pool: FakePool, started: int) -> tuple[Attempts, list[ClaimedJob]]:
+    """Five attempts handed over at once (claimed ahead: two slots); `started` of them taken by
+    a thread, the rest waiting in the pool."""
+    attempts = Attempts()
+    attempts.take_back_with(pool.take_back)
+    claimed = [_claimed(job_id) for job_id in range(5)]
+    attempts.unstarted.extend(claimed)
+    attempts.start_all(pool.submit)
+    del pool.waiting[:started]
+    attempts.unstarted.append(_claimed(9))  # claimed since
+    return attempts, claimed
+
+
+def test_attempts_waiting_in_the_pool_are_unstarted_again_ahead_of_later_ones() -> None:
+    pool = FakePool()
+    attempts, claimed = _handed_over(pool, started=2)
+    assert len(attempts.running) == 5 and attempts.to_claim(2, 10, ahead=10) == 6
+    attempts.take_back()
+    assert list(attempts.running) == [a.held for a in claimed[:2]]
+    assert list(attempts.running_since) == [a.held for a in claimed[:2]]
+    assert [a.id for a in attempts.unstarted] == [2, 3, 4, 9]
+    assert [a.id for a in attempts.take_unstarted()] == [2, 3, 4, 9]
+
+
+def test_releasing_and_forgetting_unstarted_attempts_covers_those_in_the_pool() -> None:
+    pool = FakePool()
+    attempts, claimed = _handed_over(pool, started=0)
+    assert [a.id for a in attempts.take_unstarted()] == [0, 1, 2, 3, 4, 9]
+    attempts, claimed = _handed_over(pool, started=1)
+    attempts.forget_lost({claimed[3].held, claimed[0].held})  # 0 runs: told, not forgotten
+    assert [a.id for a in attempts.unstarted] == [1, 2, 4, 9]
+    assert claimed[0].attempt_token in attempts.lost_tokens
+
+
+def test_a_worker_thread_says_when_its_attempt_really_started() -> None:
+    """An attempt waits in the pool before a thread starts it: claim-ahead counts its time
+    from then (claim_ahead.py reads running_since)."""
+    pool = FakePool()
+    attempts, claimed = _handed_over(pool, started=0)
+    handed_at = attempts.running_since[claimed[3].held]
+    attempts.started(claimed[3].held)
+    assert attempts.running_since[claimed[3].held] >= handed_at
+    assert list(attempts.running_since) == [a.held for a in claimed]  # the order kept

@@ -234,3 +234,43 @@ def test_a_pool_that_cannot_start_any_thread_says_so(
     pool = pools(10, lambda n: None)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         pool.submit(1)
+
+
+# -- taking back the jobs no thread has started ------------------------------------------------
+
+
+def _one_thread_busy(pools: MakePool, ran: list[int]) -> tuple[WorkerPool[int], threading.Event]:
+    """A pool of one thread running job 1, held on an event; jobs 2 and 3 wait for it."""
+    release, first_running = threading.Event(), threading.Event()
+
+    def run(n: int) -> None:
+        ran.append(n)
+        if n == 1:
+            first_running.set()
+            assert release.wait(WAIT), "never released"
+
+    pool = pools(1, run)
+    for n in (1, 2, 3):
+        pool.submit(n)
+    assert first_running.wait(WAIT), "job 1 never started"
+    return pool, release
+
+
+def test_take_back_returns_the_jobs_no_thread_started_and_they_never_run(
+    pools: MakePool,
+) -> None:
+    ran: list[int] = []
+    pool, release = _one_thread_busy(pools, ran)
+
+    assert pool.take_back() == [2, 3]  # oldest first; job 1 runs on
+    release.set()
+    assert [o.item for o in take(pool, 1)] == [1]
+    pool.close()
+    assert list(pool.take(0.2)) == [] and ran == [1]
+
+
+def test_control_without_take_back_the_waiting_jobs_run_after_all(pools: MakePool) -> None:
+    ran: list[int] = []
+    pool, release = _one_thread_busy(pools, ran)
+    release.set()
+    assert sorted(o.item for o in take(pool, 3)) == [1, 2, 3] and ran == [1, 2, 3]
