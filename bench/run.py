@@ -52,7 +52,13 @@ class Config:
     # paired ratios) by 10-20%; the median of five stays put when one or two are off.
     reps: int = 5
     jobs: int = 20_000
-    batches: tuple[int, ...] = (10, 50, 100, 250)
+    # 1,000 is larger than the threads (max_concurrency): claims of a whole batch, its jobs
+    # waiting in the pool for a thread, pay where the database is the limit (claim_ahead.py).
+    batches: tuple[int, ...] = (10, 50, 100, 250, 1000)
+    # issue 15's second one-process target, and the batch the RSS target is set at.
+    target_batch: int = 250
+    # Threads per process: PGDRAIN_CONCURRENCY allows 256; a round number below it.
+    max_concurrency: int = 250
     processes: tuple[int, ...] = (1, 2, 4)
     default_batch: int = DEFAULT_BATCH_SIZE
     default_concurrency: int = DEFAULT_CONCURRENCY
@@ -60,7 +66,7 @@ class Config:
     strict_batch: int = 1
     strict_concurrency: int = 1
     pgqueuer_jobs: int = 20_000
-    pgqueuer_batches: tuple[int, ...] = (100, 250, 500)
+    pgqueuer_batches: tuple[int, ...] = (100, 250, 500, 1000)
     procrastinate_jobs: int = 2_000
     procrastinate_concurrency: tuple[int, ...] = (10, 30)
     procrastinate_processes: tuple[int, ...] = (1, 3)
@@ -139,12 +145,12 @@ def verify_pgdrain(url: str, jobs: int) -> tuple[bool, str]:
 
 
 def concurrency_for(cfg: Config, batch: int) -> int:
-    """pgdrain claims no more jobs than its free worker slots, so a batch size above the
-    concurrency would never be reached: other batch sizes than the default run with as many
-    worker threads as jobs per claim (never fewer than the default)."""
+    """pgdrain claims for its free worker slots and those about to free, so other batch sizes
+    than the default run with as many worker threads as jobs per claim (never fewer than the
+    default), up to max_concurrency: a larger batch is claimed whole ahead of the threads."""
     if batch == cfg.default_batch:
         return cfg.default_concurrency
-    return max(batch, cfg.default_concurrency)
+    return min(max(batch, cfg.default_concurrency), cfg.max_concurrency)
 
 
 def rep_pgdrain(server: Server, template: str, fig: Figure, cfg: Config) -> None:
