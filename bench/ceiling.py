@@ -1,10 +1,12 @@
 """The SQL ceiling: pgbench running exactly the statements pgdrain's drain runs per batch.
 
-The statement text comes from pgdrain's own queries.sql. Numbers become pgbench variables
-(bound as parameters under -M prepared, as psycopg binds them); constant strings become
-literals. The claimed rows are folded into two arrays with array_agg and carried by \\gset to
-the statement that completes them, which is thus fenced by exactly the ids and tokens the
-claim returned, in a later statement and round trip, as the drain does it.
+The statement text comes from pgdrain's own queries.sql. Numbers and arrays become pgbench
+variables, constant strings literals. The claimed rows are folded into two arrays with
+array_agg and carried by \\gset to the statement that completes them, which is thus fenced by
+exactly the ids and tokens the claim returned, in a later statement and round trip, as the
+drain does it. The statement is prepared on the server once per client and executed with each
+variable once (`_bound_once`), as psycopg binds each named parameter once: pgbench's own
+`-M prepared` binds every occurrence of a variable as a parameter of its own.
 
 Two shapes, whichever queries.sql has (the drain loop's owner may change it):
 - `claim+complete`: job_claim_batch, then job_complete_many with the claim's ids and tokens.
@@ -42,11 +44,10 @@ PARAMS = {
     "done_tokens": ":tokens",
 }
 # The planner settings the drain's connection keeps (queries.sql, session_limits): no JIT, no
-# explicit sort where an index gives the order. The plan cache mode stays the server's, as for
-# the drain; note that the server keeps the generic plan for pgbench's claim (its queue list is
-# a literal: 8,900-9,100 jobs/s at batch 10 with auto, 8,700-10,000 forced generic, 5,600-6,300
-# forced custom) and plans the drain's (a bound array) at every batch.
-PGOPTIONS = "-c jit=off -c enable_sort=off"
+# explicit sort where an index gives the order, every statement on its generic plan, planned
+# once (the drain's since its connection keeps plan_cache_mode; the ceiling's since the cycle
+# is prepared with its arrays as parameters, which a custom plan would plan at every batch).
+PGOPTIONS = "-c jit=off -c enable_sort=off -c plan_cache_mode=force_generic_plan"
 # :batch and :quota come from the command line (-D), like :ids, :tokens and :n.
 SETS = "\\set lease_seconds 30\n\\set cap_seconds 600\n"
 # complete-and-claim: claim `quota` batches, then one transaction that only completes.
@@ -108,14 +109,51 @@ def script() -> str:
         return f"{sets}{claim}\n{complete};\n"
     cycle = _wrap_result(_translate("job_complete_and_claim"), "\nSELECT ")
     cycle += GSET.format(rows="result_rows WHERE NOT lost")
-    return f"{SETS}{COUNTER}{cycle}\n"
+    return f"{SETS}{COUNTER}{_bound_once(cycle)}\n"
+
+
+# The pgbench variables of the cycle, in the types the drain binds them as.
+VARIABLE_TYPES = {
+    "ids": "bigint[]",
+    "tokens": "uuid[]",
+    "limit": "int",
+    "lease_seconds": "float8",
+    "cap_seconds": "float8",
+}
+_VARIABLE = re.compile(r"(?<!:):([a-z_]+)\b")
+
+
+def _bound_once(command: str) -> str:
+    """The command as a statement prepared on the server once per client, executed with each
+    pgbench variable once. pgbench binds every occurrence of a variable as a parameter of its
+    own, in text: an array used three times was parsed three times (250 UUIDs each), where the
+    drain binds each array once, in binary. Once per client: pgbench variables live on from
+    one transaction to the next, `prepared` too."""
+    sql, gset = command.rsplit("\n\\gset", 1)
+    names = list(dict.fromkeys(_VARIABLE.findall(sql)))
+    for n, name in enumerate(names, start=1):
+        sql = re.sub(rf"(?<!:):{name}\b", f"${n}", sql)
+    types = ", ".join(VARIABLE_TYPES[name] for name in names)
+    # Sent as text (--protocol=simple: a utility statement takes no bound parameters), the
+    # arrays quoted; their values, ids and UUIDs, hold no quote.
+    arguments = ", ".join(
+        f"':{name}'" if VARIABLE_TYPES[name].endswith("[]") else f":{name}" for name in names
+    )
+    return (
+        "\\if :prepared = 0\n"
+        f"PREPARE pgdrain_cycle({types}) AS\n{sql};\n"
+        "\\set prepared 1\n"
+        "\\endif\n"
+        f"EXECUTE pgdrain_cycle({arguments})\n\\gset{gset}"
+    )
 
 
 def arguments(jobs: int, batch: int, clients: int) -> list[str]:
     """pgbench's options for draining `jobs` jobs with `clients` clients."""
     return [
         "--no-vacuum",
-        "--protocol=prepared",
+        # complete-and-claim: the cycle is PREPAREd on the server (_bound_once)
+        "--protocol=" + ("simple" if shape() == "complete-and-claim" else "prepared"),
         f"--client={clients}",
         f"--jobs={clients}",
         f"--transactions={transactions_per_client(jobs, batch, clients)}",
@@ -124,6 +162,7 @@ def arguments(jobs: int, batch: int, clients: int) -> list[str]:
         "--define=ids={}",
         "--define=tokens={}",
         "--define=n=0",
+        "--define=prepared=0",
     ]
 
 
