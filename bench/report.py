@@ -629,9 +629,9 @@ def markdown(res: Results, png_name: str) -> str:
         "user + system time (getrusage around the drain, as `bench/profile.py` reads it). "
         "The ceiling's pgbench runs with the planner settings the drain's connection keeps "
         "(`bench/ceiling.py` PGOPTIONS: no JIT, no explicit sort where an index gives the "
-        "order). Both claim on a generic plan, planned once: the drain's connection keeps "
-        "plan_cache_mode at force_generic_plan (queries.sql, session_limits), and the server "
-        "chooses the generic plan for pgbench's prepared claim (its queue list is a literal)."
+        "order, plan_cache_mode at force_generic_plan). Both claim on a generic plan, planned "
+        "once: the drain's connection keeps it (queries.sql, session_limits), and pgbench's "
+        "cycle is prepared once per client (How the ceiling is measured, below)."
     )
     if _has_strict(res):
         add("")
