@@ -313,3 +313,31 @@ def test_an_async_job_is_cancelled_at_its_timeout(db_url: str, conn: Conn) -> No
     result = run(db_url)
     assert (result.done, result.retried) == (0, 1)
     assert "cancelled at its timeout of 0.05 s" in job_row(conn, job_id)["last_error"]
+
+
+seen: list[Job] = []
+
+
+@jobs.job("sees_itself", queue="mirror", max_attempts=4)
+def sees_itself(job: Job) -> None:
+    seen.append(job)
+
+
+def test_a_job_receives_each_of_its_rows_fields_in_its_own_name(db_url: str, conn: Conn) -> None:
+    """Each field of the Job a function receives is its row's (the attempt's token is the one
+    recorded as completed)."""
+    seen.clear()
+    job_id = jobs.enqueue(conn, "sees_itself", {"to": "a@example.com", "n": 3})
+    result = drain(Settings(queues=("mirror",)), Budget.seconds(30), jobs, db_url)
+    assert result.done == 1
+    [job] = seen
+    row = job_row(conn, job_id)
+    assert (job.id, job.kind, job.queue, job.payload) == (
+        job_id,
+        "sees_itself",
+        "mirror",
+        {"to": "a@example.com", "n": 3},
+    )
+    assert (job.attempt, job.max_attempts) == (1, 4) == (row["attempts"], row["max_attempts"])
+    assert job.attempt_token == row["completed_token"]
+    assert 0 < job.remaining() <= 30 and not job.lease_lost()
