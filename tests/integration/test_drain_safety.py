@@ -14,8 +14,11 @@ import pytest
 
 from helpers import ledger_jobs
 from helpers.fixtures import claim_batch, db_now, drain_process, finished_result, job_row, wait_for
-from pgdrain import Budget, DrainResult, Settings, build_job, drain, enqueue, store
+from helpers.lossy_proxy import LossyProxy
+from pgdrain import Budget, DrainResult, Registry, Settings, build_job, drain, enqueue, store
+from pgdrain.claim_ahead import ClaimAhead
 from pgdrain.drain import SafetySwitches
+from pgdrain.stop import StopRequest
 
 Conn = psycopg.Connection[Any]
 
@@ -297,32 +300,43 @@ def test_no_session_stays_open_and_none_is_idle_in_transaction(ledger_url: str, 
     wait_for(lambda: sessions_left() == 0, timeout=10, what="the run's session to end")
 
 
-# -- a stop while jobs claimed ahead wait in the pool for a thread ------------------------------
+# -- jobs claimed ahead and waiting in the pool for a thread when the run stops or fails ---------
+
+
+def _two_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[Registry, threading.Event, list[int], list[threading.Thread]]:
+    """A registry whose `hold` jobs wait for the test's release, noting their ids and threads.
+    With two threads and batches of 6, jobs 1 and 2 hold both threads; the run's second claim
+    hands the four it claimed ahead to the pool, where they wait, and takes four more. Claim-ahead
+    as it is with short jobs, fixed instead of measured: a claim may take 8 jobs beyond the free
+    slots (most_ahead is 10 here)."""
+    monkeypatch.setattr(ClaimAhead, "allowance", lambda self, *args, **kwargs: 8)
+    registry, release = Registry(), threading.Event()
+    started: list[int] = []
+    threads: list[threading.Thread] = []
+
+    @registry.job("hold")
+    def hold(job: Any) -> None:
+        started.append(job.id)
+        threads.append(threading.current_thread())
+        assert release.wait(60), "the test never released the held jobs"
+
+    return registry, release, started, threads
+
+
+TWO_THREADS = Settings(concurrency=2, batch_size=6)
 
 
 @pytest.mark.parametrize("take_back", [True, False], ids=["taken-back", "control-left-waiting"])
 def test_a_stop_gives_back_the_jobs_waiting_in_the_pool_unstarted(
     db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, take_back: bool
 ) -> None:
-    """Two threads run jobs 1 and 2 (held); the run's second claim hands the four it claimed
-    ahead to the pool, where they wait for a thread, and takes four more. A stop comes then:
-    the run gives back all eight unstarted (queued again, no attempt spent). The control, not
-    taking back what waits in the pool, starts those four after the stop was requested."""
-    from pgdrain import Registry
-    from pgdrain.claim_ahead import ClaimAhead
-    from pgdrain.stop import StopRequest
-
-    # Claim-ahead as it is with short jobs, fixed instead of measured: a claim may take 8 jobs
-    # beyond the free slots (concurrency 2, batches of 6: most_ahead is 10).
-    monkeypatch.setattr(ClaimAhead, "allowance", lambda self, *args, **kwargs: 8)
+    """A stop comes at the second claim: the run gives back all eight unstarted (queued again,
+    no attempt spent). The control, not taking back what waits in the pool, starts those four
+    after the stop was requested."""
+    registry, release, started, _ = _two_held(monkeypatch)
     ids = [enqueue(conn, "hold", {"n": n}) for n in range(10)]
-    registry, release, started = Registry(), threading.Event(), []
-
-    @registry.job("hold")
-    def hold(job: Any) -> None:
-        started.append(job.id)
-        assert release.wait(60), "the test never released the held jobs"
-
     request = StopRequest(grace_seconds=60)
 
     def observe(counter: str, n: int) -> None:
@@ -332,7 +346,7 @@ def test_a_stop_gives_back_the_jobs_waiting_in_the_pool_unstarted(
             release.set()
 
     result = drain(
-        Settings(concurrency=2, batch_size=6),
+        TWO_THREADS,
         Budget.seconds(60),
         registry,
         db_url,
@@ -352,3 +366,38 @@ def test_a_stop_gives_back_the_jobs_waiting_in_the_pool_unstarted(
         assert sorted(started) == ids[:6]
         assert (result.done, result.released) == (6, 4)
         assert rows == [("done", 1, 6), ("queued", 0, 4)]
+
+
+@pytest.mark.parametrize("take_back", [True, False], ids=["taken-back", "control-left-waiting"])
+def test_a_run_that_fails_never_starts_the_jobs_waiting_in_its_pool_after_it_returned(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, take_back: bool
+) -> None:
+    """The database goes away at the second claim: the run gives up (its leases run out while
+    it reconnects) with jobs 1 and 2 still running and four waiting in the pool. Those four
+    never start; in the control they start once the held jobs end, after the run returned."""
+    registry, release, started, threads = _two_held(monkeypatch)
+    ids = [enqueue(conn, "hold", {"n": n}) for n in range(10)]
+    proxy = LossyProxy(db_url)
+
+    def observe(counter: str, n: int) -> None:
+        if counter == "claimed" and n == 4:
+            proxy.refuse()  # the next statement (a heartbeat) breaks, every connect fails
+
+    try:
+        result = drain(
+            Settings(concurrency=2, batch_size=6, lease_seconds=3, connect_timeout=1),
+            Budget.seconds(60),
+            registry,
+            proxy.url,
+            observer=observe,
+            switches=SafetySwitches(take_back_waiting_jobs=take_back),
+        )
+    finally:
+        proxy.close()
+    assert result.stop_reason == "error" and result.claimed == 10
+    assert result.abandoned == (2 if take_back else 6)
+    release.set()
+    for thread in threads[:2]:  # each exits once it finds no more work
+        thread.join(60)
+        assert not thread.is_alive()
+    assert sorted(started) == (ids[:2] if take_back else ids[:6])
