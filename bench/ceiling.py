@@ -8,14 +8,11 @@ drain does it. The statement is prepared on the server once per client and execu
 variable once (`_bound_once`), as psycopg binds each named parameter once: pgbench's own
 `-M prepared` binds every occurrence of a variable as a parameter of its own.
 
-Two shapes, whichever queries.sql has (the drain loop's owner may change it):
-- `claim+complete`: job_claim_batch, then job_complete_many with the claim's ids and tokens.
-  One pgbench transaction is one batch: two statements, two commits.
-- `complete-and-claim`: job_complete_and_claim completes the previous batch and claims the
-  next in one statement, one commit. pgbench variables live on from one transaction to the
-  next, so the ids and tokens a transaction claims are the ones the next one completes. The
-  first completes nothing (-D ids={}); each client claims its share of the jobs (a counter
-  variable), then runs one more transaction with limit 0 that only completes its last batch."""
+The shape, `complete-and-claim`: job_complete_and_claim completes the previous batch and
+claims the next in one statement, one commit. pgbench variables live on from one transaction
+to the next, so the ids and tokens a transaction claims are the ones the next one completes.
+The first completes nothing (-D ids={}); each client claims its share of the jobs (a counter
+variable), then runs one more transaction with limit 0 that only completes its last batch."""
 
 from __future__ import annotations
 
@@ -60,12 +57,9 @@ GSET = (
 
 
 def shape() -> str:
-    names = set(query_names())
-    if "job_complete_and_claim" in names:
+    if "job_complete_and_claim" in query_names():
         return "complete-and-claim"
-    if {"job_claim_batch", "job_complete_many"} <= names:
-        return "claim+complete"
-    raise RuntimeError("queries.sql has neither claim statement the ceiling knows")
+    raise RuntimeError("queries.sql has no job_complete_and_claim: the ceiling knows no other")
 
 
 def _translate(name: str) -> str:
@@ -94,19 +88,13 @@ def claims_per_client(jobs: int, batch: int, clients: int) -> int:
 
 
 def transactions_per_client(jobs: int, batch: int, clients: int) -> int:
-    extra = 1 if shape() == "complete-and-claim" else 0
-    return claims_per_client(jobs, batch, clients) + extra
+    return claims_per_client(jobs, batch, clients) + 1  # the last completes only
 
 
 def script() -> str:
     """The pgbench script: :batch jobs per claim, :quota claims per client (both defined on
     the command line)."""
-    if shape() == "claim+complete":
-        claim = _wrap_result(_translate("job_claim_batch"), "\nSELECT ")
-        claim += GSET.format(rows="result_rows")
-        complete = _translate("job_complete_many")
-        sets = SETS + "\\set limit :batch\n"
-        return f"{sets}{claim}\n{complete};\n"
+    shape()  # refuses a queries.sql without the cycle
     cycle = _wrap_result(_translate("job_complete_and_claim"), "\nSELECT ")
     cycle += GSET.format(rows="result_rows WHERE NOT lost")
     return f"{SETS}{COUNTER}{_bound_once(cycle)}\n"
@@ -152,8 +140,7 @@ def arguments(jobs: int, batch: int, clients: int) -> list[str]:
     """pgbench's options for draining `jobs` jobs with `clients` clients."""
     return [
         "--no-vacuum",
-        # complete-and-claim: the cycle is PREPAREd on the server (_bound_once)
-        "--protocol=" + ("simple" if shape() == "complete-and-claim" else "prepared"),
+        "--protocol=simple",  # the cycle is PREPAREd on the server (_bound_once)
         f"--client={clients}",
         f"--jobs={clients}",
         f"--transactions={transactions_per_client(jobs, batch, clients)}",

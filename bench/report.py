@@ -881,7 +881,7 @@ def markdown(res: Results, png_name: str) -> str:
         "later statement and round trip. jobs/s = jobs / (transactions / tps)."
     )
     add("")
-    if shape == "complete-and-claim":
+    if shape:
         add(
             "The drain's hot path is one statement per batch, `job_complete_and_claim`: it "
             "completes the batch the run finished and claims the next, in one round trip and "
@@ -890,12 +890,6 @@ def markdown(res: Results, png_name: str) -> str:
             "completes. The first completes nothing (`-D ids={}`); a counter gives each "
             "client its share of the claims, and one last transaction per client claims "
             "nothing (limit 0) and completes that client's last batch."
-        )
-    else:
-        add(
-            "Each pgbench transaction is one batch: `job_claim_batch`, then "
-            "`job_complete_many` with the ids and tokens it returned (two statements, two "
-            "commits)."
         )
     add("")
     args = res.info.get("ceiling_arguments", {}).get(best, "")
