@@ -188,6 +188,34 @@ def test_what_goes_with_the_next_statement_is_sent_again_after_a_lost_connection
     assert conn.execute("SELECT run_id FROM pgdrain.runs").fetchall() == [("run-reconnecting",)]
 
 
+def test_one_statement_operations_execute_on_one_cursor_of_the_current_connection(
+    session: Session, conn: Conn
+) -> None:
+    """The cursor is kept from one round trip to the next (its adapters with it); each
+    operation still reads only its own rows, and after a reconnect the cursor is the new
+    connection's."""
+
+    def selecting(value: int) -> Callable[[Conn], tuple[psycopg.Cursor[Any], list[Any]]]:
+        @store.one_statement
+        def select(c: Conn) -> tuple[psycopg.Cursor[Any], list[Any]]:
+            cursor = c.execute("SELECT %s::int", (value,))
+            return cursor, cursor.fetchall()
+
+        return select
+
+    first, first_rows = session.run(selecting(1))
+    second, second_rows = session.run(selecting(2))
+    assert second is first and first.connection is session._conn
+    assert (first_rows, second_rows) == ([(1,)], [(2,)])
+
+    broken = session._conn
+    assert broken is not None
+    conn.execute("SELECT pg_terminate_backend(%s)", (broken.info.backend_pid,))
+    third, third_rows = session.run(selecting(3))
+    assert third is not first and third.connection is session._conn is not broken
+    assert third_rows == [(3,)]
+
+
 def _expire_a_lease(conn: Conn) -> int:
     """A job left running by a run that died: its lease ended a second ago."""
     job_id = enqueue(conn, "k")
