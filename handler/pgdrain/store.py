@@ -22,6 +22,9 @@ Connection = psycopg.Connection[Any]
 Operation = TypeVar("Operation", bound=Callable[..., Any])
 T = TypeVar("T")
 
+# Reads one JSON document at the start of a text (ClaimedJob.payload).
+_decode_json_document = json.JSONDecoder().raw_decode
+
 
 def one_statement(operation: Operation) -> Operation:
     """Mark an operation that executes exactly one statement, once, and then reads its result:
@@ -91,7 +94,18 @@ class ClaimedJob:
 
     @property
     def payload(self) -> Any:
-        return json.loads(self.payload_json)
+        # The text is jsonb's output: one JSON document, nothing around it. raw_decode reads
+        # that without json.loads's two whitespace scans and wrappers (0.2 against 0.85 us a
+        # job for `{}`, in the job's thread, which shares the interpreter with the run's). Text
+        # with anything around the document goes through json.loads, which reads or refuses it.
+        text = self.payload_json
+        try:
+            value, end = _decode_json_document(text)
+            if end == len(text):
+                return value
+        except ValueError:
+            pass
+        return json.loads(text)
 
 
 @dataclass(frozen=True)

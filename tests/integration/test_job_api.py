@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -341,3 +342,32 @@ def test_a_job_receives_each_of_its_rows_fields_in_its_own_name(db_url: str, con
     assert (job.attempt, job.max_attempts) == (1, 4) == (row["attempts"], row["max_attempts"])
     assert job.attempt_token == row["completed_token"]
     assert 0 < job.remaining() <= 30 and not job.lease_lost()
+
+
+PAYLOADS = [
+    {},
+    {"to": "a@example.com", "tags": ["x", "y"], "nested": {"n": 3, "f": 1.5, "none": None}},
+    {"text": '  spaces, tabs\t, a newline\n, quotes " and unicode é ✓  '},
+    [1, 2, {"a": []}],
+    "a string alone",
+    12345678901234567890,
+]
+
+
+@jobs.job("reads_payload", queue="payloads")
+def reads_payload(job: Job) -> None:
+    seen.append(job)
+
+
+def test_a_payload_reaches_the_job_as_json_reads_its_row(db_url: str, conn: Conn) -> None:
+    """Whatever shape the payload has, the job gets what json.loads makes of the row's jsonb
+    text (ClaimedJob.payload reads that text without json.loads's wrappers)."""
+    seen.clear()
+    ids = [jobs.enqueue(conn, "reads_payload", payload) for payload in PAYLOADS]
+    result = drain(Settings(queues=("payloads",)), Budget.seconds(30), jobs, db_url)
+    assert result.done == len(PAYLOADS)
+    got = {job.id: job.payload for job in seen}
+    for job_id, payload in zip(ids, PAYLOADS, strict=True):
+        row = conn.execute("SELECT payload::text FROM pgdrain.jobs WHERE id = %s", (job_id,))
+        [(text,)] = row.fetchall()
+        assert got[job_id] == json.loads(text) == payload
