@@ -214,7 +214,9 @@ def claim_and_start(
         attempts.start_all(submit)
 
     n = wanted(claims, attempts, settings)  # unstarted attempts hold their slots already
-    full = n > 0 and claims.complete_and_claim(n, while_sent=start_all) == n
+    # With nothing to hand over, the claim may go without a pipeline (session.KeptCursor).
+    while_sent = start_all if attempts.unstarted else None
+    full = n > 0 and claims.complete_and_claim(n, while_sent=while_sent) == n
     start()
     return n > 0, full
 

@@ -12,9 +12,9 @@
 An operation marked store.one_statement is sent in one round trip: BEGIN, the limits, its
 statement and COMMIT go out together in one pipeline sync, and its rows are read when they are
 back (the same transaction, three round trips fewer). It executes on one cursor kept for the
-connection, whose adapters are looked up once, not at every round trip. Any other operation
-runs its statements one after the other inside the transaction, as they need each other's
-results.
+connection, whose adapters are looked up once, not at every round trip (KeptCursor). Any other
+operation runs its statements one after the other inside the transaction, as they need each
+other's results.
 
 A one-statement operation whose result nobody reads (a run's registration) can be sent with the
 next one (`send_with_next`), and so can a statement whose result is read once that round trip is
@@ -26,6 +26,8 @@ On a connection of its own (PGDRAIN_POOLER=session, the default: no transaction 
 between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED),
 and a one-statement operation goes alone, without BEGIN and COMMIT, as its
 own implicit transaction: half the client's work per round trip and less of the server's.
+Once psycopg has prepared it, and with nothing to do while it is out, it goes without a
+pipeline too (KeptCursor.executing).
 They are sent again, in the explicit transaction of the statement that carries them, at least
 every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS later (so a
 statement started before the next refresh still ends by the final margin), and at every
@@ -120,7 +122,7 @@ class Session:
         self._limit_to_budget = limit_to_budget
         self._read_committed = read_committed
         self._conn: psycopg.Connection[Any] | None = None
-        self._cursor: psycopg.Cursor[Any] | None = None  # _statement_cursor
+        self._cursor: KeptCursor | None = None  # _statement_cursor
         # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
         # run until it succeeds, and a lease that expires meanwhile lets another run start the
         # job while ours still runs it. None: the whole budget (a test's control).
@@ -328,15 +330,9 @@ class Session:
             kept.forget()  # a transaction that sent them may have rolled back
             raise
 
-    def _statement_cursor(self, conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-        """The cursor a one-statement operation executes on: one per connection, kept from one
-        round trip to the next. A cursor keeps its adapters (how each parameter type is dumped
-        and each column loaded); a new one per statement looked them all up again: 40 us of
-        CPU of a claim's ~190 at batch 10, on the run's thread between a reply and the next
-        claim. Safe to share: only this thread runs statements, one at a time, and every
-        operation reads its rows before it returns (a second statement would replace them)."""
-        if self._cursor is None or self._cursor.connection is not conn:
-            self._cursor = conn.cursor()
+    def _statement_cursor(self, conn: psycopg.Connection[Any]) -> KeptCursor:
+        if self._cursor is None or self._cursor.cursor.connection is not conn:
+            self._cursor = KeptCursor(conn)
         return self._cursor
 
     def _connect(self, budget: Budget | None = None) -> psycopg.Connection[Any]:
@@ -347,6 +343,37 @@ class Session:
             # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
+
+
+class KeptCursor:
+    """The cursor a one-statement operation executes on: one per connection, kept from one
+    round trip to the next. A cursor keeps its adapters (how each parameter type is dumped and
+    each column loaded); a new one per statement looked them all up again: 40 us of CPU of a
+    claim's ~190 at batch 10, on the run's thread between a reply and the next claim. Safe to
+    share: only the run's thread runs statements, one at a time, and every operation reads its
+    rows before it returns (a second statement would replace them).
+
+    It also counts how often each statement went through it, to tell when a statement sent
+    alone may go without a pipeline (`executing`): a pipeline costs six system calls more per
+    round trip (three sends and five polls, against one of each; 30 to 40 us of CPU), but
+    outside one psycopg prepares a statement in a round trip of its own. psycopg prepares it
+    at its (prepare_threshold + 1)th execution with the same parameter types; the types of a
+    statement's parameters differ now and then (an empty list of ids, a larger number), so a
+    statement goes without a pipeline only from twice that many executions on. A set of types
+    first seen after that costs one round trip more when psycopg prepares it, once per
+    connection; a connection that prepares nothing (PgBouncer in transaction mode) costs none."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.cursor = conn.cursor()
+        threshold = conn.prepare_threshold
+        self._plain_from = 0 if threshold is None else 2 * (threshold + 1)
+        self._executions: dict[str, int] = {}
+
+    def executing(self, statement: str) -> bool:
+        """Count an execution of `statement`; True once it may go without a pipeline."""
+        count = self._executions.get(statement, 0)
+        self._executions[statement] = count + 1
+        return count >= self._plain_from
 
 
 class _KeptLimits:
@@ -384,7 +411,7 @@ def run_one_statement(
     alone: bool = False,
     keep_ms: int | None = None,
     while_sent: Callable[[], None] | None = None,
-    cursor: psycopg.Cursor[Any] | None = None,
+    cursor: KeptCursor | None = None,
 ) -> T:
     """Run a store.one_statement operation on an autocommit connection in one round trip: its
     statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
@@ -394,7 +421,7 @@ def run_one_statement(
     its limits (Session): `alone` sends the statement without BEGIN and COMMIT, and `keep_ms`
     has its transaction set the connection's limits to that instead of its own. `while_sent`
     is called once the statement has gone out, before its reply is read. `cursor` (of `conn`),
-    if given, executes the statement (Session._statement_cursor); else a new one does."""
+    if given, executes the statement (KeptCursor); else a new one does."""
     sent = _SentWithItsTransaction(
         conn,
         timeout_ms,
@@ -424,7 +451,7 @@ class _SentWithItsTransaction:
         alone: bool = False,
         keep_ms: int | None = None,
         while_sent: Callable[[], None] | None = None,
-        cursor: psycopg.Cursor[Any] | None = None,
+        cursor: KeptCursor | None = None,
     ) -> None:
         self._conn = conn
         self._cursor = cursor
@@ -438,10 +465,18 @@ class _SentWithItsTransaction:
     def execute(self, statement: LiteralString, params: Any = None) -> psycopg.Cursor[Any]:
         if self._sent:
             raise AssertionError("an operation marked one_statement ran a second statement")
-        executing = self._cursor or self._conn.cursor()
+        kept = self._cursor
+        executing = kept.cursor if kept is not None else self._conn.cursor()
+        if kept is not None and kept.executing(statement) and self._goes_plain():
+            # Sent alone, nothing to do while it is out, and prepared by now: no pipeline.
+            self._sent = True
+            return executing.execute(statement, params)
         cursor = self._send(lambda: executing.execute(statement, params))
         assert cursor is not None
         return cursor
+
+    def _goes_plain(self) -> bool:
+        return self._alone and not self._before and self._while_sent is None
 
     def send_rest(self) -> None:
         """The operation executed nothing: send what was to go with it, alone."""
@@ -453,8 +488,9 @@ class _SentWithItsTransaction:
     ) -> psycopg.Cursor[Any] | None:
         self._sent = True
         conn = self._conn
-        # Alone, a statement still goes through a pipeline: outside one, psycopg would prepare
-        # it (at its sixth execution) in a round trip of its own, before executing it.
+        # Alone, a statement still goes through a pipeline until psycopg has prepared it
+        # (KeptCursor): outside one, psycopg would prepare it (at its sixth execution) in a
+        # round trip of its own, before executing it.
         cursor = None
         try:
             with conn.pipeline():

@@ -20,6 +20,7 @@ from psycopg import sql
 
 from helpers.protocol import traced_connections
 from pgdrain import Budget, Registry, Settings, drain, enqueue, store
+from pgdrain import session as session_module
 from pgdrain.session import Session
 
 Conn = psycopg.Connection[Any]
@@ -38,6 +39,15 @@ def traced(session: Session, call: Callable[[], Any]) -> tuple[int, Any]:
 def traced_statements(session: Session, call: Callable[[], Any]) -> tuple[int, int, Any]:
     """The round trips and the statements `call` makes on the session's connection, and its
     result."""
+    messages, result = traced_messages(session, call)
+    trips = sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"])
+    sent = sum(1 for m in messages if m[0] == "F" and m[2:3] in (["Execute"], ["Query"]))
+    return trips, sent, result
+
+
+def traced_messages(session: Session, call: Callable[[], Any]) -> tuple[list[list[str]], Any]:
+    """The protocol messages `call` exchanges on the session's connection (libpq's trace: the
+    direction, F or B, the length, the message's name...), and its result."""
     conn = session._conn
     assert conn is not None
     with tempfile.NamedTemporaryFile("w", prefix="pgdrain-trace-") as handle:
@@ -48,10 +58,7 @@ def traced_statements(session: Session, call: Callable[[], Any]) -> tuple[int, i
         finally:
             conn.pgconn.untrace()  # flushes libpq's trace buffer
         lines = Path(handle.name).read_text().splitlines()
-    messages = [line.split("\t") for line in lines]
-    trips = sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"])
-    sent = sum(1 for m in messages if m[0] == "F" and m[2:3] in (["Execute"], ["Query"]))
-    return trips, sent, result
+    return [line.split("\t") for line in lines], result
 
 
 @pytest.fixture
@@ -446,21 +453,31 @@ def test_after_a_failed_statement_the_limits_are_sent_again(db_url: str, conn: C
     assert isolation == "read committed" and 0 < _ms(timeout) <= 59_500
 
 
+@pytest.mark.parametrize("guarded", [True, False], ids=["once prepared", "control: at once"])
 def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
-    db_url: str, conn: Conn
+    db_url: str, conn: Conn, guarded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """psycopg prepares a statement at its sixth execution; outside a pipeline it would prepare
     it in a round trip of its own. On a connection that keeps its limits the claims go alone,
-    and still one round trip each."""
+    and still one round trip each: in a pipeline until psycopg has surely prepared the claim,
+    then, with nothing to do while it is out, without one (session.KeptCursor; a pipeline
+    sends a Flush after its Sync). The control lets them go without a pipeline from the first:
+    the claim that psycopg prepares takes a round trip more. (The first claim sends the limits
+    the connection keeps, in a transaction of its own, so in a pipeline; they stay fresh for
+    the rest of the test.)"""
+    monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
     with conn.transaction():
         for _ in range(100):
             enqueue(conn, "k")
-    session = Session(db_url, Settings(), Budget.seconds(60))
+    session = Session(db_url, Settings(), Budget.seconds(3600))
     session.open()
+    assert session._conn is not None
+    if not guarded:
+        session._statement_cursor(session._conn)._plain_from = 0
     held: list[store.Held] = []
-    trips = []
+    trips, pipelined = [], []
     try:
-        for _ in range(8):
+        for _ in range(16):
 
             @store.one_statement
             def claim(c: Conn, held: list[store.Held] = held) -> list[store.ClaimedJob]:
@@ -468,10 +485,18 @@ def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
                     c, held, ("default",), 5, "w", 30.0, None, uuid.uuid4()
                 )[1]
 
-            count, claimed = traced(session, functools.partial(session.run, claim))
-            trips.append(count)
+            messages, claimed = traced_messages(session, functools.partial(session.run, claim))
+            trips.append(sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"]))
+            pipelined.append(any(m[0] == "F" and m[2:3] == ["Flush"] for m in messages))
             held = [job.held for job in claimed]
     finally:
         session.close()
 
-    assert trips == [1] * 8
+    if guarded:
+        assert trips == [1] * 16
+        assert pipelined == [True] * 12 + [False] * 4
+    else:
+        # The seventh is the sixth with completions (the first completed none: an empty list,
+        # parameter types of its own), which psycopg prepares in a round trip alone.
+        assert trips == [1] * 6 + [2] + [1] * 9
+        assert pipelined == [True] + [False] * 15
