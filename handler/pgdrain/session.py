@@ -467,16 +467,14 @@ class _SentWithItsTransaction:
             raise AssertionError("an operation marked one_statement ran a second statement")
         kept = self._cursor
         executing = kept.cursor if kept is not None else self._conn.cursor()
-        if kept is not None and kept.executing(statement) and self._goes_plain():
+        prepared = kept is not None and kept.executing(statement)  # counts every execution
+        if prepared and self._alone and not self._before and self._while_sent is None:
             # Sent alone, nothing to do while it is out, and prepared by now: no pipeline.
             self._sent = True
             return executing.execute(statement, params)
         cursor = self._send(lambda: executing.execute(statement, params))
         assert cursor is not None
         return cursor
-
-    def _goes_plain(self) -> bool:
-        return self._alone and not self._before and self._while_sent is None
 
     def send_rest(self) -> None:
         """The operation executed nothing: send what was to go with it, alone."""
