@@ -130,6 +130,11 @@ class Server:
         finally:
             self.drop(name)
 
+    @property
+    def checkpoints(self) -> bool:
+        """Whether fresh() checkpoints after each copy (False once the role was refused)."""
+        return self._may_checkpoint
+
     def checkpoint(self) -> None:
         """CHECKPOINT, where the role may (a superuser or pg_checkpoint); else nothing."""
         if not self._may_checkpoint:

@@ -538,15 +538,23 @@ def markdown(res: Results, png_name: str) -> str:
 
     add("# Benchmarks")
     add("")
+    # A run before 0037a1a did not checkpoint: its text does not say it did.
+    checkpointed = (
+        ", checkpointed before the run (so that writing out the copy does not share the disk "
+        "with it)"
+        if res.info.get("checkpoint_after_copy")
+        else ""
+    )
     add(
         "Written by `make bench` (`bench/run.py`); do not edit by hand. Every figure is the "
         f"median of {cfg.reps} repetitions, each on a fresh database copied from a template "
-        "that already holds the schema and the pre-enqueued jobs (enqueueing is not timed), "
-        "and each checked afterwards from the database's own tables: pgdrain's rows must all "
-        "be `done` with `attempts = 1`, PgQueuer's log must hold one `successful` row per job "
-        "with its queue empty, Procrastinate's jobs must all be `succeeded` with one `started` "
-        "event each; and the job functions' own execution counts must add up. A repetition "
-        "that fails its check is not counted (the table says so where it happened)."
+        "that already holds the schema and the pre-enqueued jobs (enqueueing is not timed)"
+        f"{checkpointed}, and each checked afterwards from the database's own tables: "
+        "pgdrain's rows must all be `done` with `attempts = 1`, PgQueuer's log must hold one "
+        "`successful` row per job with its queue empty, Procrastinate's jobs must all be "
+        "`succeeded` with one `started` event each; and the job functions' own execution "
+        "counts must add up. A repetition that fails its check is not counted (the table says "
+        "so where it happened)."
     )
     add("")
     add(

@@ -673,6 +673,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         server.drop_all()
     res.info["env"]["load_end"] = load_average()
+    res.info["checkpoint_after_copy"] = server.checkpoints
     res.info["elapsed_s"] = time.monotonic() - began
     res.info["config"] = dataclasses.asdict(cfg)
     if args.json:
