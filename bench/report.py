@@ -402,6 +402,15 @@ def memory_section(res: Results, drain: cost.Drain) -> list[str]:
             "process's time is mostly waiting."
         )
     out.append("")
+    out.append(
+        "pgdrain runs one drain process per invocation, so it gets what one process per vCPU "
+        "would give from more runs instead, each at up to 1,769 MB: the same cost per job, "
+        "and each run holds one connection, as a second process would. A run whose backlog "
+        "outlasts `PGDRAIN_FANOUT_SECONDS` starts them itself, up to `PGDRAIN_MAX_RUNS` "
+        "([lambda.md](lambda.md)); a larger `MemorySize` only shortens the CPU-bound part of "
+        "one run."
+    )
+    out.append("")
     return out
 
 
