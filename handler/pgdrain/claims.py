@@ -194,14 +194,19 @@ def wanted(claims: Claims, attempts: Attempts, settings: Settings) -> int:
 
 
 def claim_and_start(
-    claims: Claims, attempts: Attempts, submit: Callable[[ClaimedJob], None], settings: Settings
+    claims: Claims,
+    attempts: Attempts,
+    submit: Callable[[ClaimedJob], None],
+    settings: Settings,
+    *,
+    start_now: bool = True,
 ) -> tuple[bool, bool]:
     """Claim what is wanted and, while that claim is on the wire, hand everything claimed ahead
     to the pool, whose threads start each as one frees (this thread, waiting for the reply,
-    could not); then start what came, as far as slots are free. Returns (claimed, full):
-    whether a claim was made, and whether it took all it asked for (a short one means the
-    queue is drained for now: the next claim waits for an outcome, so an empty queue is not
-    polled).
+    could not); then start what came, as far as slots are free (`start_now=False`: the caller
+    starts them, with Attempts.start_free). Returns (claimed, full): whether a claim was made,
+    and whether it took all it asked for (a short one means the queue is drained for now: the
+    next claim waits for an outcome, so an empty queue is not polled).
 
     The jobs start after the claim has gone out, not before: started first, their threads
     took the interpreter from this one while it built and sent the claim, and the claim went
@@ -217,7 +222,8 @@ def claim_and_start(
     # With nothing to hand over, the claim may go without a pipeline (session.KeptCursor).
     while_sent = start_all if attempts.unstarted else None
     full = n > 0 and claims.complete_and_claim(n, while_sent=while_sent) == n
-    start()
+    if start_now:
+        start()
     return n > 0, full
 
 
