@@ -88,7 +88,7 @@ class Server:
     def __init__(self, admin_url: str) -> None:
         self.admin_url = admin_url
         self.created: list[str] = []
-        self._may_checkpoint = True
+        self.checkpoints = True  # fresh() checkpoints after each copy (False: the role may not)
 
     def url(self, dbname: str) -> str:
         return with_dbname(self.admin_url, dbname)
@@ -130,21 +130,16 @@ class Server:
         finally:
             self.drop(name)
 
-    @property
-    def checkpoints(self) -> bool:
-        """Whether fresh() checkpoints after each copy (False once the role was refused)."""
-        return self._may_checkpoint
-
     def checkpoint(self) -> None:
         """CHECKPOINT, where the role may (a superuser or pg_checkpoint); else nothing."""
-        if not self._may_checkpoint:
+        if not self.checkpoints:
             return
         try:
             with psycopg.connect(self.admin_url, autocommit=True) as admin:
                 admin.execute("CHECKPOINT")
         except psycopg.errors.InsufficientPrivilege:
             log("no CHECKPOINT between runs: the role may not (superuser or pg_checkpoint)")
-            self._may_checkpoint = False
+            self.checkpoints = False
 
     def drop_all(self) -> None:
         for name in list(self.created):
