@@ -219,8 +219,7 @@ def claim_and_start(
         attempts.start_all(submit)
 
     n = wanted(claims, attempts, settings)  # unstarted attempts hold their slots already
-    # With nothing to hand over, the claim may go without a pipeline (session.KeptCursor).
-    while_sent = start_all if attempts.unstarted else None
+    while_sent = start_all if attempts.unstarted else None  # None: nothing to hand over
     full = n > 0 and claims.complete_and_claim(n, while_sent=while_sent) == n
     if start_now:
         start()

@@ -26,8 +26,9 @@ On a connection of its own (PGDRAIN_POOLER=session, the default: no transaction 
 between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED),
 and a one-statement operation goes alone, without BEGIN and COMMIT, as its
 own implicit transaction: half the client's work per round trip and less of the server's.
-Once psycopg has prepared it, and with nothing to do while it is out, it goes without a
-pipeline too (KeptCursor.executing).
+Once psycopg has prepared it, it goes without a pipeline too (KeptCursor.executing): what is
+to be done while it is out is done as psycopg starts waiting for its reply
+(db.DrainConnection).
 They are sent again, in the explicit transaction of the statement that carries them, at least
 every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS later (so a
 statement started before the next refresh still ends by the final margin), and at every
@@ -468,10 +469,24 @@ class _SentWithItsTransaction:
         kept = self._cursor
         executing = kept.cursor if kept is not None else self._conn.cursor()
         prepared = kept is not None and kept.executing(statement)  # counts every execution
-        if prepared and self._alone and not self._before and self._while_sent is None:
-            # Sent alone, nothing to do while it is out, and prepared by now: no pipeline.
+        while_sent = self._while_sent
+        if (
+            prepared
+            and self._alone
+            and not self._before
+            and (while_sent is None or isinstance(self._conn, db.DrainConnection))
+        ):
+            # Sent alone and prepared by now: no pipeline. What is to be done while it is out
+            # is done as psycopg starts waiting for the reply (DrainConnection).
             self._sent = True
-            return executing.execute(statement, params)
+            if while_sent is None:
+                return executing.execute(statement, params)
+            conn = cast(db.DrainConnection, self._conn)
+            conn.while_waiting(while_sent)
+            try:
+                return executing.execute(statement, params)
+            finally:
+                conn.while_waiting(None)  # in case it failed before it waited
         cursor = self._send(lambda: executing.execute(statement, params))
         assert cursor is not None
         return cursor

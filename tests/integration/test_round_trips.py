@@ -20,6 +20,7 @@ from psycopg import sql
 
 from helpers.protocol import traced_connections
 from pgdrain import Budget, Registry, Settings, drain, enqueue, store
+from pgdrain import db as db_module
 from pgdrain import session as session_module
 from pgdrain.session import Session
 
@@ -311,18 +312,36 @@ def test_a_job_whose_lease_expired_is_reclaimed_and_run_by_the_next_run(
     assert row.fetchone() == ("done", 2)
 
 
-@pytest.mark.parametrize("pooler", ["session", "transaction"], ids=["alone", "in its transaction"])
+@pytest.mark.parametrize(
+    ("pooler", "prepared"),
+    [("session", False), ("session", True), ("transaction", False)],
+    ids=["alone, in a pipeline", "alone, prepared: no pipeline", "in its transaction"],
+)
 @pytest.mark.parametrize("called", ["while_sent", "before"], ids=["on the wire", "control: before"])
 def test_work_given_with_a_statement_runs_while_the_server_runs_that_statement(
-    db_url: str, conn: Conn, pooler: str, called: str
+    db_url: str,
+    conn: Conn,
+    pooler: str,
+    prepared: bool,
+    called: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What the drain does while its claim is on the wire (starting the jobs claimed ahead)
     runs once the server has the statement: here a statement that waits on an advisory lock
     this test holds, so the server is seen running it (waiting in pg_locks) from inside the
     callback. The control calls the same callback just before the statement, as the drain
-    started its jobs before: the server has nothing to run yet."""
-    session = Session(db_url, Settings(pooler=pooler), Budget.seconds(60))
+    started its jobs before: the server has nothing to run yet. Sent alone, a statement goes
+    in a pipeline until psycopg has surely prepared it, then without one, the callback called
+    as psycopg waits for the reply (db.DrainConnection): `prepared` takes that path at once.
+    (The limits a connection keeps go with a first statement, in a pipeline: they stay fresh
+    for the rest of the test.)"""
+    monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
+    session = Session(db_url, Settings(pooler=pooler), Budget.seconds(3600))
     session.open()
+    assert session.run(store.queue_has_ready, ["default"]) is False
+    if prepared:
+        assert session._conn is not None
+        session._statement_cursor(session._conn)._plain_from = 0
     key = 715_004
     conn.execute("SELECT pg_advisory_lock(%s)", (key,))
     seen: list[bool] = []
@@ -340,14 +359,64 @@ def test_work_given_with_a_statement_runs_while_the_server_runs_that_statement(
     try:
         if called == "before":
             look()
-            assert session.run_recovering(waits, waits) == 1
+            messages, got = traced_messages(session, lambda: session.run_recovering(waits, waits))
         else:
-            assert session.run_recovering(waits, waits, while_sent=look) == 1
+            messages, got = traced_messages(
+                session, lambda: session.run_recovering(waits, waits, while_sent=look)
+            )
+        assert got == 1
         assert session.run(store.queue_has_ready, ["default"]) is False  # still usable
     finally:
         session.close()
 
     assert seen == [called == "while_sent"]
+    assert any(m[0] == "F" and m[2:3] == ["Flush"] for m in messages) == (not prepared)
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["held until the reply", "control: at once"])
+def test_an_error_in_work_done_while_a_statement_is_out_leaves_the_connection_usable(
+    db_url: str, conn: Conn, held: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work done while a statement is out (the drain's hand-over of jobs claimed ahead) that
+    raises: the statement's reply is read first, so the statement has done all it does
+    (here it committed its insert) and the connection takes the next one; then the error is
+    raised. The control raises it at once, from inside psycopg's wait, with the reply unread:
+    the connection is left busy and refuses the next statement."""
+    monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
+    if not held:
+
+        def at_once(self: Any) -> None:
+            work, self._work = self._work, None
+            if work is not None:
+                work()
+
+        monkeypatch.setattr(db_module._Once, "call", at_once)
+    conn.execute("CREATE TABLE marks (n int)")
+    session = Session(db_url, Settings(), Budget.seconds(3600))
+    session.open()
+    assert session._conn is not None
+    assert session.run(store.queue_has_ready, ["default"]) is False  # sends the kept limits
+    session._statement_cursor(session._conn)._plain_from = 0  # the path without a pipeline
+
+    @store.one_statement
+    def mark(c: Conn) -> int:
+        return len(c.execute("INSERT INTO marks VALUES (1) RETURNING n").fetchall())
+
+    def fails() -> None:
+        raise RuntimeError("can't start new thread")
+
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            session.run_recovering(mark, mark, while_sent=fails)
+        if held:
+            assert session.run(store.queue_has_ready, ["default"]) is False
+        else:
+            with pytest.raises(psycopg.Error):
+                session.run(store.queue_has_ready, ["default"])
+    finally:
+        session.close()
+    if held:
+        assert conn.execute("SELECT count(*) FROM marks").fetchone() == (1,)
 
 
 def _waits_on_advisory_lock(conn: Conn, pid: int, called: str) -> bool:
