@@ -191,7 +191,11 @@ class DrainConnection(psycopg.Connection[Any]):
         if work is None:
             return super().wait(gen, *args, **kwargs)
         once = _Once(work)
-        result = super().wait(_calling_when_sent(gen, once), *args, **kwargs)
+        try:
+            result = super().wait(_calling_when_sent(gen, once), *args, **kwargs)
+        except BaseException:
+            once.raise_its_error()  # it came first (the statement's error is its context)
+            raise
         once.call()  # if no wait to read came
         once.raise_its_error()
         return result

@@ -569,3 +569,31 @@ def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
         # parameter types of its own), which psycopg prepares in a round trip alone.
         assert trips == [1] * 6 + [2] + [1] * 9
         assert pipelined == [True] + [False] * 15
+
+
+def test_an_error_in_work_done_while_a_failing_statement_is_out_is_raised_first(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both fail: the work (it came first) is raised, the statement's error as its context,
+    and the connection takes the next statement."""
+    monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
+    session = Session(db_url, Settings(), Budget.seconds(3600))
+    session.open()
+    assert session._conn is not None
+    assert session.run(store.queue_has_ready, ["default"]) is False  # sends the kept limits
+    session._statement_cursor(session._conn)._plain_from = 0  # the path without a pipeline
+
+    @store.one_statement
+    def divides(c: Conn) -> int:
+        return len(c.execute("SELECT 1 / 0").fetchall())
+
+    def fails() -> None:
+        raise RuntimeError("can't start new thread")
+
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread") as raised:
+            session.run_recovering(divides, divides, while_sent=fails)
+        assert isinstance(raised.value.__context__, psycopg.errors.DivisionByZero)
+        assert session.run(store.queue_has_ready, ["default"]) is False
+    finally:
+        session.close()
