@@ -382,7 +382,6 @@ def test_an_error_in_work_done_while_a_statement_is_out_leaves_the_connection_us
     (here it committed its insert) and the connection takes the next one; then the error is
     raised. The control raises it at once, from inside psycopg's wait, with the reply unread:
     the connection is left busy and refuses the next statement."""
-    monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
     if not held:
 
         def at_once(self: Any) -> None:
@@ -392,22 +391,15 @@ def test_an_error_in_work_done_while_a_statement_is_out_leaves_the_connection_us
 
         monkeypatch.setattr(db_module._Once, "call", at_once)
     conn.execute("CREATE TABLE marks (n int)")
-    session = Session(db_url, Settings(), Budget.seconds(3600))
-    session.open()
-    assert session._conn is not None
-    assert session.run(store.queue_has_ready, ["default"]) is False  # sends the kept limits
-    session._statement_cursor(session._conn)._plain_from = 0  # the path without a pipeline
+    session = _session_sending_alone(db_url, monkeypatch)
 
     @store.one_statement
     def mark(c: Conn) -> int:
         return len(c.execute("INSERT INTO marks VALUES (1) RETURNING n").fetchall())
 
-    def fails() -> None:
-        raise RuntimeError("can't start new thread")
-
     try:
         with pytest.raises(RuntimeError, match="can't start new thread"):
-            session.run_recovering(mark, mark, while_sent=fails)
+            session.run_recovering(mark, mark, while_sent=_thread_start_fails)
         if held:
             assert session.run(store.queue_has_ready, ["default"]) is False
         else:
@@ -417,6 +409,45 @@ def test_an_error_in_work_done_while_a_statement_is_out_leaves_the_connection_us
         session.close()
     if held:
         assert conn.execute("SELECT count(*) FROM marks").fetchone() == (1,)
+
+
+def test_an_error_in_work_done_while_a_failing_statement_is_out_is_raised_first(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both fail: the work (it came first) is raised, the statement's error as its context,
+    and the connection takes the next statement."""
+    session = _session_sending_alone(db_url, monkeypatch)
+
+    @store.one_statement
+    def divides(c: Conn) -> int:
+        return len(c.execute("SELECT 1 / 0").fetchall())
+
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread") as raised:
+            session.run_recovering(divides, divides, while_sent=_thread_start_fails)
+        assert isinstance(raised.value.__context__, psycopg.errors.DivisionByZero)
+        assert session.run(store.queue_has_ready, ["default"]) is False
+    finally:
+        session.close()
+
+
+def _session_sending_alone(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Session:
+    """A session whose one-statement operations go alone and without a pipeline: the limits
+    its connection keeps sent with a first statement and fresh for the rest of the test, and
+    every statement taken as prepared (KeptCursor)."""
+    monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
+    session = Session(db_url, Settings(), Budget.seconds(3600))
+    session.open()
+    assert session._conn is not None
+    assert session.run(store.queue_has_ready, ["default"]) is False
+    session._statement_cursor(session._conn)._plain_from = 0
+    return session
+
+
+def _thread_start_fails() -> None:
+    """Work done while a statement is out that fails, as handing a job to a pool that cannot
+    start a thread does."""
+    raise RuntimeError("can't start new thread")
 
 
 def _waits_on_advisory_lock(conn: Conn, pid: int, called: str) -> bool:
@@ -569,31 +600,3 @@ def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
         # parameter types of its own), which psycopg prepares in a round trip alone.
         assert trips == [1] * 6 + [2] + [1] * 9
         assert pipelined == [True] + [False] * 15
-
-
-def test_an_error_in_work_done_while_a_failing_statement_is_out_is_raised_first(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both fail: the work (it came first) is raised, the statement's error as its context,
-    and the connection takes the next statement."""
-    monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
-    session = Session(db_url, Settings(), Budget.seconds(3600))
-    session.open()
-    assert session._conn is not None
-    assert session.run(store.queue_has_ready, ["default"]) is False  # sends the kept limits
-    session._statement_cursor(session._conn)._plain_from = 0  # the path without a pipeline
-
-    @store.one_statement
-    def divides(c: Conn) -> int:
-        return len(c.execute("SELECT 1 / 0").fetchall())
-
-    def fails() -> None:
-        raise RuntimeError("can't start new thread")
-
-    try:
-        with pytest.raises(RuntimeError, match="can't start new thread") as raised:
-            session.run_recovering(divides, divides, while_sent=fails)
-        assert isinstance(raised.value.__context__, psycopg.errors.DivisionByZero)
-        assert session.run(store.queue_has_ready, ["default"]) is False
-    finally:
-        session.close()
