@@ -560,11 +560,11 @@ def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
     """psycopg prepares a statement at its sixth execution; outside a pipeline it would prepare
     it in a round trip of its own. On a connection that keeps its limits the claims go alone,
     and still one round trip each: in a pipeline until psycopg has surely prepared the claim,
-    then, with nothing to do while it is out, without one (session.KeptCursor; a pipeline
-    sends a Flush after its Sync). The control lets them go without a pipeline from the first:
-    the claim that psycopg prepares takes a round trip more. (The first claim sends the limits
-    the connection keeps, in a transaction of its own, so in a pipeline; they stay fresh for
-    the rest of the test.)"""
+    then without one, whether or not it has work to do while it is out (session.KeptCursor,
+    db.DrainConnection; a pipeline sends a Flush after its Sync). The control lets them go
+    without a pipeline from the first: the claim that psycopg prepares takes a round trip more.
+    (The first claim sends the limits the connection keeps, in a transaction of its own, so in
+    a pipeline; they stay fresh for the rest of the test.)"""
     monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
     with conn.transaction():
         for _ in range(100):
