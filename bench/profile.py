@@ -24,15 +24,23 @@ database copied from one template, at pgdrain's default batch size and concurren
    down (every call is timed), so its seconds are shares, not costs.
 3. py-spy (if installed and allowed to attach): the worker process sampled, only the thread
    holding the GIL, so waiting on the socket or on a queue does not count: the CPU the drain
-   spends, by function (self time)."""
+   spends, by function (self time).
+4. The driver's share, --reps times, interleaved with 1. (medians): the same statement cycle
+   from pgbench (the SQL ceiling of `make bench`, a C client), from psycopg alone (pgdrain's
+   job_complete_and_claim in a loop on a connection set as the drain's, each claim completing
+   the jobs the last one took, none run: the most one psycopg connection gives a drain), and
+   from the drain (the runs of 1.). Per statement: wall, the backend's active time, and the
+   client's CPU (pgbench's from getrusage of this process's children)."""
 
 from __future__ import annotations
 
 import argparse
 import collections
 import cProfile
+import itertools
 import json
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -40,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +56,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench import run
+from bench import ceiling, run
 from bench.common import (
     HANDLER,
     REPO,
@@ -121,6 +130,92 @@ def breakdown(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
         "jobs_per_statement": jobs / statements,
         "db_us_per_statement": db / statements * 1e6,
         "cpu_ms_per_1000_jobs": cpu_seconds_per_1000_jobs(cpu, jobs) * 1000.0,
+    }
+
+
+# -- 4. the driver's share ---------------------------------------------------------------------
+
+
+def _claim_loop(url: str, batch: int) -> tuple[float, float]:
+    """pgdrain's claim cycle through psycopg and nothing else, until a claim finds nothing:
+    each claim completes the jobs the last one took; none is run. The connection is set as a
+    drain's: DrainConnection, psycopg's default prepare_threshold, the limits and planner
+    settings kept by the connection. Returns (wall s, this thread's CPU s)."""
+    from pgdrain import db, store
+    from pgdrain.claims import UUID_MASK
+
+    conn = db.DrainConnection.connect(url, autocommit=True)
+    try:
+        store.session_limits(conn, 600_000)
+        claim_ids = itertools.count(uuid.uuid4().int)
+        held: list[store.Held] = []
+        began, cpu = time.perf_counter(), time.thread_time()
+        while True:
+            _, claimed = store.job_complete_and_claim(
+                conn,
+                held,
+                ["default"],
+                batch,
+                "psycopg-alone",
+                30.0,
+                600.0,
+                uuid.UUID(int=next(claim_ids) & UUID_MASK),
+            )
+            held = [job.held for job in claimed]
+            if not held:  # this claim completed the last batch
+                return time.perf_counter() - began, time.thread_time() - cpu
+    finally:
+        conn.close()
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def driver_once(server: Server, template: str, jobs: int, batch: int, who: str) -> dict[str, Any]:
+    """The jobs of a fresh copy completed by pgbench (`who` "pgbench": the ceiling's script, one
+    client) or by psycopg alone ("psycopg"): wall s, the client's CPU s, the backend's active
+    s and the statements, as breakdown_once reads them for a drain."""
+    name = server.create(template)
+    try:
+        url = server.url(name)
+        active0, xacts0 = _db_counters(server, name)
+        if who == "pgbench":
+            cpu0 = _children_cpu_s()
+            result = ceiling.run(url, jobs, batch, 1)
+            wall, cpu = result.transactions / result.tps, _children_cpu_s() - cpu0
+        else:
+            wall, cpu = _claim_loop(url, batch)
+        active1, xacts1 = _db_counters(server, name)
+        ok, detail = run.verify_pgdrain(url, jobs)
+    finally:
+        server.drop(name)
+    if not ok:
+        raise SystemExit(f"{who} did not complete every job once: {detail}")
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "db_active_s": (active1 - active0) / 1000.0,
+        "statements": xacts1 - xacts0,
+    }
+
+
+def per_statement(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
+    """Medians over the repetitions: jobs/s, and per statement (µs) wall, client CPU, the
+    backend's active time and the rest."""
+
+    def med(key: str) -> float:
+        return float(statistics.median(r[key] for r in reps))
+
+    wall, cpu, db, statements = med("wall_s"), med("cpu_s"), med("db_active_s"), med("statements")
+    return {
+        "jobs_per_s": jobs / wall,
+        "wall_us": wall / statements * 1e6,
+        "client_cpu_us": cpu / statements * 1e6,
+        "db_us": db / statements * 1e6,
+        "rest_us": (wall - cpu - db) / statements * 1e6,
+        "statements": statements,
     }
 
 
@@ -304,6 +399,8 @@ def markdown(prof: dict[str, Any]) -> list[str]:
         "active state (the commit's flush, the messages) falls in the rest."
     )
     out.append("")
+    if prof.get("drivers"):
+        out += _drivers_markdown(prof)
     for key, who in (
         ("cprofile_main", "the drain's own thread (the loop that talks to the database)"),
         ("cprofile_jobs", f"the {prof['concurrency']} job threads together"),
@@ -329,6 +426,51 @@ def markdown(prof: dict[str, Any]) -> list[str]:
         out.append("")
         out += _table([(n, s) for n, s in spy["top"]])
         out.append("")
+    return out
+
+
+def _drivers_markdown(prof: dict[str, Any]) -> list[str]:
+    d = prof["drivers"]
+    pgbench, alone, drain = d["pgbench"], d["psycopg"], d["pgdrain"]
+    out = [
+        "The driver's share: the same statement cycle from three clients, one connection each, "
+        "on fresh copies of the same database, each repetition beside a drain above (medians of "
+        f"{prof['reps']}): pgbench, the SQL ceiling of `make bench` (a C client); *psycopg "
+        "alone*, pgdrain's `job_complete_and_claim` in a loop on a connection set as the "
+        "drain's, each claim completing the jobs the last one took, none run "
+        "(`bench/profile.py` `_claim_loop`); and the drain.",
+        "",
+        f"| per statement, batch {prof['batch']} | pgbench | psycopg alone | pgdrain |",
+        "|---|---:|---:|---:|",
+    ]
+    rows = (
+        ("jobs/s", "jobs_per_s", "{:,.0f}"),
+        ("wall, µs", "wall_us", "{:.0f}"),
+        (
+            "the client's CPU, µs (pgbench's process; psycopg alone's thread; the drain's "
+            "process, every thread)",
+            "client_cpu_us",
+            "{:.0f}",
+        ),
+        ("the backend active, µs", "db_us", "{:.0f}"),
+        ("the rest (wall less both; below 0 where they overlap), µs", "rest_us", "{:.0f}"),
+    )
+    for label, key, fmt in rows:
+        cells = " | ".join(fmt.format(x[key]) for x in (pgbench, alone, drain))
+        out.append(f"| {label} | {cells} |")
+    of = [x["jobs_per_s"] / pgbench["jobs_per_s"] for x in (pgbench, alone, drain)]
+    out.append("| jobs/s, of pgbench's | " + " | ".join(f"{r:.2f}" for r in of) + " |")
+    out.append("")
+    out.append(
+        f"psycopg alone gets **{of[1]:.2f}x** pgbench's jobs/s from one connection, the drain "
+        f"**{of[2]:.2f}x**: {of[2] / of[1]:.2f}x of psycopg alone. Per statement psycopg "
+        f"alone spends {alone['client_cpu_us']:.0f} µs of CPU where pgbench spends "
+        f"{pgbench['client_cpu_us']:.0f}: the driver's own work (the parameters dumped, the "
+        "message sent, the reply read and its rows loaded), in series with the round trip, "
+        "since a connection carries one statement at a time. pgbench's CPU includes its start "
+        "and its connect."
+    )
+    out.append("")
     return out
 
 
@@ -374,12 +516,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         template = run.pgdrain_template(server, args.jobs)
         log(f"breakdown: {args.reps} drains of {args.jobs:,} no-op jobs, no profiler")
         reps = []
+        log("  each beside pgbench and psycopg alone (the driver's share)")
+        drivers: dict[str, list[dict[str, Any]]] = {"pgbench": [], "psycopg": []}
         for _ in range(args.reps):
             reps.append(breakdown_once(server, template, args.jobs, args.batch, args.concurrency))
             log(f"  {json.dumps(reps[-1])}")
+            for who, runs in drivers.items():
+                runs.append(driver_once(server, template, args.jobs, args.batch, who))
+                log(f"  {who}: {json.dumps(runs[-1])}")
         prof["breakdown_runs"] = reps
         prof["breakdown"] = breakdown(reps, args.jobs)
         log(f"  per job: {json.dumps(prof['breakdown'])}")
+        prof["driver_runs"] = drivers
+        prof["drivers"] = {
+            who: per_statement(runs, args.jobs)
+            for who, runs in (*drivers.items(), ("pgdrain", reps))
+        }
+        log(f"  per statement: {json.dumps(prof['drivers'])}")
 
         log("cProfile: one drain in this process")
         with server.fresh(template) as url:
