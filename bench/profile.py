@@ -114,7 +114,8 @@ def breakdown_once(
 
 
 def breakdown(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
-    """Medians over the repetitions, per job (µs) and per statement."""
+    """Medians over the repetitions (breakdown_once's or driver_once's), per job (µs) and per
+    statement."""
 
     def med(key: str) -> float:
         return float(statistics.median(r[key] for r in reps))
@@ -203,19 +204,17 @@ def driver_once(server: Server, template: str, jobs: int, batch: int, who: str) 
 
 def per_statement(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
     """Medians over the repetitions: jobs/s, and per statement (µs) wall, client CPU, the
-    backend's active time and the rest."""
-
-    def med(key: str) -> float:
-        return float(statistics.median(r[key] for r in reps))
-
-    wall, cpu, db, statements = med("wall_s"), med("cpu_s"), med("db_active_s"), med("statements")
+    backend's active time and the rest: breakdown's figures per job, times the jobs a
+    statement carries."""
+    b = breakdown(reps, jobs)
+    per = b["jobs_per_statement"]
     return {
-        "jobs_per_s": jobs / wall,
-        "wall_us": wall / statements * 1e6,
-        "client_cpu_us": cpu / statements * 1e6,
-        "db_us": db / statements * 1e6,
-        "rest_us": (wall - cpu - db) / statements * 1e6,
-        "statements": statements,
+        "jobs_per_s": b["jobs_per_s"],
+        "wall_us": b["wall_us_per_job"] * per,
+        "client_cpu_us": b["python_us_per_job"] * per,
+        "db_us": b["db_us_per_job"] * per,
+        "rest_us": b["rest_us_per_job"] * per,
+        "statements": b["statements"],
     }
 
 
