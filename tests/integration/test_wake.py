@@ -451,6 +451,13 @@ def test_a_wake_up_request_that_cannot_create_its_schedule_becomes_a_run_that_do
         assert result["wake"] == "pending"  # the stale record: no schedule for the job
 
 
+def _latest_next_step(after: dt.datetime) -> dt.datetime:
+    """The latest wake-up a run that ended by `after` asks for work already due: a second on
+    (Waker.ensure: a schedule cannot fire in the past), rounded up to the minute. Not `after` + a
+    minute: a run ending in a minute's last second asks for the minute after the next."""
+    return wake_time(after + dt.timedelta(seconds=1), 60)
+
+
 def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
     db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -469,7 +476,7 @@ def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
     # After the run began, at the next step (a minute): never in the past. Compared with the
     # moments around the run, not with the clock when the test reads it (a minute may turn).
     wake_at = dt.datetime.fromisoformat(result["wake_at"])
-    assert before < wake_at <= after + dt.timedelta(minutes=1)
+    assert before < wake_at <= _latest_next_step(after)
     assert result["wake"] == "created"
 
 
@@ -497,7 +504,7 @@ def test_at_the_hop_limit_with_work_left_a_wake_up_starts_a_new_chain(
     assert result["result"]["stop_reason"] == "budget", result
     assert (result["result"]["more_ready"], result["continued"]) == (True, False)
     wake_at = dt.datetime.fromisoformat(result["wake_at"])
-    assert before < wake_at <= after + dt.timedelta(minutes=1)
+    assert before < wake_at <= _latest_next_step(after)
     assert result["wake"] == "created"
     (schedule,) = _schedules(scheduler)
     assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])
