@@ -30,7 +30,9 @@ database copied from one template, at pgdrain's default batch size and concurren
    job_complete_and_claim in a loop on a connection set as the drain's, each claim completing
    the jobs the last one took, none run: the most one psycopg connection gives a drain), and
    from the drain (the runs of 1.). Per statement: wall, the backend's active time, and the
-   client's CPU (pgbench's from getrusage of this process's children)."""
+   client's CPU (pgbench's from getrusage of this process's children). Then the same three
+   at batch 1, concurrency 1, strict ordering's setting (--strict-jobs jobs; not when --batch
+   is 1 already)."""
 
 from __future__ import annotations
 
@@ -218,6 +220,22 @@ def per_statement(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
     }
 
 
+def driver_share(
+    server: Server, template: str, jobs: int, batch: int, conc: int, reps: int
+) -> dict[str, Any]:
+    """`reps` rounds of a drain (breakdown_once), psycopg alone and pgbench, each on a fresh
+    copy of `template`: their runs, and each one's medians per statement."""
+    runs: dict[str, list[dict[str, Any]]] = {"pgdrain": [], "psycopg": [], "pgbench": []}
+    for _ in range(reps):
+        runs["pgdrain"].append(breakdown_once(server, template, jobs, batch, conc))
+        for who in ("psycopg", "pgbench"):
+            runs[who].append(driver_once(server, template, jobs, batch, who))
+        log(f"  {json.dumps({who: r[-1] for who, r in runs.items()})}")
+    figures = {who: per_statement(r, jobs) for who, r in runs.items()}
+    log(f"  per statement: {json.dumps(figures)}")
+    return {"batch": batch, "concurrency": conc, "jobs": jobs, "runs": runs, "figures": figures}
+
+
 # -- 2. cProfile -------------------------------------------------------------------------------
 
 
@@ -399,7 +417,7 @@ def markdown(prof: dict[str, Any]) -> list[str]:
     )
     out.append("")
     if prof.get("drivers"):
-        out += _drivers_markdown(prof)
+        out += _drivers_markdown(prof["drivers"], prof["reps"])
     for key, who in (
         ("cprofile_main", "the drain's own thread (the loop that talks to the database)"),
         ("cprofile_jobs", f"the {prof['concurrency']} job threads together"),
@@ -428,18 +446,35 @@ def markdown(prof: dict[str, Any]) -> list[str]:
     return out
 
 
-def _drivers_markdown(prof: dict[str, Any]) -> list[str]:
-    d = prof["drivers"]
-    pgbench, alone, drain = d["pgbench"], d["psycopg"], d["pgdrain"]
+def _drivers_markdown(shares: list[dict[str, Any]], reps: int) -> list[str]:
     out = [
         "The driver's share: the same statement cycle from three clients, one connection each, "
-        "on fresh copies of the same database, each repetition beside a drain above (medians of "
-        f"{prof['reps']}): pgbench, the SQL ceiling of `make bench` (a C client); *psycopg "
-        "alone*, pgdrain's `job_complete_and_claim` in a loop on a connection set as the "
-        "drain's, each claim completing the jobs the last one took, none run "
-        "(`bench/profile.py` `_claim_loop`); and the drain.",
+        "on fresh copies of the same database, each repetition beside a drain (medians of "
+        f"{reps}; the first table's drains are those above): pgbench, the SQL ceiling of `make "
+        "bench` (a C client); *psycopg alone*, pgdrain's `job_complete_and_claim` in a loop on "
+        "a connection set as the drain's, each claim completing the jobs the last one took, "
+        "none run (`bench/profile.py` `_claim_loop`); and the drain.",
         "",
-        f"| per statement, batch {prof['batch']} | pgbench | psycopg alone | pgdrain |",
+    ]
+    for share in shares:
+        out += _driver_table(share)
+    out.append(
+        "Per statement, psycopg alone's CPU against pgbench's is the driver's own work (the "
+        "parameters dumped, the message sent, the reply read and its rows loaded), in series "
+        "with the round trip, since a connection carries one statement at a time. pgbench's "
+        "CPU includes its start and its connect."
+    )
+    out.append("")
+    return out
+
+
+def _driver_table(share: dict[str, Any]) -> list[str]:
+    figures = share["figures"]
+    pgbench, alone, drain = figures["pgbench"], figures["psycopg"], figures["pgdrain"]
+    setting = f"batch {share['batch']}, concurrency {share['concurrency']}"
+    out = [
+        f"| per statement, {setting} ({share['jobs']:,} jobs) | pgbench | psycopg alone | "
+        "pgdrain |",
         "|---|---:|---:|---:|",
     ]
     rows = (
@@ -461,13 +496,10 @@ def _drivers_markdown(prof: dict[str, Any]) -> list[str]:
     out.append("| jobs/s, of pgbench's | " + " | ".join(f"{r:.2f}" for r in of) + " |")
     out.append("")
     out.append(
-        f"psycopg alone gets **{of[1]:.2f}x** pgbench's jobs/s from one connection, the drain "
-        f"**{of[2]:.2f}x**: {of[2] / of[1]:.2f}x of psycopg alone. Per statement psycopg "
-        f"alone spends {alone['client_cpu_us']:.0f} µs of CPU where pgbench spends "
-        f"{pgbench['client_cpu_us']:.0f}: the driver's own work (the parameters dumped, the "
-        "message sent, the reply read and its rows loaded), in series with the round trip, "
-        "since a connection carries one statement at a time. pgbench's CPU includes its start "
-        "and its connect."
+        f"At {setting}, psycopg alone gets **{of[1]:.2f}x** pgbench's jobs/s from one "
+        f"connection, the drain **{of[2]:.2f}x**: {of[2] / of[1]:.2f}x of psycopg alone. "
+        f"psycopg alone spends {alone['client_cpu_us']:.0f} µs of CPU a statement where "
+        f"pgbench spends {pgbench['client_cpu_us']:.0f}."
     )
     out.append("")
     return out
@@ -489,6 +521,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--reps", type=int, default=3, help="runs of the breakdown")
+    parser.add_argument(
+        "--strict-jobs",
+        type=int,
+        default=5_000,
+        help="jobs for the driver's share at batch 1, concurrency 1 too (0: not measured)",
+    )
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--no-py-spy", action="store_true")
     parser.add_argument("--write", action="store_true", help="into docs/benchmarks.md")
@@ -514,24 +552,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         template = run.pgdrain_template(server, args.jobs)
         log(f"breakdown: {args.reps} drains of {args.jobs:,} no-op jobs, no profiler")
-        reps = []
-        log("  each beside pgbench and psycopg alone (the driver's share)")
-        drivers: dict[str, list[dict[str, Any]]] = {"pgbench": [], "psycopg": []}
-        for _ in range(args.reps):
-            reps.append(breakdown_once(server, template, args.jobs, args.batch, args.concurrency))
-            log(f"  {json.dumps(reps[-1])}")
-            for who, runs in drivers.items():
-                runs.append(driver_once(server, template, args.jobs, args.batch, who))
-                log(f"  {who}: {json.dumps(runs[-1])}")
+        log("  each beside psycopg alone and pgbench (the driver's share)")
+        share = driver_share(server, template, args.jobs, args.batch, args.concurrency, args.reps)
+        reps = share["runs"]["pgdrain"]
         prof["breakdown_runs"] = reps
         prof["breakdown"] = breakdown(reps, args.jobs)
         log(f"  per job: {json.dumps(prof['breakdown'])}")
-        prof["driver_runs"] = drivers
-        prof["drivers"] = {
-            who: per_statement(runs, args.jobs)
-            for who, runs in (*drivers.items(), ("pgdrain", reps))
-        }
-        log(f"  per statement: {json.dumps(prof['drivers'])}")
+        prof["drivers"] = [share]
+        if args.batch != 1 and args.strict_jobs:
+            log(f"the driver's share at batch 1, concurrency 1 ({args.strict_jobs:,} jobs)")
+            strict = run.pgdrain_template(server, args.strict_jobs)
+            prof["drivers"].append(driver_share(server, strict, args.strict_jobs, 1, 1, args.reps))
 
         log("cProfile: one drain in this process")
         with server.fresh(template) as url:

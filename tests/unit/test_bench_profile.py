@@ -40,31 +40,48 @@ def test_the_rest_is_negative_where_the_client_and_the_database_overlap() -> Non
     assert figures["rest_us"] < 0
 
 
-def _profile(pgbench_wall: float, alone_wall: float, drain_wall: float) -> dict[str, Any]:
-    drivers = {
+def _share(pgbench_wall: float, alone_wall: float, drain_wall: float) -> dict[str, Any]:
+    """A driver_share result at batch 10: the three clients' figures from one run each."""
+    figures = {
         "pgbench": profile.per_statement([_run(pgbench_wall, 0.1, 1.7)], JOBS),
         "psycopg": profile.per_statement([_run(alone_wall, 0.4, 1.7)], JOBS),
         "pgdrain": profile.per_statement([_run(drain_wall, 0.8, 1.75)], JOBS),
     }
-    return {"drivers": drivers, "reps": 3, "batch": 10}
+    return {"batch": 10, "concurrency": 10, "jobs": JOBS, "runs": {}, "figures": figures}
 
 
 def test_the_table_puts_each_client_in_its_column_and_the_ratios_to_pgbench_last() -> None:
-    lines = profile._drivers_markdown(_profile(pgbench_wall=2.0, alone_wall=2.5, drain_wall=2.6))
+    lines = profile._drivers_markdown([_share(2.0, 2.5, 2.6)], reps=3)
 
-    header = next(line for line in lines if line.startswith("| per statement, batch 10 |"))
-    assert header == "| per statement, batch 10 | pgbench | psycopg alone | pgdrain |"
+    header = next(line for line in lines if line.startswith("| per statement,"))
+    assert header == (
+        "| per statement, batch 10, concurrency 10 (20,000 jobs) | pgbench | psycopg alone "
+        "| pgdrain |"
+    )
     assert "| jobs/s | 10,000 | 8,000 | 7,692 |" in lines
     assert "| wall, µs | 1000 | 1250 | 1300 |" in lines
     assert "| jobs/s, of pgbench's | 1.00 | 0.80 | 0.77 |" in lines
-    summary = next(line for line in lines if line.startswith("psycopg alone gets"))
-    assert "**0.80x** pgbench's jobs/s" in summary
+    summary = next(line for line in lines if line.startswith("At batch 10, concurrency 10,"))
+    assert "psycopg alone gets **0.80x** pgbench's jobs/s" in summary
     assert "the drain **0.77x**: 0.96x of psycopg alone" in summary
-    assert "psycopg alone spends 200 µs of CPU where pgbench spends 50" in summary
+    assert "psycopg alone spends 200 µs of CPU a statement where pgbench spends 50" in summary
 
 
 def test_a_drain_faster_than_psycopg_alone_is_said_so() -> None:
-    lines = profile._drivers_markdown(_profile(pgbench_wall=2.0, alone_wall=3.0, drain_wall=2.8))
+    lines = profile._drivers_markdown([_share(2.0, 3.0, 2.8)], reps=3)
 
-    summary = next(line for line in lines if line.startswith("psycopg alone gets"))
+    summary = next(line for line in lines if line.startswith("At batch 10"))
     assert "the drain **0.71x**: 1.07x of psycopg alone" in summary
+
+
+def test_each_setting_measured_gets_a_table_of_its_own_after_one_introduction() -> None:
+    strict = {**_share(2.0, 3.0, 2.8), "batch": 1, "concurrency": 1}
+
+    lines = profile._drivers_markdown([_share(2.0, 2.5, 2.6), strict], reps=3)
+
+    headers = [line for line in lines if line.startswith("| per statement,")]
+    assert [h.split(" (")[0] for h in headers] == [
+        "| per statement, batch 10, concurrency 10",
+        "| per statement, batch 1, concurrency 1",
+    ]
+    assert sum(line.startswith("The driver's share:") for line in lines) == 1
