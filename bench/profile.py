@@ -92,32 +92,17 @@ def _db_counters(server: Server, dbname: str) -> tuple[float, int]:
     return float(row[0]), int(row[1])
 
 
-def breakdown_once(
-    server: Server, template: str, jobs: int, batch: int, conc: int
-) -> dict[str, Any]:
-    name = server.create(template)
-    try:
-        url = server.url(name)
-        active0, xacts0 = _db_counters(server, name)
-        argv = ["pgdrain", "--url", url, "--batch", str(batch), "--concurrency", str(conc)]
-        wall, (result,) = run_workers(1, argv)
-        active1, xacts1 = _db_counters(server, name)
-        ok, detail = run.verify_pgdrain(url, jobs)
-    finally:
-        server.drop(name)
-    if not ok or result["error"] is not None:
-        raise SystemExit(f"the drain did not process every job once: {detail}")
-    return {
-        "wall_s": wall,
-        "cpu_s": result["cpu_s"],
-        "db_active_s": (active1 - active0) / 1000.0,
-        "statements": xacts1 - xacts0,
-    }
+def _drain(url: str, batch: int, conc: int) -> tuple[float, float]:
+    """A drain in a worker process, as `make bench` runs it: (wall s, its process's CPU s)."""
+    argv = ["pgdrain", "--url", url, "--batch", str(batch), "--concurrency", str(conc)]
+    wall, (result,) = run_workers(1, argv)
+    if result["error"] is not None:
+        raise SystemExit(f"the drain stopped with an error: {result['error']}")
+    return wall, float(result["cpu_s"])
 
 
 def breakdown(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
-    """Medians over the repetitions (breakdown_once's or driver_once's), per job (µs) and per
-    statement."""
+    """Medians over the repetitions (run_once's), per job (µs) and per statement."""
 
     def med(key: str) -> float:
         return float(statistics.median(r[key] for r in reps))
@@ -176,20 +161,24 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def driver_once(server: Server, template: str, jobs: int, batch: int, who: str) -> dict[str, Any]:
-    """The jobs of a fresh copy completed by pgbench (`who` "pgbench": the ceiling's script, one
-    client) or by psycopg alone ("psycopg"): wall s, the client's CPU s, the backend's active
-    s and the statements, as breakdown_once reads them for a drain."""
+def run_once(
+    server: Server, template: str, jobs: int, batch: int, conc: int, who: str
+) -> dict[str, Any]:
+    """The jobs of a fresh copy of `template` completed by `who`: "pgdrain" (a drain, batch and
+    concurrency as given), "psycopg" (psycopg alone) or "pgbench" (the ceiling's script, one
+    client). Its wall s, the client's CPU s, the backend's active s and the statements."""
     name = server.create(template)
     try:
         url = server.url(name)
         active0, xacts0 = _db_counters(server, name)
-        if who == "pgbench":
+        if who == "pgdrain":
+            wall, cpu = _drain(url, batch, conc)
+        elif who == "psycopg":
+            wall, cpu = _claim_loop(url, batch)
+        else:
             cpu0 = _children_cpu_s()
             result = ceiling.run(url, jobs, batch, 1)
             wall, cpu = result.transactions / result.tps, _children_cpu_s() - cpu0
-        else:
-            wall, cpu = _claim_loop(url, batch)
         active1, xacts1 = _db_counters(server, name)
         ok, detail = run.verify_pgdrain(url, jobs)
     finally:
@@ -223,13 +212,12 @@ def per_statement(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
 def driver_share(
     server: Server, template: str, jobs: int, batch: int, conc: int, reps: int
 ) -> dict[str, Any]:
-    """`reps` rounds of a drain (breakdown_once), psycopg alone and pgbench, each on a fresh
-    copy of `template`: their runs, and each one's medians per statement."""
+    """`reps` rounds of a drain, psycopg alone and pgbench, each on a fresh copy of
+    `template`: their runs, and each one's medians per statement."""
     runs: dict[str, list[dict[str, Any]]] = {"pgdrain": [], "psycopg": [], "pgbench": []}
     for _ in range(reps):
-        runs["pgdrain"].append(breakdown_once(server, template, jobs, batch, conc))
-        for who in ("psycopg", "pgbench"):
-            runs[who].append(driver_once(server, template, jobs, batch, who))
+        for who, done in runs.items():
+            done.append(run_once(server, template, jobs, batch, conc, who))
         log(f"  {json.dumps({who: r[-1] for who, r in runs.items()})}")
     figures = {who: per_statement(r, jobs) for who, r in runs.items()}
     log(f"  per statement: {json.dumps(figures)}")

@@ -18,7 +18,7 @@ JOBS = 20_000
 
 
 def _run(wall_s: float, cpu_s: float, db_active_s: float) -> dict[str, Any]:
-    """One run's figures, as breakdown_once and driver_once give them: 2,000 statements."""
+    """One run's figures, as run_once gives them: 2,000 statements."""
     return {"wall_s": wall_s, "cpu_s": cpu_s, "db_active_s": db_active_s, "statements": 2_000}
 
 
