@@ -1,14 +1,17 @@
 """Claim-ahead on and off, one drain process at the default settings, for jobs that take no
-time, 0.5 ms and 5 ms (handler/pgdrain/claim_ahead.py). One command, from the repository root:
+time, 0.5 ms and 5 ms (handler/pgdrain/claim_ahead.py); with `--mechanism send-ahead`, sending
+claims ahead on and off instead (handler/pgdrain/pipeline.py). One command, from the
+repository root:
 
     make .venv-bench/.installed    # once
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
-        .venv-bench/bin/python -m bench.claim_ahead
+        .venv-bench/bin/python -m bench.claim_ahead [--mechanism send-ahead]
 
 Without DATABASE_URL an embedded PostgreSQL is started. Not part of `make bench` (it measures
 one mechanism, not pgdrain against its ceiling or its peers). Each repetition drains the jobs
 of one duration on a fresh database copied from a template, in this process, once with
-claim-ahead and once without (`drain(..., claim_ahead=False)`), the two interleaved; every
+the mechanism and once without (`drain(..., claim_ahead=False)` or `send_ahead=False`), the
+two interleaved; every
 job must end done with one attempt. Prints jobs/s (medians of --reps) and their ratio."""
 
 from __future__ import annotations
@@ -36,12 +39,16 @@ def sleep_for(job: Job) -> None:
 CASES: tuple[tuple[float, int], ...] = ((0.0, 20_000), (0.0005, 10_000), (0.005, 3_000))
 
 
-def once(server: Server, name: str, jobs: int, claim_ahead: bool) -> float:
+# --mechanism: drain()'s keyword that switches it off.
+MECHANISMS = {"claim-ahead": "claim_ahead", "send-ahead": "send_ahead"}
+
+
+def once(server: Server, name: str, jobs: int, switch: str, on: bool) -> float:
     copy = server.create(name)
     try:
         url = server.url(copy)
         began = time.perf_counter()
-        result = drain(Settings(), Budget.seconds(600), registry, url, claim_ahead=claim_ahead)
+        result = drain(Settings(), Budget.seconds(600), registry, url, **{switch: on})
         elapsed = time.perf_counter() - began
         ok, detail = run.verify_pgdrain(url, jobs)
     finally:
@@ -54,11 +61,13 @@ def once(server: Server, name: str, jobs: int, claim_ahead: bool) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.claim_ahead", description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--mechanism", choices=sorted(MECHANISMS), default="claim-ahead")
     args = parser.parse_args(argv)
+    switch = MECHANISMS[args.mechanism]
     admin_url, source = resolve_server()
     server = Server(admin_url)
     log(f"server: {source}")
-    print("| job | jobs | claim-ahead on, jobs/s | off, jobs/s | on / off |")
+    print(f"| job | jobs | {args.mechanism} on, jobs/s | off, jobs/s | on / off |")
     print("|---:|---:|---:|---:|---:|")
     for seconds, jobs in CASES:
         name = run.pgdrain_template(server, jobs, "bench.sleep", {"seconds": seconds})
@@ -66,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             on: list[float] = []
             off: list[float] = []
             for _ in range(args.reps):
-                on.append(once(server, name, jobs, claim_ahead=True))
-                off.append(once(server, name, jobs, claim_ahead=False))
+                on.append(once(server, name, jobs, switch, True))
+                off.append(once(server, name, jobs, switch, False))
         finally:
             server.drop(name)
         a, b = statistics.median(on), statistics.median(off)

@@ -130,7 +130,7 @@ def _claim_loop(url: str, batch: int) -> tuple[float, float]:
     drain's: DrainConnection, psycopg's default prepare_threshold, the limits and planner
     settings kept by the connection. Returns (wall s, this thread's CPU s)."""
     from pgdrain import db, store
-    from pgdrain.claims import UUID_MASK
+    from pgdrain.claim_statement import UUID_MASK
 
     conn = db.DrainConnection.connect(url, autocommit=True)
     try:
@@ -449,8 +449,11 @@ def _drivers_markdown(shares: list[dict[str, Any]], reps: int) -> list[str]:
     out.append(
         "Per statement, psycopg alone's CPU against pgbench's is the driver's own work (the "
         "parameters dumped, the message sent, the reply read and its rows loaded), in series "
-        "with the round trip, since a connection carries one statement at a time. pgbench's "
-        "CPU includes its start and its connect."
+        "with the round trip: psycopg alone and pgbench carry one statement at a time on "
+        "their connection. The drain sends its next claim before it reads the last one's reply "
+        "(`handler/pgdrain/pipeline.py`), so its own work overlaps the database's; not at batch "
+        "1, concurrency 1 (strict ordering holds one job at a time). pgbench's CPU includes its "
+        "start and its connect."
     )
     out.append("")
     return out

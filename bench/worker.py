@@ -69,7 +69,13 @@ def run_pgdrain(args: argparse.Namespace) -> None:
         profiler.start()
     start = time.time()
     cpu_start = _cpu_seconds()
-    result = drain(settings, Budget.seconds(args.budget), registry, args.url)
+    result = drain(
+        settings,
+        Budget.seconds(args.budget),
+        registry,
+        args.url,
+        send_ahead=not args.no_send_ahead,
+    )
     cpu_s = _cpu_seconds() - cpu_start
     end = time.time()
     if profiler is not None:
@@ -241,6 +247,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=0, help="0: pgdrain's default")
     p.add_argument("--budget", type=float, default=600.0)
     p.add_argument("--pyinstrument", default="")
+    p.add_argument(
+        "--no-send-ahead",
+        action="store_true",
+        help="each claim's reply read before the next claim goes out (pipeline.py's control)",
+    )
     p = sub.add_parser("pgqueuer")
     p.add_argument("--url", required=True)
     p.add_argument("--driver", choices=("asyncpg", "psycopg"), default="asyncpg")

@@ -66,14 +66,18 @@ class Attempts:
     def busy(self) -> bool:
         return bool(self.running or self.unstarted)
 
-    def to_claim(self, concurrency: int, batch_size: int, ahead: int = 0) -> int:
+    def to_claim(
+        self, concurrency: int, batch_size: int, ahead: int = 0, on_the_wire: int = 0
+    ) -> int:
         """How many jobs to claim now: what free worker slots can start at once (a job claimed
         and left waiting would spend an attempt if the process died), plus `ahead` for slots
         about to free (claim_ahead.py), at most a batch; none until half the slots are free,
-        unless none is busy (running or claimed to run), so short jobs still come in batches."""
-        wanted = min(concurrency + ahead - len(self.running) - len(self.unstarted), batch_size)
+        unless none is busy (running or claimed to run), so short jobs still come in batches.
+        `on_the_wire`: the jobs that claims sent and not yet read may bring (they hold slots)."""
+        held = len(self.running) + len(self.unstarted) + on_the_wire
+        wanted = min(concurrency + ahead - held, batch_size)
         refill_at = max(1, min(concurrency, batch_size) // 2)
-        return wanted if wanted > 0 and (not self.busy() or wanted >= refill_at) else 0
+        return wanted if wanted > 0 and (not held or wanted >= refill_at) else 0
 
     def start_free(self, submit: Callable[[ClaimedJob], None], concurrency: int) -> None:
         """Hand unstarted attempts to `submit` while a worker slot is free."""

@@ -43,6 +43,11 @@ class ClaimAhead:
         self._job_seconds: float | None = None
         self._round_trip_seconds: float | None = None
 
+    @property
+    def most(self) -> int:
+        """The most claimed ahead (0: claiming ahead is off)."""
+        return self._most
+
     def job_ran(self, seconds: float) -> None:
         self._job_seconds = _smoothed(self._job_seconds, seconds)
 

@@ -7,17 +7,17 @@ Failures are written at once, with the retry backoff."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterable
 
 from pgdrain import outcomes, retry, store
 from pgdrain.attempts import Attempts, RunState
 from pgdrain.claim_ahead import ClaimAhead
+from pgdrain.claim_statement import Claim, ClaimStatements
 from pgdrain.pool import Outcome
 from pgdrain.reclaim import Reclaim
+from pgdrain.sent_ahead import SentAhead
 from pgdrain.settings import Settings
 from pgdrain.store import ClaimedJob
 
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 # A finished job is recorded as done with the next claim, or at the latest after this long:
 # one commit for many jobs, without holding results back from the database.
 COMPLETION_FLUSH_SECONDS = 0.1
-UUID_MASK = (1 << 128) - 1
 
 
 class Claims:
@@ -39,6 +38,8 @@ class Claims:
         reclaim_limit: int,
         recover_lost_replies: bool = True,
         ahead: ClaimAhead | None = None,
+        send_ahead: bool = False,
+        count_on_the_wire: bool = True,
     ) -> None:
         # Fed with each claim's round trip here, and each job's run time by the drain.
         self.ahead = ahead or ClaimAhead(1, 1, enabled=False)
@@ -48,66 +49,49 @@ class Claims:
         self._deadline = run.deadline
         self._counters = run.counters
         self._worker_id = run.worker_id
-        self._queues = queues
-        self._lease_seconds = lease_seconds
         self.reclaim = Reclaim(run.session, run.counters, reclaim_limit)
-        # Claim ids: one random base per run, counted up, so a claim's id costs no call into
-        # the OS (uuid4 reads os.urandom, which gives up the GIL; getting it back while the job
-        # threads run cost more than the rest of the claim's bookkeeping). Unique within the
-        # run; two runs' ids meet only if their random 128-bit bases lie within the number of
-        # claims of each other.
-        self._claim_ids = itertools.count(uuid.uuid4().int)
+        self._statements = ClaimStatements(
+            run.attempts,
+            run.deadline,
+            queues=queues,
+            worker_id=run.worker_id,
+            lease_seconds=lease_seconds,
+            recover_lost_replies=recover_lost_replies,
+        )
+        self.sent_ahead = SentAhead(
+            self,
+            self._statements,
+            run.session,
+            run.deadline,
+            enabled=send_ahead,
+            count_slots=count_on_the_wire,
+        )
 
     def complete_and_claim(self, limit: int, while_sent: Callable[[], None] | None = None) -> int:
         """One round trip: record the finished jobs, claim up to `limit` more. Returns how
         many it claimed. `while_sent` runs while the statement is on the wire."""
-        held = [a.held for a in self._attempts.take_finished()]
-        # Chosen here, so a retry can ask what this claim took.
-        claim_id = uuid.UUID(int=next(self._claim_ids) & UUID_MASK)
-
-        @store.one_statement
-        def claim(conn: store.Connection) -> tuple[store.Fenced, list[store.ClaimedJob]]:
-            return store.job_complete_and_claim(
-                conn,
-                held,
-                self._queues,
-                limit,
-                self._worker_id,
-                self._lease_seconds,
-                self._deadline.lease_cap(),
-                claim_id,
-            )
-
-        def claim_again(conn: store.Connection) -> tuple[store.Fenced, list[store.ClaimedJob]]:
-            # Safe to run after a lost reply: if the claim committed, its completions (found by
-            # completed_token) or its claims (found by claim_id) say so, and they are taken as
-            # its result: nothing is claimed twice, no completion is counted lost. If neither
-            # exists, nothing of it committed (or it claimed and completed nothing), so the
-            # claim is made now, once, under the same claim id.
-            done, claimed = store.job_claim_recover(conn, claim_id, held)
-            if done.applied_attempts or claimed:
-                log.warning(
-                    "a claim committed before its reply was lost; its jobs are kept",
-                    extra={"claimed": len(claimed), "completed": len(done.applied_attempts)},
-                )
-                return done, claimed
-            return claim(conn)
-
-        sent_at = time.monotonic()
-        result, claimed = self._session.run_recovering(
-            claim, claim_again if self._recover_lost_replies else claim, while_sent=while_sent
+        self.sent_ahead.settle()
+        claim = self._statements.new(limit)
+        made = self._session.run_recovering(
+            self._statements.operation(claim), self._statements.again(claim), while_sent=while_sent
         )
-        self.ahead.claim_took(time.monotonic() - sent_at)
-        self.reclaim.report()
-        if claimed:
-            self._attempts.leases_claimed(sent_at)
-        self._record_completions(result)
-        self._attempts.unstarted.extend(claimed)
-        self._counters.add("claimed", len(claimed))
+        claimed = self.received(claim, *made)
         if claimed and self._deadline.below_reserve():
             # The claim itself took the time that was left (a slow or resuming database):
             # give the jobs back unstarted rather than start what cannot finish.
             self.release_unstarted()
+        return claimed
+
+    def received(self, claim: Claim, result: store.Fenced, claimed: list[ClaimedJob]) -> int:
+        """Record a claim's reply: its completions, and the jobs it took as unstarted. Returns
+        how many it took."""
+        self.ahead.claim_took(time.monotonic() - claim.sent_at)
+        self.reclaim.report()
+        if claimed:
+            self._attempts.leases_claimed(claim.sent_at)
+        self._record_completions(result)
+        self._attempts.unstarted.extend(claimed)
+        self._counters.add("claimed", len(claimed))
         return len(claimed)
 
     def completion_due(self) -> bool:
@@ -116,6 +100,7 @@ class Claims:
         )
 
     def flush_completions(self) -> None:
+        self.sent_ahead.settle()  # their replies come before this statement's
         held = [a.held for a in self._attempts.take_finished()]
         if not held:
             return
@@ -141,6 +126,7 @@ class Claims:
 
     def release_unstarted(self) -> None:
         """Give back what has not started, those waiting in the pool for a thread included."""
+        self.sent_ahead.settle()  # the claims on the wire first: their jobs are unstarted too
         held = [a.held for a in self._attempts.take_unstarted()]
         if not held:
             return
@@ -187,10 +173,22 @@ class Claims:
         self._counters.lease_lost(held, how, self._worker_id)
 
 
-def wanted(claims: Claims, attempts: Attempts, settings: Settings) -> int:
-    """How many jobs to claim now: for the free slots, and for those about to free."""
+def wanted(
+    claims: Claims, attempts: Attempts, settings: Settings, *, sending_ahead: bool = False
+) -> int:
+    """How many jobs to claim now: for the free slots, and for those about to free. The claims
+    on the wire hold the slots of all they may bring. A claim sent ahead (`sending_ahead`) may
+    take one batch more, only while a whole batch frees during a round trip (claim_ahead.py):
+    it is read one round trip later than a claim made now would be, and its jobs start as the
+    next claim goes out, when the slots of the batch before them have freed."""
     allowance = claims.ahead.allowance(attempts.running_since.values(), time.monotonic())
-    return attempts.to_claim(settings.concurrency, settings.batch_size, allowance)
+    if sending_ahead:
+        if allowance < claims.ahead.most or not claims.ahead.most:
+            return 0
+        allowance += settings.batch_size
+    return attempts.to_claim(
+        settings.concurrency, settings.batch_size, allowance, claims.sent_ahead.held()
+    )
 
 
 def claim_and_start(
@@ -204,13 +202,18 @@ def claim_and_start(
     """Claim what is wanted and, while that claim is on the wire, hand everything claimed ahead
     to the pool, whose threads start each as one frees (this thread, waiting for the reply,
     could not); then start what came, as far as slots are free (`start_now=False`: the caller
-    starts them, with Attempts.start_free). Returns (claimed, full): whether a claim was made,
+    starts them, with Attempts.start_free). Returns (claimed, full): whether a claim was read,
     and whether it took all it asked for (a short one means the queue is drained for now: the
     next claim waits for an outcome, so an empty queue is not polled).
 
     The jobs start after the claim has gone out, not before: started first, their threads
     took the interpreter from this one while it built and sent the claim, and the claim went
-    out only once they had run (Python and the database took turns instead of overlapping)."""
+    out only once they had run (Python and the database took turns instead of overlapping).
+
+    While claims come back full and more are wanted, the next claim goes out before the reply
+    to the last is read (sent_ahead.py, pipeline.py): one claim is on the wire between two
+    turns of the loop, two while a reply is read, and the database runs the one while this
+    thread reads the other and starts its jobs."""
 
     def start() -> None:
         attempts.start_free(submit, settings.concurrency)
@@ -220,10 +223,26 @@ def claim_and_start(
 
     n = wanted(claims, attempts, settings)  # unstarted attempts hold their slots already
     while_sent = start_all if attempts.unstarted else None  # None: nothing to hand over
-    full = n > 0 and claims.complete_and_claim(n, while_sent=while_sent) == n
+    sent_ahead = claims.sent_ahead
+    if sent_ahead.count():
+        limit = sent_ahead.oldest_limit()
+        if sent_ahead.last_full and sent_ahead.may_send():
+            ahead = wanted(claims, attempts, settings, sending_ahead=True)
+            if ahead > 0:
+                sent_ahead.send(ahead)
+        if sent_ahead.count():  # unless the connection broke and every claim was taken up
+            sent_ahead.last_full = sent_ahead.read(while_sent) == limit
+        made = True
+    else:
+        sent_ahead.last_full = n > 0 and claims.complete_and_claim(n, while_sent=while_sent) == n
+        made = n > 0
     if start_now:
         start()
-    return n > 0, full
+    if sent_ahead.last_full and not sent_ahead.count() and sent_ahead.may_send():
+        ahead = wanted(claims, attempts, settings, sending_ahead=True)
+        if ahead > 0:
+            sent_ahead.send(ahead)  # read at the next turn, behind the claim sent then
+    return made, sent_ahead.last_full
 
 
 def record_outcomes(

@@ -86,6 +86,12 @@ class SafetySwitches:
     # Jobs claimed ahead and still waiting in the pool for a thread are taken back when the run
     # releases what has not started (a stop, the reserve) or ends: never started after that.
     take_back_waiting_jobs: bool = True
+    # A claim sent ahead (before the reply to the last is read) holds the slots of all it may
+    # bring until it is read: the run never holds more than its slots and their allowance.
+    count_claims_on_the_wire: bool = True
+    # While claims are sent ahead, the limits a connection keeps are half what is left: a
+    # claim starts as the one before it ends, and both must end by the final margin.
+    halve_limits_when_sending_ahead: bool = True
 
 
 class RunHooks(Protocol):
@@ -132,10 +138,12 @@ def drain(
     hooks: RunHooks | None = None,
     stop: StopRequest | None = None,
     claim_ahead: bool = True,
+    send_ahead: bool = True,
 ) -> DrainResult:
     """Run until no job is ready and none is running, until the budget is spent, or until
-    `stop` is requested. `claim_ahead=False` alternates claims and jobs (claim_ahead.py; a
-    benchmark's control)."""
+    `stop` is requested. `claim_ahead=False` alternates claims and jobs (claim_ahead.py);
+    `send_ahead=False` reads each claim's reply before the next claim goes out (pipeline.py):
+    a benchmark's controls."""
     return _Run(
         settings,
         budget,
@@ -148,6 +156,7 @@ def drain(
         hooks=hooks or _NoHooks(),
         stop=stop or stop_module.current() or StopRequest(),
         claim_ahead=claim_ahead,
+        send_ahead=send_ahead,
     ).execute()
 
 
@@ -158,6 +167,29 @@ def drain(
 # one more wake-up per job (batch 1, paired runs: 2.6% and 6.6% more jobs/s, ahead in 8 of 10
 # pairs and 9 of 12). Until then the job is unstarted, as one claimed ahead is: it holds its
 # slot, its lease is kept, and a stop or the reserve releases it.
+
+
+def _session(
+    conninfo: str,
+    settings: Settings,
+    budget: Budget,
+    switches: SafetySwitches,
+    attempts: Attempts,
+    *,
+    send_ahead: bool,
+) -> Session:
+    """The run's connection, as its safety switches set it."""
+    return Session(
+        conninfo,
+        settings,
+        budget,
+        limit_to_budget=switches.limit_statements_to_budget,
+        read_committed=switches.pin_read_committed,
+        lease_seconds_left=(lambda: attempts.lease_seconds_left(settings.lease_seconds))
+        if switches.reconnect_within_leases
+        else None,
+        halve_kept_limits=send_ahead and switches.halve_limits_when_sending_ahead,
+    )
 
 
 class _Run:
@@ -175,6 +207,7 @@ class _Run:
         hooks: RunHooks,
         stop: StopRequest,
         claim_ahead: bool = True,
+        send_ahead: bool = True,
     ) -> None:
         self.settings = settings
         self.hooks = hooks
@@ -186,17 +219,10 @@ class _Run:
         self.attempts = Attempts()
         self.deadline = Deadline(budget, settings.reserve_seconds, switches.cap_lease_at_deadline)
         self.stopping = Stopping(stop, self.deadline, worker_id)
-        self.session = Session(
-            conninfo,
-            settings,
-            budget,
-            limit_to_budget=switches.limit_statements_to_budget,
-            read_committed=switches.pin_read_committed,
-            lease_seconds_left=(lambda: self.attempts.lease_seconds_left(settings.lease_seconds))
-            if switches.reconnect_within_leases
-            else None,
-            on_reconnect=lambda: self.heartbeat.due_now(),
+        self.session = _session(
+            conninfo, settings, budget, switches, self.attempts, send_ahead=send_ahead
         )
+        self.session.on_reconnect(lambda: self.heartbeat.due_now())
         state = RunState(self.session, self.attempts, self.deadline, self.counters, worker_id)
         self.claims = Claims(
             state,
@@ -205,6 +231,8 @@ class _Run:
             reclaim_limit=settings.reclaim_limit,
             recover_lost_replies=switches.recover_lost_replies,
             ahead=ClaimAhead(settings.batch_size, settings.concurrency, enabled=claim_ahead),
+            send_ahead=send_ahead,
+            count_on_the_wire=switches.count_claims_on_the_wire,
         )
         self.heartbeat = Heartbeat(
             state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
@@ -274,7 +302,7 @@ class _Run:
             if claims.completion_due():
                 claims.flush_completions()
 
-            if not attempts.busy():
+            if not attempts.busy() and not claims.sent_ahead.count():
                 claims.flush_completions()
                 reason = stopping.reason_when_idle()
                 if reason is None and self.hooks.before_exit(self.session):
@@ -292,8 +320,9 @@ class _Run:
                 )
                 return "budget"
 
-            # A full claim and claim-ahead: the next claim goes out at once.
-            ahead = full and wanted(claims, attempts, self.settings)
+            # A full claim and claim-ahead, or a claim on the wire: the next claim goes out (or
+            # the one on the wire is read) at once.
+            ahead = claims.sent_ahead.count() or (full and wanted(claims, attempts, self.settings))
             wait = 0.0 if ahead else self._seconds_to_wait()
             if start_when_waiting:
                 attempts.start_free(pool.submit, 1)

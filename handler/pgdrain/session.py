@@ -52,6 +52,7 @@ from psycopg.pq import TransactionStatus
 from pgdrain import db, store
 from pgdrain.budget import Budget
 from pgdrain.deadline import FINAL_MARGIN_SECONDS
+from pgdrain.pipeline import Pipeline, Row
 from pgdrain.settings import Settings
 from pgdrain.summary import one_line
 
@@ -116,6 +117,7 @@ class Session:
         read_committed: bool = True,
         lease_seconds_left: Callable[[], float | None] | None = None,
         on_reconnect: Callable[[], None] | None = None,
+        halve_kept_limits: bool = False,
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
@@ -130,6 +132,11 @@ class Session:
         self._lease_seconds_left = lease_seconds_left
         self._on_reconnect = on_reconnect
         self._with_next: list[WithNext] = []
+        # Statements sent ahead (pipeline.py), on this connection; and what reads them all,
+        # called before any other statement goes out (settle_with).
+        self._pipeline: Pipeline | None = None
+        self._settle: Callable[[], None] | None = None
+        self._halve_kept_limits = halve_kept_limits  # see may_send_ahead
         # None: every transaction carries its limits (a transaction pooler, or a test's control).
         self._kept = (
             _KeptLimits()
@@ -143,6 +150,79 @@ class Session:
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+
+    def on_reconnect(self, call: Callable[[], None]) -> None:
+        """`call` runs after each reconnect (the run's heartbeat: due at once)."""
+        self._on_reconnect = call
+
+    def settle_with(self, settle: Callable[[], None]) -> None:
+        """`settle` reads every statement sent ahead (send_ahead): the session calls it before
+        any other statement goes out, so that the connection is psycopg's again."""
+        self._settle = settle
+
+    def may_send_ahead(self) -> bool:
+        """Whether a statement may go out now behind one whose reply is not read yet: on a
+        connection that keeps its limits, sent less than KEEP_SECONDS ago and not near the end,
+        that prepares its statements, with nothing waiting to go with the next round trip.
+
+        Why it still ends by the final margin: it starts when the one before it ends, and that
+        one had started by the time the reply before it was read, before this one was sent
+        (the run reads one reply for each statement it sends ahead), give or take the server's
+        own scheduling. Each may run as long as the kept limit, which is sent as half of what
+        will be left KEEP_SECONDS later, less the final margin (`halve_kept_limits`): both end
+        by the final margin. With the whole of it, a claim behind one that waited on a lock
+        until its limit could wait as long again, past the deadline."""
+        conn, kept = self._conn, self._kept
+        if kept is None or conn is None or conn.closed or self._with_next:
+            return False
+        if conn.prepare_threshold is None:
+            return False
+        remaining = self._budget.remaining()
+        if remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS:
+            return False  # near the end every statement sends its limits: none goes ahead
+        return kept.fresh(time.monotonic(), statement_limit_ms(remaining))
+
+    def send_ahead(self, statement: store.Statement[Any]) -> None:
+        """Send `statement` (store.one_statement's kind) without reading its reply: read_ahead
+        reads the replies in the order their statements were sent."""
+        assert self.may_send_ahead(), "checked by the caller"
+        conn = self._conn
+        assert conn is not None
+        if self._pipeline is None:
+            self._pipeline = Pipeline(conn)
+        self._pipeline.send(statement.text, statement.params)
+
+    def ahead_unread(self) -> int:
+        return 0 if self._pipeline is None else self._pipeline.unread
+
+    def read_ahead(self) -> list[Row]:
+        """The rows of the oldest statement sent ahead and not read. Once every reply is read,
+        the connection leaves pipeline mode."""
+        pipeline, conn = self._pipeline, self._conn
+        assert pipeline is not None and conn is not None
+        try:
+            return pipeline.read()
+        except psycopg.Error:
+            if self._kept is not None:
+                self._kept.forget()  # as after any failed statement
+            raise
+        finally:
+            if not pipeline.unread and not conn.closed:
+                pipeline.leave()
+
+    def broken(self) -> bool:
+        return self._conn is None or self._conn.closed or self._conn.broken
+
+    def reconnect(self, exc: BaseException) -> None:
+        """The connection broke: connect again within the budget (no longer than the leases
+        held last), forgetting what was on the wire."""
+        log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
+        assert self._conn is not None
+        self._conn.close()
+        self._pipeline = None
+        self._conn = self._connect(self._reconnect_budget())
+        if self._on_reconnect is not None:
+            self._on_reconnect()
 
     def timeout_ms(self) -> int:
         """The longest any statement may take: what is left of the budget less the final
@@ -209,16 +289,15 @@ class Session:
         before its reply is awaited (a one-statement operation; others never call it): work
         that needs no reply is done while the database runs the statement."""
         assert self._conn is not None, "open() the session first"
+        if self.ahead_unread():
+            assert self._settle is not None, "statements sent ahead need settle_with"
+            self._settle()  # the connection is psycopg's again (or a new one)
         try:
             return self._transaction(self._conn, first, while_sent)
         except psycopg.OperationalError as exc:
             if not self._conn.closed and not self._conn.broken:
                 raise
-            log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
-            self._conn.close()
-            self._conn = self._connect(self._reconnect_budget())
-            if self._on_reconnect is not None:
-                self._on_reconnect()
+            self.reconnect(exc)
             return self._transaction(self._conn, again)
 
     def _reconnect_budget(self) -> Budget:
@@ -315,6 +394,8 @@ class Session:
             kept.forget()
             near_the_end = remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS
             keep_ms = allowed if near_the_end else statement_limit_ms(remaining - KEEP_SECONDS)
+            if self._halve_kept_limits and not near_the_end:
+                keep_ms = max(MIN_TIMEOUT_MS, keep_ms // 2)  # see may_send_ahead
             result = run_one_statement(
                 conn,
                 allowed,

@@ -336,19 +336,44 @@ def job_complete_and_claim(
     cap_seconds bounds every new lease to the run's deadline (None leaves it uncapped: only
     tests do that, to show what the cap prevents). claim_id, chosen by the caller, is stored
     on the claimed rows: job_claim_recover finds them by it after a lost reply."""
-    rows = conn.execute(
-        query("job_complete_and_claim"),
-        {
-            "done_ids": [h.id for h in finished],
-            "done_tokens": [h.token for h in finished],
-            "queues": list(queues),
-            "limit": limit,
-            "worker": worker,
-            "lease_seconds": lease_seconds,
-            "cap_seconds": cap_seconds,
-            "claim_id": claim_id,
-        },
-    ).fetchall()
+    return job_complete_and_claim_statement(
+        finished, queues, limit, worker, lease_seconds, cap_seconds, claim_id
+    ).run(conn)
+
+
+def job_complete_and_claim_statement(
+    finished: Sequence[Held],
+    queues: Sequence[str],
+    limit: int,
+    worker: str,
+    lease_seconds: float,
+    cap_seconds: float | None,
+    claim_id: uuid.UUID | None,
+) -> Statement[tuple[Fenced, list[ClaimedJob]]]:
+    """job_complete_and_claim's statement: also what a claim sent ahead sends (pipeline.py),
+    whose rows complete_and_claim_result reads."""
+    params = {
+        "done_ids": [h.id for h in finished],
+        "done_tokens": [h.token for h in finished],
+        "queues": list(queues),
+        "limit": limit,
+        "worker": worker,
+        "lease_seconds": lease_seconds,
+        "cap_seconds": cap_seconds,
+        "claim_id": claim_id,
+    }
+
+    def read(cur: psycopg.Cursor[Any]) -> tuple[Fenced, list[ClaimedJob]]:
+        return complete_and_claim_result(cur.fetchall(), finished)
+
+    return Statement(query("job_complete_and_claim"), params, read)
+
+
+def complete_and_claim_result(
+    rows: Sequence[Any], finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """job_complete_and_claim's rows read: the attempts of `finished` it recorded done (all but
+    those the fence refused: a row each, flagged) and the jobs it claimed."""
     lost = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
     claimed = [ClaimedJob(*r[1:]) for r in rows if not r[0]]  # ClaimedJob's fields in order
     return Fenced(frozenset(finished) - lost, lost), claimed

@@ -18,7 +18,9 @@ Conn = psycopg.Connection[Any]
 WRITTEN_BACK = ("done", "retried", "failed", "released", "lease_lost")
 
 
-def drain_counting_held(url: str, *, claim_ahead: bool) -> tuple[DrainResult, int]:
+def drain_counting_held(
+    url: str, *, claim_ahead: bool, send_ahead: bool = True
+) -> tuple[DrainResult, int]:
     held, most = 0, 0
 
     def observe(counter: str, n: int) -> None:
@@ -36,16 +38,20 @@ def drain_counting_held(url: str, *, claim_ahead: bool) -> tuple[DrainResult, in
         url,
         observer=observe,
         claim_ahead=claim_ahead,
+        send_ahead=send_ahead,
     )
     return result, most
 
 
 @pytest.mark.parametrize(
-    ("kind", "payload", "claim_ahead", "most_held"),
+    ("kind", "payload", "claim_ahead", "send_ahead", "most_held"),
     [
-        ("noop", {}, True, 8),  # short jobs: a batch claimed while the last one runs
-        ("noop", {}, False, 4),  # the control: claims alternate with the jobs
-        ("slow", {"seconds": 0.2}, True, 4),  # long jobs: nothing to gain, nothing held ahead
+        # Short jobs: a batch claimed while the last one runs, and one more on the wire while
+        # the reply before it is read (pipeline.py).
+        ("noop", {}, True, True, 12),
+        ("noop", {}, True, False, 8),  # each reply read before the next claim goes out
+        ("noop", {}, False, True, 4),  # the control: claims alternate with the jobs
+        ("slow", {"seconds": 0.2}, True, True, 4),  # long jobs: nothing to gain, none ahead
     ],
 )
 def test_a_run_claims_ahead_only_while_jobs_are_shorter_than_its_round_trips(
@@ -54,12 +60,13 @@ def test_a_run_claims_ahead_only_while_jobs_are_shorter_than_its_round_trips(
     kind: str,
     payload: dict[str, Any],
     claim_ahead: bool,
+    send_ahead: bool,
     most_held: int,
 ) -> None:
     jobs = 40 if kind == "noop" else 12
     for _ in range(jobs):
         enqueue(conn, kind, payload)
-    result, most = drain_counting_held(ledger_url, claim_ahead=claim_ahead)
+    result, most = drain_counting_held(ledger_url, claim_ahead=claim_ahead, send_ahead=send_ahead)
     assert (result.done, result.stop_reason) == (jobs, "empty")
     assert most == most_held
     statuses = conn.execute("SELECT status, attempts, count(*) FROM pgdrain.jobs GROUP BY 1, 2")

@@ -87,6 +87,23 @@ def test_claim_ahead_adds_the_slots_about_to_free_at_most_a_batch() -> None:
     assert attempts.to_claim(concurrency=4, batch_size=3, ahead=10) == 3
 
 
+@pytest.mark.parametrize("counted", [True, False], ids=["counted", "control: not counted"])
+def test_a_claim_on_the_wire_holds_the_slots_of_all_it_may_bring(counted: bool) -> None:
+    """Claims sent ahead and not read yet (pipeline.py) count as held: the next claim takes
+    only what is left of the slots and their allowance. Not counted (the control), the run
+    would claim past them, a batch for each claim on the wire."""
+    attempts = Attempts()
+    for job_id in range(4):
+        attempts.unstarted.append(_claimed(job_id))
+        attempts.start_next()  # four slots busy
+    for job_id in range(4, 8):
+        attempts.unstarted.append(_claimed(job_id))  # four claimed ahead, waiting
+    on_the_wire = 4 if counted else 0  # one claim of four sent ahead, not read
+    wanted = attempts.to_claim(concurrency=4, batch_size=4, ahead=8, on_the_wire=on_the_wire)
+    held = len(attempts.running) + len(attempts.unstarted) + 4 + wanted
+    assert held <= 4 + 8 if counted else held > 4 + 8
+
+
 def test_running_attempts_are_kept_in_the_order_they_started_until_they_stop() -> None:
     """Claim-ahead reads when each running attempt started, oldest first."""
     attempts = Attempts()
