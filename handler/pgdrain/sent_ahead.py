@@ -60,7 +60,10 @@ class SentAhead:
     def send(self, limit: int) -> None:
         """Send a claim (with the jobs finished since the last) whose reply `read` reads later:
         the database runs it while this thread reads the claim before it and starts its jobs.
-        Only when may_send()."""
+        Nothing is sent if may_send() no longer holds (the limits went stale since the
+        caller asked): the next claim then goes in a round trip of its own."""
+        if not self.may_send():
+            return
         claim = self._statements.new(limit)
         self._on_wire.append(claim)
         try:

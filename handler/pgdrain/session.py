@@ -64,6 +64,9 @@ T = TypeVar("T")
 MIN_TIMEOUT_MS = 50
 # How long a connection keeps the limits it was sent before they are sent again.
 KEEP_SECONDS = 0.5
+# A statement sent ahead is sent only while the kept limits stay fresh this much longer
+# (Session.may_send_ahead): the check and the send are a few calls apart.
+SEND_AHEAD_SLACK_SECONDS = 0.01
 
 
 def statement_limit_ms(remaining: float) -> int:
@@ -180,12 +183,15 @@ class Session:
         remaining = self._budget.remaining()
         if remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS:
             return False  # near the end every statement sends its limits: none goes ahead
-        return kept.fresh(time.monotonic(), statement_limit_ms(remaining))
+        # Fresh a moment from now too: the statement goes out a few microseconds after this.
+        return kept.fresh(
+            time.monotonic() + SEND_AHEAD_SLACK_SECONDS, statement_limit_ms(remaining)
+        )
 
     def send_ahead(self, statement: store.Statement[Any]) -> None:
         """Send `statement` (store.one_statement's kind) without reading its reply: read_ahead
-        reads the replies in the order their statements were sent."""
-        assert self.may_send_ahead(), "checked by the caller"
+        reads the replies in the order their statements were sent. Only when may_send_ahead()
+        has just said so."""
         conn = self._conn
         assert conn is not None
         if self._pipeline is None:

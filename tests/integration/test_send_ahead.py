@@ -219,3 +219,25 @@ def test_a_claim_on_the_wire_that_fails_fails_the_run_once_the_rest_are_read(
         " count(*) FILTER (WHERE status = 'running') FROM pgdrain.jobs"
     ).fetchone() or (0, 0)
     assert done == result.done and done + running == result.claimed
+
+
+def test_limits_that_go_stale_between_the_check_and_the_send_send_nothing_ahead(
+    conn: Conn, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop asks whether a claim may go ahead, then sizes it; by the time it is sent the
+    limits the connection keeps may have gone stale (they last KEEP_SECONDS). Then nothing is
+    sent and no finished job is taken: the next claim goes in a round trip of its own, which
+    sends the limits again. Here every second answer is no: each send finds them stale."""
+    _enqueue(conn, 100)
+    answers = itertools.cycle([True, False])
+    may_send = Session.may_send_ahead
+    monkeypatch.setattr(Session, "may_send_ahead", lambda self: may_send(self) and next(answers))
+    sent: list[int] = []
+    send = SentAhead.send
+    monkeypatch.setattr(
+        SentAhead, "send", lambda self, limit: (sent.append(self.count()), send(self, limit))
+    )
+    result = drain(Settings(batch_size=10, concurrency=10), Budget.seconds(60), registry, db_url)
+
+    assert sent and (result.claimed, result.done, result.error) == (100, 100, None)
+    assert statuses(conn) == [("done", 1, 100)]
