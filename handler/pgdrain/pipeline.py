@@ -10,8 +10,10 @@ them in order, each in a transaction of its own (a Sync after each), and their r
 back in order. psycopg's own pipeline reads every reply it is owed whenever one is asked for
 (it would wait for the second claim's before returning the first's), so this module drives
 libpq's pipeline itself, with psycopg's parts for the rest: its conversion of a statement's
-%(name)s parameters (PostgresQuery), its dumpers and loaders (Transformer), its generators and
-its wait. The rows are psycopg's, value for value, as its cursor returns them.
+%(name)s parameters (PostgresQuery, from a private module: tests/integration/test_send_ahead.py
+drains through it, so a psycopg that changes it fails there, not in production), its dumpers
+and loaders (Transformer), its generators and its wait. The rows are psycopg's, value for
+value, as its cursor returns them.
 
 Only on a connection of its own that keeps its limits (session.py): each statement is prepared
 here, under a name of this module's (once per connection and set of parameter types, as
