@@ -43,6 +43,9 @@ class Heartbeat:
         if not self._enabled:
             return
         run = self._run
+        # The claims on the wire first, so that the leases they took are extended too and the
+        # renewal time below is true of every lease held.
+        run.session.settle()
         held = run.attempts.held()
         if not held:
             return

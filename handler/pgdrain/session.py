@@ -163,6 +163,12 @@ class Session:
         any other statement goes out, so that the connection is psycopg's again."""
         self._settle = settle
 
+    def settle(self) -> None:
+        """Read every statement sent ahead (settle_with's), if any is unread."""
+        if self.ahead_unread():
+            assert self._settle is not None, "statements sent ahead need settle_with"
+            self._settle()
+
     def may_send_ahead(self) -> bool:
         """Whether a statement may go out now behind one whose reply is not read yet: on a
         connection that keeps its limits, sent less than KEEP_SECONDS ago and not near the end,
@@ -295,9 +301,7 @@ class Session:
         before its reply is awaited (a one-statement operation; others never call it): work
         that needs no reply is done while the database runs the statement."""
         assert self._conn is not None, "open() the session first"
-        if self.ahead_unread():
-            assert self._settle is not None, "statements sent ahead need settle_with"
-            self._settle()  # the connection is psycopg's again (or a new one)
+        self.settle()  # the connection is psycopg's again (or a new one)
         try:
             return self._transaction(self._conn, first, while_sent)
         except psycopg.OperationalError as exc:
