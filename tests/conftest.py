@@ -27,6 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from helpers.lossy_proxy import LossyProxy
 from pgdrain.migrate import migrate
 
 pytest_plugins = ["helpers.fixtures", "helpers.aws_fixtures"]
@@ -220,3 +221,11 @@ def module_db_url(admin_url: str, template_db: str) -> Iterator[str]:
     a CREATE DATABASE per test."""
     with scratch_database(admin_url, "pgdrain_m", template_db) as url:
         yield url
+
+
+@pytest.fixture
+def proxy(db_url: str) -> Iterator[LossyProxy]:
+    """A loopback proxy in front of the test's database that can lose a reply on purpose."""
+    lossy = LossyProxy(db_url)
+    yield lossy
+    lossy.close()

@@ -156,3 +156,10 @@ def claim_batch(
 def complete_one(conn: psycopg.Connection[Any], job: store.Held) -> bool:
     """Mark one job done; False means its lease was lost and nothing was written."""
     return job.id in store.job_complete_many(conn, [job]).applied
+
+
+def statuses(conn: psycopg.Connection[Any]) -> list[tuple[str, int, int]]:
+    """(status, attempts, how many jobs), in order: what a drain left behind."""
+    return conn.execute(
+        "SELECT status, attempts, count(*)::int FROM pgdrain.jobs GROUP BY 1, 2 ORDER BY 1, 2"
+    ).fetchall()

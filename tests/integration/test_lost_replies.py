@@ -6,13 +6,12 @@ first; the control repeats the claim as if nothing had happened."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from helpers.fixtures import job_row, wait_for
+from helpers.fixtures import job_row, statuses, wait_for
 from helpers.lossy_proxy import LossyProxy
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, store
 from pgdrain.drain import SafetySwitches
@@ -26,19 +25,6 @@ registry = Registry()
 @registry.job("quick")
 def quick(job: Job) -> None:
     pass
-
-
-@pytest.fixture
-def proxy(db_url: str) -> Iterator[LossyProxy]:
-    lossy = LossyProxy(db_url)
-    yield lossy
-    lossy.close()
-
-
-def statuses(conn: Conn) -> list[tuple[str, int, int]]:
-    return conn.execute(
-        "SELECT status, attempts, count(*)::int FROM pgdrain.jobs GROUP BY 1, 2 ORDER BY 1, 2"
-    ).fetchall()
 
 
 @pytest.mark.parametrize("recover", [True, False], ids=["taken-up", "claimed-again"])

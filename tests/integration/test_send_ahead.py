@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+from helpers.fixtures import statuses
 from helpers.lossy_proxy import LossyProxy
 from pgdrain import Budget, Job, Registry, Settings, drain, enqueue_many, store
 from pgdrain.deadline import FINAL_MARGIN_SECONDS
@@ -30,19 +30,6 @@ registry = Registry()
 @registry.job("quick")
 def quick(job: Job) -> None:
     pass
-
-
-@pytest.fixture
-def proxy(db_url: str) -> Iterator[LossyProxy]:
-    lossy = LossyProxy(db_url)
-    yield lossy
-    lossy.close()
-
-
-def statuses(conn: Conn) -> list[tuple[str, int, int]]:
-    return conn.execute(
-        "SELECT status, attempts, count(*)::int FROM pgdrain.jobs GROUP BY 1, 2 ORDER BY 1, 2"
-    ).fetchall()
 
 
 def _enqueue(conn: Conn, n: int) -> None:
