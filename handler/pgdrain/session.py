@@ -34,6 +34,11 @@ every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS late
 statement started before the next refresh still ends by the final margin), and at every
 statement once the budget nears its end, after an error and after a reconnect.
 
+A claim may also go out before the reply to the last one is read (`send_ahead`, pipeline.py,
+sent_ahead.py): only on such a connection, while its limits are fresh, and then those limits
+are half of what is left (see may_send_ahead). Before any other statement, every reply still
+owed is read (`settle`).
+
 If the connection breaks (a restart, a failover), the next statement reconnects within the
 budget and is tried once more."""
 
