@@ -71,6 +71,9 @@ class Claims:
         """One round trip: record the finished jobs, claim up to `limit` more. Returns how
         many it claimed. `while_sent` runs while the statement is on the wire."""
         self.sent_ahead.settle()
+        claimed_now = self.sent_ahead.claim_now(limit, while_sent)
+        if claimed_now is not None:
+            return claimed_now  # read as a claim sent ahead is, with the same recovery
         claim = self._statements.new(limit)
         made = self._session.run_recovering(
             self._statements.operation(claim), self._statements.again(claim), while_sent=while_sent

@@ -14,6 +14,7 @@ import pytest
 from helpers.fixtures import job_row, statuses, wait_for
 from helpers.lossy_proxy import LossyProxy
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, store
+from pgdrain.deadline import Deadline
 from pgdrain.drain import SafetySwitches
 
 Conn = psycopg.Connection[Any]
@@ -132,3 +133,34 @@ def test_a_reconnect_that_would_outlast_the_leases_tells_the_jobs_before_another
     if bounded:
         assert (result.stop_reason, result.error_kind) == ("error", "unavailable")
         assert row["status"] == "queued"
+
+
+@pytest.mark.parametrize("send_ahead", [True, False], ids=["pipeline", "cursor"])
+def test_jobs_taken_up_after_a_reconnect_that_used_up_the_time_are_given_back_unstarted(
+    conn: Conn, proxy: LossyProxy, send_ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim's reply is lost and, by the time the reconnect has taken up what it claimed,
+    the run is below its reserve (here: from the moment the reply is lost, the injected
+    deadline says so). The job it took is given back unstarted, its attempt returned, whether
+    the claim went through the pipeline (SentAhead.claim_now, at concurrency 1) or psycopg's
+    cursor. Before the pipeline's take-up did this, it started the job with no time left."""
+    first, second = enqueue(conn, "quick"), enqueue(conn, "quick")
+    monkeypatch.setattr(Deadline, "below_reserve", lambda self: proxy.dropped.is_set())
+
+    def arm_after_the_first_claim(counter: str, n: int) -> None:
+        if counter == "claimed" and not proxy.armed() and not proxy.dropped.is_set():
+            proxy.drop_commit_reply(CLAIM)  # the claim that completes the first job
+
+    result = drain(
+        Settings(concurrency=1, batch_size=1),
+        Budget.seconds(30),
+        registry,
+        proxy.url,
+        observer=arm_after_the_first_claim,
+        send_ahead=send_ahead,
+    )
+
+    assert proxy.dropped.is_set() and proxy.connections == 2
+    assert (result.claimed, result.done, result.released, result.lease_lost) == (2, 1, 1, 0)
+    assert job_row(conn, first)["status"] == "done"
+    assert (job_row(conn, second)["status"], job_row(conn, second)["attempts"]) == ("queued", 0)

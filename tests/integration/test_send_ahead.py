@@ -228,3 +228,47 @@ def test_limits_that_go_stale_between_the_check_and_the_send_send_nothing_ahead(
 
     assert sent and (result.claimed, result.done, result.error) == (100, 100, None)
     assert statuses(conn) == [("done", 1, 100)]
+
+
+@pytest.mark.parametrize("send_ahead", [True, False], ids=["pipeline", "control: cursor"])
+def test_at_concurrency_1_each_claim_goes_alone_and_the_jobs_run_in_queue_order(
+    conn: Conn, db_url: str, send_ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Strict ordering (batch 1, concurrency 1): no claim goes ahead, but a claim read at once
+    goes through the pipeline whenever one could be sent ahead (SentAhead.claim_now: less of
+    the client's CPU than psycopg's cursor). Still nothing else on the wire as it goes out, one
+    job at a time, in the queue's order (priority, run_at, id), each done once. The control
+    claims through the cursor only."""
+    with conn.transaction():
+        ids = enqueue_many(conn, [build_job("quick", priority=(i * 7) % 5) for i in range(60)])
+    priority = {job_id: (i * 7) % 5 for i, job_id in enumerate(ids)}
+    ran: list[int] = []
+    ordered_registry = Registry()
+
+    @ordered_registry.job("quick")
+    def records_its_turn(job: Job) -> None:
+        ran.append(job.id)
+
+    unread_at_send: list[int] = []
+    send = Session.send_ahead
+
+    def counting(self: Session, statement: store.Statement[Any]) -> None:
+        unread_at_send.append(self.ahead_unread())
+        send(self, statement)
+
+    monkeypatch.setattr(Session, "send_ahead", counting)
+    result = drain(
+        Settings(batch_size=1, concurrency=1),
+        Budget.seconds(60),
+        ordered_registry,
+        db_url,
+        send_ahead=send_ahead,
+    )
+
+    assert (result.claimed, result.done, result.error) == (60, 60, None)
+    assert statuses(conn) == [("done", 1, 60)]
+    assert ran == sorted(ids, key=lambda job_id: (priority[job_id], job_id))
+    if send_ahead:
+        assert len(unread_at_send) > 30 and set(unread_at_send) == {0}
+    else:
+        assert unread_at_send == []
