@@ -6,6 +6,7 @@ first; the control repeats the claim as if nothing had happened."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -26,6 +27,18 @@ registry = Registry()
 @registry.job("quick")
 def quick(job: Job) -> None:
     pass
+
+
+def losing_the_second_claims_reply(proxy: LossyProxy) -> Callable[[str, int], None]:
+    """A drain's observer that, once the first job is claimed, has the proxy lose the reply to
+    the next claim (at concurrency 1 it carries the first job's completion and claims the
+    second job)."""
+
+    def arm_after_the_first_claim(counter: str, n: int) -> None:
+        if counter == "claimed" and not proxy.armed() and not proxy.dropped.is_set():
+            proxy.drop_commit_reply(CLAIM)
+
+    return arm_after_the_first_claim
 
 
 @pytest.mark.parametrize("recover", [True, False], ids=["taken-up", "claimed-again"])
@@ -58,18 +71,12 @@ def test_a_claim_carrying_completions_whose_reply_was_lost_counts_them_done(
     conn: Conn, proxy: LossyProxy, recover: bool
 ) -> None:
     first, second = enqueue(conn, "quick"), enqueue(conn, "quick")
-
-    def arm_after_the_first_claim(counter: str, n: int) -> None:
-        if counter == "claimed" and not proxy.dropped.is_set():
-            # The next claim carries the first job's completion and claims the second job.
-            proxy.drop_commit_reply(CLAIM)
-
     result = drain(
         Settings(concurrency=1, batch_size=1),
         Budget.seconds(30),
         registry,
         proxy.url,
-        observer=arm_after_the_first_claim,
+        observer=losing_the_second_claims_reply(proxy),
         switches=SafetySwitches(recover_lost_replies=recover),
     )
     assert proxy.dropped.is_set()
@@ -146,17 +153,12 @@ def test_jobs_taken_up_after_a_reconnect_that_used_up_the_time_are_given_back_un
     cursor. Before the pipeline's take-up did this, it started the job with no time left."""
     first, second = enqueue(conn, "quick"), enqueue(conn, "quick")
     monkeypatch.setattr(Deadline, "below_reserve", lambda self: proxy.dropped.is_set())
-
-    def arm_after_the_first_claim(counter: str, n: int) -> None:
-        if counter == "claimed" and not proxy.armed() and not proxy.dropped.is_set():
-            proxy.drop_commit_reply(CLAIM)  # the claim that completes the first job
-
     result = drain(
         Settings(concurrency=1, batch_size=1),
         Budget.seconds(30),
         registry,
         proxy.url,
-        observer=arm_after_the_first_claim,
+        observer=losing_the_second_claims_reply(proxy),
         send_ahead=send_ahead,
     )
 
