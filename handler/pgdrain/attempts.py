@@ -13,7 +13,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pgdrain.deadline import Deadline
 from pgdrain.session import Session
@@ -149,8 +149,7 @@ class Attempts:
                 self.lost_tokens.add(held.token)
 
 
-@dataclass(frozen=True)
-class RunState:
+class RunState(NamedTuple):
     """What the parts of one run share: its connection, its attempts, its deadline, its
     counters, and the name it claims under."""
 

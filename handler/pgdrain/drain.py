@@ -21,8 +21,7 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import psycopg
 
@@ -71,8 +70,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SafetySwitches:
+class SafetySwitches(NamedTuple):
     """Safety mechanisms, on in every real run. A test turns one off to show the failure it
     prevents; nothing else should."""
 
@@ -92,6 +90,9 @@ class SafetySwitches:
     # While claims are sent ahead, the limits a connection keeps are half what is left: a
     # claim starts as the one before it ends, and both must end by the final margin.
     halve_limits_when_sending_ahead: bool = True
+
+
+ALL_ON = SafetySwitches()  # a tuple: one shared default is safe
 
 
 class RunHooks(Protocol):
@@ -134,7 +135,7 @@ def drain(
     queues: Sequence[str] | None = None,
     worker_id: str | None = None,
     observer: Observer | None = None,
-    switches: SafetySwitches = SafetySwitches(),  # frozen: safe as a default
+    switches: SafetySwitches = ALL_ON,
     hooks: RunHooks | None = None,
     stop: StopRequest | None = None,
     claim_ahead: bool = True,

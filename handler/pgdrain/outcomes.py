@@ -13,7 +13,7 @@ import logging
 import math
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pgdrain import retry
 from pgdrain.errors import UnknownJobKind
@@ -76,8 +76,7 @@ class Cancel(JobOutcome):
         super().__init__(reason)
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """What to write for a failed attempt."""
 
     message: str  # last_error: one line, sanitized, bounded

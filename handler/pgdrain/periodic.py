@@ -19,7 +19,7 @@ import datetime as dt
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pgdrain import store
 from pgdrain.enqueue import build_job
@@ -137,8 +137,7 @@ class Every:
 Schedule = Cron | Every
 
 
-@dataclass(frozen=True)
-class Periodic:
+class Periodic(NamedTuple):
     """One periodic kind: when, and the job each slot enqueues."""
 
     kind: str

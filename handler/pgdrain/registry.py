@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pgdrain import periodic as periodic_mod
 from pgdrain import retry, store
@@ -59,8 +59,7 @@ Middleware = Callable[["Job"], AbstractContextManager[object]]
 Backoff = RetryPolicy | Callable[[int], float]
 
 
-@dataclass(frozen=True)
-class KindOptions:
+class KindOptions(NamedTuple):
     """Per-kind options from the decorator; None means "not said": enqueue's own default."""
 
     queue: str | None = None
@@ -71,8 +70,7 @@ class KindOptions:
     recovery_policy: str | None = None
 
 
-@dataclass(frozen=True)
-class Registered:
+class Registered(NamedTuple):
     function: JobFunction
     is_async: bool  # an `async def`: run on the worker thread's event loop
     options: KindOptions

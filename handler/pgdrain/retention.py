@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import psycopg
 
@@ -36,8 +36,7 @@ DEFAULT_BATCH = 1000
 MIN_REMAINING_SECONDS = 2.0
 
 
-@dataclass(frozen=True)
-class RetentionResult:
+class RetentionResult(NamedTuple):
     done: int  # done jobs deleted
     failed: int  # failed and cancelled jobs deleted
     complete: bool  # False: stopped for time with more to delete (the next run continues)

@@ -48,8 +48,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, LiteralString, TypeVar, cast
+from typing import Any, Generic, LiteralString, NamedTuple, TypeVar, cast
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -101,8 +100,7 @@ class Later(Generic[T]):
         self._value, self._received = value, True
 
 
-@dataclass(frozen=True)
-class WithNext:
+class WithNext(NamedTuple):
     """A statement that goes with the next round trip, in a transaction of its own."""
 
     send: Callable[[psycopg.Connection[Any]], psycopg.Cursor[Any] | None]

@@ -27,8 +27,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pgdrain import store
 from pgdrain.aws import events
@@ -60,8 +59,7 @@ def linger_step(kick_age_s: float | None, window_s: float, time_left_s: float) -
     return step
 
 
-@dataclass(frozen=True)
-class ExitDecision:
+class ExitDecision(NamedTuple):
     again: bool
     check: store.ExitCheck
     linger_s: float = 0.0  # > 0: neither drain again now nor exit; claim again after this

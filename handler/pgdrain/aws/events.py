@@ -32,8 +32,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pgdrain import jsonbound
 from pgdrain.errors import BadEvent, BadInput, ConfigError
@@ -58,8 +57,7 @@ MAX_ID_LENGTH = 128
 RUN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}\Z")
 
 
-@dataclass(frozen=True)
-class Trigger:
+class Trigger(NamedTuple):
     """Why this run started and what it drains."""
 
     reason: TriggerReason

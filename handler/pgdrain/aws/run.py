@@ -12,8 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from aws_lambda_powertools import Logger, Metrics
@@ -55,8 +54,7 @@ _retention_ran_at: float | None = None
 _retention_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class ColdStart:
+class ColdStart(NamedTuple):
     """What is read once per execution environment: settings and the job registry, or the
     configuration error that every invocation will report."""
 
@@ -75,8 +73,7 @@ def cold_start(env: Mapping[str, str]) -> ColdStart:
     return ColdStart(settings=settings, registry=registry)
 
 
-@dataclass(frozen=True)
-class _Invocation:
+class _Invocation(NamedTuple):
     """What an invocation works with once its configuration and its event are known good."""
 
     settings: Settings
@@ -86,8 +83,7 @@ class _Invocation:
     worker_id: str
 
 
-@dataclass(frozen=True)
-class _Finished:
+class _Finished(NamedTuple):
     """A drain and what came after it: the continuation, the backlog left, retention."""
 
     result: DrainResult
@@ -419,8 +415,8 @@ def _retention(
         logger.warning("retention skipped: %s", exc)
         return already
     if already is not None:
-        deleted = dataclasses.replace(
-            deleted, done=already.done + deleted.done, failed=already.failed + deleted.failed
+        deleted = deleted._replace(
+            done=already.done + deleted.done, failed=already.failed + deleted.failed
         )
     _retention_ran(logger, settings, deleted)
     return deleted

@@ -26,8 +26,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pgdrain.aws.events import safety_event
 from pgdrain.aws.wake import (
@@ -56,8 +55,7 @@ _last_set: dict[str, dt.datetime] = {}
 _last_set_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class SlideOutcome:
+class SlideOutcome(NamedTuple):
     at: dt.datetime
     action: SlideAction
 

@@ -27,8 +27,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pgdrain import store
 from pgdrain.aws.events import wake_event
@@ -55,8 +54,7 @@ READ_TIMEOUT_SECONDS = 5
 WakeAction = Literal["none", "reported", "pending", "created", "exists", "failed"]
 
 
-@dataclass(frozen=True)
-class WakeOutcome:
+class WakeOutcome(NamedTuple):
     """What a run did about its next due moment: `none` (nothing due), `reported` (no
     schedule can be made here: local runs; the time is in the summary and the log), `pending`
     (an earlier or equal wake-up exists), `created`, `exists` (another run made the same

@@ -6,10 +6,9 @@ most, many rows, a row count, nothing), as River's `:one`/`:many` tags do."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal, LiteralString, cast, get_args
+from typing import Literal, LiteralString, NamedTuple, cast, get_args
 
 Shape = Literal["one", "many", "rowcount", "exec"]
 SHAPES: tuple[str, ...] = get_args(Shape)
@@ -20,8 +19,7 @@ _NAME_LINE = re.compile(r"^-- name: (\w+)(?: :(\w+))?[ \t]*$", re.MULTILINE)
 PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 
 
-@dataclass(frozen=True)
-class Statement:
+class Statement(NamedTuple):
     name: str
     shape: Shape
     text: str
@@ -72,8 +70,7 @@ def query_names() -> list[str]:
     return sorted(statements())
 
 
-@dataclass(frozen=True)
-class Migration:
+class Migration(NamedTuple):
     version: str  # "0001"
     name: str  # "0001_init.sql"
     sql: str
