@@ -25,6 +25,8 @@ Result = tuple[store.Fenced, list[ClaimedJob]]
 
 @dataclass(slots=True)
 class Claim:
+    """One claim as sent: the attempts it records done and the slots it asks jobs for."""
+
     claim_id: uuid.UUID  # stored on the rows it claims: job_claim_recover finds them by it
     finished: list[ClaimedJob]  # the attempts it records done
     held: list[store.Held]  # theirs

@@ -47,6 +47,8 @@ def _close_thread_loop() -> None:
 
 @dataclass(slots=True)  # one per job: slots, not frozen (frozen's __init__ costs 2x)
 class Outcome(Generic[T]):
+    """What became of one job a worker thread ran: its item, and the exception it raised if any."""
+
     item: T
     error: BaseException | None
     seconds: float = 0.0  # how long the job ran (claim_ahead reads it)

@@ -13,6 +13,8 @@ JITTER_FRACTION = 0.25
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """Exponential backoff between a failed attempt and the next: base, cap and jitter."""
+
     base_seconds: float = BASE_DELAY_SECONDS
     cap_seconds: float = MAX_DELAY_SECONDS
     jitter: float = JITTER_FRACTION

@@ -103,6 +103,8 @@ def parse_queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
 
 @dataclass(frozen=True)
 class Settings:
+    """Everything a run is configured by (from_env reads it from the environment)."""
+
     database_url: str | None = field(default=None, repr=False)  # holds a password
     db_secret_arn: str | None = None
     queues: tuple[str, ...] = DEFAULT_QUEUES

@@ -78,6 +78,8 @@ class Held:
 # reply and the next claim (2.4x the cost: 1.5 against 0.6 us a job). Nothing assigns to it.
 @dataclass(slots=True)
 class ClaimedJob:
+    """A job this run claimed: the row's fields the job needs, and its attempt's token."""
+
     id: int
     queue: str
     kind: str
@@ -128,6 +130,8 @@ class Fenced:
 
 @dataclass(frozen=True)
 class Failed:
+    """job_fail's result: the attempt recorded as failed, and whether (and when) it retries."""
+
     id: int
     status: Literal["queued", "failed", "cancelled"]  # queued: retried at run_at
     attempt: int
@@ -136,11 +140,15 @@ class Failed:
 
 @dataclass(frozen=True)
 class LeaseLost:
+    """A fenced statement matched no row: another attempt owns the job now."""
+
     id: int
 
 
 @dataclass(frozen=True)
 class Reclaimed:
+    """A job whose lease had expired, taken back: queued again, failed or parked."""
+
     id: int
     status: Literal["queued", "failed", "parked"]  # parked: recovery_policy manual
     reclaim_count: int
@@ -152,6 +160,8 @@ STATS_HISTORY_BOUND = 10_000
 
 @dataclass(frozen=True)
 class QueueStats:
+    """One queue's counts by status (`pgdrain stats`)."""
+
     queue: str
     queued: int  # ready + delayed
     ready: int
@@ -167,6 +177,8 @@ class QueueStats:
 
 @dataclass(frozen=True)
 class NewJob:
+    """A job to enqueue, as build_job checked it."""
+
     kind: str
     payload: Any = None
     queue: str = "default"
@@ -180,6 +192,8 @@ class NewJob:
 
 @dataclass(frozen=True)
 class JobRow:
+    """One job as `pgdrain jobs` lists it."""
+
     id: int
     queue: str
     kind: str
@@ -563,6 +577,8 @@ def queue_has_ready(conn: Connection, queues: Sequence[str]) -> bool:
 
 @dataclass(frozen=True)
 class QueueDepth:
+    """How many jobs are ready in some queues, and how long the oldest has waited."""
+
     ready: int
     oldest_ready_age_s: float
 
@@ -718,6 +734,8 @@ def run_unregister(conn: Connection, run_id: str) -> None:
 
 @dataclass(frozen=True)
 class ExitCheck:
+    """What a run finds as it unregisters: whether it may exit, or must claim again."""
+
     kicked: bool  # a kick arrived that this run's last claim may not have seen
     ready: bool  # a job is ready now
     due_at: dt.datetime | None  # when new work is next due in these queues
@@ -820,6 +838,8 @@ def migration_lock(conn: Connection) -> None:
 
 @dataclass(frozen=True)
 class LockHolder:
+    """A session in the way of a migration (`pgdrain migrate` names it when it gives up waiting)."""
+
     pid: int
     role: str
     application: str
@@ -885,6 +905,8 @@ def job_retry_matching(
 
 @dataclass(frozen=True)
 class Cancelled:
+    """A job an operator cancelled, and the status it had."""
+
     id: int
     was: Literal["queued", "running", "parked"]
 

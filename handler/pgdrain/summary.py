@@ -39,6 +39,8 @@ Observer = Callable[[str, int], None]
 
 @dataclass(frozen=True)
 class DrainResult:
+    """What one run did: its counts, why it stopped, and whether work is still ready."""
+
     claimed: int = 0
     done: int = 0
     retried: int = 0
