@@ -1,18 +1,19 @@
 """Claim-ahead on and off, one drain process at the default settings, for jobs that take no
 time, 0.5 ms and 5 ms (handler/pgdrain/claim_ahead.py); with `--mechanism send-ahead`, sending
-claims ahead on and off instead (handler/pgdrain/pipeline.py). One command, from the
-repository root:
+claims ahead on and off instead (handler/pgdrain/pipeline.py); with `--mechanism one-thread`,
+at batch 1, concurrency 1, the job run on the loop's own thread or handed to a worker thread
+(handler/pgdrain/one_slot.py). One command, from the repository root:
 
     make .venv-bench/.installed    # once
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
-        .venv-bench/bin/python -m bench.claim_ahead [--mechanism send-ahead]
+        .venv-bench/bin/python -m bench.claim_ahead [--mechanism send-ahead|one-thread]
 
 Without DATABASE_URL an embedded PostgreSQL is started. Not part of `make bench` (it measures
 one mechanism, not pgdrain against its ceiling or its peers). Each repetition drains the jobs
 of one duration on a fresh database copied from a template, in this process, once with
-the mechanism and once without (`drain(..., claim_ahead=False)` or `send_ahead=False`), the
-two interleaved; every
-job must end done with one attempt. Prints jobs/s (medians of --reps) and their ratio."""
+the mechanism and once without (`drain(..., claim_ahead=False)`, `send_ahead=False` or
+`one_thread=False`), the two interleaved, each first in every other repetition; every job must
+end done with one attempt. Prints jobs/s (medians of --reps) and their ratio."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from bench import run
 from bench.common import Server, log, resolve_server
@@ -37,18 +39,31 @@ def sleep_for(job: Job) -> None:
 
 # (job seconds, jobs): a few seconds of draining each.
 CASES: tuple[tuple[float, int], ...] = ((0.0, 20_000), (0.0005, 10_000), (0.005, 3_000))
+# One job at a time: fewer jobs for as many seconds.
+ONE_AT_A_TIME: tuple[tuple[float, int], ...] = ((0.0, 5_000), (0.0005, 4_000), (0.005, 1_000))
 
 
-# --mechanism: drain()'s keyword that switches it off.
-MECHANISMS = {"claim-ahead": "claim_ahead", "send-ahead": "send_ahead"}
+class Mechanism(NamedTuple):
+    switch: str  # drain()'s keyword that switches it off
+    settings: Settings
+    cases: tuple[tuple[float, int], ...]
 
 
-def once(server: Server, name: str, jobs: int, switch: str, on: bool) -> float:
+MECHANISMS = {
+    "claim-ahead": Mechanism("claim_ahead", Settings(), CASES),
+    "send-ahead": Mechanism("send_ahead", Settings(), CASES),
+    "one-thread": Mechanism("one_thread", Settings(batch_size=1, concurrency=1), ONE_AT_A_TIME),
+}
+
+
+def once(server: Server, name: str, jobs: int, mechanism: Mechanism, on: bool) -> float:
     copy = server.create(name)
     try:
         url = server.url(copy)
         began = time.perf_counter()
-        result = drain(Settings(), Budget.seconds(600), registry, url, **{switch: on})
+        result = drain(
+            mechanism.settings, Budget.seconds(600), registry, url, **{mechanism.switch: on}
+        )
         elapsed = time.perf_counter() - began
         ok, detail = run.verify_pgdrain(url, jobs)
     finally:
@@ -63,20 +78,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--mechanism", choices=sorted(MECHANISMS), default="claim-ahead")
     args = parser.parse_args(argv)
-    switch = MECHANISMS[args.mechanism]
+    mechanism = MECHANISMS[args.mechanism]
     admin_url, source = resolve_server()
     server = Server(admin_url)
     log(f"server: {source}")
     print(f"| job | jobs | {args.mechanism} on, jobs/s | off, jobs/s | on / off |")
     print("|---:|---:|---:|---:|---:|")
-    for seconds, jobs in CASES:
+    for seconds, jobs in mechanism.cases:
         name = run.pgdrain_template(server, jobs, "bench.sleep", {"seconds": seconds})
         try:
             on: list[float] = []
             off: list[float] = []
-            for _ in range(args.reps):
-                on.append(once(server, name, jobs, switch, True))
-                off.append(once(server, name, jobs, switch, False))
+            for rep in range(args.reps):
+                for first in (True, False) if rep % 2 == 0 else (False, True):
+                    (on if first else off).append(once(server, name, jobs, mechanism, first))
         finally:
             server.drop(name)
         a, b = statistics.median(on), statistics.median(off)

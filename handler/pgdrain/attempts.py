@@ -1,6 +1,7 @@
 """The attempts a run holds, by stage: claimed but not started, running, finished but not yet
-recorded as done. Only the run's main thread changes them; worker threads read `lost_tokens`
-and say when each attempt they were handed starts (`started`).
+recorded as done. Only the run's loop changes them (at concurrency 1 the calling thread too,
+while the loop's thread runs its job, never both at once: one_slot.py); job threads read
+`lost_tokens` and say when each attempt they were handed starts (`started`).
 
 Every attempt is keyed by (job id, attempt token), never by the job id alone: one run can hold
 two attempts of the same job at once (its lease expired while the first ran, another run

@@ -26,9 +26,15 @@ log = logging.getLogger(__name__)
 _worker = threading.local()
 
 
+def mark_job_thread() -> None:
+    """The calling thread runs jobs (a WorkerPool's, or a run's loop at concurrency 1:
+    one_slot.py): thread_loop() gives it an event loop of its own."""
+    _worker.in_pool = True
+
+
 def thread_loop() -> asyncio.AbstractEventLoop | None:
-    """The event loop of the calling worker thread (made on first use), or None outside a
-    WorkerPool's threads."""
+    """The event loop of the calling job thread (made on first use), or None outside a thread
+    marked as one (mark_job_thread)."""
     if not getattr(_worker, "in_pool", False):
         return None
     loop: asyncio.AbstractEventLoop | None = getattr(_worker, "loop", None)
@@ -37,7 +43,8 @@ def thread_loop() -> asyncio.AbstractEventLoop | None:
     return loop
 
 
-def _close_thread_loop() -> None:
+def close_thread_loop() -> None:
+    """Close the calling job thread's event loop, if it made one; at the thread's end."""
     loop: asyncio.AbstractEventLoop | None = getattr(_worker, "loop", None)
     if loop is not None and not loop.is_closed():
         loop.run_until_complete(loop.shutdown_asyncgens())
@@ -166,11 +173,11 @@ class WorkerPool(Generic[T]):
             self._tasks.put(None)
 
     def _work(self) -> None:
-        _worker.in_pool = True
+        mark_job_thread()
         try:
             self._work_until_closed()
         finally:
-            _close_thread_loop()
+            close_thread_loop()
 
     def _work_until_closed(self) -> None:
         while True:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import psycopg
 
@@ -62,6 +62,15 @@ class DrainResult:
         return asdict(self)
 
 
+class Ending(NamedTuple):
+    """How a run ended, before its counters are read into its DrainResult."""
+
+    stop_reason: StopReason
+    more_ready: bool = False
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+
+
 class Counters:
     """The run's counters; each increment is passed on to the observer at once."""
 
@@ -86,6 +95,20 @@ class Counters:
         if held not in self._lost:
             self._lost.add(held)
             self.add("lease_lost", 1)
+
+    def result(
+        self, ending: Ending, *, abandoned: int, stale_threads: int, elapsed_s: float
+    ) -> DrainResult:
+        return DrainResult(
+            **self.values,
+            abandoned=abandoned,
+            stale_threads=stale_threads,
+            stop_reason=ending.stop_reason,
+            more_ready=ending.more_ready,
+            error=ending.error,
+            error_kind=ending.error_kind,
+            elapsed_s=round(elapsed_s, 3),
+        )
 
 
 def error_kind(exc: BaseException) -> ErrorKind:

@@ -85,8 +85,11 @@ def test_an_older_attempt_finishing_leaves_the_same_runs_newer_attempt_of_the_jo
 
 
 @pytest.mark.parametrize("marked", [True, False], ids=["marked-lost", "unmarked"])
+# At concurrency 1 the job runs on the loop's own thread (one_slot.py) and the calling thread
+# ends the run at the final margin: the same outcome as with worker threads.
+@pytest.mark.parametrize("concurrency", [10, 1], ids=["worker-threads", "loop-thread"])
 def test_a_job_the_run_gave_up_on_learns_it_at_once_and_the_next_run_counts_its_thread(
-    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture, marked: bool
+    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture, marked: bool, concurrency: int
 ) -> None:
     job_id = enqueue(conn, "gate")
     gates = Gates()
@@ -100,7 +103,7 @@ def test_a_job_the_run_gave_up_on_learns_it_at_once_and_the_next_run_counts_its_
             assert gates.release[1].wait(60)
 
     switches = SafetySwitches(mark_abandoned_lost=marked)
-    settings = Settings(reserve_seconds=0.5, lease_seconds=30)
+    settings = Settings(reserve_seconds=0.5, lease_seconds=30, concurrency=concurrency)
     # Threads other tests in this process abandoned (slow jobs) count too: compare with them.
     baseline = stale_threads()
     first = drain(settings, Budget.seconds(2), gates.registry, db_url, switches=switches)
