@@ -43,7 +43,7 @@ from pgdrain.claims import (
 from pgdrain.deadline import Deadline
 from pgdrain.errors import PgdrainError
 from pgdrain.heartbeat import Heartbeat
-from pgdrain.one_slot import LoopThread, OneSlot
+from pgdrain.one_slot import GivenUp, LoopThread, OneSlot
 from pgdrain.pool import Outcome, WorkerPool
 from pgdrain.registry import Registry
 from pgdrain.session import Session
@@ -436,10 +436,15 @@ class _OnOneThread:
         _use(run, slot)
 
         def drain_and_let_go() -> Ending:
+            given_up = False
             try:
                 return run.drain(slot)
+            except GivenUp:
+                given_up = True  # the calling thread let go of it all already
+                raise
             finally:
-                run.let_go(slot)  # not reached once given up: GivenUp passes this by
+                if not given_up:
+                    run.let_go(slot)
 
         loop_thread = LoopThread(slot, drain_and_let_go)
         loop_thread.start()

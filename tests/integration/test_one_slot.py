@@ -5,6 +5,7 @@ margin in test_drain_attempts.py (the abandoned-job test, loop-thread)."""
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,7 @@ from pgdrain.session import Session
 from pgdrain.stop import StopRequest
 
 Conn = psycopg.Connection[Any]
+drain_module = importlib.import_module("pgdrain.drain")  # `pgdrain.drain` is the function
 ONE_SLOT = Settings(concurrency=1, batch_size=1)
 
 
@@ -46,12 +48,21 @@ def test_at_concurrency_1_no_job_runs_on_the_calling_thread(
 
 @pytest.mark.parametrize("ends", [True, False], ids=["thread-ends", "control-goes-on"])
 def test_a_stop_that_ends_the_run_while_its_one_job_runs_leaves_its_thread_nothing_to_write(
-    db_url: str, conn: Conn, ends: bool
+    db_url: str, conn: Conn, ends: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stop's grace ends while the job still runs: the calling thread ends the job's lease and
-    returns. When the job then returns, its thread (the loop's) must touch nothing of the run:
-    the job stays reclaimable, to run again. The control lets that thread go on with the loop:
-    it reconnects and records the job done after its run had returned it as abandoned."""
+    returns. When the job then returns, its thread (the loop's) must touch nothing of the run
+    (nor let go of it again): the job stays reclaimable, to run again. The control lets that
+    thread go on with the loop: it reconnects and records the job done after its run had
+    returned it as abandoned."""
+    let_go_by: list[threading.Thread] = []
+    let_go = drain_module._Run.let_go
+
+    def noting_who_lets_go(run: Any, pool: Any) -> None:
+        let_go_by.append(threading.current_thread())
+        let_go(run, pool)
+
+    monkeypatch.setattr(drain_module._Run, "let_go", noting_who_lets_go)
     registry = Registry()
     started, release = threading.Event(), threading.Event()
     job_threads: list[threading.Thread] = []
@@ -90,8 +101,10 @@ def test_a_stop_that_ends_the_run_while_its_one_job_runs_leaves_its_thread_nothi
     row = job_row(conn, job_id)
     if ends:
         assert (row["status"], row["completed_token"]) == ("running", None)
+        assert let_go_by == [run]  # the calling thread's, once
     else:
         assert row["status"] == "done"  # written by a run that had already returned
+        assert let_go_by == [run, loop_thread]
 
 
 class _FailingHook:
