@@ -16,7 +16,9 @@ off the connection at once: the loop's thread holds it except while its job runs
 must end while the job still runs (the final margin, a stop's grace over), the calling thread
 ends it, as the loop would have, and returns: the job runs on, abandoned (abandoned.py), and
 its thread, once it returns, finds the run given up and touches nothing of it. The job never
-runs on the calling thread, so the handler returns at its deadline whatever the job does."""
+runs on the calling thread, so the handler returns at its deadline whatever the job does.
+Unlike a WorkerPool, which starts no thread for a run that finds nothing, a run at concurrency 1
+always starts this one (~0.1 ms): its loop runs there from the connect on."""
 
 from __future__ import annotations
 
