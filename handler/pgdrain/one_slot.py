@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from pgdrain.pool import Outcome, close_thread_loop, mark_job_thread
+from pgdrain.pool import Outcome, close_thread_loop, mark_job_thread, outcome_of
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -72,19 +72,14 @@ class OneSlot(Generic[T]):
         item = self._waiting.popleft()
         self.job_running = True
         self.lock.release()
-        started = time.monotonic()
-        error: BaseException | None = None
         try:
-            self._run(item)
-        except BaseException as exc:  # the job's outcome, recorded by the run as a worker's is
-            error = exc
+            outcome = outcome_of(self._run, item)  # as a worker thread runs it
         finally:
-            seconds = time.monotonic() - started
             self.lock.acquire()
             self.job_running = False
         if self.given_up and self._end_when_given_up:
             raise GivenUp
-        return [Outcome(item, error, seconds)]
+        return [outcome]
 
     def take_back(self) -> list[T]:
         """The job submitted and not started (none once `take` has it)."""

@@ -184,10 +184,15 @@ class WorkerPool(Generic[T]):
             item = self._tasks.get()
             if item is None:
                 return
-            started = time.monotonic()
-            try:
-                self._run(item)
-            except BaseException as exc:  # reported to the runner, which records the failure
-                self.outcomes.put(Outcome(item, exc, time.monotonic() - started))
-            else:
-                self.outcomes.put(Outcome(item, None, time.monotonic() - started))
+            self.outcomes.put(outcome_of(self._run, item))
+
+
+def outcome_of(run: Callable[[T], object], item: T) -> Outcome[T]:
+    """Run one job and say what became of it: whatever it raises is its outcome, reported to
+    the run, which records the failure."""
+    started = time.monotonic()
+    try:
+        run(item)
+    except BaseException as exc:
+        return Outcome(item, exc, time.monotonic() - started)
+    return Outcome(item, None, time.monotonic() - started)
