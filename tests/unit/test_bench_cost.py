@@ -164,6 +164,27 @@ def test_report_without_a_cpu_figure_has_no_cost_section() -> None:
     assert "0.85" in text
 
 
+def test_report_says_what_the_sql_leaves_for_best_against_best() -> None:
+    from bench import report
+
+    res = _results()
+    assert "Best against best is bounded" not in report.markdown(res, "benchmarks.png")
+    two = res.figure("pgdrain/10/2", "pgdrain", batch=10, processes=2, concurrency=10)
+    ceiling = res.figure("ceiling/10/2", "ceiling", batch=10, processes=2)
+    for value in (30_000.0, 30_000.0, 30_000.0):
+        two.add(value)
+        ceiling.add(value / 0.9)
+    peer = res.figure("pgqueuer-asyncpg/250/2", "PgQueuer (asyncpg)", batch=250, processes=2)
+    for value in (16_000.0, 16_500.0, 17_000.0):
+        peer.add(value)
+    text = report.markdown(res, "benchmarks.png")
+    assert (
+        "pgdrain's best, 30,000 jobs/s at batch 10 with 2 processes, is 0.90x its ceiling with "
+        "as many pgbench clients (33,333 jobs/s); twice PgQueuer's best (33,000 jobs/s) is "
+        "0.99x that ceiling" in text
+    )
+
+
 # -- which memory size -----------------------------------------------------------------------
 
 MEASURED = cost.Drain(
