@@ -67,14 +67,11 @@ def _pair(
 def _best_against_best_bound(res: Results) -> str:
     """What the SQL leaves for best against best: pgdrain's best cell beside its ceiling with as
     many pgbench clients, and the share of that ceiling twice PgQueuer's best would need."""
-    cfg = res.config
     h = headline(res)
-    best = res.info.get("best_batch", cfg.default_batch)
-    cells = [(b, p) for b in (cfg.default_batch, best) for p in _process_counts(res)]
-    measured = [(b, p) for b, p in cells if _get(res, f"pgdrain/{b}/{p}") is not None]
-    if not measured or math.isnan(h["pgqueuer_best"]):
+    cell = _best_pgdrain_cell(res)
+    if cell is None or math.isnan(h["pgqueuer_best"]):
         return ""
-    batch, procs = max(measured, key=lambda cell: _value(res, f"pgdrain/{cell[0]}/{cell[1]}"))
+    batch, procs = cell
     ceiling = _value(res, f"ceiling/{batch}/{procs}")
     if math.isnan(ceiling):
         return ""
@@ -163,14 +160,21 @@ def _process_counts(res: Results) -> list[int]:
     return sorted(counts)
 
 
+def _best_pgdrain_cell(res: Results) -> tuple[int, int] | None:
+    """(batch, processes) of pgdrain's most jobs/s among the cells run at more than one process
+    count (the default batch and the best), or None if none was measured."""
+    cfg = res.config
+    best = res.info.get("best_batch", cfg.default_batch)
+    cells = [(b, p) for b in (cfg.default_batch, best) for p in _process_counts(res)]
+    measured = [cell for cell in cells if _get(res, "pgdrain/{}/{}".format(*cell)) is not None]
+    return max(measured, key=lambda cell: _value(res, "pgdrain/{}/{}".format(*cell)), default=None)
+
+
 def headline(res: Results) -> dict[str, float]:
     cfg = res.config
     best = res.info.get("best_batch", cfg.default_batch)
-    procs = _process_counts(res)
-    pg_best = max(
-        (_value(res, f"pgdrain/{b}/{p}") for b in (cfg.default_batch, best) for p in procs),
-        default=float("nan"),
-    )
+    best_cell = _best_pgdrain_cell(res)
+    pg_best = float("nan") if best_cell is None else _value(res, "pgdrain/{}/{}".format(*best_cell))
     pq_keys = [k for k in res.figures if k.startswith("pgqueuer-")]
     pq_best = max((_value(res, k) for k in pq_keys), default=float("nan"))
     pq_one = max((_value(res, k) for k in pq_keys if k.endswith("/1")), default=float("nan"))
