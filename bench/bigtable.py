@@ -36,8 +36,8 @@ import psycopg
 from psycopg import sql
 
 from bench.common import Server, log
-from pgdrain import store
-from pgdrain.sql import PLACEHOLDER, query
+from pgdrain.db import store
+from pgdrain.db.sql import PLACEHOLDER, query
 
 FINISHED = 2_000_000
 QUEUED = 200_000
@@ -206,7 +206,7 @@ def cases() -> list[Case]:
 
 def template(server: Server) -> str:
     """A migrated database holding the big table."""
-    from pgdrain.migrate import migrate
+    from pgdrain.db.migrate import migrate
 
     name = server.create()
     with psycopg.connect(server.url(name), autocommit=True) as conn:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import pgbench_path
-from pgdrain.sql import PLACEHOLDER, query, query_names
+from pgdrain.db.sql import PLACEHOLDER, query, query_names
 
 # pgdrain's own values for a run: its queue, a 30 s lease, a lease cap well past the run.
 PARAMS = {

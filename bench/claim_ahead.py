@@ -1,8 +1,8 @@
 """Claim-ahead on and off, one drain process at the default settings, for jobs that take no
-time, 0.5 ms and 5 ms (handler/pgdrain/claim_ahead.py); with `--mechanism send-ahead`, sending
-claims ahead on and off instead (handler/pgdrain/pipeline.py); with `--mechanism one-thread`,
+time, 0.5 ms and 5 ms (handler/pgdrain/runner/prefetch.py); with `--mechanism send-ahead`, sending
+claims ahead on and off instead (handler/pgdrain/db/pipeline.py); with `--mechanism one-thread`,
 at batch 1, concurrency 1, the job run on the loop's own thread or handed to a worker thread
-(handler/pgdrain/one_slot.py). One command, from the repository root:
+(handler/pgdrain/runner/loop_thread.py). One command, from the repository root:
 
     make .venv-bench/.installed    # once
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\

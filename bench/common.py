@@ -60,7 +60,7 @@ def resolve_server() -> tuple[str, str]:
     configured = os.environ.get("DATABASE_URL", "").strip()
     if configured:
         return with_dbname(configured, "postgres"), "DATABASE_URL"
-    from pgdrain import embedded
+    from pgdrain.cli import embedded
 
     folder = Path(tempfile.gettempdir()) / "pgdrain-bench" / "pgdata"
     url = embedded.start(folder, keep_running=False)

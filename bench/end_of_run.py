@@ -23,7 +23,7 @@ import psycopg
 
 from pgdrain import Job, Registry, Settings, enqueue
 from pgdrain.aws.context import FakeContext
-from pgdrain.migrate import migrate
+from pgdrain.db.migrate import migrate
 
 REGION = "us-east-1"
 FUNCTION = "pgdrain-end-of-run"

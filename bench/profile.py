@@ -129,10 +129,10 @@ def _claim_loop(url: str, batch: int) -> tuple[float, float]:
     each claim completes the jobs the last one took; none is run. The connection is set as a
     drain's: DrainConnection, psycopg's default prepare_threshold, the limits and planner
     settings kept by the connection. Returns (wall s, this thread's CPU s)."""
-    from pgdrain import db, store
-    from pgdrain.claim_statement import UUID_MASK
+    from pgdrain.db import connection, store
+    from pgdrain.runner.claim_statement import UUID_MASK
 
-    conn = db.DrainConnection.connect(url, autocommit=True)
+    conn = connection.DrainConnection.connect(url, autocommit=True)
     try:
         store.session_limits(conn, 600_000)
         claim_ids = itertools.count(uuid.uuid4().int)
@@ -238,7 +238,7 @@ def cprofile_drain(url: str, batch: int, conc: int) -> tuple[pstats.Stats, pstat
     if str(HANDLER) not in sys.path:
         sys.path.insert(0, str(HANDLER))
     from pgdrain import Budget, Settings, drain
-    from pgdrain.registry import load_registry
+    from pgdrain.api.registry import load_registry
 
     registry = load_registry("jobs")
     settings = Settings(batch_size=batch, concurrency=conc)
@@ -455,7 +455,7 @@ def _drivers_markdown(shares: list[dict[str, Any]], reps: int) -> list[str]:
         "parameters dumped, the message sent, the reply read and its rows loaded), in series "
         "with the round trip: psycopg alone and pgbench carry one statement at a time on "
         "their connection. The drain sends its next claim before it reads the last one's reply "
-        "(`handler/pgdrain/pipeline.py`), so its own work overlaps the database's; not at batch "
+        "(`handler/pgdrain/db/pipeline.py`), so its own work overlaps the database's; not at batch "
         "1, concurrency 1 (strict ordering holds one job at a time). pgbench's CPU includes its "
         "start and its connect."
     )

@@ -918,7 +918,7 @@ def markdown(res: Results, png_name: str) -> str:
     shape = res.info.get("ceiling_shape", "")
     add(
         "pgbench runs the statements pgdrain's drain runs per batch, their text read from "
-        "`handler/pgdrain/sql/queries.sql` at run time: numbers and arrays as pgbench "
+        "`handler/pgdrain/db/sql/queries.sql` at run time: numbers and arrays as pgbench "
         "variables, the queue and worker names as literals, and the statement's own result "
         "kept whole as a last CTE. The statement is prepared on the server once per client "
         "(`PREPARE`, on its generic plan, as the drain's connection keeps it) and executed "

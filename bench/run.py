@@ -101,8 +101,8 @@ def _vacuum(url: str) -> None:
 def pgdrain_template(
     server: Server, jobs: int, kind: str = "noop", payload: dict[str, Any] | None = None
 ) -> str:
-    from pgdrain.enqueue import build_job, enqueue_many
-    from pgdrain.migrate import migrate
+    from pgdrain.api.enqueue import build_job, enqueue_many
+    from pgdrain.db.migrate import migrate
 
     name = server.create()
     with psycopg.connect(server.url(name), autocommit=True) as conn:
@@ -353,7 +353,7 @@ def empty_run(server: Server, cfg: Config, res: Results) -> None:
 
 def cold_start(cfg: Config, res: Results) -> None:
     app = HANDLER / "app.py"
-    module = "app" if app.exists() else "pgdrain.drain"
+    module = "app" if app.exists() else "pgdrain.runner.drain"
     res.info["import_module"] = module
     log(f"stage 6: cold start, `import {module}` in {cfg.import_runs} fresh processes")
     env = worker_env()
@@ -502,7 +502,7 @@ def deployed_cold_start(cfg: Config, res: Results, env: dict[str, str]) -> None:
 
 
 def enqueue(server: Server, cfg: Config, res: Results) -> None:
-    from pgdrain.enqueue import build_job, enqueue_many
+    from pgdrain.api.enqueue import build_job, enqueue_many
 
     log(f"stage 7: enqueue_many of {cfg.enqueue_jobs:,} jobs")
     tpl = pgdrain_template(server, 0)

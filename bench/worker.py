@@ -54,7 +54,7 @@ def _cpu_seconds() -> float:
 
 def run_pgdrain(args: argparse.Namespace) -> None:
     from pgdrain import Budget, Settings, drain
-    from pgdrain.registry import load_registry
+    from pgdrain.api.registry import load_registry
 
     registry = load_registry("jobs")  # handler/jobs.py, the example kinds (noop)
     concurrency = args.concurrency or Settings().concurrency
@@ -146,11 +146,11 @@ def run_empty(args: argparse.Namespace) -> None:
 
     import psycopg
 
-    from pgdrain import db
+    from pgdrain.db import connection
 
     trace = Path(tempfile.mkstemp(prefix="pgdrain-bench-trace-")[1])
     timings: dict[str, float] = {}
-    original = db.connect
+    original = connection.connect
 
     def traced_connect(*a: Any, **kw: Any) -> psycopg.Connection[Any]:
         began = time.perf_counter()
@@ -169,7 +169,7 @@ def run_empty(args: argparse.Namespace) -> None:
         conn.close = close  # type: ignore[method-assign]
         return conn
 
-    db.connect = traced_connect
+    connection.connect = traced_connect
     run: Any
     if args.via == "handler":
         os.environ.update(
@@ -194,7 +194,7 @@ def run_empty(args: argparse.Namespace) -> None:
             )
     else:
         from pgdrain import Budget, Settings, drain
-        from pgdrain.registry import load_registry
+        from pgdrain.api.registry import load_registry
 
         registry = load_registry("jobs")
 
@@ -229,11 +229,12 @@ def run_empty(args: argparse.Namespace) -> None:
 
 def run_connect(args: argparse.Namespace) -> None:
     """Connect the way a run does, and close: the baseline of the server's own work."""
-    from pgdrain import Budget, Settings, db
+    from pgdrain import Budget, Settings
+    from pgdrain.db import connection
 
     wait_go()
     start = time.time()
-    conn = db.connect(args.url, Settings(), Budget.seconds(60))
+    conn = connection.connect(args.url, Settings(), Budget.seconds(60))
     conn.close()
     emit("result", start=start, end=time.time())
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
+from pgdrain.api.enqueue import build_job, enqueue, enqueue_many
 from pgdrain.aws.kick import kick
-from pgdrain.enqueue import build_job, enqueue, enqueue_many
 from pgdrain.settings import Settings
 from sim import traces
 from sim.jobs import KIND

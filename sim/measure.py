@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from pgdrain.db import APPLICATION_NAME
+from pgdrain.db.connection import APPLICATION_NAME
 from sim.timescale import Scale
 
 SAMPLE_INTERVAL_S = 0.1  # real

@@ -10,10 +10,10 @@ import time
 
 import psycopg
 
+from pgdrain.api.registry import load_registry
 from pgdrain.budget import Budget
-from pgdrain.db import APPLICATION_NAME
-from pgdrain.drain import drain
-from pgdrain.registry import load_registry
+from pgdrain.db.connection import APPLICATION_NAME
+from pgdrain.runner.drain import drain
 from pgdrain.settings import Settings
 from sim.jobs import SCALE_VARIABLE
 

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgdrain.migrate import migrate
+from pgdrain.db.migrate import migrate
 from pgdrain.settings import Settings
 from sim import measure, report, template, traces
 from sim.jobs import ENV_ID_VARIABLE, LEDGER_DDL, LEDGER_VARIABLE, SCALE_VARIABLE
@@ -206,7 +206,7 @@ def _server() -> tuple[str, Any]:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
         return url, lambda: None
-    from pgdrain import embedded
+    from pgdrain.cli import embedded
 
     folder = Path(tempfile.mkdtemp(prefix="pgdrain-sim-pg-"))
     url = embedded.start(folder, keep_running=False)

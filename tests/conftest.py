@@ -28,7 +28,7 @@ import pytest
 from psycopg import sql
 
 from helpers.lossy_proxy import LossyProxy
-from pgdrain.migrate import migrate
+from pgdrain.db.migrate import migrate
 
 pytest_plugins = ["helpers.fixtures", "helpers.aws_fixtures"]
 

@@ -2,15 +2,18 @@
 
 from typing import TYPE_CHECKING, Any
 
+from pgdrain import _moved
+from pgdrain.api.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
+from pgdrain.api.outcomes import Cancel, Discard, JobOutcome, RetryIn, Snooze
+from pgdrain.api.periodic import next_periodic_slot
+from pgdrain.api.registry import Job, Registry
+from pgdrain.api.retry import RetryPolicy
 from pgdrain.budget import Budget
-from pgdrain.drain import DrainResult, drain
-from pgdrain.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
 from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
-from pgdrain.outcomes import Cancel, Discard, JobOutcome, RetryIn, Snooze
-from pgdrain.periodic import next_periodic_slot
-from pgdrain.registry import Job, Registry
-from pgdrain.retry import RetryPolicy
+from pgdrain.runner.drain import DrainResult, drain
 from pgdrain.settings import Settings
+
+_moved.install()
 
 if TYPE_CHECKING:
     from pgdrain.aws.kick import kick

@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+# Stop waiting for running jobs this long before the deadline, so the run can still answer.
+FINAL_MARGIN_SECONDS = 0.5
+
 
 class Budget:
     """Remaining seconds, from an injected source: a monotonic clock, or (pgdrain.aws.context)

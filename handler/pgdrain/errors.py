@@ -1,5 +1,5 @@
 """pgdrain's exceptions. Every error a user can cause derives from PgdrainError;
-driver errors are translated into these in one place (pgdrain.db)."""
+driver errors are translated into these in one place (pgdrain.db.connection)."""
 
 from __future__ import annotations
 

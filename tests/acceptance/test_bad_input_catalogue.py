@@ -411,8 +411,8 @@ def test_a_job_module_that_fails_to_import(
 # which `except Exception` does not catch).
 SAFE_STR_OFF = (
     "import sys\n"
-    "import pgdrain.registry\n"
-    "pgdrain.registry.safe_str = str\n"
+    "import pgdrain.api.registry\n"
+    "pgdrain.api.registry.safe_str = str\n"
     "from pgdrain.cli import main\n"
     "sys.exit(main(['drain']))\n"
 )

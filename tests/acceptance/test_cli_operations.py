@@ -29,7 +29,9 @@ from helpers.cli import (
     run_pgdrain,
 )
 from helpers.fixtures import claim_batch, complete_one, job_row, wait_for
-from pgdrain import embedded, enqueue, store
+from pgdrain import enqueue
+from pgdrain.cli import embedded
+from pgdrain.db import store
 
 Conn = psycopg.Connection[Any]
 HERE = Path(__file__).resolve().parent

@@ -88,8 +88,12 @@ def test_the_wheel_holds_the_library_and_nothing_else(wheel: Path) -> None:
         if path.is_file() and path.suffix in (".py", ".sql", ".typed")
     }
     assert library == expected
-    assert {"pgdrain/sql/queries.sql", "pgdrain/sql/worker_role.sql", "pgdrain/py.typed"} <= library
-    assert any(n.startswith("pgdrain/sql/migrations/0001_") for n in library)
+    assert {
+        "pgdrain/db/sql/queries.sql",
+        "pgdrain/db/sql/worker_role.sql",
+        "pgdrain/py.typed",
+    } <= library
+    assert any(n.startswith("pgdrain/db/sql/migrations/0001_") for n in library)
 
     assert metadata["Version"] == VERSION
     requires = metadata.get_all("Requires-Dist") or []

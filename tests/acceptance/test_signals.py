@@ -20,7 +20,8 @@ import pytest
 from helpers import ledger_jobs
 from helpers.cli import ROOT
 from helpers.fixtures import wait_for
-from pgdrain import enqueue, store
+from pgdrain import enqueue
+from pgdrain.db import store
 
 Conn = psycopg.Connection[Any]
 TESTS = ROOT / "tests"

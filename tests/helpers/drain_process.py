@@ -17,7 +17,7 @@ import time
 
 from helpers import ledger_jobs
 from pgdrain import Budget, Settings, drain
-from pgdrain.drain import SafetySwitches
+from pgdrain.runner.drain import SafetySwitches
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgdrain import store
-from pgdrain.sql import query
+from pgdrain.db import store
+from pgdrain.db.sql import query
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:

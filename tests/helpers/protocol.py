@@ -12,15 +12,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgdrain import db
+from pgdrain.db import connection
 
 
 @contextlib.contextmanager
 def traced_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], list[int]]]:
-    """Every connection pgdrain.db opens is traced from the moment it is made; the callable
+    """Every connection pgdrain.db.connection makes is traced from the start; the callable
     gives the round trips after connect, one count per connection."""
     traces: list[Path] = []
-    plain_connect = db.connect
+    plain_connect = connection.connect
 
     def connect(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
         conn = plain_connect(*args, **kwargs)
@@ -49,7 +49,7 @@ def traced_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[],
             for t in traces
         ]
 
-    monkeypatch.setattr(db, "connect", connect)
+    monkeypatch.setattr(connection, "connect", connect)
     try:
         yield counts
     finally:

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from helpers.plans import plan_nodes
-from pgdrain import store
-from pgdrain.sql import query
+from pgdrain.db import store
+from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
 

@@ -1,4 +1,4 @@
-"""db.connect tells a server that is not up yet (retried with jittered backoff inside the
+"""connection.connect tells a server that is not up yet (retried with jittered backoff inside the
 budget) from settings that cannot work (refused at once, DatabaseMisconfigured), against real
 servers: the shared test server, and a server of this module's own whose pg_hba.conf asks one
 role for a password (the others trust local connections). Time is injected: the budget's clock
@@ -16,8 +16,8 @@ from psycopg import sql
 
 from helpers.cli import EXIT_BAD_INPUT, ROOT, only_line, run_pgdrain
 from helpers.restartable_pg import RestartableServer, free_port
-from pgdrain import db
 from pgdrain.budget import Budget
+from pgdrain.db import connection
 from pgdrain.errors import AuthenticationFailed, DatabaseMisconfigured, DatabaseUnavailable
 from pgdrain.settings import Settings
 
@@ -44,7 +44,7 @@ class FakeTime:
 
 
 def connect(url: str, fake: FakeTime, *, budget: float = 30.0, jitter: float = 0.5) -> object:
-    return db.connect(
+    return connection.connect(
         url,
         SETTINGS,
         Budget.seconds(budget, clock=fake.clock),
@@ -90,7 +90,7 @@ def test_control_without_jitter_runs_started_together_knock_together() -> None:
         fake = FakeTime()
         rng = random.Random(seed)
         with pytest.raises(DatabaseUnavailable):
-            db.connect(
+            connection.connect(
                 url,
                 SETTINGS,
                 Budget.seconds(6.0, clock=fake.clock),
@@ -239,7 +239,7 @@ def test_control_with_no_budget_left_for_a_retry_the_same_start_is_an_error(
     ids=["57P03", "53300", "neon-permit", "neon-compute", "timeout", "dns-again", "closed"],
 )
 def test_not_up_yet_errors_are_retried(error: psycopg.OperationalError) -> None:
-    assert db.is_not_up_yet(error) and not db.is_misconfiguration(error)
+    assert connection.is_not_up_yet(error) and not connection.is_misconfiguration(error)
 
 
 def test_the_test_servers_are_reachable_by_url(server_url: str) -> None:

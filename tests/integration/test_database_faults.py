@@ -24,8 +24,9 @@ from psycopg import sql
 from helpers import restartable_pg
 from helpers.fixtures import wait_for
 from helpers.restartable_pg import RestartableServer
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain, store
-from pgdrain.migrate import migrate
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain
+from pgdrain.db import store
+from pgdrain.db.migrate import migrate
 
 pytestmark = pytest.mark.skipif(
     restartable_pg.available() is not None, reason=str(restartable_pg.available())

@@ -12,9 +12,10 @@ import psycopg
 import pytest
 
 from helpers.fixtures import job_row, wait_for
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, store
-from pgdrain.abandoned import stale_threads
-from pgdrain.drain import SafetySwitches
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
+from pgdrain.db import store
+from pgdrain.runner.abandoned import stale_threads
+from pgdrain.runner.drain import SafetySwitches
 
 Conn = psycopg.Connection[Any]
 

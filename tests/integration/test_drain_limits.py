@@ -14,7 +14,7 @@ from psycopg import sql
 
 from helpers.fixtures import db_now, job_row, wait_for
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
-from pgdrain.drain import SafetySwitches
+from pgdrain.runner.drain import SafetySwitches
 
 Conn = psycopg.Connection[Any]
 

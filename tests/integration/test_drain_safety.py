@@ -15,10 +15,11 @@ import pytest
 from helpers import ledger_jobs
 from helpers.fixtures import claim_batch, db_now, drain_process, finished_result, job_row, wait_for
 from helpers.lossy_proxy import LossyProxy
-from pgdrain import Budget, DrainResult, Registry, Settings, build_job, drain, enqueue, store
-from pgdrain.claim_ahead import ClaimAhead
-from pgdrain.drain import SafetySwitches
-from pgdrain.stop import StopRequest
+from pgdrain import Budget, DrainResult, Registry, Settings, build_job, drain, enqueue
+from pgdrain.db import store
+from pgdrain.runner.drain import SafetySwitches
+from pgdrain.runner.prefetch import ClaimAhead
+from pgdrain.runner.stop import StopRequest
 
 Conn = psycopg.Connection[Any]
 

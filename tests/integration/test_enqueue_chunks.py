@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from helpers.cli import count_jobs
-from pgdrain import store
-from pgdrain.enqueue import CHUNK_BYTES, CHUNK_ROWS, build_job, enqueue_many
+from pgdrain.api.enqueue import CHUNK_BYTES, CHUNK_ROWS, build_job, enqueue_many
+from pgdrain.db import store
 
 Conn = psycopg.Connection[Any]
 

@@ -11,9 +11,10 @@ import psycopg
 import pytest
 
 from helpers.fixtures import without_line
-from pgdrain import enqueue_many, store
-from pgdrain.enqueue import build_job
-from pgdrain.sql import query
+from pgdrain import enqueue_many
+from pgdrain.api.enqueue import build_job
+from pgdrain.db import store
+from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
 BACKLOG = 500

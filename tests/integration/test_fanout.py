@@ -20,14 +20,15 @@ from helpers.aws import (
     mocked_aws,
 )
 from helpers.fixtures import wait_for
-from pgdrain import Budget, Settings, enqueue_many, store
+from pgdrain import Budget, Settings, enqueue_many
+from pgdrain.api.enqueue import build_job
 from pgdrain.aws import events
 from pgdrain.aws.fanout import MEASURE_JOBS_PER_SLOT, Spawner, runs_needed, useful_runs
 from pgdrain.aws.lambda_api import lambda_client
-from pgdrain.enqueue import build_job
-from pgdrain.session import Session
+from pgdrain.db import store
+from pgdrain.db.session import Session
+from pgdrain.db.sql import query
 from pgdrain.settings import ENV_VARIABLES
-from pgdrain.sql import query
 
 Conn = psycopg.Connection[Any]
 

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, job_row, unfenced, wait_for, without_line
-from pgdrain import enqueue, store
-from pgdrain.sql import query
+from pgdrain import enqueue
+from pgdrain.db import store
+from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
 
@@ -114,7 +115,7 @@ def _release(conn: Conn, held: store.Held) -> frozenset[int]:
 Operation = Callable[[Conn, store.Held], frozenset[int]]  # returns the ids it wrote
 Params = Callable[[store.Held], dict[str, Any]]  # what store.py binds for the statement
 
-# statement name -> (the real operation through pgdrain.store, its parameters for the control)
+# statement name -> (the real operation through pgdrain.db.store, its parameters for the control)
 OPERATIONS: dict[str, tuple[Operation, Params]] = {
     "job_complete_many": (_complete, _held_params),
     "job_complete_and_claim": (_complete_and_claim, _complete_and_claim_params),

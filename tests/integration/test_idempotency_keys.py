@@ -10,9 +10,10 @@ from typing import Any
 import psycopg
 
 from helpers.fixtures import claim_batch, complete_one, job_row
-from pgdrain import enqueue, store
-from pgdrain.migrate import migrate
-from pgdrain.sql import migrations
+from pgdrain import enqueue
+from pgdrain.db import store
+from pgdrain.db.migrate import migrate
+from pgdrain.db.sql import migrations
 
 Conn = psycopg.Connection[Any]
 

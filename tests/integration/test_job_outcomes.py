@@ -23,8 +23,8 @@ from pgdrain import (
     Snooze,
     drain,
     enqueue,
-    outcomes,
 )
+from pgdrain.api import outcomes
 
 Conn = psycopg.Connection[Any]
 

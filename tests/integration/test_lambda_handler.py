@@ -33,11 +33,12 @@ from helpers.aws import (
 )
 from helpers.fixtures import claim_batch, wait_for
 from helpers.protocol import traced_connections
-from pgdrain import enqueue, enqueue_many, retention, store
+from pgdrain import enqueue, enqueue_many
+from pgdrain.api.enqueue import build_job
 from pgdrain.aws import run as lambda_run
 from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.aws.metrics import ProgressMetrics
-from pgdrain.enqueue import build_job
+from pgdrain.db import retention, store
 from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]

@@ -1,4 +1,4 @@
-"""Least privilege: the shipped role pgdrain_worker (pgdrain/sql/worker_role.sql) is all the
+"""Least privilege: the shipped role pgdrain_worker (pgdrain/db/sql/worker_role.sql) is all the
 drain function needs, and it can change no schema. Roles are cluster-wide, so each test makes
 a login role of its own that is a member of pgdrain_worker, and drops it afterwards.
 
@@ -23,8 +23,9 @@ from psycopg import sql
 
 import jobs as example_jobs
 from helpers.fixtures import claim_batch, job_row, wait_for
-from pgdrain import Budget, Settings, build_job, drain, enqueue, store
-from pgdrain.migrate import MigrationLocked, migrate
+from pgdrain import Budget, Settings, build_job, drain, enqueue
+from pgdrain.db import store
+from pgdrain.db.migrate import MigrationLocked, migrate
 
 Conn = psycopg.Connection[Any]
 ROLE = "pgdrain_worker"
@@ -47,7 +48,7 @@ DDL = (
 
 
 def worker_role_sql() -> str:
-    return resources.files("pgdrain").joinpath("sql/worker_role.sql").read_text()
+    return resources.files("pgdrain.db").joinpath("sql/worker_role.sql").read_text()
 
 
 def _as(url: str, user: str) -> str:

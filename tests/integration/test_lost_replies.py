@@ -14,9 +14,10 @@ import pytest
 
 from helpers.fixtures import job_row, statuses, wait_for
 from helpers.lossy_proxy import LossyProxy
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, store
-from pgdrain.deadline import Deadline
-from pgdrain.drain import SafetySwitches
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
+from pgdrain.db import store
+from pgdrain.runner.deadline import Deadline
+from pgdrain.runner.drain import SafetySwitches
 
 Conn = psycopg.Connection[Any]
 CLAIM = b"), ready AS ("  # a line only job_complete_and_claim has

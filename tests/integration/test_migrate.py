@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from helpers.fixtures import wait_for
-from pgdrain.migrate import migrate
-from pgdrain.sql import PLACEHOLDER, migrations, query, query_names
+from pgdrain.db.migrate import migrate
+from pgdrain.db.sql import PLACEHOLDER, migrations, query, query_names
 
 Conn = psycopg.Connection[Any]
 

@@ -1,5 +1,5 @@
 """At concurrency 1 the run's loop runs its one job on its own thread, and the calling thread
-does the loop's duties while the job runs (handler/pgdrain/one_slot.py). The heartbeat it sends
+does the loop's duties while the job runs (runner/loop_thread.py). The heartbeat it sends
 then is tested in test_drain_safety.py (its long-job test runs at concurrency 1), the final
 margin in test_drain_attempts.py (the abandoned-job test, loop-thread)."""
 
@@ -15,12 +15,14 @@ import pytest
 
 from helpers.fixtures import db_now, job_row
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
-from pgdrain.drain import SafetySwitches
-from pgdrain.session import Session
-from pgdrain.stop import StopRequest
+from pgdrain.db.session import Session
+from pgdrain.runner.drain import SafetySwitches
+from pgdrain.runner.stop import StopRequest
 
 Conn = psycopg.Connection[Any]
-drain_module = importlib.import_module("pgdrain.drain")  # `pgdrain.drain` is the function
+drain_module = importlib.import_module(
+    "pgdrain.runner.drain"
+)  # `pgdrain.runner.drain` is the function
 ONE_SLOT = Settings(concurrency=1, batch_size=1)
 
 

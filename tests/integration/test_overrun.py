@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from helpers.fixtures import db_now, drain_process, finished_result, job_row, wait_for
-from pgdrain import enqueue, store
+from pgdrain import enqueue
+from pgdrain.db import store
 
 Conn = psycopg.Connection[Any]
 

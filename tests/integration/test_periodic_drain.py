@@ -10,8 +10,9 @@ import psycopg
 import pytest
 
 from helpers.fixtures import without_line
-from pgdrain import Budget, Job, Registry, Settings, drain, store
-from pgdrain.sql import query
+from pgdrain import Budget, Job, Registry, Settings, drain
+from pgdrain.db import store
+from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
 

@@ -10,10 +10,10 @@ import datetime as dt
 import pytest
 
 from pgdrain import Budget, Registry, Settings, drain
+from pgdrain.api.periodic import next_periodic_slot
 from pgdrain.aws import events
 from pgdrain.aws.control import RunControl
 from pgdrain.aws.wake import Waker, wake_time
-from pgdrain.periodic import next_periodic_slot
 
 jobs = Registry()
 

@@ -15,9 +15,10 @@ import pytest
 
 from helpers.fixtures import claim_batch, job_row, wait_for
 from helpers.pgbouncer import PgBouncer, find_pgbouncer
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain, store
-from pgdrain.db import connection_kwargs
-from pgdrain.migrate import migrate
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, build_job, drain
+from pgdrain.db import store
+from pgdrain.db.connection import connection_kwargs
+from pgdrain.db.migrate import migrate
 
 pytestmark = pytest.mark.skipif(
     find_pgbouncer() is None,

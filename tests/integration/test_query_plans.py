@@ -20,8 +20,8 @@ import pytest
 from psycopg import sql
 
 from helpers.plans import plan_nodes
-from pgdrain import store
-from pgdrain.sql import PLACEHOLDER, query
+from pgdrain.db import store
+from pgdrain.db.sql import PLACEHOLDER, query
 
 Conn = psycopg.Connection[Any]
 

@@ -8,7 +8,8 @@ from typing import Any
 import psycopg
 
 from helpers.fixtures import claim_batch, complete_one, job_row
-from pgdrain import enqueue, store
+from pgdrain import enqueue
+from pgdrain.db import store
 
 Conn = psycopg.Connection[Any]
 

@@ -14,13 +14,14 @@ import pytest
 
 from helpers.fixtures import claim_batch, wait_for, without_line
 from helpers.ledger_jobs import jobs as registry
-from pgdrain import Budget, Settings, drain, enqueue_many, store
+from pgdrain import Budget, Settings, drain, enqueue_many
+from pgdrain.api.enqueue import build_job
 from pgdrain.aws import events
 from pgdrain.aws.control import RunControl
 from pgdrain.aws.wake import Waker
-from pgdrain.enqueue import build_job
+from pgdrain.db import store
+from pgdrain.db.sql import query
 from pgdrain.settings import parse_queue_limits
-from pgdrain.sql import query
 
 Conn = psycopg.Connection[Any]
 LIMIT = 2

@@ -1,4 +1,4 @@
-"""Retention (pgdrain.retention.run_once) on a real database: which rows go, that it works
+"""Retention (pgdrain.db.retention.run_once) on a real database: which rows go, that it works
 in bounded batches and stops when its budget does, and that a table lock cannot hold it past
 its budget (beside the control without the limits)."""
 
@@ -12,8 +12,9 @@ import psycopg
 import pytest
 
 from helpers.fixtures import wait_for
-from pgdrain import enqueue, retention
+from pgdrain import enqueue
 from pgdrain.budget import Budget
+from pgdrain.db import retention
 
 Conn = psycopg.Connection[Any]
 

@@ -19,10 +19,11 @@ import pytest
 from psycopg import sql
 
 from helpers.protocol import traced_connections
-from pgdrain import Budget, Registry, Settings, drain, enqueue, store
-from pgdrain import db as db_module
-from pgdrain import session as session_module
-from pgdrain.session import Session
+from pgdrain import Budget, Registry, Settings, drain, enqueue
+from pgdrain.db import connection as db_module
+from pgdrain.db import session as session_module
+from pgdrain.db import store
+from pgdrain.db.session import Session
 
 Conn = psycopg.Connection[Any]
 

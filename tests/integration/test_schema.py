@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import errors, sql
 
-from pgdrain.sql import query
+from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
 

@@ -14,12 +14,13 @@ import pytest
 
 from helpers.fixtures import statuses
 from helpers.lossy_proxy import LossyProxy
-from pgdrain import Budget, Job, Registry, Settings, drain, enqueue_many, store
-from pgdrain.deadline import FINAL_MARGIN_SECONDS
-from pgdrain.drain import SafetySwitches
-from pgdrain.enqueue import build_job
-from pgdrain.sent_ahead import SentAhead
-from pgdrain.session import Session
+from pgdrain import Budget, Job, Registry, Settings, drain, enqueue_many
+from pgdrain.api.enqueue import build_job
+from pgdrain.db import store
+from pgdrain.db.session import Session
+from pgdrain.runner.deadline import FINAL_MARGIN_SECONDS
+from pgdrain.runner.drain import SafetySwitches
+from pgdrain.runner.pipelining import SentAhead
 
 Conn = psycopg.Connection[Any]
 SENT_AHEAD = b"pgdrain_ahead_"  # the name a claim sent ahead is prepared and bound under

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from helpers.fixtures import claim_batch
-from pgdrain import store
+from pgdrain.db import store
 
 WORKERS = 8
 JOBS = 10_000

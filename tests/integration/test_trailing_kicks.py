@@ -18,13 +18,14 @@ from helpers.aws import (
     InvokeSpy,
 )
 from helpers.ledger_jobs import jobs as registry
-from pgdrain import Budget, Settings, drain, enqueue, store
+from pgdrain import Budget, Settings, drain, enqueue
 from pgdrain.aws import events
 from pgdrain.aws.control import RunControl
 from pgdrain.aws.kick import kick
 from pgdrain.aws.wake import Waker
-from pgdrain.drain import DrainResult
-from pgdrain.session import Session
+from pgdrain.db import store
+from pgdrain.db.session import Session
+from pgdrain.runner.drain import DrainResult
 
 Conn = psycopg.Connection[Any]
 WINDOW_SECONDS = 3600.0  # the debounce window is open for the whole test

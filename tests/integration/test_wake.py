@@ -24,7 +24,7 @@ from helpers.aws import (
     metric_totals,
     mocked_aws,
 )
-from pgdrain import Budget, Settings, enqueue, store
+from pgdrain import Budget, Settings, enqueue
 from pgdrain.aws import events
 from pgdrain.aws.wake import (
     WAKE_FAILED_METRIC,
@@ -34,7 +34,8 @@ from pgdrain.aws.wake import (
     schedule_name,
     wake_time,
 )
-from pgdrain.session import Session
+from pgdrain.db import store
+from pgdrain.db.session import Session
 
 Conn = psycopg.Connection[Any]
 GROUP = "pgdrain-test-wake"

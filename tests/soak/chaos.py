@@ -45,8 +45,9 @@ from psycopg import sql
 
 from helpers.lossy_proxy import LossyProxy
 from helpers.restartable_pg import RestartableServer
-from pgdrain import build_job, store
-from pgdrain.migrate import migrate
+from pgdrain import build_job
+from pgdrain.db import store
+from pgdrain.db.migrate import migrate
 from soak import soak_jobs
 
 TESTS_DIR = Path(__file__).resolve().parent.parent

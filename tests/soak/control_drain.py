@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from typing import Any, LiteralString, cast
 
 from helpers.fixtures import unfenced
-from pgdrain import cli, store
-from pgdrain.drain import SafetySwitches, drain
-from pgdrain.sql import query
+from pgdrain.cli import commands
+from pgdrain.db import store
+from pgdrain.db.sql import query
+from pgdrain.runner.drain import SafetySwitches, drain
 
 # The statements that record a completion, and the fence line each loses in the control.
 COMPLETIONS = ("job_complete_and_claim", "job_complete_many")
@@ -43,11 +44,11 @@ def main(argv: Sequence[str]) -> int:
     if args.no_heartbeat:
         # The CLI's drain, with the heartbeat switched off: injected here, never a setting.
         cli_drain: Any = functools.partial(drain, switches=SafetySwitches(heartbeat=False))
-        cli.drain = cli_drain
+        commands.drain = cli_drain
     if args.unfenced:
         patched: Any = _unfenced_query
-        store.query = patched  # what pgdrain.store runs: the same statements, less the fence
-    return cli.main(cli_args)
+        store.query = patched  # what pgdrain.db.store runs: the same statements, less the fence
+    return commands.main(cli_args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from pgdrain import cli
+from pgdrain.cli import commands
 
 
 def main(argv: list[str]) -> int:
@@ -17,7 +17,7 @@ def main(argv: list[str]) -> int:
     args = [a for a in argv[1:] if a != "--"]
     code = 0
     for _ in range(runs):
-        code = cli.main(args)
+        code = commands.main(args)
         if code >= 128:  # stopped by SIGINT/SIGTERM: the container is going away
             return code
         sys.stdout.flush()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 import uuid
 
-from pgdrain.attempts import Attempts
-from pgdrain.claim_ahead import ClaimAhead, most_ahead
-from pgdrain.store import ClaimedJob
+from pgdrain.db.store import ClaimedJob
+from pgdrain.runner.attempts import Attempts
+from pgdrain.runner.prefetch import ClaimAhead, most_ahead
 
 
 def measured(job_s: float, trip_s: float, *, batch: int = 10, concurrency: int = 10) -> ClaimAhead:

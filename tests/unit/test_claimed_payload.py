@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from pgdrain.store import ClaimedJob
+from pgdrain.db.store import ClaimedJob
 
 
 def claimed(payload_json: str) -> ClaimedJob:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from pgdrain.cli import build_parser
+from pgdrain.cli.commands import build_parser
 from pgdrain.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 
 # Options whose default is None and that have no default to show: filters, an optional name.

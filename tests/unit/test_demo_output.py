@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pgdrain.demo import demo_jobs, explain_warnings
+from pgdrain.cli.demo import demo_jobs, explain_warnings
 
 
 def test_each_warning_is_accounted_for() -> None:

@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from pgdrain import Budget, Settings
-from pgdrain.attempts import Attempts
-from pgdrain.session import MIN_TIMEOUT_MS, Session
-from pgdrain.store import ClaimedJob
+from pgdrain.db.session import MIN_TIMEOUT_MS, Session
+from pgdrain.db.store import ClaimedJob
+from pgdrain.runner.attempts import Attempts
 
 
 class Clock:

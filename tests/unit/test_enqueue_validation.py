@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from pgdrain.enqueue import MAX_PAYLOAD_BYTES, build_job
+from pgdrain.api.enqueue import MAX_PAYLOAD_BYTES, build_job
+from pgdrain.db.store import NewJob
 from pgdrain.errors import BadInput
-from pgdrain.store import NewJob
 
 UTC = dt.UTC
 

@@ -1,4 +1,4 @@
-"""pgdrain.jsonbound: JSON from outside is refused past MAX_DEPTH levels, measured without
+"""pgdrain.api.jsonbound: JSON from outside is refused past MAX_DEPTH levels, measured without
 recursion, before json.loads/json.dumps would raise RecursionError."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pgdrain import jsonbound
+from pgdrain.api import jsonbound
 from pgdrain.errors import BadInput
 
 LIMIT = jsonbound.MAX_DEPTH

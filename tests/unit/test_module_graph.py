@@ -1,5 +1,6 @@
-"""The shape of the package: the core imports no AWS code, AWS lives in pgdrain.aws, and the
-import graph between pgdrain's modules has no cycle (function-level imports included)."""
+"""The shape of the package: the layers import only the layers below them, the core imports no
+AWS code, AWS lives in pgdrain.aws, and the import graph between pgdrain's modules has no cycle
+(function-level imports included)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "handler" / "pgdrain"
 AWS_MODULES = ("boto3", "botocore", "aws_lambda_powertools", "mypy_boto3_lambda", "pgdrain.aws")
 # The commands and the demo are applications of the library: they may reach the edge (`pgdrain
 # invoke`, a secret's ARN). Everything else is the core and must run under any trigger.
-APPLICATIONS = {"pgdrain.cli", "pgdrain.demo", "pgdrain"}
 
 
 def _module_name(path: Path) -> str:
@@ -23,7 +23,9 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-CORE = sorted(m for m in MODULES if not m.startswith("pgdrain.aws") and m not in APPLICATIONS)
+CORE = sorted(
+    m for m in MODULES if not m.startswith(("pgdrain.aws", "pgdrain.cli")) and m != "pgdrain"
+)
 
 
 def _imports(module: str) -> set[str]:
@@ -41,8 +43,12 @@ def _imports(module: str) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+            # `from pgdrain.db import store` imports pgdrain.db.store; the package's own
+            # __init__ only for a name that is not a module of it.
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names}
+            found |= submodules
+            if not submodules <= set(MODULES):
+                found.add(node.module)
     return found
 
 
@@ -127,5 +133,76 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 def test_control_a_cycle_through_a_function_level_import_is_found() -> None:
     # cli and demo used to import each other inside functions: the shape this test forbids.
-    graph = {"pgdrain.cli": {"pgdrain.demo"}, "pgdrain.demo": {"pgdrain.cli"}, "x": set()}
-    assert _cycle(graph) == ["pgdrain.cli", "pgdrain.demo", "pgdrain.cli"]
+    graph = {
+        "pgdrain.cli.commands": {"pgdrain.cli.demo"},
+        "pgdrain.cli.demo": {"pgdrain.cli.commands"},
+        "x": set(),
+    }
+    assert _cycle(graph) == ["pgdrain.cli.commands", "pgdrain.cli.demo", "pgdrain.cli.commands"]
+
+
+# The import contract, layer by layer (docs/architecture.md): a layer may import itself and
+# those listed. The foundation is the few modules every layer shares.
+LAYER_MAY_IMPORT = {
+    "foundation": {"foundation"},
+    "db": {"foundation", "db"},
+    "api": {"foundation", "db", "api"},
+    "runner": {"foundation", "db", "api", "runner"},
+    "aws": {"foundation", "db", "api", "runner", "aws"},
+    "cli": {"foundation", "db", "api", "runner", "aws", "cli"},
+    # pgdrain.kick is public and lives at the edge: the facade loads it on first use.
+    "facade": {"foundation", "api", "runner", "aws"},
+}
+FOUNDATION = {"pgdrain.errors", "pgdrain.settings", "pgdrain.budget", "pgdrain._moved"}
+
+
+def _layer(module: str) -> str:
+    if module == "pgdrain":
+        return "facade"
+    if module in FOUNDATION:
+        return "foundation"
+    layer = module.split(".")[1]
+    assert layer in LAYER_MAY_IMPORT, f"{module} belongs to no layer"
+    return layer
+
+
+def _crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a layer its importer may not import."""
+    return sorted(
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        for imported in imports
+        if _layer(imported) not in LAYER_MAY_IMPORT[_layer(module)]
+    )
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    assert _crossings({m: _internal_edges(m) for m in MODULES}) == []
+
+
+def test_control_a_crossing_is_found() -> None:
+    graph = {
+        "pgdrain.db.session": {"pgdrain.runner.summary"},  # the database reaching up
+        "pgdrain.runner.drain": {"pgdrain.cli.report"},  # anything importing the CLI
+        "pgdrain.aws.run": {"pgdrain.runner.drain"},  # allowed
+    }
+    assert _crossings(graph) == [
+        "pgdrain.db.session -> pgdrain.runner.summary",
+        "pgdrain.runner.drain -> pgdrain.cli.report",
+    ]
+
+
+def test_every_module_lies_in_a_layer_that_ls_shows() -> None:
+    top = sorted(p.name for p in PACKAGE.iterdir() if not p.name.startswith("__"))
+    assert top == [
+        "_moved.py",
+        "api",
+        "aws",
+        "budget.py",
+        "cli",
+        "db",
+        "errors.py",
+        "py.typed",
+        "runner",
+        "settings.py",
+    ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pgdrain import Cancel, Discard, RetryIn, Snooze, outcomes
+from pgdrain import Cancel, Discard, RetryIn, Snooze
+from pgdrain.api import outcomes
 from pgdrain.errors import UnknownJobKind
 
 

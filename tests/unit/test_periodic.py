@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from pgdrain import Job, Registry
-from pgdrain.periodic import Cron, Every, Periodic, due_slots, next_periodic_slot
+from pgdrain.api.periodic import Cron, Every, Periodic, due_slots, next_periodic_slot
 
 
 def at(text: str) -> dt.datetime:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from helpers.threads import on_thread_start, started_threads
-from pgdrain.pool import Outcome, WorkerPool
+from pgdrain.runner.worker_threads import Outcome, WorkerPool
 
 WAIT = 10.0  # seconds: only reached if a job never runs (the test fails then)
 EXIT_WAIT = 2.0  # seconds, all threads together: only reached by a thread that never exits
@@ -119,7 +119,7 @@ def _six_jobs_when_starts_fail(
     started = on_thread_start(monkeypatch, at_the_limit)
     ran: list[int] = []
     pool = pools(10, ran.append)
-    with caplog.at_level(logging.WARNING, logger="pgdrain.pool"):
+    with caplog.at_level(logging.WARNING, logger="pgdrain.runner.worker_threads"):
         for n in range(6):
             pool.submit(n)
         outcomes = take(pool, 6)

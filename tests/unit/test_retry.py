@@ -1,6 +1,6 @@
 import pytest
 
-from pgdrain.retry import RetryPolicy, backoff_seconds, is_final
+from pgdrain.api.retry import RetryPolicy, backoff_seconds, is_final
 
 
 def test_backoff_doubles_from_the_base_without_jitter() -> None:

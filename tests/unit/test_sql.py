@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pgdrain.sql import migrations, parse_queries, query, query_names
+from pgdrain.db.sql import migrations, parse_queries, query, query_names
 
 HANDLER = Path(__file__).resolve().parents[2] / "handler"
 SOURCES = sorted(HANDLER.rglob("*.py"))
@@ -41,7 +41,7 @@ JOB_DELETE = re.compile(r"\bDELETE FROM pgdrain\.jobs\b")
 
 
 def _queries_text() -> str:
-    return resources.files("pgdrain").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    return resources.files("pgdrain.db").joinpath("sql/queries.sql").read_text(encoding="utf-8")
 
 
 def _without_comments(statement: str) -> str:

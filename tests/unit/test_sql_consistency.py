@@ -1,6 +1,6 @@
 """Statements that must say the same thing say it the same way."""
 
-from pgdrain.sql import query
+from pgdrain.db.sql import query
 
 
 def _set_and_fence(statement: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""One name per statement: each statement in queries.sql is run by the pgdrain.store function of
+"""One name per statement: each statement in queries.sql is run by the pgdrain.db.store function of
 the same name (and that function does run it, itself or through the function `<name>_statement`
 that builds it to be sent with another: store.Statement), that function reads the result the way the
 statement's shape tag says, every statement is used outside its own definition, and every name
@@ -10,11 +10,11 @@ import ast
 import re
 from pathlib import Path
 
-from pgdrain.sql import query_names, statements
+from pgdrain.db.sql import query_names, statements
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = ROOT / "handler"
-STORE = HANDLER / "pgdrain" / "store.py"
+STORE = HANDLER / "pgdrain" / "db" / "store.py"
 QUERY_CALL = re.compile(r"""\bquery\(\s*["'](\w+)["']\s*\)""")
 # Code whose calls of a store function make its statement used; a test calling it does not
 # (it would keep a statement nothing runs alive). The benchmarks, the simulator and the tests
@@ -45,7 +45,7 @@ def _store_functions(source: str | None = None) -> dict[str, ast.FunctionDef]:
 
 def _store_names_used(tree: ast.AST) -> set[str]:
     """The store functions code outside store.py calls or passes on: `store.job_fail(...)`,
-    `session.run(store.job_fail, ...)`, or imported by name from pgdrain.store."""
+    `session.run(store.job_fail, ...)`, or imported by name from pgdrain.db.store."""
     names: set[str] = set()
     for node in ast.walk(tree):
         if (
@@ -54,7 +54,7 @@ def _store_names_used(tree: ast.AST) -> set[str]:
             and node.value.id == "store"
         ):
             names.add(node.attr)
-        elif isinstance(node, ast.ImportFrom) and node.module == "pgdrain.store":
+        elif isinstance(node, ast.ImportFrom) and node.module == "pgdrain.db.store":
             names |= {alias.name for alias in node.names}
     return names
 

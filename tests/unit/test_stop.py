@@ -1,4 +1,4 @@
-"""pgdrain.stop: a stop request, its wake-ups, the signals routed to it, and when a run stops
+"""pgdrain.runner.stop: a stop request, its wake-ups, the signals routed to it, and when a run stops
 claiming and waiting (the reserve, the final margin, a stop request's grace)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import os
 import signal
 import time
 
-from pgdrain import stop
 from pgdrain.budget import Budget
-from pgdrain.deadline import FINAL_MARGIN_SECONDS, Deadline
+from pgdrain.runner import stop
+from pgdrain.runner.deadline import FINAL_MARGIN_SECONDS, Deadline
 
 
 def test_a_request_wakes_every_waiter_once_registered_even_after_the_fact() -> None:

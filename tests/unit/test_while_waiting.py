@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from psycopg.waiting import Ready, Wait
 
-from pgdrain.db import _calling_when_sent, _Once
+from pgdrain.db.connection import _calling_when_sent, _Once
 
 
 def _statement(log: list[str], waits: list[Wait]) -> Generator[Wait, Any, str]:

@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from pgdrain import store
 from pgdrain.aws import events
 from pgdrain.aws.fanout import Spawner
 from pgdrain.aws.wake import WakeOutcome, Waker
 from pgdrain.budget import Budget
-from pgdrain.session import Later, Session
-from pgdrain.summary import Counter
+from pgdrain.db import store
+from pgdrain.db.session import Later, Session
+from pgdrain.runner.summary import Counter
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
-from pgdrain import jsonbound
+from pgdrain.api import jsonbound
 from pgdrain.errors import BadEvent, BadInput, ConfigError
 from pgdrain.settings import Settings, check_queue_name
 

@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pgdrain import store
 from pgdrain.aws import events
 from pgdrain.budget import Budget
-from pgdrain.session import Session
+from pgdrain.db import store
+from pgdrain.db.session import Session
+from pgdrain.runner.summary import Counter
 from pgdrain.settings import Settings
-from pgdrain.summary import Counter
 
 log = logging.getLogger(__name__)
 

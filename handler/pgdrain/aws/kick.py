@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING
 
 from psycopg import pq
 
-from pgdrain import store
 from pgdrain.aws.events import enqueue_event, later_event
 from pgdrain.aws.lambda_api import invoke_async
 from pgdrain.aws.wake import WAKE_HOLD_SECONDS, queue_set, wake_time
+from pgdrain.db import store
 from pgdrain.errors import BadInput
 from pgdrain.settings import Settings, check_queue_name
 

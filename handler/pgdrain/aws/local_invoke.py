@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from pgdrain import jsonbound
+from pgdrain.api import jsonbound
+from pgdrain.api.registry import on_sys_path
 from pgdrain.aws.context import FakeContext
 from pgdrain.errors import BadInput
-from pgdrain.registry import on_sys_path
 
 DEFAULT_TEMPLATE = "template.yaml"
 FUNCTION_TYPES = ("AWS::Serverless::Function", "AWS::Lambda::Function")
@@ -416,18 +416,20 @@ def invoke(
     event_path: str | None = None,
     env_vars_path: str | None = None,
     output: TextIO | None = None,
-    resolve_database: Callable[[], str] | None = None,
+    resolve_database: Callable[[], str],
 ) -> InvokeResult:
     """Invoke the handler once, in-process. What the function prints goes to `output`
     (stderr by default). The handler module is imported once per process, like a warm
-    container: its cold-start state is kept between invokes."""
+    container: its cold-start state is kept between invokes. `resolve_database` gives a
+    DATABASE_URL when the function's environment names no database (the CLI: the embedded
+    server)."""
     spec = read_function(template, function)
     event = read_event(event_path)
     overrides, ignored = read_overrides(Path(env_vars_path), spec) if env_vars_path else ({}, ())
     region = local_region()
     env = function_environment(spec, overrides, os.environ, region)
     if not any(env.get(name) for name in DATABASE_VARIABLES):
-        env["DATABASE_URL"] = (resolve_database or _embedded_database)()
+        env["DATABASE_URL"] = resolve_database()
     module_name, _, attribute = spec.handler.rpartition(".")
     if not module_name:
         raise BadInput(f"Handler {spec.handler!r} is not module.function")
@@ -471,12 +473,6 @@ def _call(
     if "error" in outcome:
         return outcome["error"], True
     return outcome.get("payload"), False
-
-
-def _embedded_database() -> str:
-    from pgdrain import embedded
-
-    return embedded.start()
 
 
 @contextlib.contextmanager

@@ -18,7 +18,8 @@ import psycopg
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 
-from pgdrain import db, periodic, retention, store
+from pgdrain.api import periodic
+from pgdrain.api.registry import Registry, load_registry
 from pgdrain.aws import events, wake_request
 from pgdrain.aws.context import LambdaContextLike, budget_from_context
 from pgdrain.aws.control import RunControl
@@ -30,16 +31,16 @@ from pgdrain.aws.safety_net import SafetyNet, SlideOutcome
 from pgdrain.aws.secrets import resolve_conninfo
 from pgdrain.aws.wake import Waker
 from pgdrain.budget import Budget
-from pgdrain.drain import DrainResult, Observer, drain
+from pgdrain.db import connection, retention, store
+from pgdrain.db.session import Session
 from pgdrain.errors import BadEvent, BadInput, PgdrainError
-from pgdrain.registry import Registry, load_registry
-from pgdrain.session import Session
+from pgdrain.runner.drain import DrainResult, Observer, drain
 from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
 
 # Measuring the backlog opens one more connection; skip it when the run is about to be killed
-# (db.MIN_CONNECT_TIMEOUT_SECONDS plus a query).
+# (connection.MIN_CONNECT_TIMEOUT_SECONDS plus a query).
 DEPTH_MIN_REMAINING_SECONDS = 2.5
 SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain invoke`
 # A scheduled run keeps this share of its budget (at most RETENTION_MAX_SECONDS) from the
@@ -404,7 +405,7 @@ def _retention(
         settings, connect_timeout=max(0.5, min(settings.connect_timeout, share.remaining()))
     )
     try:
-        with db.connect(conninfo, quick, share) as conn:
+        with connection.connect(conninfo, quick, share) as conn:
             deleted = retention.run_once(
                 conn,
                 retain_done_days=settings.retain_done_days,

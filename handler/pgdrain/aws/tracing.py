@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 from aws_lambda_powertools import Tracer
 
-from pgdrain.registry import Job
+from pgdrain.api.registry import Job
 
 
 def tracer_middleware(tracer: Tracer) -> Callable[[Job], AbstractContextManager[object]]:

@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from pgdrain import store
 from pgdrain.aws.events import wake_event
 from pgdrain.aws.lambda_api import region_from_arn
-from pgdrain.session import Session
+from pgdrain.db import store
+from pgdrain.db.session import Session
 from pgdrain.settings import Settings
 
 if TYPE_CHECKING:

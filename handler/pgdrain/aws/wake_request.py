@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 
-from pgdrain import db, store
 from pgdrain.aws.events import Trigger
 from pgdrain.aws.secrets import resolve_conninfo
 from pgdrain.aws.wake import Waker, queue_set
 from pgdrain.budget import Budget
+from pgdrain.db import connection, store
 from pgdrain.errors import PgdrainError
 from pgdrain.settings import Settings
 
@@ -55,7 +55,7 @@ def forget(trigger: Trigger, settings: Settings, budget: Budget) -> None:
     assert trigger.wake_at is not None and trigger.reserved_by is not None
     try:
         conninfo = resolve_conninfo(settings)
-        with db.connect(conninfo, settings, budget) as conn, conn.transaction():
+        with connection.connect(conninfo, settings, budget) as conn, conn.transaction():
             key = queue_set(trigger.queues)
             store.wake_release(conn, key, trigger.wake_at, trigger.reserved_by)
     except (PgdrainError, psycopg.Error) as exc:

@@ -1,0 +1,252 @@
+"""The application's side: put jobs in the queue inside the caller's own transaction, so a job
+is enqueued together with the data it belongs to (and not at all if that rolls back)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal, cast, get_args
+
+from pgdrain.api import jsonbound
+from pgdrain.db import store
+from pgdrain.errors import BadInput
+from pgdrain.settings import QUEUE_NAME
+
+MAX_PAYLOAD_BYTES = 256 * 1024  # jobs carry ids, not blobs
+# enqueue_many sends at most this many rows, and about this much payload, per statement.
+CHUNK_ROWS = 5000
+CHUNK_BYTES = 8 * 1024 * 1024
+MAX_KIND_LENGTH = 200
+MAX_KEY_LENGTH = 500
+RECOVERY_POLICIES: tuple[str, ...] = get_args(store.RecoveryPolicy)
+INT32_MAX = 2**31 - 1
+MAX_DELAY_SECONDS = 100 * 365 * 86400.0  # a century: beyond, timestamps overflow soon
+
+
+def build_job(
+    kind: str,
+    payload: Any = None,
+    *,
+    queue_name: str = "default",
+    run_at: dt.datetime | None = None,
+    delay: float = 0.0,
+    priority: int = 0,
+    max_attempts: int = 5,
+    recovery_policy: str = "auto",
+    idempotency_key: str | None = None,
+) -> store.NewJob:
+    """Validate one job's fields; raises BadInput with a one-line reason."""
+    if not isinstance(kind, str) or not kind.strip():
+        raise BadInput("job kind must be a non-empty string")
+    if len(kind) > MAX_KIND_LENGTH or not _is_clean_text(kind):
+        raise BadInput(
+            f"job kind must be at most {MAX_KIND_LENGTH} characters of UTF-8 text without NUL"
+        )
+    if not isinstance(queue_name, str) or not QUEUE_NAME.match(queue_name):
+        raise BadInput(f"queue {queue_name!r} is not a plain queue name")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay):
+        raise BadInput("delay must be a finite number of seconds")
+    if not 0 <= delay <= MAX_DELAY_SECONDS:
+        raise BadInput(f"delay must be from 0 to {MAX_DELAY_SECONDS:g} seconds (got {delay})")
+    if run_at is not None and (run_at.tzinfo is None or delay):
+        raise BadInput("run_at must be timezone-aware, and not combined with delay")
+    _check_int("priority", priority, -INT32_MAX, INT32_MAX)
+    _check_int("max_attempts", max_attempts, 1, 1000)
+    if recovery_policy not in RECOVERY_POLICIES:
+        raise BadInput(f"recovery_policy must be one of {RECOVERY_POLICIES}")
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str)
+        or not idempotency_key
+        or len(idempotency_key) > MAX_KEY_LENGTH
+        or not _is_clean_text(idempotency_key)
+    ):
+        raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters, without NUL")
+    _check_payload(payload)
+    return store.NewJob(
+        kind=kind,
+        payload=payload,
+        queue=queue_name,
+        priority=priority,
+        run_at=run_at,
+        delay_seconds=float(delay),
+        max_attempts=max_attempts,
+        recovery_policy=cast(store.RecoveryPolicy, recovery_policy),  # checked above
+        idempotency_key=idempotency_key,
+    )
+
+
+def enqueue(
+    conn: store.Connection,
+    kind: str,
+    payload: Any = None,
+    *,
+    queue: str = "default",
+    run_at: dt.datetime | None = None,
+    delay: float = 0.0,
+    priority: int = 0,
+    max_attempts: int = 5,
+    recovery_policy: str = "auto",  # checked: "auto" or "manual"
+    idempotency_key: str | None = None,
+) -> int:
+    """Enqueue one job on `conn`, in whatever transaction the caller has open; the caller
+    commits. Returns the job id.
+
+    idempotency_key: while a job of the same `queue` with this key is queued or running
+    (waiting, retrying after a failure, or being worked), enqueueing the key again inserts
+    nothing and returns that job's id (whatever the new kind and payload). Once that job is
+    done or failed, the key is free: the same key enqueues a new job. Keys of different
+    queues never collide. (As River's unique jobs ByQueue with a ByState of the unfinished
+    states, and Procrastinate's queueing_lock, which holds only while a job waits.)"""
+    job = build_job(
+        kind,
+        payload,
+        queue_name=queue,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        recovery_policy=cast(store.RecoveryPolicy, recovery_policy),  # checked above
+        idempotency_key=idempotency_key,
+    )
+    job_id, _created = store.job_insert(conn, job)
+    return job_id
+
+
+# How each driver writes a bound parameter (PEP 249's paramstyle, and asyncpg's own).
+ParamStyle = Literal["pyformat", "named", "dollar"]
+PARAMSTYLES: tuple[str, ...] = get_args(ParamStyle)
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def enqueue_statement(
+    kind: str,
+    payload: Any = None,
+    *,
+    paramstyle: ParamStyle = "pyformat",
+    queue: str = "default",
+    run_at: dt.datetime | None = None,
+    delay: float = 0.0,
+    priority: int = 0,
+    max_attempts: int = 5,
+    recovery_policy: str = "auto",
+    idempotency_key: str | None = None,
+) -> tuple[str, dict[str, Any] | list[Any]]:
+    """The insert of one job as (sql, params), for the application to run on its own driver
+    inside its own transaction; validated as enqueue() validates. It returns the new job's
+    `id` as one row, or no row when the idempotency key exists already. Paramstyles:
+
+    - "pyformat": `%(name)s` and a dict: psycopg 3 (sync and async), psycopg2, Django's
+      `connection.cursor()`.
+    - "named": `:name` and a dict: SQLAlchemy's `text()` (`session.execute(text(sql), params)`).
+    - "dollar": `$1, $2, ...` and a list: asyncpg (`await conn.fetchval(sql, *params)`).
+
+    The payload travels as JSON text (cast to jsonb by the statement); every value is bound.
+    docs/jobs.md has an example per driver."""
+    if paramstyle not in PARAMSTYLES:
+        raise BadInput(f"paramstyle must be one of {PARAMSTYLES}")
+    job = build_job(
+        kind,
+        payload,
+        queue_name=queue,
+        run_at=run_at,
+        delay=delay,
+        priority=priority,
+        max_attempts=max_attempts,
+        recovery_policy=recovery_policy,
+        idempotency_key=idempotency_key,
+    )
+    text, params = store.job_insert_statement(job)
+    if paramstyle == "pyformat":
+        return text, params
+    if paramstyle == "named":
+        return _PLACEHOLDER.sub(lambda m: f":{m.group(1)}", text), params
+    order: list[str] = []  # "dollar": numbered by first appearance; a repeated name reuses it
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    text = _PLACEHOLDER.sub(number, text)
+    return text, [params[name] for name in order]
+
+
+def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[int]:
+    """Enqueue many jobs (built with build_job) in one transaction (a savepoint inside the
+    caller's, if one is open): all or none. Returns the ids created. `jobs` is consumed lazily
+    and sent in chunks of at most CHUNK_ROWS rows and about CHUNK_BYTES of payload, so a
+    generator of a million jobs never sits in memory, nor in one message to the server. Each
+    payload is encoded as its job is taken from `jobs`, and one payload object repeated only
+    once: do not change a payload object after handing it over."""
+    ids: list[int] = []
+    with conn.transaction():
+        for chunk, payloads_json in _chunks(jobs):
+            ids.extend(store.job_insert_many(conn, chunk, payloads_json))
+    return ids
+
+
+def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], list[str]]]:
+    """The jobs in chunks, each with its jobs' payloads encoded (store.payload_json): each
+    payload is encoded once, here, to size the chunk, and that text is what is sent."""
+    chunk: list[store.NewJob] = []
+    texts: list[str] = []
+    chunk_bytes = 0
+    last_payload: object = object()
+    last_text, last_size = "", 0
+    for job in jobs:
+        if job.payload is not last_payload:  # the same payload repeated is encoded once
+            last_payload, last_text = job.payload, store.payload_json(job.payload)
+            last_size = len(last_text.encode())
+        if chunk and (len(chunk) >= CHUNK_ROWS or chunk_bytes + last_size > CHUNK_BYTES):
+            yield chunk, texts
+            chunk, texts, chunk_bytes = [], [], 0
+        chunk.append(job)
+        texts.append(last_text)
+        chunk_bytes += last_size
+    if chunk:
+        yield chunk, texts
+
+
+def payload_size(payload: Any) -> int:
+    """Bytes of the payload as stored (UTF-8 JSON); build_job has checked it encodes."""
+    return len(store.payload_json(payload).encode())
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(f"{name} must be a whole number")
+    if not low <= value <= high:
+        raise BadInput(f"{name} must be from {low} to {high} (got {value})")
+
+
+def _check_payload(payload: Any) -> None:
+    jsonbound.check_value_depth(payload, "payload")  # before json.dumps, which would recurse
+    try:
+        # Measured as stored: UTF-8, non-ASCII characters not escaped.
+        encoded = json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates (undecodable bytes, or a "\ud800" escape)
+        raise BadInput("payload text is not valid UTF-8 (it holds a lone surrogate)") from None
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"payload is not JSON-serialisable: {exc}") from None
+    if len(encoded) > MAX_PAYLOAD_BYTES:
+        raise BadInput(
+            f"payload is {len(encoded)} bytes; the limit is {MAX_PAYLOAD_BYTES} "
+            "(store the data in a table and pass its id)"
+        )
+    if "\\u0000" in encoded.decode("utf-8"):
+        raise BadInput("payload contains a NUL character, which PostgreSQL jsonb cannot store")
+
+
+def _is_clean_text(text: str) -> bool:
+    """Storable in a PostgreSQL text column: valid UTF-8 (no lone surrogates, which is how
+    Python carries undecodable command-line bytes) and no NUL."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,199 @@
+"""What a failed attempt becomes. A job chooses its outcome by returning (done) or raising:
+any exception is a retry with backoff (failed once attempts are spent); pgdrain's outcome
+exceptions say more precisely what to do, as River's JobSnooze/JobCancel do. An unknown kind
+goes through the same mechanism: retried, because a deploy may not have reached every function
+that drains the queue yet.
+
+`decide` is pure (no database, no clock): claims.record_failure writes what it returns in one
+fenced statement (store.job_fail)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from collections.abc import Callable
+from typing import NamedTuple
+
+from pgdrain.api import retry
+from pgdrain.errors import UnknownJobKind
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_LENGTH = 2000  # last_error and each record's message
+MAX_TRACEBACK_LENGTH = 8000  # per record; the end of a traceback is kept (where it was raised)
+# The longest delay written (a century, as enqueue allows): beyond, PostgreSQL's interval
+# arithmetic overflows and the statement recording the failure would fail.
+MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+
+
+class JobOutcome(Exception):
+    """Base of the exceptions a job raises to choose its outcome."""
+
+
+def _seconds(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} needs a finite number of seconds")
+    if not 0 <= value <= MAX_DELAY_SECONDS:
+        raise ValueError(f"{what} needs 0 to {MAX_DELAY_SECONDS:g} seconds")
+    return float(value)
+
+
+class RetryIn(JobOutcome):
+    """Retry after exactly `seconds` (an attempt is spent; failed once attempts are spent)."""
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        self.seconds = _seconds(seconds, "RetryIn")
+        self.reason = reason
+        super().__init__(reason or f"retry in {self.seconds:g} s")
+
+
+class Snooze(JobOutcome):
+    """Run again after `seconds` without spending an attempt (waiting on something external).
+    No error is recorded: nothing is added to the error history, and `last_error` keeps the
+    latest real error. Logged at INFO (`job snoozed`); the run's summary counts it as retried."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = _seconds(seconds, "Snooze")
+        super().__init__(f"snoozed for {self.seconds:g} s")
+
+
+class Discard(JobOutcome):
+    """Fail now, whatever attempts are left: the job can never succeed as it is."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class Cancel(JobOutcome):
+    """Stop the job for good: it ends at once as `cancelled` (the state `pgdrain cancel`
+    leaves; `pgdrain retry ID` queues it again), whatever attempts are left, its last error
+    `cancelled: reason`. Logged as `job cancelled`; the run's summary counts it as failed."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class Decision(NamedTuple):
+    """What to write for a failed attempt."""
+
+    message: str  # last_error: one line, sanitized, bounded
+    delay_seconds: float  # until the next attempt (ignored when final)
+    final: bool  # failed now, whatever attempts are left
+    spend_attempt: bool  # False for a snooze: the attempt is given back
+    record: bool  # appended to the job's error history
+    error_type: str
+    traceback: str  # sanitized and bounded; "" when there is none worth keeping
+    cancelled: bool = False  # final as `cancelled` (the job chose it), not `failed`
+
+
+def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) -> Decision:
+    """The outcome of an attempt that raised `error`. `backoff(attempt)` gives the delay of an
+    ordinary retry."""
+    error_type = safe_text(type(error).__name__, 200)
+    if isinstance(error, Snooze):
+        return Decision(error_text(error), error.seconds, False, False, False, error_type, "")
+    if isinstance(error, RetryIn):
+        return Decision(error_text(error), error.seconds, False, True, True, error_type, "")
+    if isinstance(error, Discard):
+        message = bounded(f"discarded: {safe_str(error)}", MAX_ERROR_LENGTH)
+        return Decision(message, 0.0, True, True, True, error_type, "")
+    if isinstance(error, Cancel):
+        message = bounded(f"cancelled: {safe_str(error)}", MAX_ERROR_LENGTH)
+        return Decision(message, 0.0, True, True, True, error_type, "", cancelled=True)
+    if isinstance(error, UnknownJobKind):
+        # River's choice: a kind this function does not know is retried, not failed, because
+        # a deploy may not have reached every function that drains the queue yet.
+        message = bounded(
+            f"{error_text(error)} in this deployment (retried: a deploy may not have reached "
+            "every function yet)",
+            MAX_ERROR_LENGTH,
+        )
+        return Decision(message, delay(backoff, attempt), False, True, True, error_type, "")
+    return Decision(
+        error_text(error),
+        delay(backoff, attempt),
+        False,
+        True,
+        True,
+        error_type,
+        traceback_text(error),
+    )
+
+
+def delay(backoff: Callable[[int], float], attempt: int) -> float:
+    """A kind's backoff for `attempt`, or the default backoff when the kind's function raises
+    or gives no storable number of seconds (a bad delay must not stop the run)."""
+    try:
+        seconds = backoff(attempt)
+        if (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not 0 <= seconds <= MAX_DELAY_SECONDS
+        ):
+            raise ValueError(f"backoff returned {seconds!r}")
+        return float(seconds)
+    except Exception as exc:  # user code: fall back, and say so
+        log.warning(
+            "a kind's backoff failed; the default backoff is used",
+            extra={"attempt": attempt, "error": error_text(exc)},
+        )
+        return retry.backoff_seconds(attempt)
+
+
+def sanitize(text: str) -> str:
+    """Storable in PostgreSQL text and jsonb: NUL written as \\x00 (neither can hold it), lone
+    surrogates as \\udXXX (they are not UTF-8; psycopg would raise UnicodeEncodeError)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def safe_text(text: str, limit: int) -> str:
+    return bounded(sanitize(text), limit)
+
+
+def bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def safe_str(error: BaseException) -> str:
+    """str(error), or a note when its __str__ raises (hostile or broken job code must not stop
+    the run that records it)."""
+    try:
+        text = str(error)
+    except Exception as exc:  # any exception from user code: fall back to the type
+        return f"<str() raised {type(exc).__name__}>"
+    if not isinstance(text, str):  # a __str__ returning a non-str already raised TypeError
+        return "<str() returned no text>"
+    return safe_text(text, MAX_ERROR_LENGTH)
+
+
+def error_text(error: BaseException) -> str:
+    """`Type: message`, one record's worth: sanitized and bounded."""
+    text = safe_str(error)
+    name = type(error).__name__
+    return safe_text(f"{name}: {text}" if text else name, MAX_ERROR_LENGTH)
+
+
+def traceback_text(error: BaseException) -> str:
+    """The formatted traceback, sanitized, its end kept within MAX_TRACEBACK_LENGTH."""
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception as exc:  # formatting runs user code (__str__, __notes__): never fatal
+        return f"<traceback could not be formatted: {type(exc).__name__}>"
+    text = sanitize(text)
+    if len(text) > MAX_TRACEBACK_LENGTH:
+        text = "…" + text[-(MAX_TRACEBACK_LENGTH - 1) :]
+    return text
+
+
+class AttemptFailed(Exception):
+    """Raised by the worker thread in place of a job's exception (which is its __cause__), with
+    the outcome already decided there: the kind's backoff is known there, and formatting a
+    traceback stays off the one thread that talks to the database."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        super().__init__(decision.message)

@@ -1,0 +1,761 @@
+"""The `pgdrain` command. Exit codes: 0 ok, 1 failure, 2 bad input (one line, nothing written)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import inspect
+import itertools
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NoReturn, TypeVar
+
+import psycopg
+
+from pgdrain.api import jsonbound
+from pgdrain.api.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_size
+from pgdrain.api.registry import Registry, load_registry
+from pgdrain.budget import Budget
+from pgdrain.cli import embedded
+from pgdrain.cli.report import (
+    format_job,
+    format_job_line,
+    format_result,
+    format_stats,
+    job_as_dict,
+    printable,
+)
+from pgdrain.db import connection, store
+from pgdrain.db.migrate import migrate
+from pgdrain.errors import BadInput, ConfigError, JobsModuleNotFound, PgdrainError
+from pgdrain.runner.drain import DrainResult, drain
+from pgdrain.runner.stop import exit_code, stop_on_signals
+from pgdrain.settings import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_JOBS_MODULE,
+    DEFAULT_QUEUES,
+    QUEUE_NAME,
+    Settings,
+    parse_queues,
+)
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+DEFAULT_CLI_BUDGET_SECONDS = 60.0
+MAX_NUMBER = 1e9  # seconds (--delay, --budget) or days; larger values overflow in PostgreSQL
+MAX_BIGINT = 2**63 - 1
+MAX_ENQUEUE_COUNT = 1_000_000
+MAX_ENQUEUE_TOTAL_BYTES = 256 * 1024 * 1024  # --count x payload: what one command may add
+# A payload file may be pretty-printed or use \u escapes: its text may be larger than the
+# payload as stored, which build_job checks against MAX_PAYLOAD_BYTES once it is parsed.
+MAX_PAYLOAD_TEXT_BYTES = 4 * MAX_PAYLOAD_BYTES
+MAX_PURGE_DAYS = 36_500.0
+STATUSES = store.STATUSES
+MAX_SINCE_DAYS = 36_500.0
+MAX_KIND_LENGTH = 200
+# DrainResult.error_kind values that mean the settings are wrong (summary.error_kind).
+CONFIG_ERROR_KINDS = ("authentication", "configuration")
+# What `enqueue` uses for an option neither the command line nor the kind's decorator gives.
+ENQUEUE_DEFAULTS: dict[str, Any] = {
+    name: parameter.default
+    for name, parameter in inspect.signature(build_job).parameters.items()
+    if name in ("queue_name", "priority", "max_attempts", "recovery_policy")
+}
+
+log = logging.getLogger("pgdrain")
+
+
+_STANDARD_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+class _ReadableFormatter(logging.Formatter):
+    """One line per record, with the structured fields (`extra=`) as key=value: the same
+    records the Lambda logs as JSON, readable in a terminal. Messages and fields carry job
+    data (kinds, errors): their control characters are escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = printable(super().formatMessage(record))
+        fields = {k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_FIELDS}
+        if fields:
+            line += " " + " ".join(f"{k}={printable(v)}" for k, v in fields.items())
+        return line
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Every option's --help line ends with its default (argparse's
+    ArgumentDefaultsHelpFormatter, also for options without help text), unless the text
+    already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and _shows_default(action) and "default" not in text:
+            text = f"{text} (default: %(default)s)".strip()
+        return text
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    """A default worth printing: not absent, not a flag's False, not argparse's SUPPRESS."""
+    return not (
+        action.default is None or action.default is False or action.default == argparse.SUPPRESS
+    )
+
+
+_Action = TypeVar("_Action", bound=argparse.Action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2, and --help shows defaults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _add_action(self, action: _Action) -> _Action:
+        # argparse prints no help text for an option without any, so its default would not
+        # show: give it one that is only the default.
+        if action.option_strings and action.help is None and _shows_default(action):
+            action.help = "(default: %(default)s)"
+        return super()._add_action(action)
+
+    def error(self, message: str) -> NoReturn:
+        print(f"pgdrain: error: {printable(message)}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, not negative")
+    if value > MAX_NUMBER:  # past this, PostgreSQL's timestamps and intervals overflow
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_NUMBER:g}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if value > MAX_BIGINT:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_BIGINT}")
+    return value
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} must be from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def installed_version() -> str:
+    """The installed distribution's version (pyproject.toml's, through the package metadata)."""
+    try:
+        return importlib.metadata.version("pgdrain")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pgdrain", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pgdrain {installed_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    commands.add_parser("migrate", help="apply pending schema migrations")
+
+    p = commands.add_parser("enqueue", help="enqueue jobs")
+    p.add_argument("kind")
+    p.add_argument("--payload", default="{}", help="JSON, or @FILE (@- for stdin); default {}")
+    # These four default to the kind's decorator options (PGDRAIN_JOBS), as jobs.enqueue does.
+    p.add_argument("--queue", help=_kind_default("queue", "queue_name"))
+    p.add_argument("--delay", type=_non_negative_float, default=0.0, help="seconds")
+    p.add_argument("--priority", type=_int, help="smaller runs first " + _kind_default("priority"))
+    p.add_argument("--max-attempts", type=_int, help=_kind_default("max_attempts"))
+    p.add_argument(
+        "--recovery-policy", choices=("auto", "manual"), help=_kind_default("recovery_policy")
+    )
+    p.add_argument("--key", help="idempotency key")
+    p.add_argument("--count", type=_positive_int, default=1)
+
+    p = commands.add_parser("drain", help="drain ready jobs until none is left or time is up")
+    p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
+    p.add_argument(
+        "--queues",
+        help=f"comma-separated (default: PGDRAIN_QUEUES, else {','.join(DEFAULT_QUEUES)})",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_int_between(1, 256),
+        help=f"1 to 256 (default: PGDRAIN_CONCURRENCY, else {DEFAULT_CONCURRENCY})",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_int_between(1, 1000),
+        help=f"1 to 1000 (default: PGDRAIN_BATCH_SIZE, else {DEFAULT_BATCH_SIZE})",
+    )
+    p.add_argument("--json", action="store_true")
+
+    _add_operator_commands(commands)
+
+    p = commands.add_parser(
+        "invoke", help="run the Lambda handler in-process as `sam local invoke` does (no Docker)"
+    )
+    p.add_argument("function", nargs="?", help="logical id in the template (default: its only one)")
+    p.add_argument("-e", "--event", help="JSON event file, or - for stdin (default: {})")
+    p.add_argument("-n", "--env-vars", help="env.json overriding the template's variables")
+    p.add_argument("-t", "--template", default="template.yaml")
+
+    p = commands.add_parser("demo", help="migrate, enqueue demo jobs, drain them, print stats")
+    p.add_argument("--count", type=_positive_int, default=300)
+    p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
+    return parser
+
+
+def _kind_default(option: str, field: str | None = None) -> str:
+    fallback = ENQUEUE_DEFAULTS[field or option]
+    return f"(default: the kind's {option}= in PGDRAIN_JOBS, else {fallback})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ReadableFormatter("pgdrain: %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
+    # Job modules (PGDRAIN_JOBS) are found from the current directory, as `python -m` does.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    command: Callable[[argparse.Namespace, Settings], int] = COMMANDS[args.command]
+    try:
+        settings = Settings.from_env(os.environ)
+        return command(args, settings)
+    except BadInput as exc:  # printable: the text may hold a job module's control characters
+        print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except PgdrainError as exc:
+        print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+    except psycopg.Error as exc:
+        print(f"pgdrain: database error: {printable(connection.describe(exc))}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def conninfo_or_embedded(settings: Settings) -> str:
+    """The configured database (DATABASE_URL or the secret), else the embedded PostgreSQL
+    (exported as DATABASE_URL for job code)."""
+    if settings.database_url or settings.db_secret_arn:
+        from pgdrain.aws.secrets import resolve_conninfo
+
+        return resolve_conninfo(settings)
+    url = embedded.start()
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+def _connect(settings: Settings) -> store.Connection:
+    # The retries while the database is not up yet are logged at INFO (shown with -v): the
+    # command's output on failure is its one error line.
+    return connection.connect(
+        conninfo_or_embedded(settings),
+        settings,
+        Budget.seconds(settings.connect_timeout),
+        retry_log_level=logging.INFO,
+    )
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        result = migrate(conn)
+    if result.applied:
+        print("applied: " + ", ".join(result.applied))
+    else:
+        print("nothing to apply: the schema is up to date")
+    return EXIT_OK
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    if args.count > MAX_ENQUEUE_COUNT:
+        raise BadInput(f"--count must be at most {MAX_ENQUEUE_COUNT} (got {args.count})")
+    if args.key is not None and args.count > 1:
+        raise BadInput("--key names one job; it cannot be combined with --count > 1")
+    payload = parse_payload(args.payload)
+    given = {
+        "queue": args.queue,
+        "priority": args.priority,
+        "max_attempts": args.max_attempts,
+        "recovery_policy": args.recovery_policy,
+    }
+    fields = _enqueue_registry(settings, given).defaults(args.kind, **given)
+    if "queue" in fields:
+        fields["queue_name"] = fields.pop("queue")
+    job = build_job(args.kind, payload, delay=args.delay, idempotency_key=args.key, **fields)
+    total = payload_size(payload) * args.count
+    if total > MAX_ENQUEUE_TOTAL_BYTES:
+        raise BadInput(
+            f"--count {args.count} x a payload of {total // args.count} bytes is {total} bytes; "
+            f"the limit for one enqueue is {MAX_ENQUEUE_TOTAL_BYTES}"
+        )
+    with _connect(settings) as conn, conn.transaction():
+        if args.count == 1:
+            job_id, created = store.job_insert(conn, job)
+            print(f"enqueued job {job_id}" if created else f"job {job_id} exists (same key)")
+        else:
+            # In chunks, one transaction: the jobs are never all in memory, nor in one message.
+            ids = enqueue_many(conn, itertools.repeat(job, args.count))
+            print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
+    return EXIT_OK
+
+
+def _enqueue_registry(settings: Settings, given: dict[str, Any]) -> Registry:
+    """The jobs module's registry, whose kind options fill in what the command line leaves
+    out (Registry.defaults), as `jobs.enqueue` does in code; an empty one when every option is
+    given (nothing is imported) or the module cannot be loaded: then the command's own
+    defaults apply, as for a kind the module does not register."""
+    if all(value is not None for value in given.values()):
+        return Registry()
+    unused = "%s; enqueueing without the kind's decorator options (the command's defaults)"
+    try:
+        return load_registry(settings.jobs_module)
+    except JobsModuleNotFound as exc:
+        # Enqueueing from where the job code is not: quiet unless PGDRAIN_JOBS named it.
+        if settings.jobs_module != DEFAULT_JOBS_MODULE:
+            log.warning(unused, exc)
+    except ConfigError as exc:  # the module fails to import: say so, and enqueue anyway
+        log.warning(unused, exc)
+    return Registry()
+
+
+def parse_payload(text: str) -> Any:
+    """--payload JSON, or @FILE to read the JSON from a file (@- for standard input). A file's
+    size is checked before it is read, and at most MAX_PAYLOAD_TEXT_BYTES + 1 bytes are read
+    from anything (so /dev/zero, an endless pipe or a huge file costs no memory)."""
+    if text.startswith("@"):
+        source = text[1:]
+        try:
+            if source == "-":
+                data = sys.stdin.buffer.read(MAX_PAYLOAD_TEXT_BYTES + 1)
+            else:
+                with open(source, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size  # 0 for devices and pipes
+                    if size > MAX_PAYLOAD_TEXT_BYTES:
+                        raise BadInput(_payload_too_big(text, size))
+                    data = handle.read(MAX_PAYLOAD_TEXT_BYTES + 1)
+        except OSError as exc:
+            raise BadInput(f"--payload {text}: cannot read it: {exc.strerror}") from None
+        if len(data) > MAX_PAYLOAD_TEXT_BYTES:
+            raise BadInput(_payload_too_big(text, None))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadInput(
+                f"--payload {text}: cannot read it: not UTF-8 text (offset {exc.start})"
+            ) from None
+    return jsonbound.loads(text, "--payload")
+
+
+def _payload_too_big(source: str, size: int | None) -> str:
+    what = f"is {size} bytes" if size is not None else "is longer than that"
+    return (
+        f"--payload {source} {what}; the limit is {MAX_PAYLOAD_TEXT_BYTES} bytes of text "
+        f"({MAX_PAYLOAD_BYTES} as stored)"
+    )
+
+
+def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
+    changes: dict[str, Any] = {}
+    if getattr(args, "queues", None) is not None:  # `--queues ''` names no queue: refused
+        changes["queues"] = parse_queues(args.queues, "--queues")
+    if getattr(args, "concurrency", None):
+        changes["concurrency"] = args.concurrency
+    if getattr(args, "batch_size", None):
+        changes["batch_size"] = args.batch_size
+    return dataclasses.replace(settings, **changes)
+
+
+def _run_drain(settings: Settings, budget_seconds: float) -> DrainResult:
+    registry = load_registry(settings.jobs_module)  # first: a broken module claims nothing
+    conninfo = conninfo_or_embedded(settings)
+    return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
+
+
+def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
+    settings = _drain_settings(args, settings)
+    # SIGINT/SIGTERM: stop claiming, let running jobs finish for a short grace, end the leases
+    # of the rest (reclaimable at once), print the summary and exit 130/143 (pgdrain.runner.stop).
+    with stop_on_signals() as stop:
+        result = _run_drain(settings, args.budget)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(format_result(result))
+    if (code := exit_code(stop)) is not None:
+        return code
+    if result.stop_reason != "error":
+        return EXIT_OK
+    # Settings that cannot work (credentials, host, sslmode...) are bad input, not an outage.
+    return EXIT_BAD_INPUT if result.error_kind in CONFIG_ERROR_KINDS else EXIT_FAILURE
+
+
+def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
+    from pathlib import Path
+
+    from pgdrain.aws import local_invoke
+
+    with stop_on_signals() as stop:  # the handler's drain obeys it: see cmd_drain
+        result = local_invoke.invoke(
+            template=Path(args.template),
+            function=args.function,
+            event_path=args.event,
+            env_vars_path=args.env_vars,
+            resolve_database=embedded.start,
+        )
+    if result.ignored_overrides:
+        print(
+            "pgdrain: not in the template, ignored (as sam does): "
+            + ", ".join(result.ignored_overrides),
+            file=sys.stderr,
+        )
+    print(json.dumps(result.payload))
+    if (code := exit_code(stop)) is not None:
+        return code
+    if isinstance(result.payload, dict) and result.payload.get("error_kind") == "configuration":
+        return EXIT_BAD_INPUT  # the function's settings or job module: nothing was run
+    return EXIT_FAILURE if result.failed else EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from pgdrain.cli import demo
+
+    registry = demo.load_jobs(settings)  # first: a missing jobs module writes nothing
+    embedded_dir = (
+        None if settings.database_url or settings.db_secret_arn else embedded.data_dir_in_use()
+    )
+    return demo.run(
+        settings,
+        conninfo_or_embedded(settings),
+        registry=registry,
+        count=args.count,
+        budget=args.budget,
+        embedded_dir=embedded_dir,
+    )
+
+
+# -- operator commands: see and fix what happened (docs/operations.md) ----------------------
+
+
+def _add_operator_commands(commands: Any) -> None:
+    p = commands.add_parser("stats", help="counts per queue: ready, running, delayed, failed...")
+    p.add_argument("--json", action="store_true", help="one JSON array (documented fields)")
+    p.add_argument(
+        "--watch",
+        type=_watch_seconds,
+        metavar="SECONDS",
+        help="redraw every SECONDS until Ctrl-C (with --json: one array per line)",
+    )
+
+    p = commands.add_parser("jobs", help="list recent jobs (newest first), or `jobs show ID`")
+    _add_filters(p)
+    p.add_argument("--status", action="append", choices=STATUSES, help="repeat for several")
+    p.add_argument("--limit", type=_positive_int, default=20, help="at most this many")
+    p.add_argument("--json", action="store_true", help="one JSON array (documented fields)")
+    shown = p.add_subparsers(dest="jobs_command", parser_class=_Parser)
+    show = shown.add_parser("show", help="every field of one job, and its error history")
+    show.add_argument("id", type=_positive_int)
+    show.add_argument(
+        "--json", dest="show_json", action="store_true", help="one JSON object: every column"
+    )
+
+    p = commands.add_parser(
+        "retry",
+        help="queue failed, parked or cancelled jobs again: by id, or by filter",
+        description="`retry ID...`, or `retry --failed|--parked [--queue Q] [--kind K] "
+        "[--since T]`. A retried job starts again with a fresh set of attempts.",
+    )
+    p.add_argument("ids", nargs="*", type=_positive_int, help="job ids")
+    p.add_argument("--failed", action="store_true", help="every failed job matching the filters")
+    p.add_argument("--parked", action="store_true", help="every parked job matching the filters")
+    _add_filters(p)
+    p.add_argument("--dry-run", action="store_true", help="print what would change; change nothing")
+
+    p = commands.add_parser(
+        "cancel", help="cancel jobs: a queued one never runs, a running one loses its lease"
+    )
+    p.add_argument("ids", nargs="+", type=_positive_int, help="job ids")
+
+    p = commands.add_parser(
+        "server", help="the embedded PostgreSQL the CLI starts when DATABASE_URL is unset"
+    )
+    actions = p.add_subparsers(
+        dest="server_command", metavar="stop", required=True, parser_class=_Parser
+    )
+    actions.add_parser(
+        "stop",
+        help=f"stop it (its data, in ${embedded.DATA_DIR_VARIABLE} or "
+        f"{embedded.default_data_dir()}, is kept)",
+    )
+
+    p = commands.add_parser(
+        "purge", help="delete done, failed and cancelled jobs older than N days"
+    )
+    p.add_argument("--older-than-days", type=_non_negative_float, default=7.0)
+    p.add_argument("--queue", type=_queue_name, help="only this queue (default: every queue)")
+    p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+
+
+def _add_filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--queue", type=_queue_name, help="only this queue")
+    p.add_argument("--kind", type=_kind, help="only this job kind")
+    p.add_argument(
+        "--since",
+        type=_since,
+        metavar="T",
+        help="changed state since T: an ISO 8601 time (UTC unless it says) or an age "
+        "such as 90s, 30m, 2h, 7d",
+    )
+
+
+def _watch_seconds(text: str) -> float:
+    value = _non_negative_float(text)
+    if value < 0.5:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 0.5 seconds")
+    return value
+
+
+def _queue_name(text: str) -> str:
+    if not QUEUE_NAME.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a queue name")
+    return text
+
+
+def _kind(text: str) -> str:
+    if not text or len(text) > MAX_KIND_LENGTH or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is not a job kind (printable, 1 to {MAX_KIND_LENGTH} characters)"
+        )
+    return text
+
+
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])\Z")
+_AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _since(text: str) -> dt.datetime:
+    """An age (`90s`, `30m`, `2h`, `7d`: that long ago) or an ISO 8601 time (naive = UTC)."""
+    now = dt.datetime.now(dt.UTC)
+    if match := _AGE.match(text):
+        seconds = float(match[1]) * _AGE_UNITS[match[2]]
+        if seconds > MAX_SINCE_DAYS * 86400:
+            raise argparse.ArgumentTypeError(f"{text!r} reaches back more than 100 years")
+        return now - dt.timedelta(seconds=seconds)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an age (90s, 30m, 2h, 7d) nor an ISO 8601 time"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+# How soon a watch notices Ctrl-C while it waits for its next redraw.
+WATCH_STOP_CHECK_SECONDS = 0.1
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        if args.watch is None:
+            _print_stats(store.queue_stats(conn), args.json, clear=False)
+            return EXIT_OK
+        clear = sys.stdout.isatty() and not args.json
+        # Ctrl-C is how a watch ends, a normal exit. It only raises a flag: as an exception it
+        # could land inside the driver's wait for a query, which cancels the query and may not
+        # hand the interrupt back (seen once in CI: a watch that never ended).
+        stopping = False
+
+        def stop(_signum: int, _frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        previous = signal.signal(signal.SIGINT, stop)
+        try:
+            while not stopping:
+                _print_stats(store.queue_stats(conn), args.json, clear=clear)
+                deadline = time.monotonic() + args.watch
+                while not stopping and (left := deadline - time.monotonic()) > 0:
+                    time.sleep(min(left, WATCH_STOP_CHECK_SECONDS))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return EXIT_OK
+
+
+def _print_stats(rows: Sequence[store.QueueStats], as_json: bool, *, clear: bool) -> None:
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in rows]), flush=True)
+        return
+    if clear:
+        print("\x1b[H\x1b[2J", end="")  # home and clear: the view redraws in place
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    print(f"{stamp}\n{format_stats(rows)}", flush=True)
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    if args.jobs_command == "show":
+        return _show_job(args, settings)
+    with _connect(settings) as conn:
+        rows = store.job_list(
+            conn,
+            args.status or list(STATUSES),
+            args.limit,
+            queue=args.queue,
+            kind=args.kind,
+            since=args.since,
+        )
+    if args.json:
+        print(json.dumps([job_as_dict(r) for r in rows]))
+    else:
+        for r in rows:
+            print(format_job_line(r))
+    return EXIT_OK
+
+
+def _show_job(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        job = store.job_show(conn, args.id)
+    if job is None:
+        print(f"pgdrain: error: no job {args.id}", file=sys.stderr)
+        return EXIT_FAILURE
+    as_json = args.show_json or args.json
+    print(json.dumps(job, sort_keys=True) if as_json else format_job(job))
+    return EXIT_OK
+
+
+RetryStatus = Literal["failed", "parked"]
+
+
+def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
+    statuses: list[RetryStatus] = []
+    if args.failed:
+        statuses.append("failed")
+    if args.parked:
+        statuses.append("parked")
+    filtered = args.queue is not None or args.kind is not None or args.since is not None
+    if args.ids and (statuses or filtered):
+        raise BadInput("give job ids or a filter (--failed/--parked ...), not both")
+    if not args.ids and not statuses:
+        raise BadInput("name the jobs: ids, or --failed and/or --parked (with filters)")
+    verb = "would queue again" if args.dry_run else "queued again"
+    with _connect(settings) as conn:
+        with conn.transaction() as tx:
+            if args.ids:
+                retried = store.job_retry(conn, args.ids)
+                matched = []
+            else:
+                matched = store.job_retry_matching(
+                    conn, statuses, queue=args.queue, kind=args.kind, since=args.since
+                )
+                retried = [m.id for m in matched]
+            if args.dry_run:  # the same statement, rolled back: exactly what a real run does
+                raise psycopg.Rollback(tx)
+    if args.ids:
+        missing = sorted(set(args.ids) - set(retried))
+        print(f"{verb}: {sorted(retried) or 'none'}")
+        if missing:
+            print(
+                f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURE
+        return EXIT_OK
+    print(f"{verb}: {len(matched)} jobs")
+    for m in sorted(matched, key=lambda m: m.id):
+        print(f"{m.id:>8} {m.queue:<12} {m.kind}")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        cancelled = store.job_cancel(conn, args.ids)
+    for c in cancelled:
+        note = (
+            " (its run loses the lease; its outcome will be refused)" if c.was == "running" else ""
+        )
+        print(f"cancelled {c.id} (was {c.was}){note}")
+    missing = sorted(set(args.ids) - {c.id for c in cancelled})
+    if missing:
+        print(f"pgdrain: error: already finished (or unknown): {missing}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
+    folder = embedded.data_dir_in_use()
+    if embedded.stop(folder):
+        print(f"stopped the embedded PostgreSQL in {folder}")
+    else:
+        print(f"the embedded PostgreSQL in {folder} is not running")
+    return EXIT_OK
+
+
+PURGE_BATCH = 5000
+
+
+def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
+    if args.older_than_days > MAX_PURGE_DAYS:
+        raise BadInput(f"--older-than-days must be at most {MAX_PURGE_DAYS:g}")
+    where = f" in queue {args.queue!r}" if args.queue else ""
+    with _connect(settings) as conn:
+        if args.dry_run:
+            count = store.job_count_finished(conn, args.older_than_days, queue=args.queue)
+            print(f"would delete {count} finished jobs{where}")
+            return EXIT_OK
+        deleted = 0
+        while True:  # batches, each its own short statement (autocommit)
+            batch = store.job_purge_finished(
+                conn, args.older_than_days, PURGE_BATCH, queue=args.queue
+            )
+            deleted += batch
+            if batch < PURGE_BATCH:
+                break
+    print(f"deleted {deleted} finished jobs{where}")
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
+    "migrate": cmd_migrate,
+    "enqueue": cmd_enqueue,
+    "drain": cmd_drain,
+    "stats": cmd_stats,
+    "jobs": cmd_jobs,
+    "retry": cmd_retry,
+    "purge": cmd_purge,
+    "cancel": cmd_cancel,
+    "server": cmd_server,
+    "demo": cmd_demo,
+    "invoke": cmd_invoke,
+}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

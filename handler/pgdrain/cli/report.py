@@ -1,0 +1,123 @@
+"""How the CLI and the demo print a drain's summary, the queue counts and jobs."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import unicodedata
+from collections.abc import Sequence
+from typing import Any
+
+from pgdrain.db import store
+from pgdrain.runner.drain import DrainResult
+
+# Characters that reorder the text shown after them (the "Trojan Source" controls); category
+# Cf, so listed here beside the Cc control characters.
+_BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+
+
+def printable(text: object) -> str:
+    """`text` safe for a terminal: control characters (ESC sequences, CR, newlines, DEL, C1)
+    and bidirectional overrides from job data are shown as escapes (\\x1b, \\u202e)
+    instead of acting on the terminal or splitting a line."""
+    value = str(text)
+    if value.isprintable():  # the common case, in C
+        return value
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) == "Cc" or ch in _BIDI_CONTROLS
+        else ch
+        for ch in value
+    )
+
+
+def format_result(result: DrainResult) -> str:
+    line = (
+        f"claimed {result.claimed}, done {result.done}, retried {result.retried}, "
+        f"failed {result.failed}, lease lost {result.lease_lost}, reclaimed {result.reclaimed}, "
+        f"released {result.released}; stopped: {result.stop_reason} after {result.elapsed_s}s"
+    )
+    return line + (f" ({printable(result.error)})" if result.error else "")
+
+
+def format_stats(rows: Sequence[store.QueueStats]) -> str:
+    """One line per queue: what an operator reads first (ready, running, delayed, failed,
+    parked, the oldest ready job's wait), then done, cancelled and expired leases."""
+    header = (
+        f"{'queue':<16}{'ready':>8}{'running':>9}{'delayed':>9}{'failed':>8}{'parked':>8}"
+        f"{'oldest ready':>14}{'done':>9}{'cancelled':>11}{'expired':>9}"
+    )
+    lines = [header]
+    for r in rows:
+        lines.append(
+            f"{printable(r.queue):<16}{r.ready:>8}{r.running:>9}{r.delayed:>9}"
+            f"{_history(r.failed):>8}{_history(r.parked):>8}{r.oldest_ready_age_s:>13.1f}s"
+            f"{_history(r.done):>9}{_history(r.cancelled):>11}{r.expired_leases:>9}"
+        )
+    if not rows:
+        lines.append("(no jobs)")
+    return "\n".join(lines)
+
+
+def _history(count: int) -> str:
+    """A count of finished jobs: queue_stats stops counting at its bound, shown as 10000+."""
+    return f"{count}+" if count >= store.STATS_HISTORY_BOUND else str(count)
+
+
+def job_as_dict(row: store.JobRow) -> dict[str, Any]:
+    """A listed job as `pgdrain jobs --json` prints it: timestamps as ISO 8601 text."""
+    return {
+        k: v.isoformat() if isinstance(v, dt.datetime) else v
+        for k, v in dataclasses.asdict(row).items()
+    }
+
+
+def format_job_line(r: store.JobRow) -> str:
+    """One listed job; kind, queue and error are job data, escaped for the terminal."""
+    error = f"  {printable(r.last_error)}" if r.last_error else ""
+    return (
+        f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind):<14} {r.status:<9} "
+        f"attempt {r.attempts}/{r.max_attempts} reclaims {r.reclaim_count}{error}"
+    )
+
+
+# `pgdrain jobs show`: the columns in this order, then any others (a later migration's),
+# then the error history.
+_SHOW_ORDER = (
+    "id", "queue", "kind", "status", "priority", "attempts", "max_attempts",
+    "recovery_policy", "reclaim_count", "run_at", "created_at", "updated_at", "finished_at",
+    "lease_expires_at", "leased_by", "heartbeat_at", "attempt_token", "completed_token",
+    "idempotency_key", "last_error", "payload",
+)  # fmt: skip
+
+
+def format_job(job: dict[str, Any]) -> str:
+    """Every field of one job (store.job_show), one per line, and its error history."""
+    keys = [k for k in _SHOW_ORDER if k in job]
+    keys += sorted(k for k in job if k not in _SHOW_ORDER and k != "errors")
+    width = max(len(k) for k in keys)
+    lines = []
+    for key in keys:
+        value = job[key]
+        text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        lines.append(f"{key:<{width}}  {'-' if value is None else printable(text)}")
+    errors = job.get("errors")
+    if isinstance(errors, list):
+        lines.append(f"errors ({len(errors)}):" if errors else "errors: none recorded")
+        for e in errors:
+            e = e if isinstance(e, dict) else {"message": e}
+            lines.append(
+                printable(
+                    f"  attempt {e.get('attempt', '?')} at {e.get('at', '?')}: "
+                    f"{e.get('type', 'Error')}: {e.get('message', '')}"
+                )
+            )
+            traceback = e.get("traceback")
+            if traceback:
+                lines.extend(
+                    "    " + printable(line) for line in str(traceback).rstrip().splitlines()
+                )
+    return "\n".join(lines)

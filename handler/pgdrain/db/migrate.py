@@ -1,0 +1,62 @@
+"""Apply pending schema migrations, in order, each recorded in pgdrain.migrations.
+
+Two processes running this at the same moment serialise on a transaction-scoped advisory lock
+(safe through a transaction pooler); the second finds nothing pending. Any session may take an
+advisory lock (the least-privileged worker role too), and a migration's DDL waits for the
+sessions that hold its tables, so every lock is waited for at most `lock_timeout_s`: then one
+line names who holds the migration lock, instead of a migrate that hangs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from pgdrain.db import store
+from pgdrain.db.sql import migrations
+from pgdrain.errors import PgdrainError
+
+DEFAULT_LOCK_TIMEOUT_SECONDS = 30.0
+
+
+class MigrationLocked(PgdrainError):
+    """Another session holds a lock the migration needs; nothing was applied. (Exit code 1.)"""
+
+
+@dataclass(frozen=True)
+class MigrateResult:
+    applied: tuple[str, ...]
+    already: tuple[str, ...]
+
+
+def migrate(
+    conn: psycopg.Connection[Any], *, lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_SECONDS
+) -> MigrateResult:
+    """Apply what is pending. lock_timeout_s=None waits for locks as long as it takes (the
+    server's default): only tests use it, to show the hang the timeout prevents."""
+    pending_names: list[str] = []
+    try:
+        with conn.transaction():
+            if lock_timeout_s is not None:  # 0 would mean "no timeout" to PostgreSQL: 1 ms
+                store.migration_lock_timeout(conn, max(1, int(lock_timeout_s * 1000)))
+            store.migration_lock(conn)
+            done = store.migration_applied(conn)
+            for migration in migrations():
+                if migration.version not in done:
+                    store.migration_record(conn, migration)
+                    pending_names.append(migration.name)
+    except psycopg.errors.LockNotAvailable:
+        # The transaction is rolled back: nothing was applied. Say who is in the way.
+        holders = store.migration_lock_holders(conn)
+        who = ", ".join(f"pid {h.pid} (role {h.role!r}, {h.application!r})" for h in holders)
+        raise MigrationLocked(
+            f"migrate gave up waiting for a lock (lock_timeout {lock_timeout_s} s) and "
+            "applied nothing: "
+            + (
+                f"the migration lock is held by {who}"
+                if holders
+                else "a session holds a table the migration changes"
+            )
+        ) from None
+    return MigrateResult(applied=tuple(pending_names), already=tuple(sorted(done)))

@@ -1,0 +1,112 @@
+"""Retention without a cron: delete finished jobs past their age, in bounded batches.
+
+A scheduled run calls run_once() (pgdrain.aws.run; so does a run that moves the safety net,
+once per ScheduleRate per execution environment), so the table stays bounded with no extra AWS
+resource. Done jobs are kept `retain_done_days`, failed and cancelled ones
+`retain_failed_days` (longer: someone may still want to read why they failed). Parked jobs
+are never deleted: they wait for a person. Each batch is one short statement (a DELETE of
+each kind) in its own transaction, so a run killed mid-way loses nothing but the batch in
+flight, and the next scheduled run carries on. Safe to run twice: a deleted row matches nothing.
+
+Each batch's transaction first sets statement_timeout and lock_timeout to the budget left less
+the final margin, local to it (set_config(..., true), as the drain's Session does): a DELETE
+blocked on a table lock (a migration, an operator's transaction) is cancelled there, and the
+run returns with what it deleted so far (`stopped` says why) instead of waiting past its
+deadline."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import NamedTuple
+
+import psycopg
+
+from pgdrain.budget import Budget
+from pgdrain.db import session, store
+from pgdrain.db.connection import one_line
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETAIN_DONE_DAYS = 7.0
+DEFAULT_RETAIN_FAILED_DAYS = 30.0
+DEFAULT_BATCH = 1000
+# Stop starting batches when less than this is left of the run's budget: a batch is one
+# indexed DELETE of at most DEFAULT_BATCH rows, well under a second.
+MIN_REMAINING_SECONDS = 2.0
+
+
+class RetentionResult(NamedTuple):
+    done: int  # done jobs deleted
+    failed: int  # failed and cancelled jobs deleted
+    complete: bool  # False: stopped for time with more to delete (the next run continues)
+    # Set when a batch was cancelled at its statement or lock limit (e.g. the table was locked):
+    # why the run stopped. None when every batch it started finished.
+    stopped: str | None = None
+
+    def as_dict(self) -> dict[str, int | bool]:
+        """The run summary's `retention` (docs/operations.md); `stopped` is in its log line."""
+        return {"done": self.done, "failed": self.failed, "complete": self.complete}
+
+
+def first_batch(
+    retain_done_days: float, retain_failed_days: float
+) -> store.Statement[tuple[int, int]]:
+    """The first batch alone, for a run to send with its exit (pgdrain.aws.control): on a
+    quiet table it is all there is to delete."""
+    return store.job_retention_batch_statement(
+        retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH
+    )
+
+
+def after_first_batch(done: int, failed: int, batch: int = DEFAULT_BATCH) -> RetentionResult:
+    """What the first batch did: `complete` unless either kind came back full (more to
+    delete: run_once carries on)."""
+    return RetentionResult(done, failed, done < batch and failed < batch)
+
+
+def run_once(
+    conn: store.Connection,
+    *,
+    retain_done_days: float,
+    retain_failed_days: float,
+    budget: Budget,
+    batch: int = DEFAULT_BATCH,
+    min_remaining: float = MIN_REMAINING_SECONDS,
+    limit_to_budget: bool = True,
+) -> RetentionResult:
+    """Delete finished jobs older than their retention, batch by batch, while the budget
+    leaves at least `min_remaining` seconds. `conn` is in autocommit mode. A batch cancelled at
+    its limit ends the run (`stopped`). `limit_to_budget=False` (a test's control) runs the
+    batches with the server's limits: a lock wait may then outlast the budget."""
+    done = failed = 0
+    more_done = more_failed = True  # a batch that came back full may have left more
+    while more_done or more_failed:
+        remaining = budget.remaining()
+        if remaining < min_remaining:
+            return RetentionResult(done, failed, False)
+        limit_ms = session.statement_limit_ms(remaining)
+        batch_of = functools.partial(
+            store.job_retention_batch,
+            done_days=retain_done_days,
+            failed_days=retain_failed_days,
+            done_limit=batch if more_done else 0,
+            failed_limit=batch if more_failed else 0,
+        )
+        try:
+            # One round trip: BEGIN, the limits, the batch's two DELETEs and COMMIT together.
+            deleted_done, deleted_failed = session.run_one_statement(
+                conn, limit_ms if limit_to_budget else None, batch_of
+            )
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+            stopped = f"a batch was cancelled at its limit of {limit_ms} ms: {one_line(exc)}"
+            log.warning(
+                "retention stopped; the next scheduled run carries on",
+                extra={"reason": stopped, "deleted": done + failed},
+            )
+            return RetentionResult(done, failed, False, stopped)
+        done += deleted_done
+        failed += deleted_failed
+        more_done = more_done and deleted_done >= batch
+        more_failed = more_failed and deleted_failed >= batch
+    return RetentionResult(done, failed, True)

@@ -1,0 +1,642 @@
+"""The run's one connection. Each operation runs in a transaction of its own:
+
+- READ COMMITTED, whatever the server's default_transaction_isolation: the claim (SKIP LOCKED)
+  and the fenced updates rely on it. Under REPEATABLE READ or SERIALIZABLE an update that
+  waited for a concurrent one fails with a serialization error instead of re-checking its
+  fence on the new row version, and the run stops with its jobs left `running`.
+- statement_timeout and lock_timeout no longer than what is left of the budget (less the
+  final margin), set local to
+  the transaction (pooler-safe: nothing outlives it), so a statement blocked on a lock ends by
+  the deadline instead of holding the run past it.
+
+An operation marked store.one_statement is sent in one round trip: BEGIN, the limits, its
+statement and COMMIT go out together in one pipeline sync, and its rows are read when they are
+back (the same transaction, three round trips fewer). It executes on one cursor kept for the
+connection, whose adapters are looked up once, not at every round trip (KeptCursor). Any other
+operation runs its statements one after the other inside the transaction, as they need each
+other's results.
+
+A one-statement operation whose result nobody reads (a run's registration) can be sent with the
+next one (`send_with_next`), and so can a statement whose result is read once that round trip is
+back (`read_with_next`, a store.Statement: the run's reclaim goes with its first claim): each in
+a transaction of its own, in order, in that operation's round trip. Only statements safe to
+repeat: after a broken connection they are sent again.
+
+On a connection of its own (PGDRAIN_POOLER=session, the default: no transaction pooler in
+between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED),
+and a one-statement operation goes alone, without BEGIN and COMMIT, as its
+own implicit transaction: half the client's work per round trip and less of the server's.
+Once psycopg has prepared it, it goes without a pipeline too (KeptCursor.executing): what is
+to be done while it is out is done as psycopg starts waiting for its reply
+(connection.DrainConnection).
+They are sent again, in the explicit transaction of the statement that carries them, at least
+every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS later (so a
+statement started before the next refresh still ends by the final margin), and at every
+statement once the budget nears its end, after an error and after a reconnect.
+
+A claim may also go out before the reply to the last one is read (`send_ahead`, pipeline.py,
+sent_ahead.py): only on such a connection, while its limits are fresh, and then those limits
+are half of what is left (see may_send_ahead). Before any other statement, every reply still
+owed is read (`settle`).
+
+If the connection breaks (a restart, a failover), the next statement reconnects within the
+budget and is tried once more."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, LiteralString, NamedTuple, TypeVar, cast
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from pgdrain.budget import FINAL_MARGIN_SECONDS, Budget
+from pgdrain.db import connection, store
+from pgdrain.db.connection import one_line
+from pgdrain.db.pipeline import Pipeline, Row
+from pgdrain.settings import Settings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The shortest limit a statement gets, however little budget is left: 0 would mean no limit.
+MIN_TIMEOUT_MS = 50
+# How long a connection keeps the limits it was sent before they are sent again.
+KEEP_SECONDS = 0.5
+# A statement sent ahead is sent only while the kept limits stay fresh this much longer
+# (Session.may_send_ahead): the check and the send are a few calls apart.
+SEND_AHEAD_SLACK_SECONDS = 0.01
+
+
+def statement_limit_ms(remaining: float) -> int:
+    """The statement and lock limit for a transaction started with `remaining` seconds of
+    budget left: that less the final margin (Session, retention)."""
+    # Inside the final margin (the run's last flush) a statement may use what is left.
+    left = max(remaining - FINAL_MARGIN_SECONDS, min(remaining, FINAL_MARGIN_SECONDS))
+    return max(MIN_TIMEOUT_MS, round(left * 1000))
+
+
+class Later(Generic[T]):
+    """The result of a statement sent with another one: there once that round trip is back."""
+
+    def __init__(self) -> None:
+        self._received = False
+        self._value: T | None = None
+
+    @property
+    def received(self) -> bool:
+        return self._received
+
+    def value(self) -> T:
+        assert self._received, "its round trip has not been made yet"
+        return cast(T, self._value)
+
+    def _receive(self, value: T) -> None:
+        self._value, self._received = value, True
+
+
+class WithNext(NamedTuple):
+    """A statement that goes with the next round trip, in a transaction of its own."""
+
+    send: Callable[[psycopg.Connection[Any]], psycopg.Cursor[Any] | None]
+    receive: Callable[[psycopg.Cursor[Any]], None] | None = None  # None: nobody reads it
+    limit_ms: int | None = None  # a tighter statement and lock limit than its round trip's
+
+    def delivered(self, cursor: psycopg.Cursor[Any] | None) -> None:
+        if self.receive is not None and cursor is not None:
+            self.receive(cursor)
+
+
+class Session:
+    def __init__(
+        self,
+        conninfo: str,
+        settings: Settings,
+        budget: Budget,
+        *,
+        limit_to_budget: bool = True,
+        read_committed: bool = True,
+        lease_seconds_left: Callable[[], float | None] | None = None,
+        on_reconnect: Callable[[], None] | None = None,
+        halve_kept_limits: bool = False,
+    ) -> None:
+        self._conninfo = conninfo
+        self._settings = settings
+        self._budget = budget
+        self._limit_to_budget = limit_to_budget
+        self._read_committed = read_committed
+        self._conn: psycopg.Connection[Any] | None = None
+        self._cursor: KeptCursor | None = None  # _statement_cursor
+        # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
+        # run until it succeeds, and a lease that expires meanwhile lets another run start the
+        # job while ours still runs it. None: the whole budget (a test's control).
+        self._lease_seconds_left = lease_seconds_left
+        self._on_reconnect = on_reconnect
+        self._with_next: list[WithNext] = []
+        # Statements sent ahead (pipeline.py), on this connection; and what reads them all,
+        # called before any other statement goes out (settle_with).
+        self._pipeline: Pipeline | None = None
+        self._settle: Callable[[], None] | None = None
+        self._halve_kept_limits = halve_kept_limits  # see may_send_ahead
+        # None: every transaction carries its limits (a transaction pooler, or a test's control).
+        self._kept = (
+            _KeptLimits()
+            if settings.pooler == "session" and limit_to_budget and read_committed
+            else None
+        )
+
+    def open(self) -> None:
+        self._conn = self._connect()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def on_reconnect(self, call: Callable[[], None]) -> None:
+        """`call` runs after each reconnect (the run's heartbeat: due at once)."""
+        self._on_reconnect = call
+
+    def settle_with(self, settle: Callable[[], None]) -> None:
+        """`settle` reads every statement sent ahead (send_ahead): the session calls it before
+        any other statement goes out, so that the connection is psycopg's again."""
+        self._settle = settle
+
+    def settle(self) -> None:
+        """Read every statement sent ahead (settle_with's), if any is unread."""
+        if self.ahead_unread():
+            assert self._settle is not None, "statements sent ahead need settle_with"
+            self._settle()
+
+    def may_send_ahead(self) -> bool:
+        """Whether a statement may go out now behind one whose reply is not read yet: on a
+        connection that keeps its limits, sent less than KEEP_SECONDS ago and not near the end,
+        that prepares its statements, with nothing waiting to go with the next round trip.
+
+        Why it still ends by the final margin: it starts when the one before it ends, and that
+        one had started by the time the reply before it was read, before this one was sent
+        (the run reads one reply for each statement it sends ahead), give or take the server's
+        own scheduling. Each may run as long as the kept limit, which is sent as half of what
+        will be left KEEP_SECONDS later, less the final margin (`halve_kept_limits`): both end
+        by the final margin. With the whole of it, a claim behind one that waited on a lock
+        until its limit could wait as long again, past the deadline."""
+        conn, kept = self._conn, self._kept
+        if kept is None or conn is None or conn.closed or self._with_next:
+            return False
+        if conn.prepare_threshold is None:
+            return False
+        remaining = self._budget.remaining()
+        if remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS:
+            return False  # near the end every statement sends its limits: none goes ahead
+        # Fresh a moment from now too: the statement goes out a few microseconds after this.
+        return kept.fresh(
+            time.monotonic() + SEND_AHEAD_SLACK_SECONDS, statement_limit_ms(remaining)
+        )
+
+    def send_ahead(self, statement: store.Statement[Any]) -> None:
+        """Send `statement` (store.one_statement's kind) without reading its reply: read_ahead
+        reads the replies in the order their statements were sent. Only when may_send_ahead()
+        has just said so."""
+        conn = self._conn
+        assert conn is not None
+        if self._pipeline is None:
+            self._pipeline = Pipeline(conn)
+        self._pipeline.send(statement.text, statement.params)
+
+    def ahead_unread(self) -> int:
+        return 0 if self._pipeline is None else self._pipeline.unread
+
+    def read_ahead(self) -> list[Row]:
+        """The rows of the oldest statement sent ahead and not read. Once every reply is read,
+        the connection leaves pipeline mode."""
+        pipeline, conn = self._pipeline, self._conn
+        assert pipeline is not None and conn is not None
+        try:
+            return pipeline.read()
+        except psycopg.Error:
+            if self._kept is not None:
+                self._kept.forget()  # as after any failed statement
+            raise
+        finally:
+            if not pipeline.unread and not conn.closed:
+                pipeline.leave()
+
+    def broken(self) -> bool:
+        return self._conn is None or self._conn.closed or self._conn.broken
+
+    def reconnect(self, exc: BaseException) -> None:
+        """The connection broke: connect again within the budget (no longer than the leases
+        held last), forgetting what was on the wire."""
+        log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
+        assert self._conn is not None
+        self._conn.close()
+        self._pipeline = None
+        self._conn = self._connect(self._reconnect_budget())
+        if self._on_reconnect is not None:
+            self._on_reconnect()
+
+    def timeout_ms(self) -> int:
+        """The longest any statement may take: what is left of the budget less the final
+        margin, so that a statement cancelled at its limit still leaves the run time to end
+        and answer before the deadline."""
+        return statement_limit_ms(self._budget.remaining())
+
+    def run(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a pgdrain.db.store operation; after a broken connection, reconnect and run it once
+        more. Only for statements that are safe to repeat even when the first try committed
+        and only its reply was lost: the heartbeat (extending a lease twice extends it once),
+        reads, and fenced writes whose repeat matches no row (a release or a failure recorded
+        twice is refused by the fence: the state is right, only the count says "lost").
+        A claim must not simply be repeated: see run_recovering."""
+
+        def once(conn: psycopg.Connection[Any]) -> T:
+            return operation(conn, *args, **kwargs)
+
+        if getattr(operation, "one_statement", False):
+            once = store.one_statement(once)
+        return self.run_recovering(once, once)
+
+    def send_with_next(self, operation: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """Send a one-statement operation whose result is not read with the next operation
+        this session runs (in its round trip when that one is a one-statement operation too).
+        Only for operations safe to repeat: a broken connection sends them again."""
+        assert getattr(operation, "one_statement", False), "only one-statement operations"
+
+        def send(conn: psycopg.Connection[Any]) -> None:
+            operation(conn, *args, **kwargs)
+
+        self._with_next.append(WithNext(send))
+
+    def read_with_next(
+        self, statement: store.Statement[T], limit_ms: int | None = None
+    ) -> Later[T]:
+        """Send `statement` with the next operation this session runs, in its round trip, and
+        read its result when that is back. Only statements safe to repeat: a broken connection
+        sends them again. `limit_ms` bounds it tighter than the round trip's own limit."""
+        later: Later[T] = Later()
+        self._with_next.append(
+            WithNext(
+                statement.send, lambda cursor: later._receive(statement.read(cursor)), limit_ms
+            )
+        )
+        return later
+
+    def send_pending(self) -> None:
+        """Send what waits for a next operation, alone: a run that ends before its first claim
+        still registers, reclaims and reads what it asked for."""
+        if self._with_next:
+            self.run_recovering(_nothing, _nothing)
+
+    def run_recovering(
+        self,
+        first: Callable[[psycopg.Connection[Any]], T],
+        again: Callable[[psycopg.Connection[Any]], T],
+        *,
+        while_sent: Callable[[], None] | None = None,
+    ) -> T:
+        """Run `first`; if the connection breaks, reconnect and run `again` instead: it first
+        asks what `first` already did (it may have committed before the reply was lost) and
+        does only the rest. `while_sent` is called once `first`'s statement is on the wire,
+        before its reply is awaited (a one-statement operation; others never call it): work
+        that needs no reply is done while the database runs the statement."""
+        assert self._conn is not None, "open() the session first"
+        self.settle()  # the connection is psycopg's again (or a new one)
+        try:
+            return self._transaction(self._conn, first, while_sent)
+        except psycopg.OperationalError as exc:
+            if not self._conn.closed and not self._conn.broken:
+                raise
+            self.reconnect(exc)
+            return self._transaction(self._conn, again)
+
+    def _reconnect_budget(self) -> Budget:
+        """The budget, or less: no longer than the oldest lease held still runs. A reconnect
+        that cannot finish in time gives up (DatabaseUnavailable), and the run tells its
+        running jobs their leases are lost, before another run can take them."""
+        leases = self._lease_seconds_left
+        if leases is None or leases() is None:
+            return self._budget
+        budget = self._budget
+
+        def remaining() -> float:
+            left = leases()
+            return budget.remaining() if left is None else min(budget.remaining(), left)
+
+        return Budget(remaining)
+
+    def _transaction(
+        self,
+        conn: psycopg.Connection[Any],
+        operation: Callable[[psycopg.Connection[Any]], T],
+        while_sent: Callable[[], None] | None = None,
+    ) -> T:
+        before, self._with_next = self._with_next, []
+        try:
+            return self._in_transactions(conn, before, operation, while_sent)
+        except psycopg.OperationalError:
+            if conn.closed or conn.broken:
+                self._with_next = before + self._with_next  # sent again after the reconnect
+            raise
+
+    def _in_transactions(
+        self,
+        conn: psycopg.Connection[Any],
+        before: list[WithNext],
+        operation: Callable[[psycopg.Connection[Any]], T],
+        while_sent: Callable[[], None] | None,
+    ) -> T:
+        if not self._limit_to_budget and not self._read_committed:
+            for earlier in before:
+                earlier.delivered(earlier.send(conn))
+            return operation(conn)  # a test's control: the server's defaults
+        one_statement = getattr(operation, "one_statement", False)
+        if self._kept is not None and one_statement:
+            return self._with_kept_limits(conn, before, operation, while_sent)
+        timeout_ms = self.timeout_ms() if self._limit_to_budget else None
+        if self._read_committed and one_statement:
+            return run_one_statement(
+                conn,
+                timeout_ms,
+                operation,
+                before,
+                while_sent=while_sent,
+                cursor=self._statement_cursor(conn),
+            )
+        for earlier in before:
+            run_one_statement(conn, timeout_ms, _nothing, [earlier])
+        # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
+        # statements, COMMIT: one transaction, so the SET LOCALs end with it, a round trip
+        # each. (Pipelined with a flush per result instead, as 5299e13 tried, this was slower,
+        # not faster: psycopg's flush requests cost more than the round trips they save.)
+        with conn.transaction():
+            if self._limit_to_budget:
+                store.transaction_limits(conn, self.timeout_ms())
+            return operation(conn)
+
+    def _with_kept_limits(
+        self,
+        conn: psycopg.Connection[Any],
+        before: list[WithNext],
+        operation: Callable[[psycopg.Connection[Any]], T],
+        while_sent: Callable[[], None] | None,
+    ) -> T:
+        """A one-statement operation on a connection that keeps its limits: alone when they are
+        fresh; else in an explicit transaction that sends them again (its own isolation level
+        is fixed when it begins, so BEGIN ISOLATION LEVEL READ COMMITTED pins it)."""
+        kept = self._kept
+        assert kept is not None
+        now = time.monotonic()
+        remaining = self._budget.remaining()
+        allowed = statement_limit_ms(remaining)
+        try:
+            cursor = self._statement_cursor(conn)
+            if kept.fresh(now, allowed):
+                return run_one_statement(
+                    conn,
+                    allowed,
+                    operation,
+                    before,
+                    alone=True,
+                    while_sent=while_sent,
+                    cursor=cursor,
+                )
+            kept.forget()
+            near_the_end = remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS
+            keep_ms = allowed if near_the_end else statement_limit_ms(remaining - KEEP_SECONDS)
+            if self._halve_kept_limits and not near_the_end:
+                keep_ms = max(MIN_TIMEOUT_MS, keep_ms // 2)  # see may_send_ahead
+            result = run_one_statement(
+                conn,
+                allowed,
+                operation,
+                before,
+                keep_ms=keep_ms,
+                while_sent=while_sent,
+                cursor=cursor,
+            )
+            if not near_the_end:  # near the end, every statement sends them, exact
+                kept.sent(now, keep_ms)
+            return result
+        except BaseException:
+            kept.forget()  # a transaction that sent them may have rolled back
+            raise
+
+    def _statement_cursor(self, conn: psycopg.Connection[Any]) -> KeptCursor:
+        if self._cursor is None or self._cursor.cursor.connection is not conn:
+            self._cursor = KeptCursor(conn)
+        return self._cursor
+
+    def _connect(self, budget: Budget | None = None) -> psycopg.Connection[Any]:
+        if self._kept is not None:
+            self._kept.forget()  # a new connection keeps nothing
+        conn = connection.connect(self._conninfo, self._settings, budget or self._budget)
+        if self._read_committed:
+            # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+        return conn
+
+
+class KeptCursor:
+    """The cursor a one-statement operation executes on: one per connection, kept from one
+    round trip to the next. A cursor keeps its adapters (how each parameter type is dumped and
+    each column loaded); a new one per statement looked them all up again: 40 us of CPU of a
+    claim's ~190 at batch 10, on the run's thread between a reply and the next claim. Safe to
+    share: only the run's thread runs statements, one at a time, and every operation reads its
+    rows before it returns (a second statement would replace them).
+
+    It also counts how often each statement went through it, to tell when a statement sent
+    alone may go without a pipeline (`executing`): a pipeline costs six system calls more per
+    round trip (three sends and five polls, against one of each; 30 to 40 us of CPU), but
+    outside one psycopg prepares a statement in a round trip of its own. psycopg prepares it
+    at its (prepare_threshold + 1)th execution with the same parameter types; the types of a
+    statement's parameters differ now and then (an empty list of ids, a larger number), so a
+    statement goes without a pipeline only from twice that many executions on. A set of types
+    first seen after that costs one round trip more when psycopg prepares it, once per
+    connection; a connection that prepares nothing (PgBouncer in transaction mode) costs none."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.cursor = conn.cursor()
+        threshold = conn.prepare_threshold
+        self._plain_from = 0 if threshold is None else 2 * (threshold + 1)
+        self._executions: dict[str, int] = {}
+
+    def executing(self, statement: str) -> bool:
+        """Count an execution of `statement`; True once it may go without a pipeline."""
+        count = self._executions.get(statement, 0)
+        self._executions[statement] = count + 1
+        return count >= self._plain_from
+
+
+class _KeptLimits:
+    """The limit a connection was last sent (ms), and when (time.monotonic())."""
+
+    def __init__(self) -> None:
+        self._limit_ms: int | None = None
+        self._sent_at = 0.0
+
+    def fresh(self, now: float, allowed_ms: int) -> bool:
+        return (
+            self._limit_ms is not None
+            and now - self._sent_at < KEEP_SECONDS
+            and self._limit_ms <= allowed_ms
+        )
+
+    def sent(self, now: float, limit_ms: int) -> None:
+        self._limit_ms, self._sent_at = limit_ms, now
+
+    def forget(self) -> None:
+        self._limit_ms = None
+
+
+@store.one_statement
+def _nothing(conn: psycopg.Connection[Any]) -> None:
+    """An operation that executes nothing: run, it sends only what was to go with it."""
+
+
+def run_one_statement(
+    conn: psycopg.Connection[Any],
+    timeout_ms: int | None,
+    operation: Callable[[psycopg.Connection[Any]], T],
+    before: Sequence[WithNext] = (),
+    *,
+    alone: bool = False,
+    keep_ms: int | None = None,
+    while_sent: Callable[[], None] | None = None,
+    cursor: KeptCursor | None = None,
+) -> T:
+    """Run a store.one_statement operation on an autocommit connection in one round trip: its
+    statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
+    server's limits), BEGIN and COMMIT sent with it; and before it, in the same round trip,
+    each of `before` in a transaction of its own, its result handed to it once the round trip
+    is back. An operation that executes nothing sends only those. On a connection that keeps
+    its limits (Session): `alone` sends the statement without BEGIN and COMMIT, and `keep_ms`
+    has its transaction set the connection's limits to that instead of its own. `while_sent`
+    is called once the statement has gone out, before its reply is read. `cursor` (of `conn`),
+    if given, executes the statement (KeptCursor); else a new one does."""
+    sent = _SentWithItsTransaction(
+        conn,
+        timeout_ms,
+        before,
+        alone=alone,
+        keep_ms=keep_ms,
+        while_sent=while_sent,
+        cursor=cursor,
+    )
+    result = operation(cast(psycopg.Connection[Any], sent))
+    sent.send_rest()
+    return result
+
+
+class _SentWithItsTransaction:
+    """The connection a one-statement operation is given: its execute sends BEGIN, the limits,
+    the statement and COMMIT in one pipeline sync, one round trip, and returns the statement's
+    cursor with its rows already there. A second execute is a mistake in the operation (it was
+    marked one_statement wrongly) and is refused before anything is sent."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        timeout_ms: int | None,
+        before: Sequence[WithNext] = (),
+        *,
+        alone: bool = False,
+        keep_ms: int | None = None,
+        while_sent: Callable[[], None] | None = None,
+        cursor: KeptCursor | None = None,
+    ) -> None:
+        self._conn = conn
+        self._cursor = cursor
+        self._timeout_ms = timeout_ms
+        self._before = before
+        self._alone = alone
+        self._keep_ms = keep_ms
+        self._while_sent = while_sent
+        self._sent = False
+
+    def execute(self, statement: LiteralString, params: Any = None) -> psycopg.Cursor[Any]:
+        if self._sent:
+            raise AssertionError("an operation marked one_statement ran a second statement")
+        kept = self._cursor
+        executing = kept.cursor if kept is not None else self._conn.cursor()
+        prepared = kept is not None and kept.executing(statement)  # counts every execution
+        while_sent = self._while_sent
+        if (
+            prepared
+            and self._alone
+            and not self._before
+            and (while_sent is None or isinstance(self._conn, connection.DrainConnection))
+        ):
+            # Sent alone and prepared by now: no pipeline. What is to be done while it is out
+            # is done as psycopg starts waiting for the reply (DrainConnection).
+            self._sent = True
+            if while_sent is None:
+                return executing.execute(statement, params)
+            conn = cast(connection.DrainConnection, self._conn)
+            conn.while_waiting(while_sent)
+            try:
+                return executing.execute(statement, params)
+            finally:
+                conn.while_waiting(None)  # in case it failed before it waited
+        cursor = self._send(lambda: executing.execute(statement, params))
+        assert cursor is not None
+        return cursor
+
+    def send_rest(self) -> None:
+        """The operation executed nothing: send what was to go with it, alone."""
+        if not self._sent and self._before:
+            self._send(None)
+
+    def _send(
+        self, statement: Callable[[], psycopg.Cursor[Any]] | None
+    ) -> psycopg.Cursor[Any] | None:
+        self._sent = True
+        conn = self._conn
+        # Alone, a statement still goes through a pipeline until psycopg has prepared it
+        # (KeptCursor): outside one, psycopg would prepare it (at its sixth execution) in a
+        # round trip of its own, before executing it.
+        cursor = None
+        try:
+            with conn.pipeline():
+                earlier_cursors = [
+                    self._in_its_transaction(
+                        functools.partial(earlier.send, conn), earlier.limit_ms
+                    )
+                    for earlier in self._before
+                ]
+                if statement is not None and self._alone:
+                    cursor = statement()  # its own implicit transaction, up to the Sync
+                elif statement is not None:
+                    cursor = self._in_its_transaction(statement, keep_ms=self._keep_ms)
+                if statement is not None and self._while_sent is not None:
+                    # In a pipeline, execute() has sent the statement: the server runs it as
+                    # it arrives (an implicit transaction commits at the Sync, sent next).
+                    self._while_sent()
+            # Leaving the block sent the Sync and read every result.
+        except psycopg.Error:
+            # A failed statement skipped the COMMIT, and a Sync does not end an explicit
+            # transaction: roll it back, so that the connection is usable again.
+            if not conn.broken and conn.info.transaction_status == TransactionStatus.INERROR:
+                conn.rollback()
+            raise
+        for earlier, earlier_cursor in zip(self._before, earlier_cursors, strict=True):
+            earlier.delivered(earlier_cursor)
+        return cursor
+
+    def _in_its_transaction(
+        self, send: Callable[[], T], limit_ms: int | None = None, keep_ms: int | None = None
+    ) -> T:
+        conn = self._conn
+        store.transaction_begin(conn)
+        timeout_ms = self._timeout_ms
+        if timeout_ms is not None and limit_ms is not None:
+            timeout_ms = min(timeout_ms, limit_ms)
+        if keep_ms is not None:
+            store.session_limits(conn, keep_ms)  # this transaction's limits too, from now on
+        elif timeout_ms is not None:
+            store.transaction_limits(conn, timeout_ms)
+        result = send()
+        store.transaction_commit(conn)
+        return result

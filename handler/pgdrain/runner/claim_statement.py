@@ -1,0 +1,107 @@
+"""One claim of a run: the attempts it records done, how many jobs it may take, and the id it
+is stored under, chosen before it is sent; the statement that makes it, and what is run
+instead after its reply was lost."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pgdrain.db import store
+from pgdrain.db.store import ClaimedJob
+from pgdrain.runner.attempts import Attempts
+from pgdrain.runner.deadline import Deadline
+
+log = logging.getLogger(__name__)
+
+UUID_MASK = (1 << 128) - 1
+
+Result = tuple[store.Fenced, list[ClaimedJob]]
+
+
+@dataclass(slots=True)
+class Claim:
+    """One claim as sent: the attempts it records done and the slots it asks jobs for."""
+
+    claim_id: uuid.UUID  # stored on the rows it claims: job_claim_recover finds them by it
+    finished: list[ClaimedJob]  # the attempts it records done
+    held: list[store.Held]  # theirs
+    limit: int
+    sent_at: float  # monotonic, taken before it is sent
+
+
+class ClaimStatements:
+    def __init__(
+        self,
+        attempts: Attempts,
+        deadline: Deadline,
+        *,
+        queues: tuple[str, ...],
+        worker_id: str,
+        lease_seconds: float,
+        recover_lost_replies: bool = True,
+    ) -> None:
+        self._attempts = attempts
+        self._deadline = deadline
+        self._queues = queues
+        self._worker_id = worker_id
+        self._lease_seconds = lease_seconds
+        self._recover_lost_replies = recover_lost_replies
+        # Claim ids: one random base per run, counted up, so a claim's id costs no call into
+        # the OS (uuid4 reads os.urandom, which gives up the GIL; getting it back while the job
+        # threads run cost more than the rest of the claim's bookkeeping). Unique within the
+        # run; two runs' ids meet only if their random 128-bit bases lie within the number of
+        # claims of each other.
+        self._claim_ids = itertools.count(uuid.uuid4().int)
+
+    def new(self, limit: int) -> Claim:
+        """A claim of up to `limit` jobs that records done every attempt finished by now."""
+        finished = self._attempts.take_finished()
+        claim_id = uuid.UUID(int=next(self._claim_ids) & UUID_MASK)
+        return Claim(claim_id, finished, [a.held for a in finished], limit, time.monotonic())
+
+    def statement(self, claim: Claim) -> store.Statement[Result]:
+        return store.job_complete_and_claim_statement(
+            claim.held,
+            self._queues,
+            claim.limit,
+            self._worker_id,
+            self._lease_seconds,
+            self._deadline.lease_cap(),
+            claim.claim_id,
+        )
+
+    def operation(self, claim: Claim) -> Callable[[store.Connection], Result]:
+        @store.one_statement
+        def make(conn: store.Connection) -> Result:
+            return self.statement(claim).run(conn)
+
+        return make
+
+    def again(self, claim: Claim) -> Callable[[store.Connection], Result]:
+        """What runs in place of `claim` after its reply was lost (the control, with
+        recover_lost_replies off: the claim itself, again)."""
+        make = self.operation(claim)
+        if not self._recover_lost_replies:
+            return make
+
+        def make_again(conn: store.Connection) -> Result:
+            # Safe to run after a lost reply: if the claim committed, its completions (found by
+            # completed_token) or its claims (found by claim_id) say so, and they are taken as
+            # its result: nothing is claimed twice, no completion is counted lost. If neither
+            # exists, nothing of it committed (or it claimed and completed nothing), so the
+            # claim is made now, once, under the same claim id.
+            done, claimed = store.job_claim_recover(conn, claim.claim_id, claim.held)
+            if done.applied_attempts or claimed:
+                log.warning(
+                    "a claim committed before its reply was lost; its jobs are kept",
+                    extra={"claimed": len(claimed), "completed": len(done.applied_attempts)},
+                )
+                return done, claimed
+            return make(conn)
+
+        return make_again

@@ -1,0 +1,478 @@
+"""One drain run: reclaim expired leases, claim batches until nothing is ready, run the job
+functions on a worker pool, heartbeat every lease/3, and stop in time for the deadline.
+
+Only the run's loop talks to the database, and every statement commits at once in a short
+transaction of its own (READ COMMITTED, its statement and lock timeouts bounded by the budget
+left: session.py): no transaction is open while a job runs, and no session state is used, so
+the same SQL works through PgBouncer in transaction mode. Worker threads never touch the
+database; their outcomes come back on a queue. At concurrency 1 the loop runs on a thread of
+its own and runs the job there itself; the calling thread does the loop's duties while the job
+runs, never both at once (one_slot.py).
+
+The pieces, each in its own module: attempts.py (what the run holds), reclaim.py (expired
+leases, at the start), claims.py (claiming and completing), heartbeat.py, deadline.py, stop.py
+(when the run stops claiming: the reserve or a stop request, and its grace), session.py (the
+one connection), summary.py (counters and the result), execute.py (calling a job's function),
+pool.py (the worker threads), one_slot.py (at concurrency 1: the job on the loop's thread)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple, Protocol
+
+import psycopg
+
+from pgdrain.api import periodic
+from pgdrain.api.registry import Registry
+from pgdrain.budget import Budget
+from pgdrain.db import store
+from pgdrain.db.connection import one_line
+from pgdrain.db.session import Session
+from pgdrain.errors import PgdrainError
+from pgdrain.runner import execute
+from pgdrain.runner import stop as stop_module
+from pgdrain.runner.abandoned import ThreadWatch, warn_of_stale_threads
+from pgdrain.runner.attempts import Attempts, RunState
+from pgdrain.runner.claiming import (
+    COMPLETION_FLUSH_SECONDS,
+    Claims,
+    claim_and_start,
+    record_outcomes,
+    wanted,
+)
+from pgdrain.runner.deadline import Deadline
+from pgdrain.runner.heartbeat import Heartbeat
+from pgdrain.runner.loop_thread import GivenUp, LoopThread, OneSlot
+from pgdrain.runner.prefetch import ClaimAhead
+from pgdrain.runner.stop import Stopping, StopRequest
+from pgdrain.runner.summary import (
+    Counter,
+    Counters,
+    DrainResult,
+    Ending,
+    Observer,
+    StopReason,
+    error_kind,
+)
+from pgdrain.runner.worker_threads import Outcome, WorkerPool
+from pgdrain.settings import Settings
+
+__all__ = [
+    "DrainResult",
+    "Observer",
+    "RunHooks",
+    "SafetySwitches",
+    "StopRequest",
+    "default_worker_id",
+    "drain",
+]
+
+log = logging.getLogger(__name__)
+
+
+class SafetySwitches(NamedTuple):
+    """Safety mechanisms, on in every real run. A test turns one off to show the failure it
+    prevents; nothing else should."""
+
+    heartbeat: bool = True
+    cap_lease_at_deadline: bool = True
+    limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
+    pin_read_committed: bool = True
+    mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
+    recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
+    reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
+    # Jobs claimed ahead and still waiting in the pool for a thread are taken back when the run
+    # releases what has not started (a stop, the reserve) or ends: never started after that.
+    take_back_waiting_jobs: bool = True
+    # A claim sent ahead (before the reply to the last is read) holds the slots of all it may
+    # bring until it is read: the run never holds more than its slots and their allowance.
+    count_claims_on_the_wire: bool = True
+    # While claims are sent ahead, the limits a connection keeps are half what is left: a
+    # claim starts as the one before it ends, and both must end by the final margin.
+    halve_limits_when_sending_ahead: bool = True
+    # At concurrency 1 the loop's thread runs the job itself (one_slot.py): when the run has
+    # ended while that job ran, the thread ends as the job returns, touching nothing of the run.
+    end_the_loop_thread_with_the_run: bool = True
+
+
+ALL_ON = SafetySwitches()  # a tuple: one shared default is safe
+
+
+class RunHooks(Protocol):
+    """What the control plane (pgdrain.aws.control) does inside a run, on the run's one
+    connection: register the run once connected, decide on fan-out after each claim, and
+    before exiting on an empty claim say whether to drain again (a kick it may have missed)."""
+
+    def after_connect(self, session: Session) -> None: ...
+
+    def after_round_trip(
+        self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
+    ) -> None: ...
+
+    def before_exit(self, session: Session) -> bool: ...
+
+
+class _NoHooks:
+    def after_connect(self, session: Session) -> None:
+        pass
+
+    def after_round_trip(
+        self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
+    ) -> None:
+        pass
+
+    def before_exit(self, session: Session) -> bool:
+        return False
+
+
+class _Pool(Protocol):
+    """Where a run's jobs run: worker threads (pool.py), or at concurrency 1 the loop's own
+    thread (one_slot.py)."""
+
+    def submit(self, item: store.ClaimedJob) -> None: ...
+
+    def take(self, wait: float) -> Iterable[Outcome[store.ClaimedJob]]: ...
+
+    def take_back(self) -> list[store.ClaimedJob]: ...
+
+    def wake(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def drain(
+    settings: Settings,
+    budget: Budget,
+    registry: Registry,
+    conninfo: str,
+    *,
+    queues: Sequence[str] | None = None,
+    worker_id: str | None = None,
+    observer: Observer | None = None,
+    switches: SafetySwitches = ALL_ON,
+    hooks: RunHooks | None = None,
+    stop: StopRequest | None = None,
+    claim_ahead: bool = True,
+    send_ahead: bool = True,
+    one_thread: bool = True,
+) -> DrainResult:
+    """Run until no job is ready and none is running, until the budget is spent, or until
+    `stop` is requested. `claim_ahead=False` alternates claims and jobs (claim_ahead.py);
+    `send_ahead=False` reads each claim's reply before the next claim goes out (pipeline.py);
+    `one_thread=False` hands each job to a worker thread at concurrency 1 too (one_slot.py):
+    a benchmark's controls."""
+    return _Run(
+        settings,
+        budget,
+        registry,
+        conninfo,
+        queues=tuple(queues or settings.queues),
+        worker_id=worker_id or default_worker_id(),
+        observer=observer,
+        switches=switches,
+        hooks=hooks or _NoHooks(),
+        stop=stop or stop_module.current() or StopRequest(),
+        claim_ahead=claim_ahead,
+        send_ahead=send_ahead,
+        one_thread=one_thread,
+    ).execute()
+
+
+# ONE_SLOT: at concurrency 1 nothing else can happen until the job has run (the next claim
+# waits for its slot), so the loop hands a claimed job over just before it waits for the
+# outcome, not as soon as the claim's reply is in: there, take() runs it on the loop's own
+# thread (one_slot.py). With a worker thread instead (one_thread=False), handed over at once,
+# the job's thread woke to find the interpreter held by the run's (the bookkeeping after a
+# reply) and waited for it: one more wake-up per job (batch 1, paired runs: 2.6% and 6.6% more
+# jobs/s, ahead in 8 of 10 pairs and 9 of 12). Until then the job is unstarted, as one claimed
+# ahead is: it holds its slot, its lease is kept, and a stop or the reserve releases it.
+
+
+def _session(
+    conninfo: str,
+    settings: Settings,
+    budget: Budget,
+    switches: SafetySwitches,
+    attempts: Attempts,
+    *,
+    send_ahead: bool,
+) -> Session:
+    """The run's connection, as its safety switches set it."""
+    return Session(
+        conninfo,
+        settings,
+        budget,
+        limit_to_budget=switches.limit_statements_to_budget,
+        read_committed=switches.pin_read_committed,
+        lease_seconds_left=(lambda: attempts.lease_seconds_left(settings.lease_seconds))
+        if switches.reconnect_within_leases
+        else None,
+        halve_kept_limits=send_ahead and switches.halve_limits_when_sending_ahead,
+    )
+
+
+def _claims(
+    state: RunState,
+    settings: Settings,
+    switches: SafetySwitches,
+    queues: tuple[str, ...],
+    claim_ahead: bool,
+    send_ahead: bool,
+) -> Claims:
+    """The run's claims, as its settings and safety switches set them."""
+    return Claims(
+        state,
+        queues=queues,
+        lease_seconds=settings.lease_seconds,
+        reclaim_limit=settings.reclaim_limit,
+        recover_lost_replies=switches.recover_lost_replies,
+        ahead=ClaimAhead(settings.batch_size, settings.concurrency, enabled=claim_ahead),
+        send_ahead=send_ahead,
+        count_on_the_wire=switches.count_claims_on_the_wire,
+    )
+
+
+class _Run:
+    def __init__(
+        self,
+        settings: Settings,
+        budget: Budget,
+        registry: Registry,
+        conninfo: str,
+        *,
+        queues: tuple[str, ...],
+        worker_id: str,
+        observer: Observer | None,
+        switches: SafetySwitches,
+        hooks: RunHooks,
+        stop: StopRequest,
+        claim_ahead: bool = True,
+        send_ahead: bool = True,
+        one_thread: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.one_thread = one_thread
+        self.hooks = hooks
+        self.registry = registry
+        self.queues = queues
+        self.worker_id = worker_id
+        self.started = time.monotonic()
+        self.counters = Counters(observer)
+        self.attempts = Attempts()
+        self.deadline = Deadline(budget, settings.reserve_seconds, switches.cap_lease_at_deadline)
+        self.stopping = Stopping(stop, self.deadline, worker_id)
+        self.session = _session(
+            conninfo, settings, budget, switches, self.attempts, send_ahead=send_ahead
+        )
+        self.session.on_reconnect(lambda: self.heartbeat.due_now())
+        state = RunState(self.session, self.attempts, self.deadline, self.counters, worker_id)
+        self.claims = _claims(state, settings, switches, queues, claim_ahead, send_ahead)
+        self.heartbeat = Heartbeat(
+            state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
+        )
+        self.threads = ThreadWatch(enabled=switches.mark_abandoned_lost)
+        self.switches = switches
+
+    def execute(self) -> DrainResult:
+        stale = warn_of_stale_threads(self.worker_id)
+        if self.settings.concurrency == 1 and self.one_thread:
+            ending = _OnOneThread(self).execute()
+        else:
+            ending = _on_worker_threads(self)
+        result = self.counters.result(
+            ending,
+            abandoned=len(self.attempts.running),
+            stale_threads=stale,
+            elapsed_s=time.monotonic() - self.started,
+        )
+        log.info("drain finished", extra={"summary": result.as_dict()})
+        return result
+
+    def drain(self, pool: _Pool) -> Ending:
+        try:
+            self.session.open()
+            self.hooks.after_connect(self.session)
+            # Goes with the first claim, in its round trip (and the registration before it).
+            self.claims.reclaim.send_with_next()
+            # Due slots of periodic kinds, once each (idempotency keys).
+            if self.registry.periodics:
+                self.session.run(periodic.enqueue_due, self.registry.periodics)
+            stop_reason = self._loop(pool)
+            self.claims.reclaim.finish()  # a run that never claimed still reclaims
+            return self.ending(stop_reason)
+        except (PgdrainError, psycopg.Error) as exc:
+            return _failed(exc, self.worker_id)
+
+    def ending(self, stop_reason: StopReason) -> Ending:
+        """How the run ends, for a reason of its own (not an error)."""
+        ready = stop_reason == "budget" and self.session.run(store.queue_has_ready, self.queues)
+        return Ending(stop_reason, more_ready=ready)
+
+    def let_go(self, pool: _Pool) -> None:
+        """The run ends: nothing it holds will run after it."""
+        self.attempts.take_back()  # never run after the run; their leases end
+        self.threads.give_up(self.attempts.running, self.attempts.lost_tokens)
+        pool.close()
+        self.session.close()
+
+    def _loop(self, pool: _Pool) -> StopReason:
+        attempts, claims, stopping = self.attempts, self.claims, self.stopping
+        start_when_waiting = self.settings.concurrency == 1  # ONE_SLOT, above
+        self.heartbeat.start()
+        stopping.check_budget_at_start()
+        while True:
+            claimed = full = False
+            if stopping.may_claim(running=len(attempts.running)):
+                claimed, full = claim_and_start(
+                    claims, attempts, pool.submit, self.settings, start_now=not start_when_waiting
+                )
+                if claimed:
+                    elapsed = time.monotonic() - self.started
+                    self.hooks.after_round_trip(self.session, dict(self.counters.values), elapsed)
+            else:
+                claims.release_unstarted()  # those waiting in the pool for a thread too
+            # Finished jobs ride on the next claim; when none came in time, write them alone.
+            if claims.completion_due():
+                claims.flush_completions()
+
+            if not attempts.busy() and not claims.sent_ahead.count():
+                claims.flush_completions()
+                reason = stopping.reason_when_idle()
+                if reason is None and self.hooks.before_exit(self.session):
+                    continue  # a kick came in that the last claim may have missed
+                return reason or "empty"
+            ending_now = self.must_end_with_jobs_running()
+            if ending_now is not None:
+                return ending_now
+
+            # A full claim and claim-ahead, or a claim on the wire: the next claim goes out (or
+            # the one on the wire is read) at once.
+            ahead = claims.sent_ahead.count() or (full and wanted(claims, attempts, self.settings))
+            wait = 0.0 if ahead else self._seconds_to_wait()
+            if start_when_waiting:
+                attempts.start_free(pool.submit, 1)
+            record_outcomes(claims, attempts, pool.take(wait))
+            self.heartbeat.beat_if_due()
+
+    def must_end_with_jobs_running(self) -> StopReason | None:
+        """The run ends now with jobs still running: a stop's grace is over, or the deadline's
+        final margin is reached. What is finished is recorded first."""
+        if self.stopping.grace_over():
+            self.claims.flush_completions()
+            self.heartbeat.end_running_leases()
+            return "stopped"
+        if self.stopping.at_final_margin():
+            self.claims.flush_completions()
+            log.warning(
+                "deadline reached with jobs still running; their leases end now",
+                extra={"running": sorted(h.id for h in self.attempts.running)},
+            )
+            return "budget"
+        return None
+
+    def _seconds_to_wait(self) -> float:
+        """Until the next thing the loop must do: a heartbeat, a due completion write, a
+        deadline (or grace) check, or a claim for slots about to free."""
+        now = time.monotonic()
+        wake_at = min(self.heartbeat.next_at, self.stopping.next_check_at(now))
+        if self.attempts.finished:
+            wake_at = min(wake_at, self.attempts.first_finished_at + COMPLETION_FLUSH_SECONDS)
+        wake_at = min(wake_at, self.claims.ahead.wake_at(self.attempts.running_since.values(), now))
+        return max(0.0, wake_at - now)
+
+    def run_job(self, claimed: store.ClaimedJob) -> None:
+        """In a worker thread: call the job's function, watched in case the run gives up."""
+        self.attempts.started(claimed.held)
+        self.threads.run(
+            claimed.held,
+            lambda: execute.run_job(
+                self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens
+            ),
+        )
+
+
+def _failed(exc: PgdrainError | psycopg.Error, worker_id: str) -> Ending:
+    error = one_line(exc)
+    log.error("drain stopped: %s", error, extra={"worker": worker_id})
+    return Ending("error", error=error, error_kind=error_kind(exc))
+
+
+def _use(run: _Run, pool: _Pool) -> None:
+    """`pool` runs the run's jobs: what waits in it is taken back, a stop request wakes it."""
+    take_back_waiting = run.switches.take_back_waiting_jobs
+    run.attempts.take_back_with(pool.take_back if take_back_waiting else lambda: [])
+    run.stopping.request.on_request(pool.wake)
+
+
+def _on_worker_threads(run: _Run) -> Ending:
+    """The jobs on a pool of worker threads; the loop on the calling thread."""
+    pool: WorkerPool[store.ClaimedJob] = WorkerPool(run.settings.concurrency, run.run_job)
+    _use(run, pool)
+    try:
+        return run.drain(pool)
+    finally:
+        run.let_go(pool)
+
+
+class _OnOneThread:
+    """A run at concurrency 1: the loop and its jobs on a thread of their own, watched from
+    the calling thread, which does the loop's duties while a job runs (one_slot.py)."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+
+    def execute(self) -> Ending:
+        run = self.run
+        slot: OneSlot[store.ClaimedJob] = OneSlot(
+            run.run_job, end_when_given_up=run.switches.end_the_loop_thread_with_the_run
+        )
+        _use(run, slot)
+
+        def drain_and_let_go() -> Ending:
+            given_up = False
+            try:
+                return run.drain(slot)
+            except GivenUp:
+                given_up = True  # the calling thread let go of it all already
+                raise
+            finally:
+                if not given_up:
+                    run.let_go(slot)
+
+        loop_thread = LoopThread(slot, drain_and_let_go)
+        loop_thread.start()
+        ending = loop_thread.watch(self._next_duty_at, self._duties, lambda: run.let_go(slot))
+        assert ending is not None
+        return ending
+
+    def _duties(self) -> Ending | None:
+        """From the calling thread while the loop's thread runs its job (the connection is
+        idle): what the loop does on each pass while a job runs elsewhere. An ending when the
+        run must end with the job still running."""
+        run = self.run
+        try:
+            if not run.stopping.may_claim(running=len(run.attempts.running)):
+                run.claims.release_unstarted()
+            if run.claims.completion_due():
+                run.claims.flush_completions()
+            stop_reason = run.must_end_with_jobs_running()
+            if stop_reason is not None:
+                return run.ending(stop_reason)
+            run.heartbeat.beat_if_due()
+            return None
+        except (PgdrainError, psycopg.Error) as exc:
+            return _failed(exc, run.worker_id)
+
+    def _next_duty_at(self) -> float:
+        """When the loop, were it free, would next have something to do while a job runs: a
+        heartbeat, the reserve or the final margin, the end of a stop's grace."""
+        return min(self.run.heartbeat.next_at, self.run.stopping.next_check_at(time.monotonic()))

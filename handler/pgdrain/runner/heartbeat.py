@@ -1,0 +1,77 @@
+"""The heartbeat: every lease/3, one statement extends the lease of every attempt the run
+holds. An attempt the statement does not return has lost its lease (reclaimed by another
+run): it is never started, and a running one is told through Job.lease_lost(). The same
+statement with a cap of 0 s ends the leases of the jobs still running when a run stops early."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pgdrain.db import store
+from pgdrain.runner.attempts import RunState
+
+log = logging.getLogger(__name__)
+
+BEATS_PER_LEASE = 3
+
+
+class Heartbeat:
+    def __init__(self, run: RunState, *, lease_seconds: float, enabled: bool = True) -> None:
+        self._run = run
+        self._lease_seconds = lease_seconds
+        self._enabled = enabled
+        self.interval = lease_seconds / BEATS_PER_LEASE
+        self.next_at = time.monotonic() + self.interval
+
+    def start(self) -> None:
+        """The first beat is due one interval after the first claim, not after the connect."""
+        self.next_at = time.monotonic() + self.interval
+
+    def due_now(self) -> None:
+        """The connection was replaced: beat at the next turn of the loop, not an interval
+        later (the reconnect may have taken most of a lease)."""
+        self.next_at = 0.0
+
+    def beat_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self.next_at:
+            self.beat()
+            self.next_at = now + self.interval
+
+    def beat(self) -> None:
+        if not self._enabled:
+            return
+        run = self._run
+        # The claims on the wire first, so that the leases they took are extended too and the
+        # renewal time below is true of every lease held.
+        run.session.settle()
+        held = run.attempts.held()
+        if not held:
+            return
+        sent_at = time.monotonic()
+        result = run.session.run(
+            store.job_extend_leases, held, self._lease_seconds, run.deadline.lease_cap()
+        )
+        run.attempts.leases_renewed(sent_at)
+        if not result.lost_attempts:
+            return
+        run.attempts.forget_lost(result.lost_attempts)
+        for gone in result.lost_attempts:
+            run.counters.lease_lost(gone, "found by the heartbeat", run.worker_id)
+
+    def end_running_leases(self) -> None:
+        """The run stops with jobs still running (a stop request's grace is over): end their
+        leases now, so another run may take them at once instead of a lease later. Fenced like
+        every beat; safe to repeat (ending a lease twice ends it once)."""
+        run = self._run
+        held = [a.held for a in run.attempts.running.values()]
+        if not held:
+            return
+        result = run.session.run(store.job_extend_leases, held, self._lease_seconds, 0.0)
+        log.warning(
+            "stopping: the leases of jobs still running end now; they are reclaimable",
+            extra={"job_ids": sorted(h.id for h in result.applied_attempts)},
+        )
+        for gone in result.lost_attempts:
+            run.counters.lease_lost(gone, "while ending its lease", run.worker_id)

@@ -1,0 +1,118 @@
+"""What a run reports: its counters as they grow (to an observer, so progress leaves the
+process before a hard kill can lose it) and the DrainResult it returns at the end."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, NamedTuple
+
+from pgdrain.db.store import Held
+from pgdrain.errors import AuthenticationFailed, ConfigError, DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+# Why a run stopped: nothing was ready, the budget ran out, an error ended it, or it was asked
+# to stop (SIGTERM/SIGINT: pgdrain.runner.stop).
+StopReason = Literal["empty", "budget", "error", "stopped"]
+# What kind of error ended it: the Lambda edge fetches a rotated secret again on "authentication".
+ErrorKind = Literal["authentication", "configuration", "unavailable", "database"]
+Counter = Literal["claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"]
+COUNTERS: tuple[Counter, ...] = (
+    "claimed",
+    "done",
+    "retried",
+    "failed",
+    "lease_lost",
+    "reclaimed",
+    "released",
+)
+
+# Called with a counter's name and how much it grew, as the run goes: a Lambda timeout kills
+# the process, so progress must leave it before the end.
+Observer = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """What one run did: its counts, why it stopped, and whether work is still ready."""
+
+    claimed: int = 0
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    lease_lost: int = 0
+    reclaimed: int = 0
+    released: int = 0
+    abandoned: int = 0  # still running when the run had to return; reclaimable at the deadline
+    # Job threads abandoned by earlier runs in this process (a warm container) still running
+    # when this run started: they overlap whatever attempt comes next for their jobs.
+    stale_threads: int = 0
+    stop_reason: StopReason = "empty"
+    more_ready: bool = False  # ready jobs were left (only looked at when the budget ran out)
+    error: str | None = None
+    error_kind: ErrorKind | None = None  # set with an error
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Ending(NamedTuple):
+    """How a run ended, before its counters are read into its DrainResult."""
+
+    stop_reason: StopReason
+    more_ready: bool = False
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+
+
+class Counters:
+    """The run's counters; each increment is passed on to the observer at once."""
+
+    def __init__(self, observer: Observer | None) -> None:
+        self.values: dict[Counter, int] = dict.fromkeys(COUNTERS, 0)
+        self._observer = observer
+        self._lost: set[Held] = set()
+
+    def add(self, name: Counter, n: int) -> None:
+        if n:
+            self.values[name] += n
+            if self._observer is not None:
+                self._observer(name, n)
+
+    def lease_lost(self, held: Held, how: str, worker: str) -> None:
+        """Log a lost lease every time it is seen; count each attempt once."""
+        log.warning(
+            "lease lost: another attempt may own this job; %s",
+            how,
+            extra={"job_id": held.id, "attempt_token": str(held.token), "worker": worker},
+        )
+        if held not in self._lost:
+            self._lost.add(held)
+            self.add("lease_lost", 1)
+
+    def result(
+        self, ending: Ending, *, abandoned: int, stale_threads: int, elapsed_s: float
+    ) -> DrainResult:
+        return DrainResult(
+            **self.values,
+            abandoned=abandoned,
+            stale_threads=stale_threads,
+            stop_reason=ending.stop_reason,
+            more_ready=ending.more_ready,
+            error=ending.error,
+            error_kind=ending.error_kind,
+            elapsed_s=round(elapsed_s, 3),
+        )
+
+
+def error_kind(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, AuthenticationFailed):
+        return "authentication"
+    if isinstance(exc, ConfigError):  # a setting that cannot work: retrying will not help
+        return "configuration"
+    if isinstance(exc, DatabaseUnavailable):
+        return "unavailable"
+    return "database"
