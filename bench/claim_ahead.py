@@ -11,7 +11,7 @@ at batch 1, concurrency 1, the job run on the loop's own thread or handed to a w
 Without DATABASE_URL an embedded PostgreSQL is started. Not part of `make bench` (it measures
 one mechanism, not pgdrain against its ceiling or its peers). Each repetition drains the jobs
 of one duration on a fresh database copied from a template, in this process, once with
-the mechanism and once without (`drain(..., claim_ahead=False)`, `send_ahead=False` or
+the mechanism and once without (`drain_with(Controls(prefetch=False), ...)`, `send_ahead=False` or
 `one_thread=False`), the two interleaved, each first in every other repetition; every job must
 end done with one attempt. Prints jobs/s (medians of --reps) and their ratio."""
 

@@ -127,20 +127,19 @@ def breakdown(reps: list[dict[str, Any]], jobs: int) -> dict[str, float]:
 def _claim_loop(url: str, batch: int) -> tuple[float, float]:
     """pgdrain's claim cycle through psycopg and nothing else, until a claim finds nothing:
     each claim completes the jobs the last one took; none is run. The connection is set as a
-    drain's: DrainConnection, psycopg's default prepare_threshold, the limits and planner
+    drain's: psycopg's default prepare_threshold, the limits and planner
     settings kept by the connection. Returns (wall s, this thread's CPU s)."""
-    from pgdrain.db import connection, store
+    from pgdrain.db import store
     from pgdrain.runner.claim_statement import UUID_MASK
 
-    conn = connection.DrainConnection.connect(url, autocommit=True)
+    conn = psycopg.Connection.connect(url, autocommit=True)
     try:
         store.session_limits(conn, 600_000)
         claim_ids = itertools.count(uuid.uuid4().int)
         held: list[store.Held] = []
         began, cpu = time.perf_counter(), time.thread_time()
         while True:
-            _, claimed = store.job_complete_and_claim(
-                conn,
+            _, claimed = store.job_complete_and_claim_statement(
                 held,
                 ["default"],
                 batch,
@@ -148,7 +147,7 @@ def _claim_loop(url: str, batch: int) -> tuple[float, float]:
                 30.0,
                 600.0,
                 uuid.UUID(int=next(claim_ids) & UUID_MASK),
-            )
+            ).run(conn)
             held = [job.held for job in claimed]
             if not held:  # this claim completed the last batch
                 return time.perf_counter() - began, time.thread_time() - cpu

@@ -53,8 +53,10 @@ def _cpu_seconds() -> float:
 
 
 def run_pgdrain(args: argparse.Namespace) -> None:
-    from pgdrain import Budget, Settings, drain
+    from pgdrain import Budget, Settings
     from pgdrain.api.registry import load_registry
+    from pgdrain.controls import Controls
+    from pgdrain.runner.drain import drain_with
 
     registry = load_registry("jobs")  # handler/jobs.py, the example kinds (noop)
     concurrency = args.concurrency or Settings().concurrency
@@ -69,12 +71,12 @@ def run_pgdrain(args: argparse.Namespace) -> None:
         profiler.start()
     start = time.time()
     cpu_start = _cpu_seconds()
-    result = drain(
+    result = drain_with(
+        Controls(pipelining=not args.no_send_ahead),
         settings,
         Budget.seconds(args.budget),
         registry,
         args.url,
-        send_ahead=not args.no_send_ahead,
     )
     cpu_s = _cpu_seconds() - cpu_start
     end = time.time()

@@ -19,7 +19,7 @@ DEFAULT_BATCH_SIZE = 10  # at most this many per claim, and never more than free
 DEFAULT_CONCURRENCY = 10
 DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_RESERVE_SECONDS = 3.0
-# The reserve may not be smaller than the final margin (deadline.FINAL_MARGIN_SECONDS): with a
+# The reserve may not be smaller than the final margin (budget.FINAL_MARGIN_SECONDS): with a
 # reserve of 0 the run would claim until the hard kill, with no time left to release or record.
 MIN_RESERVE_SECONDS = 0.5
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 20.0  # an Aurora Serverless v2 resume takes about 15 s

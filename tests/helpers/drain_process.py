@@ -16,8 +16,9 @@ import threading
 import time
 
 from helpers import ledger_jobs
-from pgdrain import Budget, Settings, drain
-from pgdrain.runner.drain import SafetySwitches
+from pgdrain import Budget, Settings
+from pgdrain.controls import Controls
+from pgdrain.runner.drain import drain_with
 
 
 def main() -> None:
@@ -42,14 +43,12 @@ def main() -> None:
         batch_size=args.batch_size,
         queues=tuple(args.queues.split(",")),
     )
-    switches = SafetySwitches(
-        heartbeat=not args.no_heartbeat, cap_lease_at_deadline=not args.no_cap
-    )
+    switches = Controls(heartbeat=not args.no_heartbeat, cap_lease_at_deadline=not args.no_cap)
     budget = Budget.seconds(args.budget)
     if args.hard_kill_at_deadline:
         deadline = time.monotonic() + args.budget
         threading.Thread(target=_kill_at, args=(deadline,), daemon=True).start()
-    result = drain(settings, budget, ledger_jobs.jobs, args.url, switches=switches)
+    result = drain_with(switches, settings, budget, ledger_jobs.jobs, args.url)
     print(json.dumps(result.as_dict()), flush=True)
 
 

@@ -8,7 +8,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +149,23 @@ def claim_batch(
     cap_seconds: float | None,
 ) -> list[store.ClaimedJob]:
     """Claim up to `limit` ready jobs, completing nothing: the claim a drain makes first."""
-    return store.job_complete_and_claim(
-        conn, [], queues, limit, worker, lease_seconds, cap_seconds
-    )[1]
+    return complete_and_claim(conn, [], queues, limit, worker, lease_seconds, cap_seconds)[1]
+
+
+def complete_and_claim(
+    conn: psycopg.Connection[Any],
+    finished: Sequence[store.Held],
+    queues: Sequence[str],
+    limit: int,
+    worker: str,
+    lease_seconds: float,
+    cap_seconds: float | None,
+    claim_id: uuid.UUID | None = None,
+) -> tuple[store.Fenced, list[store.ClaimedJob]]:
+    """The drain's claim (job_complete_and_claim) made once, on `conn`."""
+    return store.job_complete_and_claim_statement(
+        finished, queues, limit, worker, lease_seconds, cap_seconds, claim_id
+    ).run(conn)
 
 
 def complete_one(conn: psycopg.Connection[Any], job: store.Held) -> bool:

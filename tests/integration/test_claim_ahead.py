@@ -11,7 +11,9 @@ import psycopg
 import pytest
 
 from helpers import ledger_jobs
-from pgdrain import Budget, DrainResult, Settings, drain, enqueue
+from pgdrain import Budget, DrainResult, Settings, enqueue
+from pgdrain.controls import Controls
+from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
 
@@ -31,14 +33,13 @@ def drain_counting_held(
         elif counter in WRITTEN_BACK:
             held -= n
 
-    result = drain(
+    result = drain_with(
+        Controls(prefetch=claim_ahead, pipelining=send_ahead),
         Settings(concurrency=4, batch_size=4),
         Budget.seconds(60),
         ledger_jobs.jobs,
         url,
         observer=observe,
-        claim_ahead=claim_ahead,
-        send_ahead=send_ahead,
     )
     return result, most
 

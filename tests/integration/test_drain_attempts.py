@@ -12,10 +12,11 @@ import psycopg
 import pytest
 
 from helpers.fixtures import job_row, wait_for
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, enqueue
+from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.runner.abandoned import stale_threads
-from pgdrain.runner.drain import SafetySwitches
+from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
 
@@ -53,13 +54,13 @@ def test_an_older_attempt_finishing_leaves_the_same_runs_newer_attempt_of_the_jo
     settings = Settings(lease_seconds=1, concurrency=2, batch_size=2)
     thread = threading.Thread(
         target=lambda: results.append(
-            drain(
+            drain_with(
+                Controls(heartbeat=False),
                 settings,
                 Budget.seconds(60),
                 gates.registry,
                 db_url,
                 observer=observe,
-                switches=SafetySwitches(heartbeat=False),
             )
         ),
         daemon=True,
@@ -103,17 +104,17 @@ def test_a_job_the_run_gave_up_on_learns_it_at_once_and_the_next_run_counts_its_
         if job.attempt == 1:
             assert gates.release[1].wait(60)
 
-    switches = SafetySwitches(mark_abandoned_lost=marked)
+    switches = Controls(mark_abandoned_lost=marked)
     settings = Settings(reserve_seconds=0.5, lease_seconds=30, concurrency=concurrency)
     # Threads other tests in this process abandoned (slow jobs) count too: compare with them.
     baseline = stale_threads()
-    first = drain(settings, Budget.seconds(2), gates.registry, db_url, switches=switches)
+    first = drain_with(switches, settings, Budget.seconds(2), gates.registry, db_url)
     assert (first.stop_reason, first.abandoned) == ("budget", 1)
     [attempt_1] = seen
     # The run has returned; the job's thread runs on in this process.
     assert attempt_1.lease_lost() is marked
 
-    second = drain(settings, Budget.seconds(5), gates.registry, db_url, switches=switches)
+    second = drain_with(switches, settings, Budget.seconds(5), gates.registry, db_url)
     assert second.stale_threads == baseline + (1 if marked else 0)
     assert second.claimed == 0  # its lease holds until the first run's deadline
 
@@ -126,7 +127,7 @@ def test_a_job_the_run_gave_up_on_learns_it_at_once_and_the_next_run_counts_its_
         )
         # Once the lease has ended, the next run takes the job back and runs it again.
         wait_for(lambda: store.job_reclaim_expired(conn, 10), what="the lease to end")
-        third = drain(settings, Budget.seconds(10), gates.registry, db_url, switches=switches)
+        third = drain_with(switches, settings, Budget.seconds(10), gates.registry, db_url)
         assert (third.stale_threads, third.done) == (baseline, 1)
         row = job_row(conn, job_id)
         assert (row["status"], row["completed_token"]) == ("done", seen[-1].attempt_token)

@@ -14,7 +14,8 @@ from psycopg import sql
 
 from helpers.fixtures import db_now, job_row, wait_for
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
-from pgdrain.runner.drain import SafetySwitches
+from pgdrain.controls import Controls
+from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
 
@@ -34,12 +35,12 @@ class Gate:
 
 
 def in_background(
-    url: str, registry: Registry, budget: float, switches: SafetySwitches, **settings: Any
+    url: str, registry: Registry, budget: float, switches: Controls, **settings: Any
 ) -> tuple[threading.Thread, list[DrainResult]]:
     results: list[DrainResult] = []
     thread = threading.Thread(
         target=lambda: results.append(
-            drain(Settings(**settings), Budget.seconds(budget), registry, url, switches=switches)
+            drain_with(switches, Settings(**settings), Budget.seconds(budget), registry, url)
         ),
         daemon=True,
     )
@@ -69,7 +70,7 @@ def test_a_drain_blocked_on_a_table_lock_ends_by_its_deadline_only_with_the_limi
     gate.release.set()
     enqueue(conn, "gate")
     budget = 2.0
-    switches = SafetySwitches(limit_statements_to_budget=limited)
+    switches = Controls(limit_statements_to_budget=limited)
     with psycopg.connect(db_url) as locker:  # a migration, or an operator's long transaction
         locker.execute("LOCK TABLE pgdrain.jobs IN ACCESS EXCLUSIVE MODE")
         began = db_now(conn)
@@ -112,7 +113,7 @@ def test_a_completion_that_waited_for_a_concurrent_update_is_recorded_under_any_
     )
     gate = Gate()
     job_id = enqueue(conn, "gate")
-    switches = SafetySwitches(pin_read_committed=pinned)
+    switches = Controls(pin_read_committed=pinned)
     thread, results = in_background(db_url, gate.registry, 60, switches, pooler=pooler)
     assert gate.started.wait(30)
     with psycopg.connect(db_url) as other:  # e.g. an operator touching the row

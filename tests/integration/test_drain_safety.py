@@ -16,9 +16,10 @@ from helpers import ledger_jobs
 from helpers.fixtures import claim_batch, db_now, drain_process, finished_result, job_row, wait_for
 from helpers.lossy_proxy import LossyProxy
 from pgdrain import Budget, DrainResult, Registry, Settings, build_job, drain, enqueue
+from pgdrain.controls import Controls
 from pgdrain.db import store
-from pgdrain.runner.drain import SafetySwitches
-from pgdrain.runner.prefetch import ClaimAhead
+from pgdrain.runner.drain import drain_with
+from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.stop import StopRequest
 
 Conn = psycopg.Connection[Any]
@@ -27,10 +28,8 @@ Conn = psycopg.Connection[Any]
 def run_drain(
     url: str, budget: float = 30.0, heartbeat: bool = True, **settings: Any
 ) -> DrainResult:
-    switches = SafetySwitches(heartbeat=heartbeat)
-    return drain(
-        Settings(**settings), Budget.seconds(budget), ledger_jobs.jobs, url, switches=switches
-    )
+    switches = Controls(heartbeat=heartbeat)
+    return drain_with(switches, Settings(**settings), Budget.seconds(budget), ledger_jobs.jobs, url)
 
 
 def in_background(
@@ -316,7 +315,7 @@ def _two_held(
     hands the four it claimed ahead to the pool, where they wait, and takes four more. Claim-ahead
     as it is with short jobs, fixed instead of measured: a claim may take 8 jobs beyond the free
     slots (most_ahead is 10 here)."""
-    monkeypatch.setattr(ClaimAhead, "allowance", lambda self, *args, **kwargs: 8)
+    monkeypatch.setattr(Prefetch, "allowance", lambda self, *args, **kwargs: 8)
     registry, release = Registry(), threading.Event()
     started: list[int] = []
     threads: list[threading.Thread] = []
@@ -354,14 +353,14 @@ def test_a_stop_gives_back_the_jobs_waiting_in_the_pool_unstarted(
         if counter == "released":
             release.set()
 
-    result = drain(
+    result = drain_with(
+        Controls(take_back_waiting_jobs=take_back),
         TWO_THREADS,
         Budget.seconds(60),
         registry,
         db_url,
         observer=observe,
         stop=request,
-        switches=SafetySwitches(take_back_waiting_jobs=take_back),
     )
     assert result.claimed == 10 and result.stop_reason == "stopped"
     rows = conn.execute(
@@ -393,13 +392,13 @@ def test_a_run_that_fails_never_starts_the_jobs_waiting_in_its_pool_after_it_ret
             proxy.refuse()  # the next statement (a heartbeat) breaks, every connect fails
 
     try:
-        result = drain(
+        result = drain_with(
+            Controls(take_back_waiting_jobs=take_back),
             Settings(concurrency=2, batch_size=6, lease_seconds=3, connect_timeout=1),
             Budget.seconds(60),
             registry,
             proxy.url,
             observer=observe,
-            switches=SafetySwitches(take_back_waiting_jobs=take_back),
         )
     finally:
         proxy.close()

@@ -10,10 +10,9 @@ from typing import Any, LiteralString, cast
 import psycopg
 import pytest
 
-from helpers.fixtures import without_line
+from helpers.fixtures import complete_and_claim, without_line
 from pgdrain import enqueue_many
 from pgdrain.api.enqueue import build_job
-from pgdrain.db import store
 from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
@@ -67,5 +66,5 @@ def test_turns_alternate_between_busy_queues(conn: Conn) -> None:
             conn,
             [build_job("noop", {}, queue_name=q) for q in ("default", "emails") for _ in range(20)],
         )
-    claimed = store.job_complete_and_claim(conn, [], ["default", "emails"], 10, "w", 30, None)[1]
+    claimed = complete_and_claim(conn, [], ["default", "emails"], 10, "w", 30, None)[1]
     assert sorted(job.queue for job in claimed) == ["default"] * 5 + ["emails"] * 5

@@ -15,7 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.fixtures import claim_batch, job_row, unfenced, wait_for, without_line
+from helpers.fixtures import (
+    claim_batch,
+    complete_and_claim,
+    job_row,
+    unfenced,
+    wait_for,
+    without_line,
+)
 from pgdrain import enqueue
 from pgdrain.db import store
 from pgdrain.db.sql import query
@@ -92,9 +99,7 @@ def _complete(conn: Conn, held: store.Held) -> frozenset[int]:
 
 
 def _complete_and_claim(conn: Conn, held: store.Held) -> frozenset[int]:
-    fenced, claimed = store.job_complete_and_claim(
-        conn, [held], ["default"], 0, WORKER, LEASE_SECONDS, None
-    )
+    fenced, claimed = complete_and_claim(conn, [held], ["default"], 0, WORKER, LEASE_SECONDS, None)
     assert claimed == []
     return fenced.applied
 
@@ -199,9 +204,7 @@ def _write_list(conn: Conn, name: str, held: list[store.Held], fenced: bool) -> 
     """The ids the statement wrote (as it reports them)."""
     if fenced and name == "job_complete_and_claim":
         return set(
-            store.job_complete_and_claim(conn, held, ["default"], 0, WORKER, LEASE_SECONDS, None)[
-                0
-            ].applied
+            complete_and_claim(conn, held, ["default"], 0, WORKER, LEASE_SECONDS, None)[0].applied
         )
     if fenced and name == "job_complete_many":
         return set(store.job_complete_many(conn, held).applied)

@@ -14,10 +14,11 @@ import pytest
 
 from helpers.fixtures import job_row, statuses, wait_for
 from helpers.lossy_proxy import LossyProxy
-from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
+from pgdrain import Budget, DrainResult, Job, Registry, Settings, enqueue
+from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.runner.deadline import Deadline
-from pgdrain.runner.drain import SafetySwitches
+from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
 CLAIM = b"), ready AS ("  # a line only job_complete_and_claim has
@@ -49,12 +50,12 @@ def test_a_first_claim_whose_reply_was_lost_is_taken_up_not_made_again(
     for _ in range(4):
         enqueue(conn, "quick")
     proxy.drop_commit_reply(CLAIM)
-    result = drain(
+    result = drain_with(
+        Controls(recover_lost_replies=recover),
         Settings(concurrency=4, batch_size=4),
         Budget.seconds(30),
         registry,
         proxy.url,
-        switches=SafetySwitches(recover_lost_replies=recover),
     )
     assert proxy.dropped.is_set() and proxy.connections == 2  # one reply lost, one reconnect
     if recover:
@@ -72,13 +73,13 @@ def test_a_claim_carrying_completions_whose_reply_was_lost_counts_them_done(
     conn: Conn, proxy: LossyProxy, recover: bool
 ) -> None:
     first, second = enqueue(conn, "quick"), enqueue(conn, "quick")
-    result = drain(
+    result = drain_with(
+        Controls(recover_lost_replies=recover),
         Settings(concurrency=1, batch_size=1),
         Budget.seconds(30),
         registry,
         proxy.url,
         observer=losing_the_second_claims_reply(proxy),
-        switches=SafetySwitches(recover_lost_replies=recover),
     )
     assert proxy.dropped.is_set()
     rows = dict(conn.execute("SELECT id, status FROM pgdrain.jobs").fetchall())
@@ -113,10 +114,10 @@ def test_a_reconnect_that_would_outlast_the_leases_tells_the_jobs_before_another
 
     results: list[DrainResult] = []
     settings = Settings(lease_seconds=3, reserve_seconds=0.5, connect_timeout=2)
-    switches = SafetySwitches(reconnect_within_leases=bounded)
+    switches = Controls(reconnect_within_leases=bounded)
     thread = threading.Thread(
         target=lambda: results.append(
-            drain(settings, Budget.seconds(40), held_registry, proxy.url, switches=switches)
+            drain_with(switches, settings, Budget.seconds(40), held_registry, proxy.url)
         ),
         daemon=True,
     )
@@ -150,17 +151,17 @@ def test_jobs_taken_up_after_a_reconnect_that_used_up_the_time_are_given_back_un
     """A claim's reply is lost and, by the time the reconnect has taken up what it claimed,
     the run is below its reserve (here: from the moment the reply is lost, the injected
     deadline says so). The job it took is given back unstarted, its attempt returned, whether
-    the claim went through the pipeline (SentAhead.claim_now, at concurrency 1) or psycopg's
+    the claim went through the pipeline (PipelinedClaims.claim_now, at concurrency 1) or psycopg's
     cursor. Before the pipeline's take-up did this, it started the job with no time left."""
     first, second = enqueue(conn, "quick"), enqueue(conn, "quick")
     monkeypatch.setattr(Deadline, "below_reserve", lambda self: proxy.dropped.is_set())
-    result = drain(
+    result = drain_with(
+        Controls(pipelining=send_ahead),
         Settings(concurrency=1, batch_size=1),
         Budget.seconds(30),
         registry,
         proxy.url,
         observer=losing_the_second_claims_reply(proxy),
-        send_ahead=send_ahead,
     )
 
     assert proxy.dropped.is_set() and proxy.connections == 2

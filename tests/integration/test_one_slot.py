@@ -15,8 +15,9 @@ import pytest
 
 from helpers.fixtures import db_now, job_row
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
+from pgdrain.controls import Controls
 from pgdrain.db.session import Session
-from pgdrain.runner.drain import SafetySwitches
+from pgdrain.runner.drain import drain_with
 from pgdrain.runner.stop import StopRequest
 
 Conn = psycopg.Connection[Any]
@@ -41,7 +42,9 @@ def test_at_concurrency_1_no_job_runs_on_the_calling_thread(
 
     for _ in range(3):
         enqueue(conn, "where")
-    result = drain(ONE_SLOT, Budget.seconds(30), registry, db_url, one_thread=one_thread)
+    result = drain_with(
+        Controls(job_on_loop_thread=one_thread), ONE_SLOT, Budget.seconds(30), registry, db_url
+    )
     assert result.done == 3
     assert threading.current_thread() not in threads
     assert len(set(threads)) == 1
@@ -78,10 +81,10 @@ def test_a_stop_that_ends_the_run_while_its_one_job_runs_leaves_its_thread_nothi
     job_id = enqueue(conn, "gate")
     stop = StopRequest(grace_seconds=0.2)
     results: list[DrainResult] = []
-    switches = SafetySwitches(end_the_loop_thread_with_the_run=ends)
+    switches = Controls(end_the_loop_thread_with_the_run=ends)
     run = threading.Thread(
         target=lambda: results.append(
-            drain(ONE_SLOT, Budget.seconds(60), registry, db_url, switches=switches, stop=stop)
+            drain_with(switches, ONE_SLOT, Budget.seconds(60), registry, db_url, stop=stop)
         ),
         daemon=True,
     )

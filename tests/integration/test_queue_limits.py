@@ -12,7 +12,7 @@ from typing import Any, LiteralString, cast
 import psycopg
 import pytest
 
-from helpers.fixtures import claim_batch, wait_for, without_line
+from helpers.fixtures import claim_batch, complete_and_claim, wait_for, without_line
 from helpers.ledger_jobs import jobs as registry
 from pgdrain import Budget, Settings, drain, enqueue_many
 from pgdrain.api.enqueue import build_job
@@ -120,7 +120,7 @@ def test_the_count_follows_every_way_an_attempt_ends(conn: Conn) -> None:
     )
     store.job_reclaim_expired(conn, 10)
     assert _running(conn) == (1, 1)  # e still runs
-    store.job_complete_and_claim(conn, [e.held], ["emails"], 10, "w", 30, None)
+    complete_and_claim(conn, [e.held], ["emails"], 10, "w", 30, None)
     # e's completion frees its slot within the same statement: the claim takes its place
     assert _running(conn)[0] == _running(conn)[1]
 

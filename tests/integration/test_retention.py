@@ -14,6 +14,7 @@ import pytest
 from helpers.fixtures import wait_for
 from pgdrain import enqueue
 from pgdrain.budget import Budget
+from pgdrain.controls import Controls
 from pgdrain.db import retention
 
 Conn = psycopg.Connection[Any]
@@ -143,7 +144,7 @@ def test_a_retention_run_blocked_on_a_table_lock_returns_within_its_budget_only_
                 retain_failed_days=30,
                 budget=Budget.seconds(budget_seconds),
                 min_remaining=0.5,
-                limit_to_budget=limited,
+                controls=Controls(limit_statements_to_budget=limited),
             )
             results.append((result, time.monotonic() - started))
 

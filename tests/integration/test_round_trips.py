@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from helpers.fixtures import complete_and_claim
 from helpers.protocol import traced_connections
 from pgdrain import Budget, Registry, Settings, drain, enqueue
 from pgdrain.db import connection as db_module
@@ -561,9 +562,9 @@ def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
     """psycopg prepares a statement at its sixth execution; outside a pipeline it would prepare
     it in a round trip of its own. On a connection that keeps its limits the claims go alone,
     and still one round trip each: in a pipeline until psycopg has surely prepared the claim,
-    then without one, whether or not it has work to do while it is out (session.KeptCursor,
-    db.DrainConnection; a pipeline sends a Flush after its Sync). The control lets them go
-    without a pipeline from the first: the claim that psycopg prepares takes a round trip more.
+    then without one (session.KeptCursor; a pipeline sends a Flush after its Sync). The control
+    lets them go without a pipeline from the first: the claim that psycopg prepares takes a
+    round trip more.
     (The first claim sends the limits the connection keeps, in a transaction of its own, so in
     a pipeline; they stay fresh for the rest of the test.)"""
     monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
@@ -582,9 +583,9 @@ def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
 
             @store.one_statement
             def claim(c: Conn, held: list[store.Held] = held) -> list[store.ClaimedJob]:
-                return store.job_complete_and_claim(
-                    c, held, ("default",), 5, "w", 30.0, None, uuid.uuid4()
-                )[1]
+                return complete_and_claim(c, held, ("default",), 5, "w", 30.0, None, uuid.uuid4())[
+                    1
+                ]
 
             messages, claimed = traced_messages(session, functools.partial(session.run, claim))
             trips.append(sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"]))

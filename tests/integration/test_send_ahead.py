@@ -16,11 +16,12 @@ from helpers.fixtures import statuses
 from helpers.lossy_proxy import LossyProxy
 from pgdrain import Budget, Job, Registry, Settings, drain, enqueue_many
 from pgdrain.api.enqueue import build_job
+from pgdrain.budget import FINAL_MARGIN_SECONDS
+from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.db.session import Session
-from pgdrain.runner.deadline import FINAL_MARGIN_SECONDS
-from pgdrain.runner.drain import SafetySwitches
-from pgdrain.runner.pipelining import SentAhead
+from pgdrain.runner.drain import drain_with
+from pgdrain.runner.pipelining import PipelinedClaims
 
 Conn = psycopg.Connection[Any]
 SENT_AHEAD = b"pgdrain_ahead_"  # the name a claim sent ahead is prepared and bound under
@@ -45,9 +46,9 @@ def test_claims_go_out_ahead_and_every_job_is_done_once(
     _enqueue(conn, 300)
     sent: list[int] = []
     held: list[int] = []
-    send = SentAhead.send
+    send = PipelinedClaims.send
 
-    def counting(self: SentAhead, limit: int) -> None:
+    def counting(self: PipelinedClaims, limit: int) -> None:
         sent.append(self.count())  # claims already on the wire as this one goes out
         # The slots held once it is out: never more than the slots, a batch claimed ahead and
         # the batch this claim brings.
@@ -56,13 +57,13 @@ def test_claims_go_out_ahead_and_every_job_is_done_once(
         assert held[-1] + limit <= 10 + 10 + 10
         send(self, limit)
 
-    monkeypatch.setattr(SentAhead, "send", counting)
-    result = drain(
+    monkeypatch.setattr(PipelinedClaims, "send", counting)
+    result = drain_with(
+        Controls(pipelining=send_ahead),
         Settings(batch_size=10, concurrency=10),
         Budget.seconds(60),
         registry,
         db_url,
-        send_ahead=send_ahead,
     )
 
     assert (result.claimed, result.done, result.error) == (300, 300, None)
@@ -83,12 +84,12 @@ def test_a_reply_lost_with_claims_on_the_wire_is_taken_up_claim_by_claim(
     control makes each claim again as if nothing had happened."""
     _enqueue(conn, 200)
     proxy.drop_commit_reply(SENT_AHEAD)
-    result = drain(
+    result = drain_with(
+        Controls(recover_lost_replies=recover),
         Settings(batch_size=10, concurrency=10),
         Budget.seconds(60),
         registry,
         proxy.url,
-        switches=SafetySwitches(recover_lost_replies=recover),
     )
 
     assert proxy.dropped.is_set() and proxy.connections == 2  # one reply lost, one reconnect
@@ -115,7 +116,13 @@ def test_a_claim_behind_one_that_waits_on_a_lock_still_ends_by_the_final_margin(
     store.queue_limit_sync(conn, ["default"], [("default", 1000)])
     budget = Budget.seconds(4.0)
     began = time.monotonic()
-    session = Session(db_url, Settings(), budget, halve_kept_limits=halved)
+    session = Session(
+        db_url,
+        Settings(),
+        budget,
+        pipelining=True,
+        controls=Controls(halve_limits_when_pipelining=halved),
+    )
     session.open()
     locker = psycopg.connect(db_url)  # a transaction of its own, held until the end
     try:
@@ -221,9 +228,9 @@ def test_limits_that_go_stale_between_the_check_and_the_send_send_nothing_ahead(
     may_send = Session.may_send_ahead
     monkeypatch.setattr(Session, "may_send_ahead", lambda self: may_send(self) and next(answers))
     sent: list[int] = []
-    send = SentAhead.send
+    send = PipelinedClaims.send
     monkeypatch.setattr(
-        SentAhead, "send", lambda self, limit: (sent.append(self.count()), send(self, limit))
+        PipelinedClaims, "send", lambda self, limit: (sent.append(self.count()), send(self, limit))
     )
     result = drain(Settings(batch_size=10, concurrency=10), Budget.seconds(60), registry, db_url)
 
@@ -236,7 +243,7 @@ def test_at_concurrency_1_each_claim_goes_alone_and_the_jobs_run_in_queue_order(
     conn: Conn, db_url: str, send_ahead: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Strict ordering (batch 1, concurrency 1): no claim goes ahead, but a claim read at once
-    goes through the pipeline whenever one could be sent ahead (SentAhead.claim_now: less of
+    goes through the pipeline whenever one could be sent ahead (PipelinedClaims.claim_now: less of
     the client's CPU than psycopg's cursor). Still nothing else on the wire as it goes out, one
     job at a time, in the queue's order (priority, run_at, id), each done once. The control
     claims through the cursor only."""
@@ -258,12 +265,12 @@ def test_at_concurrency_1_each_claim_goes_alone_and_the_jobs_run_in_queue_order(
         send(self, statement)
 
     monkeypatch.setattr(Session, "send_ahead", counting)
-    result = drain(
+    result = drain_with(
+        Controls(pipelining=send_ahead),
         Settings(batch_size=1, concurrency=1),
         Budget.seconds(60),
         ordered_registry,
         db_url,
-        send_ahead=send_ahead,
     )
 
     assert (result.claimed, result.done, result.error) == (60, 60, None)

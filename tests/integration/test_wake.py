@@ -24,6 +24,7 @@ from helpers.aws import (
     metric_totals,
     mocked_aws,
 )
+from helpers.fixtures import complete_and_claim
 from pgdrain import Budget, Settings, enqueue
 from pgdrain.aws import events
 from pgdrain.aws.wake import (
@@ -172,7 +173,7 @@ def test_a_lease_held_by_another_run_is_work_due_at_its_expiry(
     _handler_env(monkeypatch, db_url)
     with conn.transaction():
         enqueue(conn, "noop", {}, queue="emails")
-    (held,) = store.job_complete_and_claim(conn, [], ["emails"], 1, "a-run-that-dies", 120, None)[1]
+    (held,) = complete_and_claim(conn, [], ["emails"], 1, "a-run-that-dies", 120, None)[1]
     row = conn.execute("SELECT lease_expires_at FROM pgdrain.jobs WHERE id = %s", (held.id,))
     expiry = row.fetchone()[0]  # type: ignore[index]
 
@@ -466,7 +467,7 @@ def test_work_already_due_is_woken_for_at_the_next_step_never_in_the_past(
     with conn.transaction():
         for _ in range(2):
             enqueue(conn, "noop", {}, queue="emails")
-    store.job_complete_and_claim(conn, [], ["emails"], 2, "a-dead-run", 30, None)
+    complete_and_claim(conn, [], ["emails"], 2, "a-dead-run", 30, None)
     conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 minute'")
 
     before = dt.datetime.now(dt.UTC)

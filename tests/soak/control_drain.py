@@ -2,7 +2,7 @@
 
     python -m soak.control_drain [--no-heartbeat] [--unfenced] -- drain --budget 3 --json
 
---no-heartbeat  SafetySwitches(heartbeat=False): leases are never extended.
+--no-heartbeat  Controls(heartbeat=False): leases are never extended.
 --unfenced      completions are written without the attempt_token line of their statement
                 (job_complete_and_claim, job_complete_many), so a late result of an attempt
                 that lost its lease overwrites the job.
@@ -19,9 +19,10 @@ from typing import Any, LiteralString, cast
 
 from helpers.fixtures import unfenced
 from pgdrain.cli import commands
+from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.db.sql import query
-from pgdrain.runner.drain import SafetySwitches, drain
+from pgdrain.runner.drain import drain_with
 
 # The statements that record a completion, and the fence line each loses in the control.
 COMPLETIONS = ("job_complete_and_claim", "job_complete_many")
@@ -43,7 +44,7 @@ def main(argv: Sequence[str]) -> int:
 
     if args.no_heartbeat:
         # The CLI's drain, with the heartbeat switched off: injected here, never a setting.
-        cli_drain: Any = functools.partial(drain, switches=SafetySwitches(heartbeat=False))
+        cli_drain: Any = functools.partial(drain_with, Controls(heartbeat=False))
         commands.drain = cli_drain
     if args.unfenced:
         patched: Any = _unfenced_query

@@ -25,7 +25,7 @@ pytestmark = [
 SOAK_JOBS = int(os.environ.get("PGDRAIN_SOAK_JOBS", "20000"))
 
 # The controls: no kills, no restart; every job outlives its 1 s lease, and nothing extends it
-# (SafetySwitches(heartbeat=False)). For 12 s, four drains run at a time, and one that finds nothing
+# (Controls(heartbeat=False)). For 12 s, four drains run at a time, and one that finds nothing
 # ready exits and is replaced at once: each new run reclaims the expired leases and runs those
 # jobs again while their first attempts still work. Only `fenced` differs between the two.
 CONTROL = SoakConfig(

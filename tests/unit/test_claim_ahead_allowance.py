@@ -6,20 +6,21 @@ from __future__ import annotations
 import math
 import uuid
 
+from pgdrain.controls import Controls
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
-from pgdrain.runner.prefetch import ClaimAhead, most_ahead
+from pgdrain.runner.prefetch import Prefetch, most_ahead
 
 
-def measured(job_s: float, trip_s: float, *, batch: int = 10, concurrency: int = 10) -> ClaimAhead:
-    ahead = ClaimAhead(batch, concurrency)
+def measured(job_s: float, trip_s: float, *, batch: int = 10, concurrency: int = 10) -> Prefetch:
+    ahead = Prefetch(batch, concurrency)
     ahead.job_ran(job_s)
     ahead.claim_took(trip_s)
     return ahead
 
 
 def test_nothing_is_claimed_ahead_before_a_job_and_a_claim_were_measured() -> None:
-    ahead = ClaimAhead(10, 10)
+    ahead = Prefetch(10, 10)
     assert ahead.allowance() == 0
     ahead.claim_took(0.001)
     assert ahead.allowance() == 0
@@ -60,7 +61,7 @@ def test_one_slow_job_cuts_the_allowance_at_once() -> None:
 
 def test_strict_ordering_and_the_control_never_claim_ahead() -> None:
     assert measured(0.00001, 0.0015, batch=1, concurrency=1).allowance() == 0
-    off = ClaimAhead(10, 10, enabled=False)
+    off = Prefetch(10, 10, controls=Controls(prefetch=False))
     off.job_ran(0.00001)
     off.claim_took(0.0015)
     assert off.allowance() == 0
@@ -92,7 +93,7 @@ def test_jobs_ending_together_count_only_where_claiming_ahead_pays() -> None:
     short = measured(0.00001, 0.0015)  # a whole batch ahead already: no wake-ups needed
     assert short.allowance(TOGETHER, now=0.0) == 10
     assert short.wake_at(TOGETHER, now=0.0) == math.inf
-    off = ClaimAhead(10, 10, enabled=False)
+    off = Prefetch(10, 10, controls=Controls(prefetch=False))
     off.job_ran(0.020)
     off.claim_took(0.005)
     assert off.allowance(TOGETHER, now=0.0151) == 0

@@ -1,6 +1,6 @@
 import pytest
 
-from pgdrain.api.retry import RetryPolicy, backoff_seconds, is_final
+from pgdrain.api.retry import RetryPolicy, backoff_seconds
 
 
 def test_backoff_doubles_from_the_base_without_jitter() -> None:
@@ -27,13 +27,6 @@ def test_jitter_spreads_jobs_that_failed_together() -> None:
     assert backoff_seconds(2, policy, rand=lambda: 0.0) < backoff_seconds(
         2, policy, rand=lambda: 0.99
     )
-
-
-def test_the_last_attempt_is_final() -> None:
-    assert not is_final(1, 5)
-    assert not is_final(4, 5)
-    assert is_final(5, 5)
-    assert is_final(6, 5)  # a reclaimed job can have spent more
 
 
 def test_attempts_count_from_one() -> None:

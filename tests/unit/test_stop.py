@@ -7,9 +7,9 @@ import os
 import signal
 import time
 
-from pgdrain.budget import Budget
+from pgdrain.budget import FINAL_MARGIN_SECONDS, Budget
 from pgdrain.runner import stop
-from pgdrain.runner.deadline import FINAL_MARGIN_SECONDS, Deadline
+from pgdrain.runner.deadline import Deadline
 
 
 def test_a_request_wakes_every_waiter_once_registered_even_after_the_fact() -> None:

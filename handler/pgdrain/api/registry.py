@@ -183,9 +183,6 @@ class Registry:
         except KeyError:
             raise UnknownJobKind(f"no function is registered for job kind {kind!r}") from None
 
-    def function_for(self, kind: str) -> JobFunction:
-        return self.registered(kind).function
-
     def options(self, kind: str) -> KindOptions:
         """The kind's options; all unset for a kind this registry does not know."""
         found = self._kinds.get(kind)

@@ -42,8 +42,3 @@ def backoff_seconds(
     raw = min(policy.cap_seconds, policy.base_seconds * 2.0**exponent)
     spread = raw * policy.jitter * (2.0 * rand() - 1.0)
     return max(0.0, min(policy.cap_seconds, raw + spread))
-
-
-def is_final(attempt: int, max_attempts: int) -> bool:
-    """A failure of this attempt fails the job for good."""
-    return attempt >= max_attempts

@@ -9,10 +9,7 @@ into pgdrain's own here, in two kinds:
   a wrong password, an unknown database or role): DatabaseMisconfigured at once, since
   retrying only spends the budget (a DNS failure was retried for 4 min 48 s).
 
-An error of neither kind is not retried either: DatabaseUnavailable at once, with its text.
-
-The connection is psycopg's with one addition (DrainConnection): work to do while the next
-statement is out, called as psycopg starts waiting for its reply."""
+An error of neither kind is not retried either: DatabaseUnavailable at once, with its text."""
 
 from __future__ import annotations
 
@@ -20,11 +17,10 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.waiting import Wait
 
 from pgdrain.budget import Budget
 from pgdrain.errors import (
@@ -126,7 +122,7 @@ def connect(
         attempt += 1
         timeout = min(settings.connect_timeout, budget.remaining())
         try:
-            return DrainConnection.connect(conninfo, **connection_kwargs(settings, timeout))
+            return psycopg.Connection.connect(conninfo, **connection_kwargs(settings, timeout))
         except psycopg.ProgrammingError:
             # libpq quotes a malformed connection string in its message, password included.
             raise ConfigError(
@@ -160,78 +156,6 @@ def connect(
 
 
 T = TypeVar("T")
-
-
-class DrainConnection(psycopg.Connection[Any]):
-    """psycopg's connection, and `while_waiting(work)`: the next statement calls `work` once it
-    has gone out, as psycopg starts waiting for its reply, so the work is done while the server
-    runs the statement (the claim hands the jobs claimed ahead to the worker threads then:
-    claims.claim_and_start). A pipeline does the same (session.py), at 80-100 us more of the
-    run's CPU a statement (its Sync and Flush, its polls, its result queue). Batch 10, 20,000
-    no-op jobs, this against the pipeline: medians 1.03, 1.05 and 1.08 in three sets of
-    paired runs (34 pairs, ahead in 23), 0.78 of the ceiling against 0.74 in the last.
-
-    psycopg drives each statement with a generator that yields what it waits for: first to
-    write, while the statement is flushed (psycopg.generators._send), then to read (_fetch).
-    The first wait to read comes once the statement is all sent. If the reply is in before
-    any wait (or the statement never reads), `work` is called after it instead, before the
-    statement returns. It is called once either way, unless sending failed (then the caller's
-    error handling applies, as with a pipeline). An error `work` raises is held until the
-    statement's reply is read, then raised: left half-read, the connection would refuse the
-    next statement."""
-
-    _while_waiting: Callable[[], None] | None = None
-
-    def while_waiting(self, work: Callable[[], None] | None) -> None:
-        """Have the next statement call `work` once sent (None: nothing, as before)."""
-        self._while_waiting = work
-
-    def wait(self, gen: Generator[Any, Any, T], *args: Any, **kwargs: Any) -> T:
-        work, self._while_waiting = self._while_waiting, None
-        if work is None:
-            return super().wait(gen, *args, **kwargs)
-        once = _Once(work)
-        try:
-            result = super().wait(_calling_when_sent(gen, once), *args, **kwargs)
-        except BaseException:
-            once.raise_its_error()  # it came first (the statement's error is its context)
-            raise
-        once.call()  # if no wait to read came
-        once.raise_its_error()
-        return result
-
-
-class _Once:
-    def __init__(self, work: Callable[[], None]) -> None:
-        self._work: Callable[[], None] | None = work
-        self._error: BaseException | None = None
-
-    def call(self) -> None:
-        work, self._work = self._work, None
-        if work is None:
-            return
-        try:
-            work()
-        except BaseException as exc:  # raised once the reply is read (DrainConnection)
-            self._error = exc
-
-    def raise_its_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-
-def _calling_when_sent(gen: Generator[Any, Any, T], once: _Once) -> Generator[Any, Any, T]:
-    """`gen`, driven as psycopg drives it, calling `once` at its first wait to read."""
-    try:
-        waiting = next(gen)
-        while True:
-            if waiting == Wait.R:
-                once.call()
-            waiting = gen.send((yield waiting))
-    except StopIteration as done:
-        result: T = done.value
-        return result
 
 
 def is_not_up_yet(exc: psycopg.Error) -> bool:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import psycopg
 
 from pgdrain.budget import Budget
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import session, store
 from pgdrain.db.connection import one_line
 
@@ -73,12 +74,12 @@ def run_once(
     budget: Budget,
     batch: int = DEFAULT_BATCH,
     min_remaining: float = MIN_REMAINING_SECONDS,
-    limit_to_budget: bool = True,
+    controls: Controls = ALL_ON,
 ) -> RetentionResult:
     """Delete finished jobs older than their retention, batch by batch, while the budget
     leaves at least `min_remaining` seconds. `conn` is in autocommit mode. A batch cancelled at
-    its limit ends the run (`stopped`). `limit_to_budget=False` (a test's control) runs the
-    batches with the server's limits: a lock wait may then outlast the budget."""
+    its limit ends the run (`stopped`). With limit_statements_to_budget off (a control), the
+    batches run with the server's limits: a lock wait may then outlast the budget."""
     done = failed = 0
     more_done = more_failed = True  # a batch that came back full may have left more
     while more_done or more_failed:
@@ -96,7 +97,7 @@ def run_once(
         try:
             # One round trip: BEGIN, the limits, the batch's two DELETEs and COMMIT together.
             deleted_done, deleted_failed = session.run_one_statement(
-                conn, limit_ms if limit_to_budget else None, batch_of
+                conn, limit_ms if controls.limit_statements_to_budget else None, batch_of
             )
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
             stopped = f"a batch was cancelled at its limit of {limit_ms} ms: {one_line(exc)}"

@@ -26,16 +26,16 @@ On a connection of its own (PGDRAIN_POOLER=session, the default: no transaction 
 between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED),
 and a one-statement operation goes alone, without BEGIN and COMMIT, as its
 own implicit transaction: half the client's work per round trip and less of the server's.
-Once psycopg has prepared it, it goes without a pipeline too (KeptCursor.executing): what is
-to be done while it is out is done as psycopg starts waiting for its reply
-(connection.DrainConnection).
+Once psycopg has prepared it, it goes without a pipeline too (KeptCursor.executing), unless
+there is work to do while it is out (`while_sent`): in a pipeline the statement has gone out
+when execute() returns, so that work overlaps the server's.
 They are sent again, in the explicit transaction of the statement that carries them, at least
 every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS later (so a
 statement started before the next refresh still ends by the final margin), and at every
 statement once the budget nears its end, after an error and after a reconnect.
 
 A claim may also go out before the reply to the last one is read (`send_ahead`, pipeline.py,
-sent_ahead.py): only on such a connection, while its limits are fresh, and then those limits
+runner/pipelining.py): only on such a connection, while its limits are fresh, and then those limits
 are half of what is left (see may_send_ahead). Before any other statement, every reply still
 owed is read (`settle`).
 
@@ -54,6 +54,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from pgdrain.budget import FINAL_MARGIN_SECONDS, Budget
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import connection, store
 from pgdrain.db.connection import one_line
 from pgdrain.db.pipeline import Pipeline, Row
@@ -118,31 +119,31 @@ class Session:
         settings: Settings,
         budget: Budget,
         *,
-        limit_to_budget: bool = True,
-        read_committed: bool = True,
         lease_seconds_left: Callable[[], float | None] | None = None,
         on_reconnect: Callable[[], None] | None = None,
-        halve_kept_limits: bool = False,
+        pipelining: bool = False,
+        controls: Controls = ALL_ON,
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
         self._budget = budget
-        self._limit_to_budget = limit_to_budget
-        self._read_committed = read_committed
+        self._limit_to_budget = limit_to_budget = controls.limit_statements_to_budget
+        self._read_committed = read_committed = controls.pin_read_committed
         self._conn: psycopg.Connection[Any] | None = None
         self._cursor: KeptCursor | None = None  # _statement_cursor
         # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
         # run until it succeeds, and a lease that expires meanwhile lets another run start the
-        # job while ours still runs it. None: the whole budget (a test's control).
-        self._lease_seconds_left = lease_seconds_left
+        # job while ours still runs it. None: the whole budget.
+        self._lease_seconds_left = lease_seconds_left if controls.reconnect_within_leases else None
         self._on_reconnect = on_reconnect
         self._with_next: list[WithNext] = []
         # Statements sent ahead (pipeline.py), on this connection; and what reads them all,
         # called before any other statement goes out (settle_with).
         self._pipeline: Pipeline | None = None
         self._settle: Callable[[], None] | None = None
-        self._halve_kept_limits = halve_kept_limits  # see may_send_ahead
-        # None: every transaction carries its limits (a transaction pooler, or a test's control).
+        # A session whose statements are pipelined keeps half the limits: see may_send_ahead.
+        self._halve_kept_limits = pipelining and controls.halve_limits_when_pipelining
+        # None: every transaction carries its limits (a transaction pooler).
         self._kept = (
             _KeptLimits()
             if settings.pooler == "session" and limit_to_budget and read_committed
@@ -351,7 +352,7 @@ class Session:
         if not self._limit_to_budget and not self._read_committed:
             for earlier in before:
                 earlier.delivered(earlier.send(conn))
-            return operation(conn)  # a test's control: the server's defaults
+            return operation(conn)  # controls off: the server's defaults
         one_statement = getattr(operation, "one_statement", False)
         if self._kept is not None and one_statement:
             return self._with_kept_limits(conn, before, operation, while_sent)
@@ -562,24 +563,10 @@ class _SentWithItsTransaction:
         kept = self._cursor
         executing = kept.cursor if kept is not None else self._conn.cursor()
         prepared = kept is not None and kept.executing(statement)  # counts every execution
-        while_sent = self._while_sent
-        if (
-            prepared
-            and self._alone
-            and not self._before
-            and (while_sent is None or isinstance(self._conn, connection.DrainConnection))
-        ):
-            # Sent alone and prepared by now: no pipeline. What is to be done while it is out
-            # is done as psycopg starts waiting for the reply (DrainConnection).
+        if prepared and self._alone and not self._before and self._while_sent is None:
+            # Sent alone and prepared by now: no pipeline.
             self._sent = True
-            if while_sent is None:
-                return executing.execute(statement, params)
-            conn = cast(connection.DrainConnection, self._conn)
-            conn.while_waiting(while_sent)
-            try:
-                return executing.execute(statement, params)
-            finally:
-                conn.while_waiting(None)  # in case it failed before it waited
+            return executing.execute(statement, params)
         cursor = self._send(lambda: executing.execute(statement, params))
         assert cursor is not None
         return cursor

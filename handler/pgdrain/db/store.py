@@ -334,27 +334,6 @@ def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]
     return [int(r[0]) for r in conn.execute(query("periodic_enqueue"), params).fetchall()]
 
 
-@one_statement
-def job_complete_and_claim(
-    conn: Connection,
-    finished: Sequence[Held],
-    queues: Sequence[str],
-    limit: int,
-    worker: str,
-    lease_seconds: float,
-    cap_seconds: float | None,
-    claim_id: uuid.UUID | None = None,
-) -> tuple[Fenced, list[ClaimedJob]]:
-    """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit).
-    The statement returns the claimed jobs and only those of `finished` the fence refused.
-    cap_seconds bounds every new lease to the run's deadline (None leaves it uncapped: only
-    tests do that, to show what the cap prevents). claim_id, chosen by the caller, is stored
-    on the claimed rows: job_claim_recover finds them by it after a lost reply."""
-    return job_complete_and_claim_statement(
-        finished, queues, limit, worker, lease_seconds, cap_seconds, claim_id
-    ).run(conn)
-
-
 def job_complete_and_claim_statement(
     finished: Sequence[Held],
     queues: Sequence[str],
@@ -364,8 +343,12 @@ def job_complete_and_claim_statement(
     cap_seconds: float | None,
     claim_id: uuid.UUID | None,
 ) -> Statement[tuple[Fenced, list[ClaimedJob]]]:
-    """job_complete_and_claim's statement: also what a claim sent ahead sends (pipeline.py),
-    whose rows complete_and_claim_result reads."""
+    """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit),
+    run by the run's claims (pipelined or not) and read by complete_and_claim_result. The
+    statement returns the claimed jobs and only those of `finished` the fence refused.
+    cap_seconds bounds every new lease to the run's deadline (None: uncapped, the control
+    that shows what the cap prevents). claim_id, chosen by the caller, is stored on the
+    claimed rows: job_claim_recover finds them by it after a lost reply."""
     params = {
         "done_ids": [h.id for h in finished],
         "done_tokens": [h.token for h in finished],

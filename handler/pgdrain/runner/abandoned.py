@@ -12,6 +12,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db.store import Held
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ class ThreadWatch:
     """Which worker thread runs which attempt of this run, and the attempts it gave up on.
     Written by the worker threads as well as the run's own, hence the lock."""
 
-    def __init__(self, enabled: bool = True) -> None:
-        self._enabled = enabled
+    def __init__(self, *, controls: Controls = ALL_ON) -> None:
+        self._enabled = controls.mark_abandoned_lost
         self._lock = threading.Lock()
         self._running: dict[Held, threading.Thread] = {}
         self._given_up: set[Held] = set()

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
@@ -43,14 +44,14 @@ class ClaimStatements:
         queues: tuple[str, ...],
         worker_id: str,
         lease_seconds: float,
-        recover_lost_replies: bool = True,
+        controls: Controls = ALL_ON,
     ) -> None:
         self._attempts = attempts
         self._deadline = deadline
         self._queues = queues
         self._worker_id = worker_id
         self._lease_seconds = lease_seconds
-        self._recover_lost_replies = recover_lost_replies
+        self._recover_lost_replies = controls.recover_lost_replies
         # Claim ids: one random base per run, counted up, so a claim's id costs no call into
         # the OS (uuid4 reads os.urandom, which gives up the GIL; getting it back while the job
         # threads run cost more than the rest of the claim's bookkeeping). Unique within the
@@ -82,26 +83,34 @@ class ClaimStatements:
 
         return make
 
-    def again(self, claim: Claim) -> Callable[[store.Connection], Result]:
+    def recover(self, claim: Claim) -> Callable[[store.Connection], Result]:
         """What runs in place of `claim` after its reply was lost (the control, with
         recover_lost_replies off: the claim itself, again)."""
         make = self.operation(claim)
         if not self._recover_lost_replies:
             return make
+        return after_a_lost_reply(make, claim.claim_id, claim.held)
 
-        def make_again(conn: store.Connection) -> Result:
-            # Safe to run after a lost reply: if the claim committed, its completions (found by
-            # completed_token) or its claims (found by claim_id) say so, and they are taken as
-            # its result: nothing is claimed twice, no completion is counted lost. If neither
-            # exists, nothing of it committed (or it claimed and completed nothing), so the
-            # claim is made now, once, under the same claim id.
-            done, claimed = store.job_claim_recover(conn, claim.claim_id, claim.held)
-            if done.applied_attempts or claimed:
-                log.warning(
-                    "a claim committed before its reply was lost; its jobs are kept",
-                    extra={"claimed": len(claimed), "completed": len(done.applied_attempts)},
-                )
-                return done, claimed
-            return make(conn)
 
-        return make_again
+def after_a_lost_reply(
+    make: Callable[[store.Connection], Result],
+    claim_id: uuid.UUID | None,
+    finished: list[store.Held],
+) -> Callable[[store.Connection], Result]:
+    """`make` (a statement that completes `finished` and claims under `claim_id`), safe to run
+    after its reply was lost: if it committed, its completions (found by completed_token) or
+    its claims (found by claim_id) say so, and they are taken as its result: nothing is
+    claimed twice, no completion is counted lost. If neither exists, nothing of it committed
+    (or it claimed and completed nothing), so it is made now, once, under the same claim id."""
+
+    def make_again(conn: store.Connection) -> Result:
+        done, claimed = store.job_claim_recover(conn, claim_id, finished)
+        if done.applied_attempts or claimed:
+            log.warning(
+                "a statement committed before its reply was lost; what it did is kept",
+                extra={"claimed": len(claimed), "completed": len(done.applied_attempts)},
+            )
+            return done, claimed
+        return make(conn)
+
+    return make_again

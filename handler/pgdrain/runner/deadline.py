@@ -4,13 +4,16 @@ jobs (the final margin), and how far a lease may reach (never past the deadline)
 from __future__ import annotations
 
 from pgdrain.budget import FINAL_MARGIN_SECONDS, Budget
+from pgdrain.controls import ALL_ON, Controls
 
 
 class Deadline:
-    def __init__(self, budget: Budget, reserve_seconds: float, cap_leases: bool = True) -> None:
+    def __init__(
+        self, budget: Budget, reserve_seconds: float, *, controls: Controls = ALL_ON
+    ) -> None:
         self.budget = budget
         self.reserve_seconds = reserve_seconds
-        self._cap_leases = cap_leases
+        self._cap_leases = controls.cap_lease_at_deadline
 
     def remaining(self) -> float:
         return self.budget.remaining()
@@ -23,8 +26,8 @@ class Deadline:
         return self.budget.remaining() <= FINAL_MARGIN_SECONDS
 
     def lease_cap(self) -> float | None:
-        """The longest a lease may run: to the deadline, never past it (None: uncapped, which
-        only a test's control asks for, to show what the cap prevents)."""
+        """The longest a lease may run: to the deadline, never past it (None: uncapped, the
+        control that shows what the cap prevents)."""
         return self.budget.remaining() if self._cap_leases else None
 
     def seconds_until_check(self, stopping: bool) -> float:

@@ -23,13 +23,14 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import psycopg
 
 from pgdrain.api import periodic
 from pgdrain.api.registry import Registry
 from pgdrain.budget import Budget
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.connection import one_line
 from pgdrain.db.session import Session
@@ -38,17 +39,12 @@ from pgdrain.runner import execute
 from pgdrain.runner import stop as stop_module
 from pgdrain.runner.abandoned import ThreadWatch, warn_of_stale_threads
 from pgdrain.runner.attempts import Attempts, RunState
-from pgdrain.runner.claiming import (
-    COMPLETION_FLUSH_SECONDS,
-    Claims,
-    claim_and_start,
-    record_outcomes,
-    wanted,
-)
+from pgdrain.runner.claiming import Claims, claim_and_start, claim_size
+from pgdrain.runner.completer import COMPLETION_FLUSH_SECONDS, Completer, record_outcomes
 from pgdrain.runner.deadline import Deadline
 from pgdrain.runner.heartbeat import Heartbeat
 from pgdrain.runner.loop_thread import GivenUp, LoopThread, OneSlot
-from pgdrain.runner.prefetch import ClaimAhead
+from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.stop import Stopping, StopRequest
 from pgdrain.runner.summary import (
     Counter,
@@ -66,41 +62,13 @@ __all__ = [
     "DrainResult",
     "Observer",
     "RunHooks",
-    "SafetySwitches",
     "StopRequest",
     "default_worker_id",
     "drain",
+    "drain_with",
 ]
 
 log = logging.getLogger(__name__)
-
-
-class SafetySwitches(NamedTuple):
-    """Safety mechanisms, on in every real run. A test turns one off to show the failure it
-    prevents; nothing else should."""
-
-    heartbeat: bool = True
-    cap_lease_at_deadline: bool = True
-    limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
-    pin_read_committed: bool = True
-    mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
-    recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
-    reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
-    # Jobs claimed ahead and still waiting in the pool for a thread are taken back when the run
-    # releases what has not started (a stop, the reserve) or ends: never started after that.
-    take_back_waiting_jobs: bool = True
-    # A claim sent ahead (before the reply to the last is read) holds the slots of all it may
-    # bring until it is read: the run never holds more than its slots and their allowance.
-    count_claims_on_the_wire: bool = True
-    # While claims are sent ahead, the limits a connection keeps are half what is left: a
-    # claim starts as the one before it ends, and both must end by the final margin.
-    halve_limits_when_sending_ahead: bool = True
-    # At concurrency 1 the loop's thread runs the job itself (one_slot.py): when the run has
-    # ended while that job ran, the thread ends as the job returns, touching nothing of the run.
-    end_the_loop_thread_with_the_run: bool = True
-
-
-ALL_ON = SafetySwitches()  # a tuple: one shared default is safe
 
 
 class RunHooks(Protocol):
@@ -158,18 +126,40 @@ def drain(
     queues: Sequence[str] | None = None,
     worker_id: str | None = None,
     observer: Observer | None = None,
-    switches: SafetySwitches = ALL_ON,
     hooks: RunHooks | None = None,
     stop: StopRequest | None = None,
-    claim_ahead: bool = True,
-    send_ahead: bool = True,
-    one_thread: bool = True,
 ) -> DrainResult:
     """Run until no job is ready and none is running, until the budget is spent, or until
-    `stop` is requested. `claim_ahead=False` alternates claims and jobs (claim_ahead.py);
-    `send_ahead=False` reads each claim's reply before the next claim goes out (pipeline.py);
-    `one_thread=False` hands each job to a worker thread at concurrency 1 too (one_slot.py):
-    a benchmark's controls."""
+    `stop` is requested."""
+    return drain_with(
+        ALL_ON,
+        settings,
+        budget,
+        registry,
+        conninfo,
+        queues=queues,
+        worker_id=worker_id,
+        observer=observer,
+        hooks=hooks,
+        stop=stop,
+    )
+
+
+def drain_with(
+    controls: Controls,
+    settings: Settings,
+    budget: Budget,
+    registry: Registry,
+    conninfo: str,
+    *,
+    queues: Sequence[str] | None = None,
+    worker_id: str | None = None,
+    observer: Observer | None = None,
+    hooks: RunHooks | None = None,
+    stop: StopRequest | None = None,
+) -> DrainResult:
+    """`drain` with some of its mechanisms switched off: for tests' controls and benchmarks
+    only (pgdrain.controls)."""
     return _Run(
         settings,
         budget,
@@ -178,12 +168,9 @@ def drain(
         queues=tuple(queues or settings.queues),
         worker_id=worker_id or default_worker_id(),
         observer=observer,
-        switches=switches,
+        controls=controls,
         hooks=hooks or _NoHooks(),
         stop=stop or stop_module.current() or StopRequest(),
-        claim_ahead=claim_ahead,
-        send_ahead=send_ahead,
-        one_thread=one_thread,
     ).execute()
 
 
@@ -198,46 +185,35 @@ def drain(
 
 
 def _session(
-    conninfo: str,
-    settings: Settings,
-    budget: Budget,
-    switches: SafetySwitches,
-    attempts: Attempts,
-    *,
-    send_ahead: bool,
+    conninfo: str, settings: Settings, budget: Budget, controls: Controls, attempts: Attempts
 ) -> Session:
-    """The run's connection, as its safety switches set it."""
+    """The run's connection."""
     return Session(
         conninfo,
         settings,
         budget,
-        limit_to_budget=switches.limit_statements_to_budget,
-        read_committed=switches.pin_read_committed,
-        lease_seconds_left=(lambda: attempts.lease_seconds_left(settings.lease_seconds))
-        if switches.reconnect_within_leases
-        else None,
-        halve_kept_limits=send_ahead and switches.halve_limits_when_sending_ahead,
+        lease_seconds_left=lambda: attempts.lease_seconds_left(settings.lease_seconds),
+        pipelining=controls.pipelining,
+        controls=controls,
     )
 
 
 def _claims(
     state: RunState,
     settings: Settings,
-    switches: SafetySwitches,
+    controls: Controls,
     queues: tuple[str, ...],
-    claim_ahead: bool,
-    send_ahead: bool,
+    completer: Completer,
 ) -> Claims:
-    """The run's claims, as its settings and safety switches set them."""
+    """The run's claims."""
     return Claims(
         state,
         queues=queues,
         lease_seconds=settings.lease_seconds,
         reclaim_limit=settings.reclaim_limit,
-        recover_lost_replies=switches.recover_lost_replies,
-        ahead=ClaimAhead(settings.batch_size, settings.concurrency, enabled=claim_ahead),
-        send_ahead=send_ahead,
-        count_on_the_wire=switches.count_claims_on_the_wire,
+        prefetch=Prefetch(settings.batch_size, settings.concurrency, controls=controls),
+        completer=completer,
+        controls=controls,
     )
 
 
@@ -252,15 +228,12 @@ class _Run:
         queues: tuple[str, ...],
         worker_id: str,
         observer: Observer | None,
-        switches: SafetySwitches,
+        controls: Controls,
         hooks: RunHooks,
         stop: StopRequest,
-        claim_ahead: bool = True,
-        send_ahead: bool = True,
-        one_thread: bool = True,
     ) -> None:
         self.settings = settings
-        self.one_thread = one_thread
+        self.controls = controls
         self.hooks = hooks
         self.registry = registry
         self.queues = queues
@@ -268,23 +241,19 @@ class _Run:
         self.started = time.monotonic()
         self.counters = Counters(observer)
         self.attempts = Attempts()
-        self.deadline = Deadline(budget, settings.reserve_seconds, switches.cap_lease_at_deadline)
+        self.deadline = Deadline(budget, settings.reserve_seconds, controls=controls)
         self.stopping = Stopping(stop, self.deadline, worker_id)
-        self.session = _session(
-            conninfo, settings, budget, switches, self.attempts, send_ahead=send_ahead
-        )
+        self.session = _session(conninfo, settings, budget, controls, self.attempts)
         self.session.on_reconnect(lambda: self.heartbeat.due_now())
         state = RunState(self.session, self.attempts, self.deadline, self.counters, worker_id)
-        self.claims = _claims(state, settings, switches, queues, claim_ahead, send_ahead)
-        self.heartbeat = Heartbeat(
-            state, lease_seconds=settings.lease_seconds, enabled=switches.heartbeat
-        )
-        self.threads = ThreadWatch(enabled=switches.mark_abandoned_lost)
-        self.switches = switches
+        self.completer = Completer(state, controls=controls)
+        self.claims = _claims(state, settings, controls, queues, self.completer)
+        self.heartbeat = Heartbeat(state, lease_seconds=settings.lease_seconds, controls=controls)
+        self.threads = ThreadWatch(controls=controls)
 
     def execute(self) -> DrainResult:
         stale = warn_of_stale_threads(self.worker_id)
-        if self.settings.concurrency == 1 and self.one_thread:
+        if self.settings.concurrency == 1 and self.controls.job_on_loop_thread:
             ending = _OnOneThread(self).execute()
         else:
             ending = _on_worker_threads(self)
@@ -325,7 +294,8 @@ class _Run:
         self.session.close()
 
     def _loop(self, pool: _Pool) -> StopReason:
-        attempts, claims, stopping = self.attempts, self.claims, self.stopping
+        attempts, claims, completer = self.attempts, self.claims, self.completer
+        stopping = self.stopping
         start_when_waiting = self.settings.concurrency == 1  # ONE_SLOT, above
         self.heartbeat.start()
         stopping.check_budget_at_start()
@@ -339,13 +309,13 @@ class _Run:
                     elapsed = time.monotonic() - self.started
                     self.hooks.after_round_trip(self.session, dict(self.counters.values), elapsed)
             else:
-                claims.release_unstarted()  # those waiting in the pool for a thread too
+                completer.release_unstarted()  # those waiting in the pool for a thread too
             # Finished jobs ride on the next claim; when none came in time, write them alone.
-            if claims.completion_due():
-                claims.flush_completions()
+            if completer.completion_due():
+                completer.flush()
 
-            if not attempts.busy() and not claims.sent_ahead.count():
-                claims.flush_completions()
+            if not attempts.busy() and not claims.pipelined.count():
+                completer.flush()
                 reason = stopping.reason_when_idle()
                 if reason is None and self.hooks.before_exit(self.session):
                     continue  # a kick came in that the last claim may have missed
@@ -356,22 +326,24 @@ class _Run:
 
             # A full claim and claim-ahead, or a claim on the wire: the next claim goes out (or
             # the one on the wire is read) at once.
-            ahead = claims.sent_ahead.count() or (full and wanted(claims, attempts, self.settings))
+            ahead = claims.pipelined.count() or (
+                full and claim_size(claims, attempts, self.settings)
+            )
             wait = 0.0 if ahead else self._seconds_to_wait()
             if start_when_waiting:
                 attempts.start_free(pool.submit, 1)
-            record_outcomes(claims, attempts, pool.take(wait))
+            record_outcomes(completer, attempts, claims.prefetch, pool.take(wait))
             self.heartbeat.beat_if_due()
 
     def must_end_with_jobs_running(self) -> StopReason | None:
         """The run ends now with jobs still running: a stop's grace is over, or the deadline's
         final margin is reached. What is finished is recorded first."""
         if self.stopping.grace_over():
-            self.claims.flush_completions()
+            self.completer.flush()
             self.heartbeat.end_running_leases()
             return "stopped"
         if self.stopping.at_final_margin():
-            self.claims.flush_completions()
+            self.completer.flush()
             log.warning(
                 "deadline reached with jobs still running; their leases end now",
                 extra={"running": sorted(h.id for h in self.attempts.running)},
@@ -386,7 +358,9 @@ class _Run:
         wake_at = min(self.heartbeat.next_at, self.stopping.next_check_at(now))
         if self.attempts.finished:
             wake_at = min(wake_at, self.attempts.first_finished_at + COMPLETION_FLUSH_SECONDS)
-        wake_at = min(wake_at, self.claims.ahead.wake_at(self.attempts.running_since.values(), now))
+        wake_at = min(
+            wake_at, self.claims.prefetch.wake_at(self.attempts.running_since.values(), now)
+        )
         return max(0.0, wake_at - now)
 
     def run_job(self, claimed: store.ClaimedJob) -> None:
@@ -408,7 +382,7 @@ def _failed(exc: PgdrainError | psycopg.Error, worker_id: str) -> Ending:
 
 def _use(run: _Run, pool: _Pool) -> None:
     """`pool` runs the run's jobs: what waits in it is taken back, a stop request wakes it."""
-    take_back_waiting = run.switches.take_back_waiting_jobs
+    take_back_waiting = run.controls.take_back_waiting_jobs
     run.attempts.take_back_with(pool.take_back if take_back_waiting else lambda: [])
     run.stopping.request.on_request(pool.wake)
 
@@ -432,9 +406,7 @@ class _OnOneThread:
 
     def execute(self) -> Ending:
         run = self.run
-        slot: OneSlot[store.ClaimedJob] = OneSlot(
-            run.run_job, end_when_given_up=run.switches.end_the_loop_thread_with_the_run
-        )
+        slot: OneSlot[store.ClaimedJob] = OneSlot(run.run_job, controls=run.controls)
         _use(run, slot)
 
         def drain_and_let_go() -> Ending:
@@ -461,9 +433,9 @@ class _OnOneThread:
         run = self.run
         try:
             if not run.stopping.may_claim(running=len(run.attempts.running)):
-                run.claims.release_unstarted()
-            if run.claims.completion_due():
-                run.claims.flush_completions()
+                run.completer.release_unstarted()
+            if run.completer.completion_due():
+                run.completer.flush()
             stop_reason = run.must_end_with_jobs_running()
             if stop_reason is not None:
                 return run.ending(stop_reason)

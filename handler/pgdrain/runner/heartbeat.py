@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.runner.attempts import RunState
 
@@ -17,10 +18,10 @@ BEATS_PER_LEASE = 3
 
 
 class Heartbeat:
-    def __init__(self, run: RunState, *, lease_seconds: float, enabled: bool = True) -> None:
+    def __init__(self, run: RunState, *, lease_seconds: float, controls: Controls = ALL_ON) -> None:
         self._run = run
         self._lease_seconds = lease_seconds
-        self._enabled = enabled
+        self._enabled = controls.heartbeat
         self.interval = lease_seconds / BEATS_PER_LEASE
         self.next_at = time.monotonic() + self.interval
 

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.runner.worker_threads import Outcome, close_thread_loop, mark_job_thread, outcome_of
 
 T = TypeVar("T")
@@ -47,9 +48,9 @@ class OneSlot(Generic[T]):
     job, `take` runs it there and then. `lock` is held by the loop's thread whenever it is not
     inside a job."""
 
-    def __init__(self, run: Callable[[T], object], *, end_when_given_up: bool = True) -> None:
+    def __init__(self, run: Callable[[T], object], *, controls: Controls = ALL_ON) -> None:
         self._run = run
-        self._end_when_given_up = end_when_given_up  # off: a test's control
+        self._end_when_given_up = controls.end_the_loop_thread_with_the_run
         self._waiting: deque[T] = deque()
         self.lock = threading.Lock()
         self.job_running = False

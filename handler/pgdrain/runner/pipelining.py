@@ -15,32 +15,29 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.runner.claim_statement import Claim, ClaimStatements
-from pgdrain.runner.deadline import Deadline
 
 if TYPE_CHECKING:
     from pgdrain.runner.claiming import Claims
 
 
-class SentAhead:
+class PipelinedClaims:
     def __init__(
         self,
         claims: Claims,
         statements: ClaimStatements,
         session: Session,
-        deadline: Deadline,
         *,
-        enabled: bool,
-        count_slots: bool = True,
+        controls: Controls = ALL_ON,
     ) -> None:
         self._claims = claims
         self._statements = statements
         self._session = session
-        self._deadline = deadline
-        self._enabled = enabled
-        self._count_slots = count_slots
+        self._enabled = controls.pipelining
+        self._count_slots = controls.count_claims_on_the_wire
         self._on_wire: deque[Claim] = deque()
         self.last_full = False  # the last claim read took all it asked for
         session.settle_with(self.settle)
@@ -55,7 +52,7 @@ class SentAhead:
     def held(self) -> int:
         """How many jobs the claims on the wire may bring: the slots they hold."""
         if not self._count_slots:
-            return 0  # a test's control: claims sized as if none were on the wire
+            return 0  # control: claims sized as if none were on the wire
         return sum(claim.limit for claim in self._on_wire)
 
     def oldest_limit(self) -> int:
@@ -118,10 +115,7 @@ class SentAhead:
             self.settle()
             raise
         self._on_wire.popleft()
-        claimed = self._claims.received(claim, *store.complete_and_claim_result(rows, claim.held))
-        if claimed and self._deadline.below_reserve():
-            self._claims.release_unstarted()  # as complete_and_claim does
-        return claimed
+        return self._claims.received(claim, *store.complete_and_claim_result(rows, claim.held))
 
     def settle(self) -> None:
         """Read every claim on the wire (the session calls it before any other statement)."""
@@ -130,15 +124,14 @@ class SentAhead:
 
     def _take_up(self, exc: BaseException) -> list[int]:
         """The connection broke with claims on the wire: reconnect and, for each in the order
-        they were sent, ask what it did (ClaimStatements.again, as after a claim's lost reply)
-        and record that as its reply. Returns what each claimed."""
+        they were sent, ask what it did (ClaimStatements.recover, as after a claim's lost
+        reply) and record that as its reply. Returns what each claimed."""
         on_wire = list(self._on_wire)
         self._on_wire.clear()
         self._session.reconnect(exc)
         counts = []
         for claim in on_wire:
-            again = self._statements.again(claim)
-            counts.append(self._claims.received(claim, *self._session.run_recovering(again, again)))
-        if any(counts) and self._deadline.below_reserve():
-            self._claims.release_unstarted()  # the reconnect took what was left, as in read()
+            recover = self._statements.recover(claim)
+            made = self._session.run_recovering(recover, recover)
+            counts.append(self._claims.received(claim, *made))
         return counts

@@ -1,4 +1,4 @@
-"""Claim-ahead: the next batch is claimed while the current one still runs.
+"""Prefetch: the next batch is claimed while the current one still runs.
 
 Without it the run alternates: the jobs run while the database waits, then the database runs
 the claim while the worker threads wait. So the claim for the slots that will free while it is
@@ -30,22 +30,25 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from pgdrain.controls import ALL_ON, Controls
+
 # How far each new measurement moves the smoothed figures.
 SMOOTHING = 0.2
 
 
-class ClaimAhead:
-    def __init__(self, batch_size: int, concurrency: int, *, enabled: bool = True) -> None:
+class Prefetch:
+    def __init__(self, batch_size: int, concurrency: int, *, controls: Controls = ALL_ON) -> None:
         # The most claimed ahead: a batch; with a batch larger than the slots, enough that the
         # next claim still takes a whole batch while the last one waits for threads.
-        self._most = most_ahead(batch_size, concurrency) if enabled and concurrency > 1 else 0
+        enabled = controls.prefetch and concurrency > 1
+        self._most = most_ahead(batch_size, concurrency) if enabled else 0
         self._concurrency = concurrency
         self._job_seconds: float | None = None
         self._round_trip_seconds: float | None = None
 
     @property
     def most(self) -> int:
-        """The most claimed ahead (0: claiming ahead is off)."""
+        """The most prefetched (0: prefetch is off)."""
         return self._most
 
     def job_ran(self, seconds: float) -> None:

@@ -1,0 +1,43 @@
+"""Every safety mechanism and optimisation of a run, as one switch each: not part of the API.
+
+Every real run uses ALL_ON and passes nothing. A test turns one switch off to show the failure
+its mechanism prevents, beside the test that shows it working; a benchmark turns an
+optimisation off to measure what it buys. Both inject a `Controls` where a run is built
+(`pgdrain.runner.drain.drain_with`, `Session(controls=...)`, `retention.run_once`), as River
+keeps its test hooks in `*TestSignals` structs the product path never sets."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Controls(NamedTuple):
+    """Each mechanism, on unless a test or a benchmark switches it off."""
+
+    # Safety: each has a failing-control test (docs/reliability.md).
+    heartbeat: bool = True
+    cap_lease_at_deadline: bool = True
+    limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
+    pin_read_committed: bool = True
+    mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
+    recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
+    reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
+    # Jobs prefetched and still waiting for a thread are taken back when the run releases what
+    # has not started (a stop, the reserve) or ends: never started after that.
+    take_back_waiting_jobs: bool = True
+    # A pipelined claim holds the slots of all it may bring until it is read.
+    count_claims_on_the_wire: bool = True
+    # While claims are pipelined, the limits a connection keeps are half what is left: a claim
+    # starts as the one before it ends, and both must end by the final margin.
+    halve_limits_when_pipelining: bool = True
+    # At concurrency 1 the job runs on the loop's thread: when the run ended while that job
+    # ran, the thread ends as the job returns, touching nothing of the run.
+    end_the_loop_thread_with_the_run: bool = True
+
+    # Optimisations: a benchmark measures each against its absence (docs/decisions/).
+    prefetch: bool = True  # claim for slots about to free (runner/prefetch.py)
+    pipelining: bool = True  # send the next claim before the last reply is read
+    job_on_loop_thread: bool = True  # at concurrency 1 (runner/loop_thread.py)
+
+
+ALL_ON = Controls()
