@@ -16,7 +16,7 @@ Each statement runs `warmup` times, then `runs` times, timed from the client (ex
 fetch, one round trip on a local socket): the median and the 90th percentile are reported.
 A statement that writes (the claim, reclaim) runs in a transaction rolled back each time, so
 every run sees the same table. Each is planned as a run plans it: what a run sends, under the
-settings its connection keeps (queries.sql, session_limits: generic plans, no JIT, no explicit
+settings its connection keeps (hot_path.sql, session_limits: generic plans, no JIT, no explicit
 sort where an index gives the order; psycopg prepares a statement at its sixth execution);
 `pgdrain stats`, which runs on a connection of its own, with a plan of its own each time
 (never prepared). Beside each figure: the indexes its plan uses and whether it
@@ -130,7 +130,7 @@ class Case:
     writes: bool = False
     on_drain: bool = True  # sent by a run, under its connection's settings (else the CLI's)
     prepared: bool = False  # repeated within a run: psycopg prepares it from its sixth execution
-    version: str = "now"  # "now" (HEAD's queries.sql) or "before" (the text at 82125ec)
+    version: str = "now"  # "now" (HEAD's statements) or "before" (the text at 82125ec)
 
 
 def cases() -> list[Case]:

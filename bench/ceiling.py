@@ -1,6 +1,6 @@
 """The SQL ceiling: pgbench running exactly the statements pgdrain's drain runs per batch.
 
-The statement text comes from pgdrain's own queries.sql. Numbers and arrays become pgbench
+The statement text comes from pgdrain's own hot_path.sql. Numbers and arrays become pgbench
 variables, constant strings literals. The claimed rows are folded into two arrays with
 array_agg and carried by \\gset to the statement that completes them, which is thus fenced by
 exactly the ids and tokens the claim returned, in a later statement and round trip, as the
@@ -40,7 +40,7 @@ PARAMS = {
     "done_ids": ":ids",
     "done_tokens": ":tokens",
 }
-# The planner settings the drain's connection keeps (queries.sql, session_limits): no JIT, no
+# The planner settings the drain's connection keeps (hot_path.sql, session_limits): no JIT, no
 # explicit sort where an index gives the order, every statement on its generic plan, planned
 # once (the drain's since its connection keeps plan_cache_mode; the ceiling's since the cycle
 # is prepared with its arrays as parameters, which a custom plan would plan at every batch).
@@ -59,7 +59,7 @@ GSET = (
 def shape() -> str:
     if "job_complete_and_claim" in query_names():
         return "complete-and-claim"
-    raise RuntimeError("queries.sql has no job_complete_and_claim: the ceiling knows no other")
+    raise RuntimeError("hot_path.sql has no job_complete_and_claim: the ceiling knows no other")
 
 
 def _translate(name: str) -> str:
@@ -94,7 +94,7 @@ def transactions_per_client(jobs: int, batch: int, clients: int) -> int:
 def script() -> str:
     """The pgbench script: :batch jobs per claim, :quota claims per client (both defined on
     the command line)."""
-    shape()  # refuses a queries.sql without the cycle
+    shape()  # refuses statements without the cycle
     cycle = _wrap_result(_translate("job_complete_and_claim"), "\nSELECT ")
     cycle += GSET.format(rows="result_rows WHERE NOT lost")
     return f"{SETS}{COUNTER}{_bound_once(cycle)}\n"

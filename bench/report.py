@@ -529,7 +529,7 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
         )
     out.append("")
     out.append(
-        "What changed (migration 0005 and `queries.sql`): `jobs_queued_run_at_idx` (queue, "
+        "What changed (migration 0005 and `hot_path.sql`): `jobs_queued_run_at_idx` (queue, "
         "run_at) over queued rows lets the ready check probe the range `run_at <= now()` once "
         "per queue; as `queue = ANY(...)` over the table, the planner expected a ready row "
         "early in a sequential scan and read the whole history first. The claim probes the "
@@ -671,7 +671,7 @@ def markdown(res: Results, png_name: str) -> str:
     add("")
     add(
         "pgdrain claims for its free worker threads and, when jobs are shorter than a "
-        "claim's round trip, for those about to free (claim-ahead: the jobs wait in the pool "
+        "claim's round trip, for those about to free (prefetch: the jobs wait in the pool "
         "and start as a thread frees, while the next claim is on the wire). So each batch "
         "size other than the default runs with as many threads as jobs per claim, up to "
         f"{cfg.max_concurrency}: batches larger than that are claimed whole ahead of the "
@@ -680,7 +680,7 @@ def markdown(res: Results, png_name: str) -> str:
         "The ceiling's pgbench runs with the planner settings the drain's connection keeps "
         "(`bench/ceiling.py` PGOPTIONS: no JIT, no explicit sort where an index gives the "
         "order, plan_cache_mode at force_generic_plan). Both claim on a generic plan, planned "
-        "once: the drain's connection keeps it (queries.sql, session_limits), and pgbench's "
+        "once: the drain's connection keeps it (hot_path.sql, session_limits), and pgbench's "
         "cycle is prepared once per client (How the ceiling is measured, below)."
     )
     if _has_strict(res):
@@ -918,7 +918,7 @@ def markdown(res: Results, png_name: str) -> str:
     shape = res.info.get("ceiling_shape", "")
     add(
         "pgbench runs the statements pgdrain's drain runs per batch, their text read from "
-        "`handler/pgdrain/db/sql/queries.sql` at run time: numbers and arrays as pgbench "
+        "`handler/pgdrain/db/sql/hot_path.sql` at run time: numbers and arrays as pgbench "
         "variables, the queue and worker names as literals, and the statement's own result "
         "kept whole as a last CTE. The statement is prepared on the server once per client "
         "(`PREPARE`, on its generic plan, as the drain's connection keeps it) and executed "

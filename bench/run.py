@@ -53,7 +53,7 @@ class Config:
     reps: int = 5
     jobs: int = 20_000
     # 1,000 is larger than the threads (max_concurrency): claims of a whole batch, its jobs
-    # waiting in the pool for a thread, pay where the database is the limit (claim_ahead.py).
+    # waiting in the pool for a thread, pay where the database is the limit (runner/prefetch.py).
     batches: tuple[int, ...] = (10, 50, 100, 250, 1000)
     # issue 15's second one-process target, and the batch the RSS target is set at.
     target_batch: int = 250

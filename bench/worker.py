@@ -72,7 +72,7 @@ def run_pgdrain(args: argparse.Namespace) -> None:
     start = time.time()
     cpu_start = _cpu_seconds()
     result = drain_with(
-        Controls(pipelining=not args.no_send_ahead),
+        Controls(pipelining=not args.no_pipelining),
         settings,
         Budget.seconds(args.budget),
         registry,
@@ -251,9 +251,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--budget", type=float, default=600.0)
     p.add_argument("--pyinstrument", default="")
     p.add_argument(
-        "--no-send-ahead",
+        "--no-pipelining",
         action="store_true",
-        help="each claim's reply read before the next claim goes out (pipeline.py's control)",
+        help="each claim's reply read before the next claim goes out (the pipelining control)",
     )
     p = sub.add_parser("pgqueuer")
     p.add_argument("--url", required=True)

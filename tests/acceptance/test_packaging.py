@@ -89,7 +89,9 @@ def test_the_wheel_holds_the_library_and_nothing_else(wheel: Path) -> None:
     }
     assert library == expected
     assert {
-        "pgdrain/db/sql/queries.sql",
+        "pgdrain/db/sql/hot_path.sql",
+        "pgdrain/db/sql/control_plane.sql",
+        "pgdrain/db/sql/operator_commands.sql",
         "pgdrain/db/sql/worker_role.sql",
         "pgdrain/py.typed",
     } <= library

@@ -4,7 +4,7 @@ A burst of jobs into a table that was analysed when no job was queued (autovacuu
 that nothing analyses it meanwhile) makes the planner believe few jobs are ready. Left free, it
 then claims through jobs_queued_run_at_idx and sorts every ready job of the queue at every
 claim. The drain's connection does not let it pick an explicit sort where an index gives the
-order (queries.sql, session_limits: enable_sort off), so the claim walks jobs_ready_idx and
+order (hot_path.sql, session_limits: enable_sort off), so the claim walks jobs_ready_idx and
 stops at its limit. The control is the same statement, data and settings
 with sorts allowed again."""
 

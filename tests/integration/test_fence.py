@@ -172,7 +172,7 @@ def test_the_current_token_still_writes(conn: Conn, name: str) -> None:
 
 
 # A long list of held attempts is fenced by a hash of its pairs, a short one by comparing each
-# token in turn (queries.sql): the same stale write, among 150 current ones.
+# token in turn (hot_path.sql): the same stale write, among 150 current ones.
 LONG_LIST = 150
 LIST_OPERATIONS = ("job_complete_and_claim", "job_complete_many", "job_extend_leases")
 

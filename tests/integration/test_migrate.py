@@ -1,5 +1,5 @@
 """Migrations: applied once, in order, recorded; safe when two processes race; and the schema
-they build is the one every named statement in queries.sql was written against."""
+they build is the one every named statement in sql/*.sql was written against."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ import pytest
 
 from helpers.fixtures import without_line
 from pgdrain import Budget, Job, Registry, Settings, drain
-from pgdrain.db import store
 from pgdrain.db.sql import query
+from pgdrain.db.store import hot_path
 
 Conn = psycopg.Connection[Any]
 
@@ -65,7 +65,7 @@ def test_control_without_the_slot_guard_every_run_enqueues_the_slot_again(
     def query_without_guard(name: str) -> str:
         return unguarded if name == "periodic_enqueue" else query(name)
 
-    monkeypatch.setattr(store, "query", query_without_guard)
+    monkeypatch.setattr(hot_path, "query", query_without_guard)
     run(db_url)
     run(db_url)
     assert _statuses(conn) == ["done", "done"]

@@ -20,8 +20,8 @@ from typing import Any, LiteralString, cast
 from helpers.fixtures import unfenced
 from pgdrain.cli import commands
 from pgdrain.controls import Controls
-from pgdrain.db import store
 from pgdrain.db.sql import query
+from pgdrain.db.store import hot_path
 from pgdrain.runner.drain import drain_with
 
 # The statements that record a completion, and the fence line each loses in the control.
@@ -48,7 +48,7 @@ def main(argv: Sequence[str]) -> int:
         commands.drain = cli_drain
     if args.unfenced:
         patched: Any = _unfenced_query
-        store.query = patched  # what pgdrain.db.store runs: the same statements, less the fence
+        hot_path.query = patched  # what the store runs: the same statements, less the fence
     return commands.main(cli_args)
 
 

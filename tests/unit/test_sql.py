@@ -1,17 +1,16 @@
-"""queries.sql as a contract, checked without a database: it parses, every write after the
-claim is fenced by attempt_token on a line of its own, every name the code asks for exists,
-and no SQL in handler/ is built from strings at run time."""
+"""The statement files (sql/*.sql) as a contract, checked without a database: they parse,
+every write after the claim is fenced by attempt_token on a line of its own, every name the
+code asks for exists, and no SQL in handler/ is built from strings at run time."""
 
 from __future__ import annotations
 
 import ast
 import re
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
-from pgdrain.db.sql import migrations, parse_queries, query, query_names
+from pgdrain.db.sql import migrations, parse_queries, queries_text, query, query_names
 
 HANDLER = Path(__file__).resolve().parents[2] / "handler"
 SOURCES = sorted(HANDLER.rglob("*.py"))
@@ -19,14 +18,14 @@ SOURCES = sorted(HANDLER.rglob("*.py"))
 # The fence: the attempt token the writer holds must still be the row's. Alone on its line, so
 # that tests can derive the unfenced control from the real statement by dropping that line.
 # Where the plan must find the rows by primary key, the fence is the token of a running row,
-# in a CASE (queries.sql, transaction_limits, says why).
+# in a CASE (hot_path.sql, transaction_limits, says why).
 FENCE_LINE = re.compile(
     r"^\s*AND (j\.attempt_token"
     r"|CASE WHEN j\.status = 'running' THEN j\.attempt_token END)"
     r" = ([\w.]+|%\(\w+\)[sb]|ANY\(%\(\w+\)[sb]::uuid\[\]\))\s*$"
 )
 # Given a list of held attempts, the fence spans four lines: a CASE that compares a short list
-# in turn and hashes a long one (queries.sql, job_complete_and_claim, says why). Joined into
+# in turn and hashes a long one (hot_path.sql, job_complete_and_claim, says why). Joined into
 # one line by _fence_lines, it must be exactly this, the tokens and ids its own parameters.
 LIST_FENCE = re.compile(
     r"AND CASE WHEN j\.status = 'running' THEN CASE"
@@ -41,7 +40,7 @@ JOB_DELETE = re.compile(r"\bDELETE FROM pgdrain\.jobs\b")
 
 
 def _queries_text() -> str:
-    return resources.files("pgdrain.db").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    return queries_text()
 
 
 def _without_comments(statement: str) -> str:
@@ -68,7 +67,8 @@ def _where(segment: str) -> str:
 def _fence_lines(where: str) -> list[str]:
     """The WHERE clause's lines that are a fence: a one-line fence, or a list fence's lines
     joined into one."""
-    lines, block = [], []
+    lines: list[str] = []
+    block: list[str] = []
     for line in where.splitlines():
         if block or line.strip().startswith("AND CASE WHEN j.status = 'running' THEN CASE"):
             block.append(line.strip())
@@ -251,7 +251,7 @@ def _sql_building(tree: ast.AST) -> list[tuple[int, str]]:
         ):
             problems.append((node.lineno, "execute() of a string built at run time"))
         # 2. No formatted string anywhere that reads like SQL.
-        if _built_at_run_time(node):
+        if isinstance(node, ast.expr) and _built_at_run_time(node):
             pieces = [_literal_text(node)]
             if isinstance(node, ast.BinOp):
                 pieces += [_literal_text(node.left), _literal_text(node.right)]

@@ -1,4 +1,4 @@
-"""One name per statement: each statement in queries.sql is run by the pgdrain.db.store function of
+"""One name per statement: each statement in sql/*.sql is run by the pgdrain.db.store function of
 the same name (and that function does run it, itself or through the function `<name>_statement`
 that builds it to be sent with another: store.Statement), that function reads the result the way the
 statement's shape tag says, every statement is used outside its own definition, and every name
@@ -14,7 +14,8 @@ from pgdrain.db.sql import query_names, statements
 
 ROOT = Path(__file__).resolve().parents[2]
 HANDLER = ROOT / "handler"
-STORE = HANDLER / "pgdrain" / "db" / "store.py"
+STORE = HANDLER / "pgdrain" / "db" / "store"  # the package: the only code that runs them
+STORE_FILES = set(STORE.glob("*.py"))
 QUERY_CALL = re.compile(r"""\bquery\(\s*["'](\w+)["']\s*\)""")
 # Code whose calls of a store function make its statement used; a test calling it does not
 # (it would keep a statement nothing runs alive). The benchmarks, the simulator and the tests
@@ -39,7 +40,9 @@ def _query_calls(tree: ast.AST) -> list[tuple[str, ast.Call]]:
 
 
 def _store_functions(source: str | None = None) -> dict[str, ast.FunctionDef]:
-    tree = ast.parse(STORE.read_text(encoding="utf-8") if source is None else source)
+    if source is None:
+        source = "\n".join(p.read_text(encoding="utf-8") for p in sorted(STORE_FILES))
+    tree = ast.parse(source)
     return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
@@ -92,7 +95,7 @@ def _not_run_by_their_function(
 def test_only_the_store_runs_named_statements() -> None:
     outside = []
     for path in sorted(HANDLER.rglob("*.py")):
-        if path == STORE:
+        if path in STORE_FILES:
             continue
         names = QUERY_CALL.findall(path.read_text(encoding="utf-8"))
         outside += [f"{path.relative_to(HANDLER)}: {name}" for name in names]
@@ -113,7 +116,7 @@ def test_each_statement_is_run_by_the_store_function_of_the_same_name() -> None:
 
 def test_every_statement_is_used_outside_its_own_definition() -> None:
     outside: set[str] = set()
-    for path in {p for folder in CALLERS for p in folder.rglob("*.py")} - {STORE}:
+    for path in {p for folder in CALLERS for p in folder.rglob("*.py")} - STORE_FILES:
         outside |= _store_names_used(ast.parse(path.read_text(encoding="utf-8")))
     for path in (p for folder in BY_NAME for p in folder.rglob("*.py")):
         outside |= set(QUERY_CALL.findall(path.read_text(encoding="utf-8")))

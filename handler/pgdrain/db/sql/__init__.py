@@ -1,4 +1,5 @@
-"""Load the named statements of sql/queries.sql once, and the migration files in order.
+"""Load the named statements of sql/*.sql once (hot_path, control_plane, operator_commands)
+and the migration files in order.
 
 Each statement stands under `-- name: NAME :SHAPE`; SHAPE says what it gives back (one row at
 most, many rows, a row count, nothing), as River's `:one`/`:many` tags do."""
@@ -31,10 +32,10 @@ def parse_statements(text: str) -> dict[str, Statement]:
     statements: dict[str, Statement] = {}
     for name, shape, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
         if name in statements:
-            raise ValueError(f"queries.sql names {name!r} twice")
+            raise ValueError(f"the statement files name {name!r} twice")
         if shape not in SHAPES:
             raise ValueError(
-                f"queries.sql: {name!r} needs a shape after its name, one of "
+                f"{name!r} needs a shape after its name, one of "
                 + ", ".join(f":{s}" for s in SHAPES)
             )
         text = _without_comment_lines(body).strip().rstrip(";").strip()
@@ -43,7 +44,7 @@ def parse_statements(text: str) -> dict[str, Statement]:
 
 
 def _without_comment_lines(body: str) -> str:
-    """The statement as it is sent: the comments stay in queries.sql. Shorter to send and to
+    """The statement as it is sent: the comments stay in the .sql files. Shorter to send and to
     parse, and psycopg caches its conversion of a statement only up to 4 KB: the claim, with
     its comments, is longer than that and was converted again at every batch."""
     return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
@@ -54,10 +55,19 @@ def parse_queries(text: str) -> dict[str, str]:
     return {name: s.text for name, s in parse_statements(text).items()}
 
 
+# The statement files, by what they serve (as db/store/ is split).
+QUERY_FILES = ("hot_path.sql", "control_plane.sql", "operator_commands.sql")
+
+
+def queries_text() -> str:
+    """Every statement file, one after the other."""
+    folder = resources.files("pgdrain.db").joinpath("sql")
+    return "\n".join(folder.joinpath(name).read_text(encoding="utf-8") for name in QUERY_FILES)
+
+
 @cache
 def statements() -> dict[str, Statement]:
-    text = resources.files("pgdrain.db").joinpath("sql/queries.sql").read_text(encoding="utf-8")
-    return parse_statements(text)
+    return parse_statements(queries_text())
 
 
 def query(name: str) -> LiteralString:

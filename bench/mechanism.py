@@ -1,19 +1,19 @@
-"""Claim-ahead on and off, one drain process at the default settings, for jobs that take no
-time, 0.5 ms and 5 ms (handler/pgdrain/runner/prefetch.py); with `--mechanism send-ahead`, sending
-claims ahead on and off instead (handler/pgdrain/db/pipeline.py); with `--mechanism one-thread`,
-at batch 1, concurrency 1, the job run on the loop's own thread or handed to a worker thread
-(handler/pgdrain/runner/loop_thread.py). One command, from the repository root:
+"""One of the drain's optimisations on and off, one drain process, for jobs that take no time,
+0.5 ms and 5 ms: prefetch (runner/prefetch.py, the default), `--mechanism pipelining`
+(runner/pipelining.py, db/pipeline.py), or `--mechanism loop-thread` (at batch 1, concurrency
+1, the job run on the loop's own thread or handed to a worker thread: runner/loop_thread.py).
+One command, from the repository root:
 
     make .venv-bench/.installed    # once
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
-        .venv-bench/bin/python -m bench.claim_ahead [--mechanism send-ahead|one-thread]
+        .venv-bench/bin/python -m bench.mechanism [--mechanism pipelining|loop-thread]
 
 Without DATABASE_URL an embedded PostgreSQL is started. Not part of `make bench` (it measures
 one mechanism, not pgdrain against its ceiling or its peers). Each repetition drains the jobs
-of one duration on a fresh database copied from a template, in this process, once with
-the mechanism and once without (`drain_with(Controls(prefetch=False), ...)`, `send_ahead=False` or
-`one_thread=False`), the two interleaved, each first in every other repetition; every job must
-end done with one attempt. Prints jobs/s (medians of --reps) and their ratio."""
+of one duration on a fresh database copied from a template, in this process, once with the
+mechanism and once without (`drain_with(Controls(prefetch=False), ...)`, pgdrain.controls),
+the two interleaved, each first in every other repetition; every job must end done with one
+attempt. Prints jobs/s (medians of --reps) and their ratio."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from typing import NamedTuple
 
 from bench import run
 from bench.common import Server, log, resolve_server
-from pgdrain import Budget, Job, Registry, Settings, drain
+from pgdrain import Budget, Job, Registry, Settings
+from pgdrain.controls import Controls
+from pgdrain.runner.drain import drain_with
 
 registry = Registry()
 
@@ -44,15 +46,17 @@ ONE_AT_A_TIME: tuple[tuple[float, int], ...] = ((0.0, 5_000), (0.0005, 4_000), (
 
 
 class Mechanism(NamedTuple):
-    switch: str  # drain()'s keyword that switches it off
+    control: str  # the field of pgdrain.controls.Controls that switches it off
     settings: Settings
     cases: tuple[tuple[float, int], ...]
 
 
 MECHANISMS = {
-    "claim-ahead": Mechanism("claim_ahead", Settings(), CASES),
-    "send-ahead": Mechanism("send_ahead", Settings(), CASES),
-    "one-thread": Mechanism("one_thread", Settings(batch_size=1, concurrency=1), ONE_AT_A_TIME),
+    "prefetch": Mechanism("prefetch", Settings(), CASES),
+    "pipelining": Mechanism("pipelining", Settings(), CASES),
+    "loop-thread": Mechanism(
+        "job_on_loop_thread", Settings(batch_size=1, concurrency=1), ONE_AT_A_TIME
+    ),
 }
 
 
@@ -61,9 +65,8 @@ def once(server: Server, name: str, jobs: int, mechanism: Mechanism, on: bool) -
     try:
         url = server.url(copy)
         began = time.perf_counter()
-        result = drain(
-            mechanism.settings, Budget.seconds(600), registry, url, **{mechanism.switch: on}
-        )
+        controls = Controls()._replace(**{mechanism.control: on})
+        result = drain_with(controls, mechanism.settings, Budget.seconds(600), registry, url)
         elapsed = time.perf_counter() - began
         ok, detail = run.verify_pgdrain(url, jobs)
     finally:
@@ -74,9 +77,9 @@ def once(server: Server, name: str, jobs: int, mechanism: Mechanism, on: bool) -
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.claim_ahead", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.mechanism", description=__doc__)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--mechanism", choices=sorted(MECHANISMS), default="claim-ahead")
+    parser.add_argument("--mechanism", choices=sorted(MECHANISMS), default="prefetch")
     args = parser.parse_args(argv)
     mechanism = MECHANISMS[args.mechanism]
     admin_url, source = resolve_server()

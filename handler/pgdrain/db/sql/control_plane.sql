@@ -1,0 +1,313 @@
+-- The statements of kicks, the runs table, wake-ups, per-queue limits, the backlog a run
+-- leaves, and retention (db/store/control_plane.py).
+-- Statements pgdrain runs against the queue, each under a `-- name: NAME :SHAPE` line.
+-- NAME is also the name of the pgdrain.db.store function that runs it (noun first, verb last, as
+-- River names its queries). SHAPE is what the statement gives back: :one (at most one row),
+-- :many (rows), :rowcount (only how many rows it changed), :exec (nothing).
+-- Loaded once by pgdrain.db.sql; executed only by pgdrain.db.store.
+-- Parameters are always bound (%(name)s); nothing here is ever formatted into a string.
+-- Every statement after the claim is fenced by attempt_token: a fence condition stands on
+-- a line of its own so that tests can derive the unfenced control from the real statement.
+
+-- name: job_retention_batch :one
+-- One retention batch, in one statement: at most %(done_limit)s done jobs finished more than
+-- %(done_days)s days ago, and at most %(failed_limit)s failed or cancelled ones finished more
+-- than %(failed_days)s days ago (parked jobs wait for a person: never). Returns how many of
+-- each went; a count short of its limit means that kind is done. Safe to run twice: a deleted
+-- row matches nothing. The rows go by primary key (an array of ids, as the claim's), whatever
+-- the generic plan guesses of the cutoff: `id IN (...)` was planned as a sequential scan.
+WITH done AS (
+    DELETE FROM pgdrain.jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM pgdrain.jobs
+        WHERE status IN ('done', 'failed', 'cancelled')  -- finished rows only, whatever follows
+          AND status = 'done' AND finished_at < now() - %(done_days)s * interval '1 day'
+        LIMIT %(done_limit)s
+    ))
+    RETURNING 1
+), failed AS (
+    DELETE FROM pgdrain.jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM pgdrain.jobs
+        WHERE status IN ('done', 'failed', 'cancelled')
+          AND status IN ('failed', 'cancelled')
+          AND finished_at < now() - %(failed_days)s * interval '1 day'
+        LIMIT %(failed_limit)s
+    ))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM done) AS done, (SELECT count(*) FROM failed) AS failed;
+
+-- name: kick_debounce :many
+-- Record a kick for each queue (requested_at, always) and invoke for each queue that needs a
+-- run now, whose last invoke is older than the window (kicked_at) and that no live run drains
+-- (run_until); `invoke` says which.
+-- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
+-- lost: a run about to exit sees its requested_at (run_exit) and drains again, and a run
+-- that exits clears kicked_at (run_exit too), so the next kick invokes.
+-- A queue with nothing ready needs no run now. When its next job is due before any wake-up
+-- pending for it (wake-ups are rounded up to %(precision_seconds)s) and no live run drains it,
+-- `later_at` says when that job is due: the kick asks for a wake-up then, without a run now
+-- that would only find nothing (and keep a sleeping database awake).
+WITH pending AS (
+    SELECT q.name,
+           -- A wake-up of any set of queues that holds this one starts a run that drains it.
+           (SELECT min(w.wake_at) FROM pgdrain.wakes AS w
+            WHERE q.name = ANY(string_to_array(w.queue_set, ','))
+              AND w.state = 'created' AND w.wake_at > now()) AS wake_at,
+           (SELECT min(j.run_at) FROM pgdrain.jobs AS j
+            WHERE j.status = 'queued' AND j.queue = q.name) AS next_at
+    FROM unnest(%(queues)s::text[]) AS q(name)
+), wanted AS (
+    SELECT p.name,
+           -- Ready now, or nothing queued and no wake-up pending (a run now finds what there is).
+           p.next_at <= now() OR (p.next_at IS NULL AND p.wake_at IS NULL) AS needed,
+           CASE WHEN p.next_at > now()
+                 AND (p.wake_at IS NULL
+                      OR p.next_at <= p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
+                THEN p.next_at END AS later_at
+    FROM pending AS p
+)
+-- The kick that invokes holds the queue's kicks for %(hold_seconds)s (run_until), until the run
+-- it starts has registered and holds them itself (run_register, kick_hold): the kicks in
+-- between are that run's, not new invocations.
+INSERT INTO pgdrain.kicks AS k (queue, kicked_at, requested_at, run_until)
+SELECT w.name, CASE WHEN w.needed THEN now() ELSE '-infinity'::timestamptz END, now(),
+       CASE WHEN w.needed THEN now() + make_interval(secs => %(hold_seconds)s::float8) END
+FROM wanted AS w
+ORDER BY w.name  -- every statement locks kick rows in queue order: no deadlock between them
+ON CONFLICT (queue) DO UPDATE
+SET requested_at = excluded.requested_at,
+    kicked_at = CASE WHEN excluded.kicked_at = now()
+                      AND k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
+                      AND (k.run_until IS NULL OR k.run_until <= now())
+                     THEN excluded.kicked_at ELSE k.kicked_at END,
+    run_until = CASE WHEN excluded.kicked_at = now()
+                      AND k.kicked_at < now() - make_interval(secs => %(window_seconds)s)
+                      AND (k.run_until IS NULL OR k.run_until <= now())
+                     THEN excluded.run_until ELSE k.run_until END
+-- (A queue that needs no run keeps its run_until: a live run that holds it makes the wake-up
+-- for its delayed jobs when it exits.)
+RETURNING k.queue, k.kicked_at = now() AS invoke,
+          CASE WHEN k.run_until IS NULL OR k.run_until <= now()
+               THEN (SELECT w.later_at FROM wanted AS w WHERE w.name = k.queue) END AS later_at;
+
+-- name: kick_clear :exec
+-- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes (it
+-- invoked because no run held them, so the hold it set is its own).
+-- (The rows are locked in queue order, as every statement on them does.)
+UPDATE pgdrain.kicks SET kicked_at = '-infinity', run_until = NULL
+WHERE queue IN (
+    SELECT queue FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE
+);
+
+-- name: queue_depth :one
+-- Ready jobs in these queues and the age of the oldest: the backlog a run leaves behind
+-- (the QueueDepth and OldestReadyAgeSeconds metrics). Exact, so its cost grows with the
+-- ready rows (never the finished ones): an index-only scan of the range run_at <= now() in
+-- jobs_queued_run_at_idx, delayed rows not visited.
+SELECT count(*) AS ready,
+       coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
+FROM pgdrain.jobs
+WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
+
+-- name: queue_ready_count :one
+-- Ready jobs in these queues, counted up to %(limit)s (the fan-out decision only needs to
+-- know whether the backlog exceeds what the runs can finish).
+SELECT count(*) AS ready FROM (
+    SELECT 1 FROM pgdrain.jobs
+    WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+    LIMIT %(limit)s::int
+) AS ready;
+
+-- name: run_register :exec
+-- A run announces itself once connected (a spawned run replaces the reservation its spawner
+-- made under the same id), and holds its queues' kicks for %(hold_seconds)s (run_until; never
+-- past its deadline): kicks do not invoke more runs while it drains. Repeating it changes
+-- nothing but the deadline and the hold: safe to retry.
+WITH registered AS (
+    INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+    VALUES (%(run_id)s::text, %(queues)s::text[], %(chain)s::int,
+            now() + make_interval(secs => %(remaining_seconds)s::float8))
+    ON CONFLICT (run_id) DO UPDATE
+    SET queues = excluded.queues, chain = excluded.chain, deadline = excluded.deadline
+    RETURNING deadline
+)
+INSERT INTO pgdrain.kicks AS k (queue, kicked_at, run_until)
+SELECT q.name, '-infinity',
+       least((SELECT deadline FROM registered),
+             now() + make_interval(secs => %(hold_seconds)s::float8))
+FROM unnest(%(queues)s::text[]) AS q(name)
+ORDER BY q.name  -- every statement locks kick rows in queue order: no deadlock between them
+ON CONFLICT (queue) DO UPDATE
+SET run_until = greatest(k.run_until, excluded.run_until);
+
+-- name: kick_hold :exec
+-- A live run renews its hold on its queues' kicks (run_register): until now + %(hold_seconds)s,
+-- which the caller keeps within its deadline. Safe to repeat: it only moves run_until later.
+UPDATE pgdrain.kicks AS k
+SET run_until = greatest(k.run_until, now() + make_interval(secs => %(hold_seconds)s::float8))
+WHERE k.queue IN (
+    SELECT queue FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE  -- in queue order, as every statement that locks kick rows
+);
+
+-- name: run_gate_lock :exec
+-- Serialise fan-out decisions until the transaction ends. Taken in a statement of its own, so
+-- that the count that follows reads a snapshot taken after the lock was granted.
+SELECT id FROM pgdrain.run_gate FOR UPDATE;
+
+-- name: run_spawn :many
+-- Reserve new runs until the live runs (deadline not passed) number %(runs_needed)s, and never
+-- more than %(max_runs)s; returns the ids reserved. Each reservation lasts %(reserve_seconds)s, until the
+-- spawned run registers with its own deadline; a spawn that never starts stops counting then.
+-- Run after run_gate_lock in the same transaction.
+INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+SELECT gen_random_uuid()::text, %(queues)s::text[], %(chain)s::int,
+       now() + make_interval(secs => %(reserve_seconds)s::float8)
+FROM generate_series(
+    1,
+    least(%(runs_needed)s::int, %(max_runs)s::int)
+        - (SELECT count(*) FROM pgdrain.runs WHERE deadline > now())::int
+)
+RETURNING run_id;
+
+-- name: run_unregister :exec
+-- Forget a run: one that exits, or a reservation whose invoke failed.
+DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
+
+-- name: run_exit :one
+-- A run that found nothing to claim exits, unless it must stay, in one statement: it drains
+-- again for a kick or a ready job its last claim may have missed (when %(may_stay)s), and it
+-- lingers while its queues' latest kick is younger than %(linger_window_s)s (a burst becomes one
+-- invocation). Deciding here, not in the caller, makes the exit one round trip.
+-- It locks the queues' kick rows (FOR UPDATE re-reads a row a concurrent kick committed while
+-- this statement waited), so a kick either lands before this check, where it is seen, or after
+-- the exit, where it invokes. `kicked` is true for a kick whose transaction started after this
+-- one: its enqueue may have committed after this statement's snapshot. An older kick's enqueue
+-- committed before this snapshot, and `ready` sees its job. `due_at` is the earliest run_at of
+-- a queued job still in the future, or lease expiry of a running job (a dead run's jobs
+-- become claimable then): the wake-up this run must make sure of.
+-- Exiting, the kicks of its queues no longer wait on it (with %(clear_kicks)s: the next kick
+-- invokes, even while another run still drains the queue: at worst one invocation that finds
+-- nothing), and it no longer counts as a live run. The rows of runs that died (past their
+-- deadline for an hour) go too, so the table stays as small as the number of live runs.
+-- Safe to repeat: the check only reads, and the exit clears and deletes what is already
+-- cleared or gone.
+WITH kick AS MATERIALIZED (
+    SELECT requested_at FROM pgdrain.kicks
+    WHERE queue = ANY(%(queues)s::text[])
+    ORDER BY queue
+    FOR UPDATE
+), seen AS MATERIALIZED (
+    SELECT
+        coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
+        -- How long ago the latest kick of these queues was. NULL when none was ever recorded
+        -- ('-infinity').
+        (SELECT extract(epoch FROM now() - max(requested_at))::float8 FROM kick
+         WHERE requested_at > '-infinity') AS kick_age_s,
+        -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
+        -- drain again (the lock lasts until this short transaction ends).
+        -- A queue at its concurrency limit has nothing claimable either: the runs holding its
+        -- slots claim its next jobs as they finish.
+        -- One probe per queue along jobs_queued_run_at_idx, as queue_has_ready: as
+        -- `queue = ANY(...)` over the table, the planner expected a ready row early in a
+        -- sequential scan, which reads the whole history first.
+        EXISTS (
+            SELECT 1
+            FROM unnest(%(queues)s::text[]) AS q(name)
+            CROSS JOIN LATERAL (
+                SELECT 1 FROM pgdrain.jobs AS j
+                WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at <= now()
+                ORDER BY j.run_at
+                LIMIT 1
+                FOR UPDATE OF j SKIP LOCKED
+            ) AS one
+            WHERE NOT EXISTS (
+                SELECT 1 FROM pgdrain.queue_limits AS l
+                WHERE l.queue = q.name AND l.running >= l.max_running
+            )
+        ) AS ready,
+        least(
+            -- The earliest delayed job, one probe per queue (over all queues at once, the
+            -- minimum read every delayed row: 5.9 ms with 100,000 delayed).
+            (SELECT min(next.run_at)
+             FROM unnest(%(queues)s::text[]) AS q(name)
+             CROSS JOIN LATERAL (
+                 SELECT j.run_at FROM pgdrain.jobs AS j
+                 WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at > now()
+                 ORDER BY j.run_at
+                 LIMIT 1
+             ) AS next),
+            (SELECT min(lease_expires_at) FROM pgdrain.jobs
+             WHERE status = 'running' AND queue = ANY(%(queues)s::text[]))
+        ) AS due_at
+), decided AS MATERIALIZED (
+    SELECT NOT %(may_stay)s::boolean
+           OR (NOT (s.kicked OR s.ready)
+               AND (s.kick_age_s IS NULL OR s.kick_age_s >= %(linger_window_s)s::float8)) AS exits
+    FROM seen AS s
+), cleared AS (
+    UPDATE pgdrain.kicks SET kicked_at = '-infinity', run_until = NULL
+    WHERE queue = ANY(%(queues)s::text[])
+      AND %(clear_kicks)s::boolean AND (SELECT exits FROM decided)
+), unregistered AS (
+    DELETE FROM pgdrain.runs
+    WHERE (run_id = %(run_id)s OR deadline < now() - interval '1 hour')
+      AND (SELECT exits FROM decided)
+)
+SELECT s.kicked, s.kick_age_s, s.ready, s.due_at, d.exits FROM seen AS s, decided AS d;
+
+-- name: wake_reserve :one
+-- Claim the right to create the one-shot schedule for %(wake_at)s, unless an earlier or equal
+-- wake-up of the same queues is pending (created, or being created and reserved_until not
+-- passed). The same run may reserve again (a retried statement). Returns a row when the
+-- caller must create the schedule.
+INSERT INTO pgdrain.wakes AS w (queue_set, wake_at, state, reserved_by, reserved_until)
+VALUES (%(queue_set)s::text, %(wake_at)s::timestamptz, 'creating', %(run_id)s::text,
+        now() + make_interval(secs => %(hold_seconds)s::float8))
+ON CONFLICT (queue_set) DO UPDATE
+SET wake_at = excluded.wake_at, state = 'creating', reserved_by = excluded.reserved_by,
+    reserved_until = excluded.reserved_until
+WHERE w.wake_at <= now()
+   OR w.wake_at > excluded.wake_at
+   OR (w.state = 'creating' AND w.reserved_until <= now())
+   OR (w.state = 'creating' AND w.reserved_by = excluded.reserved_by
+       AND w.wake_at = excluded.wake_at)
+RETURNING w.wake_at;
+
+-- name: wake_created :exec
+-- The schedule exists: the reservation becomes a pending wake-up until its time.
+UPDATE pgdrain.wakes SET state = 'created'
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
+
+-- name: wake_release :exec
+-- Creating the schedule failed: drop the reservation, so the next run that ends tries again.
+-- (Whatever its state: a kick marks its wake-up created before the function it invokes creates
+-- the schedule, and that function drops it if it cannot.)
+DELETE FROM pgdrain.wakes
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
+
+-- name: queue_limit_sync :exec
+-- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues: add or change
+-- the limits given, drop the others. A new limit starts from the queue's running jobs. Safe to
+-- repeat: it writes the same values again.
+WITH wanted AS (
+    SELECT w.queue, w.max_running
+    FROM unnest(%(limited)s::text[], %(limits)s::int[]) AS w(queue, max_running)
+), dropped AS (
+    DELETE FROM pgdrain.queue_limits
+    WHERE queue = ANY(%(queues)s::text[])
+      AND queue NOT IN (SELECT queue FROM wanted)
+)
+INSERT INTO pgdrain.queue_limits AS l (queue, max_running, running)
+SELECT w.queue, w.max_running,
+       (SELECT count(*) FROM pgdrain.jobs AS j WHERE j.status = 'running' AND j.queue = w.queue)
+FROM wanted AS w
+ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running
+WHERE l.max_running <> excluded.max_running;

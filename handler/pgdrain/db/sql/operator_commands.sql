@@ -1,0 +1,206 @@
+-- The statements of stats, jobs, jobs show, retry, cancel, purge, and the migration
+-- ledger (db/store/operator_commands.py).
+-- Statements pgdrain runs against the queue, each under a `-- name: NAME :SHAPE` line.
+-- NAME is also the name of the pgdrain.db.store function that runs it (noun first, verb last, as
+-- River names its queries). SHAPE is what the statement gives back: :one (at most one row),
+-- :many (rows), :rowcount (only how many rows it changed), :exec (nothing).
+-- Loaded once by pgdrain.db.sql; executed only by pgdrain.db.store.
+-- Parameters are always bound (%(name)s); nothing here is ever formatted into a string.
+-- Every statement after the claim is fenced by attempt_token: a fence condition stands on
+-- a line of its own so that tests can derive the unfenced control from the real statement.
+
+-- name: migration_lock_timeout :exec
+-- How long the migration waits for any lock (its own advisory lock, or a table a session
+-- holds), for this transaction only (is_local = true: pooler-safe).
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
+-- name: migration_lock :exec
+-- Serialise concurrent `pgdrain migrate` runs; released when the transaction ends.
+SELECT pg_advisory_xact_lock(hashtext('pgdrain.migrate'));
+
+-- name: migration_lock_holders :many
+-- Who holds the migration lock (an advisory lock on a bigint key: classid holds its high 32
+-- bits, objid its low 32 bits, objsubid 1).
+SELECT l.pid, coalesce(a.usename, '?') AS role, coalesce(a.application_name, '') AS application
+FROM pg_catalog.pg_locks AS l
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+WHERE l.locktype = 'advisory'
+  AND l.granted
+  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+  AND l.objsubid = 1
+  AND l.classid::bigint = ((hashtext('pgdrain.migrate')::bigint >> 32) & 4294967295)
+  AND l.objid::bigint = (hashtext('pgdrain.migrate')::bigint & 4294967295)
+ORDER BY l.pid;
+
+-- name: migration_ledger_exists :one
+SELECT to_regclass('pgdrain.migrations') IS NOT NULL AS present;
+
+-- name: migration_applied :many
+SELECT version FROM pgdrain.migrations ORDER BY version;
+
+-- name: migration_record :exec
+INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
+
+-- name: job_retry :many
+-- Operator action: put failed, parked or cancelled jobs back in the queue with a fresh set
+-- of attempts. Safe to run twice: a job already queued again no longer matches. A finished
+-- job freed its idempotency key; if a newer unfinished job of its queue holds that key now,
+-- it is not retried (that job already does the work), and is not returned.
+UPDATE pgdrain.jobs AS j
+SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+WHERE j.id = ANY(%(ids)s::bigint[])
+  AND j.status IN ('failed', 'parked', 'cancelled')
+  AND (j.idempotency_key IS NULL OR NOT EXISTS (
+      SELECT FROM pgdrain.jobs AS o
+      WHERE o.queue = j.queue
+        AND o.idempotency_key = j.idempotency_key
+        AND o.status IN ('queued', 'running')))
+RETURNING j.id;
+
+-- name: job_purge_finished :rowcount
+-- Delete one batch of finished jobs (%(statuses)s: done, failed, cancelled) that finished
+-- more than %(days)s days ago, in one queue or all (%(queue)s NULL). Purge and retention
+-- both run it batch by batch; safe to run twice: a deleted row matches nothing.
+DELETE FROM pgdrain.jobs
+WHERE id IN (
+    SELECT id FROM pgdrain.jobs
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND status = ANY(%(statuses)s::text[])
+      AND finished_at < now() - %(days)s * interval '1 day'
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    LIMIT %(limit)s
+);
+
+-- name: job_list :many
+-- The newest jobs matching the filters; a NULL filter matches every job. --since compares
+-- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).
+SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
+       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error
+FROM pgdrain.jobs
+WHERE status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: queue_stats :many
+-- Counts per queue and status, the age of the oldest ready job, and running jobs whose
+-- lease has expired (non-zero for long means reclaim is not running). queued, ready, delayed,
+-- running and expired_leases are exact, read from the partial indexes of queued and running
+-- rows (their cost grows with the backlog, not the history). done, failed, parked and
+-- cancelled are exact up to 10,000 per queue and read as 10000 above that: counting a history
+-- of millions of rows each time is what made stats slow, so each count stops at the bound (an
+-- index-only scan of jobs_finished_queue_idx). The queues that only have history are found by
+-- skipping through the same index, one probe per queue.
+WITH RECURSIVE finished_queue AS (
+    (SELECT queue FROM pgdrain.jobs
+     WHERE status IN ('done', 'failed', 'parked', 'cancelled')
+     ORDER BY queue
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgdrain.jobs AS j
+            WHERE j.status IN ('done', 'failed', 'parked', 'cancelled')
+              AND j.queue > f.queue
+            ORDER BY j.queue
+            LIMIT 1)
+    FROM finished_queue AS f
+    WHERE f.queue IS NOT NULL
+), finished AS (
+    SELECT f.queue,
+           (SELECT count(*) FROM (SELECT 1 FROM pgdrain.jobs AS j
+                                  WHERE j.status = 'done' AND j.queue = f.queue
+                                  LIMIT 10000) AS bounded) AS done,
+           (SELECT count(*) FROM (SELECT 1 FROM pgdrain.jobs AS j
+                                  WHERE j.status = 'failed' AND j.queue = f.queue
+                                  LIMIT 10000) AS bounded) AS failed,
+           (SELECT count(*) FROM (SELECT 1 FROM pgdrain.jobs AS j
+                                  WHERE j.status = 'parked' AND j.queue = f.queue
+                                  LIMIT 10000) AS bounded) AS parked,
+           (SELECT count(*) FROM (SELECT 1 FROM pgdrain.jobs AS j
+                                  WHERE j.status = 'cancelled' AND j.queue = f.queue
+                                  LIMIT 10000) AS bounded) AS cancelled
+    FROM finished_queue AS f
+    WHERE f.queue IS NOT NULL
+), queued AS (
+    SELECT queue,
+           count(*) AS queued,
+           count(*) FILTER (WHERE run_at <= now()) AS ready,
+           count(*) FILTER (WHERE run_at > now()) AS delayed,
+           min(run_at) FILTER (WHERE run_at <= now()) AS oldest_ready_at
+    FROM pgdrain.jobs
+    WHERE status = 'queued'
+    GROUP BY queue
+), running AS (
+    SELECT queue,
+           count(*) AS running,
+           count(*) FILTER (WHERE lease_expires_at < now()) AS expired_leases
+    FROM pgdrain.jobs
+    WHERE status = 'running'
+    GROUP BY queue
+)
+SELECT coalesce(queued.queue, running.queue, finished.queue) AS queue,
+       coalesce(queued.queued, 0)                             AS queued,
+       coalesce(queued.ready, 0)                              AS ready,
+       coalesce(queued.delayed, 0)                            AS delayed,
+       coalesce(running.running, 0)                           AS running,
+       coalesce(finished.done, 0)                             AS done,
+       coalesce(finished.failed, 0)                           AS failed,
+       coalesce(finished.parked, 0)                           AS parked,
+       coalesce(finished.cancelled, 0)                        AS cancelled,
+       coalesce(extract(epoch FROM now() - queued.oldest_ready_at), 0)::float8
+                                                              AS oldest_ready_age_s,
+       coalesce(running.expired_leases, 0)                    AS expired_leases
+FROM queued
+FULL JOIN running ON running.queue = queued.queue
+FULL JOIN finished ON finished.queue = coalesce(queued.queue, running.queue)
+ORDER BY 1;
+
+-- name: job_show :one
+-- Every column of one job, as JSON (so a column added by a later migration, such as the
+-- error history, shows without changing this statement).
+SELECT to_jsonb(j) AS job FROM pgdrain.jobs AS j WHERE j.id = %(id)s;
+
+-- name: job_retry_matching :many
+-- Operator action by filter: queue again the jobs in %(statuses)s (failed, parked) matching
+-- the filters (a NULL filter matches every job), with a fresh set of attempts. `--dry-run`
+-- runs it in a transaction that is rolled back. Safe to run twice: a job queued again no
+-- longer matches.
+UPDATE pgdrain.jobs
+SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+WHERE status IN ('failed', 'parked')
+  AND status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+RETURNING id, queue, kind;
+
+-- name: job_cancel :many
+-- Operator action: a queued or parked job never runs; a running one loses its lease (status
+-- and token change), so its run's heartbeat reports it lost, job.lease_lost() turns true and
+-- the fenced completion or failure of that attempt is refused. Returns each cancelled job with
+-- the status it had. Safe to run twice: a cancelled job no longer matches.
+WITH target AS (
+    SELECT id, status
+    FROM pgdrain.jobs
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND status IN ('queued', 'running', 'parked')
+    FOR UPDATE
+)
+UPDATE pgdrain.jobs AS j
+SET status = 'cancelled',
+    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM target
+WHERE j.id = target.id
+RETURNING j.id, target.status AS was;
+
+-- name: job_count_finished :one
+-- What job_purge_finished would delete, counted (purge --dry-run): the same conditions.
+SELECT count(*) AS jobs
+FROM pgdrain.jobs
+WHERE status IN ('done', 'failed', 'cancelled')
+  AND status = ANY(%(statuses)s::text[])
+  AND finished_at < now() - %(days)s * interval '1 day'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text);

@@ -1,0 +1,275 @@
+"""The statements of the control plane: kicks, the runs table, wake-ups, per-queue limits, the
+backlog a run leaves, and retention (sql/control_plane.sql)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from pgdrain.db.sql import query
+from pgdrain.db.store.common import (
+    Connection,
+    Statement,
+    one_statement,
+)
+
+
+@one_statement
+def job_retention_batch(
+    conn: Connection,
+    done_days: float,
+    failed_days: float,
+    done_limit: int,
+    failed_limit: int,
+) -> tuple[int, int]:
+    """Delete one batch of done jobs older than done_days and one of failed and cancelled jobs
+    older than failed_days, in one statement; returns how many of each (pgdrain.db.retention)."""
+    return job_retention_batch_statement(done_days, failed_days, done_limit, failed_limit).run(conn)
+
+
+def job_retention_batch_statement(
+    done_days: float, failed_days: float, done_limit: int, failed_limit: int
+) -> Statement[tuple[int, int]]:
+    params = {
+        "done_days": done_days,
+        "failed_days": failed_days,
+        "done_limit": done_limit,
+        "failed_limit": failed_limit,
+    }
+
+    def deleted_counts(cur: psycopg.Cursor[Any]) -> tuple[int, int]:
+        row = cur.fetchone()
+        assert row is not None  # one row of two counts
+        return int(row[0]), int(row[1])
+
+    return Statement(query("job_retention_batch"), params, deleted_counts)
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """How many jobs are ready in some queues, and how long the oldest has waited."""
+
+    ready: int
+    oldest_ready_age_s: float
+
+
+@one_statement
+def queue_depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
+    """How many jobs are ready in these queues, and how long the oldest has waited."""
+    row = conn.execute(query("queue_depth"), {"queues": list(queues)}).fetchone()
+    if row is None:
+        return QueueDepth(0, 0.0)
+    return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
+
+
+@dataclass(frozen=True)
+class KickDecision:
+    """What a kick does per queue: invoke a run now (`invoke`), or ask for a wake-up when its
+    next job is due (`later`: nothing is ready, no live run drains it, and no wake-up pending
+    for it comes early enough)."""
+
+    invoke: list[str]
+    later: dict[str, dt.datetime]
+
+
+def kick_debounce(
+    conn: Connection,
+    queues: Sequence[str],
+    window_seconds: float,
+    precision_seconds: float = 60.0,
+    hold_seconds: float = 0.0,
+) -> KickDecision:
+    """Record a kick for each queue. The queues to invoke for (they need a run, their last
+    invoke is older than the window and no live run holds them) are now marked as invoked and
+    held for hold_seconds. precision_seconds is the wake-up rounding
+    (PGDRAIN_WAKE_PRECISION_SECONDS)."""
+    rows = conn.execute(
+        query("kick_debounce"),
+        {
+            "queues": list(queues),
+            "window_seconds": window_seconds,
+            "precision_seconds": precision_seconds,
+            "hold_seconds": hold_seconds,
+        },
+    ).fetchall()
+    return KickDecision(
+        invoke=sorted(str(r[0]) for r in rows if r[1]),
+        later={str(r[0]): r[2] for r in rows if not r[1] and r[2] is not None},
+    )
+
+
+@one_statement
+def kick_clear(conn: Connection, queues: Sequence[str]) -> None:
+    """Forget the last invoke of these queues (it failed): the next kick invokes."""
+    conn.execute(query("kick_clear"), {"queues": list(queues)})
+
+
+# -- the control plane: runs, fan-out, exit, wake-ups (pgdrain.aws) -------------------------
+
+
+@one_statement
+def queue_ready_count(conn: Connection, queues: Sequence[str], limit: int) -> int:
+    """Ready jobs in these queues, counted up to `limit`."""
+    row = conn.execute(
+        query("queue_ready_count"), {"queues": list(queues), "limit": limit}
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+@one_statement
+def run_register(
+    conn: Connection,
+    run_id: str,
+    queues: Sequence[str],
+    chain: int,
+    remaining_seconds: float,
+    hold_seconds: float = 0.0,
+) -> None:
+    """Count this run as live until its deadline (now + remaining_seconds, database clock), and
+    hold its queues' kicks for hold_seconds (never past the deadline)."""
+    conn.execute(
+        query("run_register"),
+        {
+            "run_id": run_id,
+            "queues": list(queues),
+            "chain": chain,
+            "remaining_seconds": remaining_seconds,
+            "hold_seconds": hold_seconds,
+        },
+    )
+
+
+@one_statement
+def kick_hold(conn: Connection, queues: Sequence[str], hold_seconds: float) -> None:
+    """Renew this run's hold on its queues' kicks until now + hold_seconds."""
+    conn.execute(query("kick_hold"), {"queues": list(queues), "hold_seconds": hold_seconds})
+
+
+def run_gate_lock(conn: Connection) -> None:
+    """Hold the fan-out gate until the transaction ends."""
+    conn.execute(query("run_gate_lock"))
+
+
+def run_spawn(
+    conn: Connection,
+    queues: Sequence[str],
+    chain: int,
+    runs_needed: int,
+    max_runs: int,
+    reserve_seconds: float,
+) -> list[str]:
+    """Reserve new runs until `runs_needed` are live, never more than `max_runs`; returns the
+    reserved run ids. Decisions serialise on the gate, so concurrent spawners keep the cap."""
+    with conn.transaction():
+        run_gate_lock(conn)
+        rows = conn.execute(
+            query("run_spawn"),
+            {
+                "queues": list(queues),
+                "chain": chain,
+                "runs_needed": runs_needed,
+                "max_runs": max_runs,
+                "reserve_seconds": reserve_seconds,
+            },
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+@one_statement
+def run_unregister(conn: Connection, run_id: str) -> None:
+    conn.execute(query("run_unregister"), {"run_id": run_id})
+
+
+@dataclass(frozen=True)
+class ExitCheck:
+    """What a run finds as it unregisters: whether it may exit, or must claim again."""
+
+    kicked: bool  # a kick arrived that this run's last claim may not have seen
+    ready: bool  # a job is ready now
+    due_at: dt.datetime | None  # when new work is next due in these queues
+    kick_age_s: float | None = None  # seconds since the latest kick of these queues
+    exited: bool = True  # the run unregistered (and cleared its queues' kick window)
+
+
+@one_statement
+def run_exit(
+    conn: Connection,
+    run_id: str,
+    queues: Sequence[str],
+    *,
+    may_stay: bool = False,
+    linger_window_s: float = 0.0,
+    clear_kicks: bool = True,
+) -> ExitCheck:
+    """The run exits, unless (may_stay) a kick or a ready job came after its last claim, or
+    its queues' latest kick is younger than linger_window_s; the check says which, and when
+    work is next due."""
+    row = conn.execute(
+        query("run_exit"),
+        {
+            "run_id": run_id,
+            "queues": list(queues),
+            "may_stay": may_stay,
+            "linger_window_s": linger_window_s,
+            "clear_kicks": clear_kicks,
+        },
+    ).fetchone()
+    assert row is not None  # one row, from the one-row CTEs
+    return ExitCheck(
+        kicked=bool(row[0]),
+        kick_age_s=row[1],
+        ready=bool(row[2]),
+        due_at=row[3],
+        exited=bool(row[4]),
+    )
+
+
+@one_statement
+def queue_limit_sync(
+    conn: Connection, queues: Sequence[str], limits: Sequence[tuple[str, int]]
+) -> None:
+    """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max)."""
+    conn.execute(
+        query("queue_limit_sync"),
+        {
+            "queues": list(queues),
+            "limited": [q for q, _ in limits],
+            "limits": [n for _, n in limits],
+        },
+    )
+
+
+@one_statement
+def wake_reserve(
+    conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str, hold_seconds: float
+) -> bool:
+    """True when the caller must create the schedule for `wake_at` (no earlier or equal wake-up
+    of these queues is pending); the reservation holds for hold_seconds."""
+    row = conn.execute(
+        query("wake_reserve"),
+        {
+            "queue_set": queue_set,
+            "wake_at": wake_at,
+            "run_id": run_id,
+            "hold_seconds": hold_seconds,
+        },
+    ).fetchone()
+    return row is not None
+
+
+@one_statement
+def wake_created(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
+    conn.execute(
+        query("wake_created"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}
+    )
+
+
+@one_statement
+def wake_release(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
+    conn.execute(
+        query("wake_release"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}
+    )

@@ -1,0 +1,305 @@
+"""The statements of the hot path: enqueue, and a run's claim, completions, failures, releases,
+heartbeat and reclaim (sql/hot_path.sql). Every write after the claim is fenced by the
+attempt's token; "0 rows" comes back as an explicit lease-lost outcome."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pgdrain.db.sql import query, statements
+from pgdrain.db.store.common import (
+    ClaimedJob,
+    Connection,
+    Failed,
+    Fenced,
+    Held,
+    LeaseLost,
+    NewJob,
+    Reclaimed,
+    Statement,
+    _fenced,
+    one_statement,
+)
+
+
+def transaction_begin(conn: Connection) -> None:
+    """BEGIN ISOLATION LEVEL READ COMMITTED, as a statement of its own: sent in a pipeline with
+    the rest of the transaction (session.py)."""
+    conn.execute(query("transaction_begin"))
+
+
+def transaction_commit(conn: Connection) -> None:
+    conn.execute(query("transaction_commit"))
+
+
+def transaction_limits(conn: Connection, timeout_ms: int) -> None:
+    """Bound the current transaction's statements and lock waits to `timeout_ms` (> 0: zero
+    would switch the limits off)."""
+    assert timeout_ms > 0, "a timeout of 0 disables the limit"
+    conn.execute(query("transaction_limits"), {"timeout_ms": timeout_ms})
+
+
+def session_limits(conn: Connection, timeout_ms: int) -> None:
+    """Bound the connection's statements and lock waits to `timeout_ms` until set again, and
+    its transactions READ COMMITTED (session.py)."""
+    assert timeout_ms > 0, "a timeout of 0 disables the limit"
+    conn.execute(query("session_limits"), {"timeout_ms": timeout_ms})
+
+
+def _new_job_params(job: NewJob) -> dict[str, Any]:
+    return {
+        "queue": job.queue,
+        "kind": job.kind,
+        "payload": Jsonb({} if job.payload is None else job.payload),
+        "priority": job.priority,
+        "run_at": job.run_at,
+        "delay_seconds": job.delay_seconds,
+        "max_attempts": job.max_attempts,
+        "recovery_policy": job.recovery_policy,
+        "idempotency_key": job.idempotency_key,
+    }
+
+
+def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
+    """job_insert's text and its parameters as plain values (the payload as JSON text), for
+    an application to run on its own driver, in its own transaction (enqueue_statement).
+    Runs nothing itself: the statement is the one job_insert runs."""
+    params = _new_job_params(job)
+    params["payload"] = json.dumps(
+        {} if job.payload is None else job.payload, ensure_ascii=False, allow_nan=False
+    )
+    # Without its comment lines (as every statement is sent): an application may log it.
+    return statements()["job_insert"].text, params
+
+
+def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
+    """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
+    held by an unfinished (queued or running) job of the same queue returns that job's id and
+    created=False."""
+    while True:
+        row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
+        if row is not None:
+            return int(row[0]), True
+        assert job.idempotency_key is not None  # only a held key inserts nothing
+        existing = job_find_by_key(conn, job.queue, job.idempotency_key)
+        if existing is not None:
+            return existing, False
+        # The holder finished (freeing the key) or its insert rolled back between our two
+        # statements: insert again. Safe to repeat: nothing was written, and a held key
+        # still inserts nothing.
+
+
+def job_find_by_key(conn: Connection, queue: str, idempotency_key: str) -> int | None:
+    row = conn.execute(
+        query("job_find_by_key"), {"queue": queue, "idempotency_key": idempotency_key}
+    ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def payload_json(payload: Any) -> str:
+    """A job's payload as the jobs table receives it: JSON text (None is {}), non-ASCII
+    characters as they are, not escaped (so its UTF-8 length is the size stored)."""
+    return json.dumps({} if payload is None else payload, ensure_ascii=False)
+
+
+def job_insert_many(
+    conn: Connection, jobs: Sequence[NewJob], payloads_json: Sequence[str] | None = None
+) -> list[int]:
+    """Insert many jobs in one statement; returns the ids created (a key held by an
+    unfinished job of the same queue is skipped). `payloads_json`, when given, holds each
+    job's payload_json() already: enqueue_many encodes each payload once, to size its chunks,
+    and sends that text."""
+    if not jobs:
+        return []
+    if payloads_json is None:
+        payloads_json = [payload_json(j.payload) for j in jobs]
+    if len(payloads_json) != len(jobs):
+        raise ValueError("one encoded payload per job")
+    params = {
+        "queues": [j.queue for j in jobs],
+        "kinds": [j.kind for j in jobs],
+        "payloads": list(payloads_json),
+        "priorities": [j.priority for j in jobs],
+        "run_ats": [j.run_at for j in jobs],
+        "delays": [float(j.delay_seconds) for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "recovery_policies": [j.recovery_policy for j in jobs],
+        "idempotency_keys": [j.idempotency_key for j in jobs],
+    }
+    return [int(r[0]) for r in conn.execute(query("job_insert_many"), params).fetchall()]
+
+
+def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]) -> list[int]:
+    """Enqueue each (slot, job) whose slot is later than the last enqueued for its kind, in one
+    statement; returns the ids created (none for a slot enqueued already)."""
+    if not due:
+        return []
+    params = {
+        "kinds": [job.kind for _, job in due],
+        "slots": [slot for slot, _ in due],
+        "queues": [job.queue for _, job in due],
+        "payloads": [Jsonb({} if job.payload is None else job.payload) for _, job in due],
+        "priorities": [job.priority for _, job in due],
+        "max_attempts": [job.max_attempts for _, job in due],
+        "recovery_policies": [job.recovery_policy for _, job in due],
+    }
+    return [int(r[0]) for r in conn.execute(query("periodic_enqueue"), params).fetchall()]
+
+
+def job_complete_and_claim_statement(
+    finished: Sequence[Held],
+    queues: Sequence[str],
+    limit: int,
+    worker: str,
+    lease_seconds: float,
+    cap_seconds: float | None,
+    claim_id: uuid.UUID | None,
+) -> Statement[tuple[Fenced, list[ClaimedJob]]]:
+    """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit),
+    run by the run's claims (pipelined or not) and read by complete_and_claim_result. The
+    statement returns the claimed jobs and only those of `finished` the fence refused.
+    cap_seconds bounds every new lease to the run's deadline (None: uncapped, the control
+    that shows what the cap prevents). claim_id, chosen by the caller, is stored on the
+    claimed rows: job_claim_recover finds them by it after a lost reply."""
+    params = {
+        "done_ids": [h.id for h in finished],
+        "done_tokens": [h.token for h in finished],
+        "queues": list(queues),
+        "limit": limit,
+        "worker": worker,
+        "lease_seconds": lease_seconds,
+        "cap_seconds": cap_seconds,
+        "claim_id": claim_id,
+    }
+
+    def read(cur: psycopg.Cursor[Any]) -> tuple[Fenced, list[ClaimedJob]]:
+        return complete_and_claim_result(cur.fetchall(), finished)
+
+    return Statement(query("job_complete_and_claim"), params, read)
+
+
+def complete_and_claim_result(
+    rows: Sequence[Any], finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """job_complete_and_claim's rows read: the attempts of `finished` it recorded done (all but
+    those the fence refused: a row each, flagged) and the jobs it claimed."""
+    lost = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
+    claimed = [ClaimedJob(*r[1:]) for r in rows if not r[0]]  # ClaimedJob's fields in order
+    return Fenced(frozenset(finished) - lost, lost), claimed
+
+
+@one_statement
+def job_claim_recover(
+    conn: Connection, claim_id: uuid.UUID | None, finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """What the claim `claim_id` already did (nothing, if it never committed): the attempts of
+    `finished` it recorded done, and the jobs it claimed. Reads only."""
+    rows = conn.execute(
+        query("job_claim_recover"),
+        {
+            "claim_id": claim_id,
+            "done_ids": [h.id for h in finished],
+            "done_tokens": [h.token for h in finished],
+        },
+    ).fetchall()
+    return _completed_and_claimed(rows, finished)
+
+
+def _completed_and_claimed(
+    rows: Sequence[Any], finished: Sequence[Held]
+) -> tuple[Fenced, list[ClaimedJob]]:
+    """Rows of (completed, ClaimedJob's fields): a completed row carries only id and token."""
+    completed = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
+    claimed = [
+        ClaimedJob(*r[1:])  # the statement returns ClaimedJob's fields in order
+        for r in rows
+        if not r[0]
+    ]
+    return Fenced(completed, frozenset(finished) - completed), claimed
+
+
+@one_statement
+def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
+    """Mark finished jobs done (claiming nothing)."""
+    return _fenced(conn, query("job_complete_many"), held)
+
+
+@one_statement
+def job_extend_leases(
+    conn: Connection, held: Sequence[Held], lease_seconds: float, cap_seconds: float | None
+) -> Fenced:
+    """Heartbeat: extend every lease still ours in one statement."""
+    return _fenced(
+        conn,
+        query("job_extend_leases"),
+        held,
+        lease_seconds=lease_seconds,
+        cap_seconds=cap_seconds,
+    )
+
+
+@one_statement
+def job_release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
+    """Give unstarted jobs back: queued again, the attempt not spent."""
+    return _fenced(conn, query("job_release_many"), held)
+
+
+@one_statement
+def job_fail(
+    conn: Connection,
+    job: Held,
+    error: str,
+    delay_seconds: float,
+    final: bool = False,
+    *,
+    error_record: dict[str, Any] | None = None,
+    spend_attempt: bool = True,
+    cancelled: bool = False,
+) -> Failed | LeaseLost:
+    """Record a failed attempt: retry after delay_seconds, or `failed` when attempts are spent
+    (or at once when `final`: the job can never succeed as it is). `error_record` (text values
+    already storable: no NUL, no lone surrogate) joins the job's error history, with the
+    attempt number and time; `spend_attempt=False` (a snooze) gives the attempt back."""
+    row = conn.execute(
+        query("job_fail"),
+        {
+            "id": job.id,
+            "token": job.token,
+            "error": error,
+            "delay_seconds": delay_seconds,
+            "final": final,
+            "spend_attempt": spend_attempt,
+            "cancelled": cancelled,
+            "error_record": None if error_record is None else Jsonb(error_record),
+        },
+    ).fetchone()
+    if row is None:
+        return LeaseLost(job.id)
+    return Failed(id=row[0], status=row[1], attempt=row[2], run_at=row[3])
+
+
+@one_statement
+def job_reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
+    return job_reclaim_expired_statement(limit).run(conn)
+
+
+def job_reclaim_expired_statement(limit: int) -> Statement[list[Reclaimed]]:
+    """Expired leases taken back: queued again, or failed when out of attempts."""
+
+    def reclaimed(cur: psycopg.Cursor[Any]) -> list[Reclaimed]:
+        return [Reclaimed(id=r[0], status=r[1], reclaim_count=r[2]) for r in cur.fetchall()]
+
+    return Statement(query("job_reclaim_expired"), {"limit": limit}, reclaimed)
+
+
+@one_statement
+def queue_has_ready(conn: Connection, queues: Sequence[str]) -> bool:
+    row = conn.execute(query("queue_has_ready"), {"queues": list(queues)}).fetchone()
+    return bool(row and row[0])

@@ -1,0 +1,216 @@
+"""The statements behind the operator commands: stats, jobs, jobs show, retry, cancel, purge,
+and the migration ledger (sql/operator_commands.sql)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from psycopg.rows import dict_row
+
+from pgdrain.db.sql import Migration, query
+from pgdrain.db.store.common import (
+    FINISHED,
+    Connection,
+    FinishedStatus,
+    Status,
+)
+
+# queue_stats counts done, failed, parked and cancelled jobs up to this many per queue.
+STATS_HISTORY_BOUND = 10_000
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue's counts by status (`pgdrain stats`)."""
+
+    queue: str
+    queued: int  # ready + delayed
+    ready: int
+    delayed: int  # queued with run_at in the future (a delay, a retry's backoff)
+    running: int
+    done: int
+    failed: int
+    parked: int
+    cancelled: int
+    oldest_ready_age_s: float
+    expired_leases: int
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job as `pgdrain jobs` lists it."""
+
+    id: int
+    queue: str
+    kind: str
+    status: Status
+    priority: int
+    attempts: int
+    max_attempts: int
+    reclaim_count: int
+    run_at: dt.datetime
+    lease_expires_at: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    finished_at: dt.datetime | None
+    last_error: str | None
+
+
+def job_retry(conn: Connection, ids: Sequence[int]) -> list[int]:
+    rows = conn.execute(query("job_retry"), {"ids": list(ids)}).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def job_purge_finished(
+    conn: Connection,
+    older_than_days: float,
+    batch: int = 5000,
+    *,
+    statuses: Sequence[FinishedStatus] = FINISHED,
+    queue: str | None = None,
+) -> int:
+    """Delete one batch of at most `batch` finished jobs older than `older_than_days`;
+    returns how many. Callers loop until a batch comes back short (pgdrain.db.retention)."""
+    cur = conn.execute(
+        query("job_purge_finished"),
+        {"days": older_than_days, "limit": batch, "statuses": list(statuses), "queue": queue},
+    )
+    return cur.rowcount
+
+
+def queue_stats(conn: Connection) -> list[QueueStats]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("queue_stats")).fetchall()
+    return [QueueStats(**row) for row in rows]
+
+
+def job_list(
+    conn: Connection,
+    statuses: Sequence[str],
+    limit: int,
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+) -> list[JobRow]:
+    """The newest `limit` jobs matching the filters (None matches every job)."""
+    params = {
+        "statuses": list(statuses),
+        "limit": limit,
+        "queue": queue,
+        "kind": kind,
+        "since": since,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("job_list"), params).fetchall()
+    return [JobRow(**row) for row in rows]
+
+
+# -- migrations: run by pgdrain.db.migrate inside one transaction ------------------------------
+
+
+def migration_lock_timeout(conn: Connection, timeout_ms: int) -> None:
+    """Wait at most this long for any lock, until the transaction ends."""
+    conn.execute(query("migration_lock_timeout"), {"timeout": f"{timeout_ms}ms"})
+
+
+def migration_lock(conn: Connection) -> None:
+    """Serialise concurrent migrations until the transaction ends (pooler-safe: xact lock)."""
+    conn.execute(query("migration_lock"))
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """A session in the way of a migration (`pgdrain migrate` names it when it gives up waiting)."""
+
+    pid: int
+    role: str
+    application: str
+
+
+def migration_lock_holders(conn: Connection) -> list[LockHolder]:
+    rows = conn.execute(query("migration_lock_holders")).fetchall()
+    return [LockHolder(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+def migration_ledger_exists(conn: Connection) -> bool:
+    row = conn.execute(query("migration_ledger_exists")).fetchone()
+    return bool(row and row[0])
+
+
+def migration_applied(conn: Connection) -> set[str]:
+    """The versions applied so far; none before the ledger exists."""
+    if not migration_ledger_exists(conn):
+        return set()
+    return {str(r[0]) for r in conn.execute(query("migration_applied")).fetchall()}
+
+
+def migration_record(conn: Connection, migration: Migration) -> None:
+    """Apply one migration file (our own packaged DDL, never input) and record it."""
+    conn.execute(migration.sql)
+    conn.execute(query("migration_record"), {"version": migration.version})
+
+
+# -- operator actions (pgdrain jobs show / retry / cancel / purge) ---------------------------
+
+
+def job_show(conn: Connection, job_id: int) -> dict[str, Any] | None:
+    """Every column of one job (JSON types: timestamps as ISO text), or None if unknown."""
+    row = conn.execute(query("job_show"), {"id": job_id}).fetchone()
+    if row is None:
+        return None
+    job: dict[str, Any] = row[0]
+    return job
+
+
+@dataclass(frozen=True)
+class Matched:
+    """A job an operator action by filter changed (or, in a dry run, would change)."""
+
+    id: int
+    queue: str
+    kind: str
+
+
+def job_retry_matching(
+    conn: Connection,
+    statuses: Sequence[Literal["failed", "parked"]],
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+) -> list[Matched]:
+    """Queue again every failed/parked job matching the filters (None matches all)."""
+    params = {"statuses": list(statuses), "queue": queue, "kind": kind, "since": since}
+    rows = conn.execute(query("job_retry_matching"), params).fetchall()
+    return [Matched(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """A job an operator cancelled, and the status it had."""
+
+    id: int
+    was: Literal["queued", "running", "parked"]
+
+
+def job_cancel(conn: Connection, ids: Sequence[int]) -> list[Cancelled]:
+    """Cancel these jobs; those already finished (or unknown) are not returned."""
+    rows = conn.execute(query("job_cancel"), {"ids": list(ids)}).fetchall()
+    return sorted((Cancelled(int(r[0]), r[1]) for r in rows), key=lambda c: c.id)
+
+
+def job_count_finished(
+    conn: Connection,
+    older_than_days: float,
+    *,
+    statuses: Sequence[FinishedStatus] = FINISHED,
+    queue: str | None = None,
+) -> int:
+    """How many jobs job_purge_finished would delete, in all its batches."""
+    params = {"days": older_than_days, "statuses": list(statuses), "queue": queue}
+    row = conn.execute(query("job_count_finished"), params).fetchone()
+    return 0 if row is None else int(row[0])
