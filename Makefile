@@ -1,3 +1,17 @@
+## make                  create .venv and install pgdrain with its dev extras (nothing else)
+## make help             this list
+## make demo             migrate, enqueue example jobs, drain them, print what happened
+## make test             the test suite (not the soak, not the simulator)
+## make lint             ruff check, ruff format --check, mypy
+## make format           ruff format, then ruff check --fix
+## make soak             the chaos soak and its controls (PGDRAIN_SOAK_JOBS sets its size)
+## make bench            benchmarks against the SQL ceiling and peers; writes docs/benchmarks.md
+## make simulate         the control-plane simulator, about 40 minutes; writes docs/simulate.md
+## make simulate-smoke   the simulator's small form, under 2 minutes
+## make simulate-test    the simulator's tests (tests/sim)
+## make sam              sam validate --lint and sam build, offline, with the build's bytecode
+## make clean            remove the virtualenvs, .aws-sam and the tools' caches
+
 # `make demo` and `make test` work from a fresh clone with Python 3.11 or 3.12 and make:
 # each creates the virtualenv and installs what is missing first.
 PYTHON ?= python3
@@ -6,13 +20,18 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 export PYTHONPATH := handler
 
-.PHONY: demo test simulate-test lint format sam bench soak clean
+.PHONY: help demo test simulate-test lint format sam bench soak clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(INSTALLED)
+
+# The `## make` lines at the top of this file. Not the default goal: `make` alone still
+# creates .venv (the first rule above).
+help:
+	@sed -n 's/^## //p' $(firstword $(MAKEFILE_LIST))
 
 demo: $(INSTALLED)
 	$(BIN)/pgdrain demo

@@ -76,3 +76,10 @@ class MovedModules(importlib.abc.MetaPathFinder):
 def install() -> None:
     if not any(isinstance(f, MovedModules) for f in sys.meta_path):
         sys.meta_path.append(MovedModules())
+    # `pgdrain.enqueue` and `pgdrain.drain` are functions of the facade as well as old module
+    # names: registered as loaded, so that importing the module never rebinds the function.
+    package = sys.modules["pgdrain"]
+    for old, new in MOVED.items():
+        name = old.rpartition(".")[2]
+        if callable(getattr(package, name, None)) and new in sys.modules:
+            sys.modules.setdefault(old, sys.modules[new])

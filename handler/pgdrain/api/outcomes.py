@@ -4,7 +4,7 @@ exceptions say more precisely what to do, as River's JobSnooze/JobCancel do. An 
 goes through the same mechanism: retried, because a deploy may not have reached every function
 that drains the queue yet.
 
-`decide` is pure (no database, no clock): claims.record_failure writes what it returns in one
+`decide` is pure (no database, no clock): completer.record_failure writes what it returns in one
 fenced statement (store.job_fail)."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ into pgdrain's own here, in two kinds:
   exponential backoff inside the time budget;
 - the settings cannot work (a bad sslmode or port value, a host name that does not resolve,
   a wrong password, an unknown database or role): DatabaseMisconfigured at once, since
-  retrying only spends the budget (a DNS failure was retried for 4 min 48 s).
+  retrying only spends the budget.
 
 An error of neither kind is not retried either: DatabaseUnavailable at once, with its text."""
 

@@ -2,8 +2,8 @@
 last one is still on its way, so the database runs one while the run reads the other.
 
 One psycopg connection runs one statement at a time: it sends it, waits for the reply, reads
-it. While the run's thread turns a reply into jobs and builds the next claim (~200-300 us of
-CPU a claim at batch 10, most of it psycopg's), the database has nothing to do, and while the
+it. While the run's thread turns a reply into jobs and builds the next claim (mostly
+psycopg's CPU), the database has nothing to do, and while the
 database runs the claim the run's thread has nothing to do but hand jobs over. libpq's pipeline
 mode lets a second statement go out before the first one's reply is read; the database runs
 them in order, each in a transaction of its own (a Sync after each), and their replies come

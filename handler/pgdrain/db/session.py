@@ -1,46 +1,24 @@
-"""The run's one connection. Each operation runs in a transaction of its own:
+"""The run's one connection. Each operation runs in a transaction of its own, READ COMMITTED
+(the claim's SKIP LOCKED and the fenced updates rely on it), its statement_timeout and
+lock_timeout no longer than what is left of the budget less the final margin, set local to the
+transaction so that nothing outlives it behind a pooler.
 
-- READ COMMITTED, whatever the server's default_transaction_isolation: the claim (SKIP LOCKED)
-  and the fenced updates rely on it. Under REPEATABLE READ or SERIALIZABLE an update that
-  waited for a concurrent one fails with a serialization error instead of re-checking its
-  fence on the new row version, and the run stops with its jobs left `running`.
-- statement_timeout and lock_timeout no longer than what is left of the budget (less the
-  final margin), set local to
-  the transaction (pooler-safe: nothing outlives it), so a statement blocked on a lock ends by
-  the deadline instead of holding the run past it.
+An operation marked store.one_statement goes in one round trip: BEGIN, the limits, its
+statement and COMMIT in one pipeline sync, on a cursor kept for the connection (KeptCursor).
+Statements whose result is read later (`send_with_next`, `read_with_next`: the registration,
+the first reclaim) ride in the next round trip, each in a transaction of its own; only
+statements safe to repeat, since a broken connection sends them again. Other operations run
+their statements one after another inside one transaction.
 
-An operation marked store.one_statement is sent in one round trip: BEGIN, the limits, its
-statement and COMMIT go out together in one pipeline sync, and its rows are read when they are
-back (the same transaction, three round trips fewer). It executes on one cursor kept for the
-connection, whose adapters are looked up once, not at every round trip (KeptCursor). Any other
-operation runs its statements one after the other inside the transaction, as they need each
-other's results.
-
-A one-statement operation whose result nobody reads (a run's registration) can be sent with the
-next one (`send_with_next`), and so can a statement whose result is read once that round trip is
-back (`read_with_next`, a store.Statement: the run's reclaim goes with its first claim): each in
-a transaction of its own, in order, in that operation's round trip. Only statements safe to
-repeat: after a broken connection they are sent again.
-
-On a connection of its own (PGDRAIN_POOLER=session, the default: no transaction pooler in
-between), the connection keeps the limits instead (store.session_limits, with READ COMMITTED),
-and a one-statement operation goes alone, without BEGIN and COMMIT, as its
-own implicit transaction: half the client's work per round trip and less of the server's.
-Once psycopg has prepared it, it goes without a pipeline too (KeptCursor.executing), unless
-there is work to do while it is out (`while_sent`): in a pipeline the statement has gone out
-when execute() returns, so that work overlaps the server's.
-They are sent again, in the explicit transaction of the statement that carries them, at least
-every KEEP_SECONDS, each time no higher than what will be left KEEP_SECONDS later (so a
-statement started before the next refresh still ends by the final margin), and at every
-statement once the budget nears its end, after an error and after a reconnect.
-
-A claim may also go out before the reply to the last one is read (`send_ahead`, pipeline.py,
-runner/pipelining.py): only on such a connection, while its limits are fresh, and then those limits
-are half of what is left (see may_send_ahead). Before any other statement, every reply still
-owed is read (`settle`).
-
-If the connection breaks (a restart, a failover), the next statement reconnects within the
-budget and is tried once more."""
+On a connection of its own (PGDRAIN_POOLER=session, the default) the connection keeps the
+limits (store.session_limits), sent again at least every KEEP_SECONDS, after an error and a
+reconnect, and at every statement near the end; a one-statement operation then goes alone as
+its own implicit transaction, and without a pipeline once psycopg has prepared it, unless work
+is to be done while it is out (`while_sent`). Claims may be pipelined there
+(runner/pipelining.py, db/pipeline.py), with the kept limits halved (may_send_ahead); every
+reply still owed is read before any other statement (`settle`). A broken connection is
+reconnected within the budget and the statement tried once more. Why: docs/decisions/0005
+and 0008."""
 
 from __future__ import annotations
 
@@ -370,8 +348,7 @@ class Session:
             run_one_statement(conn, timeout_ms, _nothing, [earlier])
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
         # statements, COMMIT: one transaction, so the SET LOCALs end with it, a round trip
-        # each. (Pipelined with a flush per result instead, as 5299e13 tried, this was slower,
-        # not faster: psycopg's flush requests cost more than the round trips they save.)
+        # each (docs/decisions/0008: psycopg's flush requests cost more than they save).
         with conn.transaction():
             if self._limit_to_budget:
                 store.transaction_limits(conn, self.timeout_ms())
@@ -443,14 +420,14 @@ class Session:
 class KeptCursor:
     """The cursor a one-statement operation executes on: one per connection, kept from one
     round trip to the next. A cursor keeps its adapters (how each parameter type is dumped and
-    each column loaded); a new one per statement looked them all up again: 40 us of CPU of a
-    claim's ~190 at batch 10, on the run's thread between a reply and the next claim. Safe to
-    share: only the run's thread runs statements, one at a time, and every operation reads its
-    rows before it returns (a second statement would replace them).
+    each column loaded); a new one per statement would look them all up again, on the run's
+    thread between a reply and the next claim (docs/decisions/0008). Safe to share: only the
+    run's thread runs statements, one at a time, and every operation reads its rows before it
+    returns (a second statement would replace them).
 
     It also counts how often each statement went through it, to tell when a statement sent
     alone may go without a pipeline (`executing`): a pipeline costs six system calls more per
-    round trip (three sends and five polls, against one of each; 30 to 40 us of CPU), but
+    round trip (three sends and five polls, against one of each), but
     outside one psycopg prepares a statement in a round trip of its own. psycopg prepares it
     at its (prepare_threshold + 1)th execution with the same parameter types; the types of a
     statement's parameters differ now and then (an empty list of ids, a larger number), so a
@@ -601,8 +578,9 @@ class _SentWithItsTransaction:
                     # In a pipeline, execute() has sent the statement: the server runs it as
                     # it arrives (an implicit transaction commits at the Sync, sent next).
                     self._while_sent()
-            # Leaving the block sent the Sync and read every result.
-        except psycopg.Error:
+            # Leaving the block sent the Sync and read every result, also when the work done
+            # while the statement was out raised.
+        except BaseException:
             # A failed statement skipped the COMMIT, and a Sync does not end an explicit
             # transaction: roll it back, so that the connection is usable again.
             if not conn.broken and conn.info.transaction_status == TransactionStatus.INERROR:

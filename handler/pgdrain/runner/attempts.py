@@ -1,6 +1,6 @@
 """The attempts a run holds, by stage: claimed but not started, running, finished but not yet
 recorded as done. Only the run's loop changes them (at concurrency 1 the calling thread too,
-while the loop's thread runs its job, never both at once: one_slot.py); job threads read
+while the loop's thread runs its job, never both at once: loop_thread.py); job threads read
 `lost_tokens` and say when each attempt they were handed starts (`started`).
 
 Every attempt is keyed by (job id, attempt token), never by the job id alone: one run can hold
@@ -28,7 +28,7 @@ class Attempts:
         # Handed to the worker pool: running, or (claimed ahead) waiting there for a thread.
         self.running: dict[Held, ClaimedJob] = {}
         # When each running attempt started (monotonic; when it was handed over, until its
-        # thread says), oldest first: claim-ahead reads which are about to end (claim_ahead.py).
+        # thread says), oldest first: prefetch reads which are about to end (prefetch.py).
         self.running_since: dict[Held, float] = {}
         # The attempts handed over that no thread has taken yet (WorkerPool.take_back).
         self._take_back_waiting: Callable[[], list[ClaimedJob]] = list
@@ -72,7 +72,7 @@ class Attempts:
     ) -> int:
         """How many jobs to claim now: what free worker slots can start at once (a job claimed
         and left waiting would spend an attempt if the process died), plus `ahead` for slots
-        about to free (claim_ahead.py), at most a batch; none until half the slots are free,
+        about to free (prefetch.py), at most a batch; none until half the slots are free,
         unless none is busy (running or claimed to run), so short jobs still come in batches.
         `on_the_wire`: the jobs that claims sent and not yet read may bring (they hold slots)."""
         held = len(self.running) + len(self.unstarted) + on_the_wire

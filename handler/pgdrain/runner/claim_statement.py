@@ -53,10 +53,9 @@ class ClaimStatements:
         self._lease_seconds = lease_seconds
         self._recover_lost_replies = controls.recover_lost_replies
         # Claim ids: one random base per run, counted up, so a claim's id costs no call into
-        # the OS (uuid4 reads os.urandom, which gives up the GIL; getting it back while the job
-        # threads run cost more than the rest of the claim's bookkeeping). Unique within the
-        # run; two runs' ids meet only if their random 128-bit bases lie within the number of
-        # claims of each other.
+        # the OS (uuid4 reads os.urandom, which gives up the GIL). Unique within the run; two
+        # runs' ids meet only if their random 128-bit bases lie within the number of claims of
+        # each other.
         self._claim_ids = itertools.count(uuid.uuid4().int)
 
     def new(self, limit: int) -> Claim:

@@ -93,7 +93,7 @@ def claim_size(
 ) -> int:
     """How many jobs to claim now: for the free slots, and for those about to free. The claims
     on the wire hold the slots of all they may bring. A claim sent ahead (`pipelined_claim`) may
-    take one batch more, only while a whole batch frees during a round trip (claim_ahead.py):
+    take one batch more, only while a whole batch frees during a round trip (prefetch.py):
     it is read one round trip later than a claim made now would be, and its jobs start as the
     next claim goes out, when the slots of the batch before them have freed."""
     allowance = claims.prefetch.allowance(attempts.running_since.values(), time.monotonic())
@@ -102,7 +102,7 @@ def claim_size(
             return 0
         allowance += settings.batch_size
     return attempts.to_claim(
-        settings.concurrency, settings.batch_size, allowance, claims.pipelined.held()
+        settings.concurrency, settings.batch_size, allowance, claims.pipelined.slots()
     )
 
 
@@ -121,12 +121,11 @@ def claim_and_start(
     and whether it took all it asked for (a short one means the queue is drained for now: the
     next claim waits for an outcome, so an empty queue is not polled).
 
-    The jobs start after the claim has gone out, not before: started first, their threads
-    took the interpreter from this one while it built and sent the claim, and the claim went
-    out only once they had run (Python and the database took turns instead of overlapping).
+    The jobs start after the claim has gone out, not before, so that their threads do not
+    hold the interpreter while this one builds and sends it.
 
     While claims come back full and more are wanted, the next claim goes out before the reply
-    to the last is read (pipelined.py, pipeline.py): one claim is on the wire between two
+    to the last is read (pipelining.py, db/pipeline.py): one claim is on the wire between two
     turns of the loop, two while a reply is read, and the database runs the one while this
     thread reads the other and starts its jobs."""
 

@@ -3,17 +3,18 @@ functions on a worker pool, heartbeat every lease/3, and stop in time for the de
 
 Only the run's loop talks to the database, and every statement commits at once in a short
 transaction of its own (READ COMMITTED, its statement and lock timeouts bounded by the budget
-left: session.py): no transaction is open while a job runs, and no session state is used, so
+left: db/session.py): no transaction is open while a job runs, and no session state is used, so
 the same SQL works through PgBouncer in transaction mode. Worker threads never touch the
 database; their outcomes come back on a queue. At concurrency 1 the loop runs on a thread of
 its own and runs the job there itself; the calling thread does the loop's duties while the job
-runs, never both at once (one_slot.py).
+runs, never both at once (loop_thread.py).
 
-The pieces, each in its own module: attempts.py (what the run holds), reclaim.py (expired
-leases, at the start), claims.py (claiming and completing), heartbeat.py, deadline.py, stop.py
-(when the run stops claiming: the reserve or a stop request, and its grace), session.py (the
-one connection), summary.py (counters and the result), execute.py (calling a job's function),
-pool.py (the worker threads), one_slot.py (at concurrency 1: the job on the loop's thread)."""
+The pieces, each in its own module of runner/: attempts.py (what the run holds), reclaim.py
+(expired leases, at the start), claiming.py (claims, with prefetch.py and pipelining.py),
+completer.py (every outcome written), heartbeat.py, deadline.py, stop.py (when the run stops
+claiming: the reserve or a stop request, and its grace), summary.py (counters and the result),
+execute.py (calling a job's function), worker_threads.py, loop_thread.py; and db/session.py,
+the one connection."""
 
 from __future__ import annotations
 
@@ -99,8 +100,8 @@ class _NoHooks:
 
 
 class _Pool(Protocol):
-    """Where a run's jobs run: worker threads (pool.py), or at concurrency 1 the loop's own
-    thread (one_slot.py)."""
+    """Where a run's jobs run: worker threads (worker_threads.py), or at concurrency 1 the
+    loop's own thread (loop_thread.py)."""
 
     def submit(self, item: store.ClaimedJob) -> None: ...
 
@@ -176,12 +177,10 @@ def drain_with(
 
 # ONE_SLOT: at concurrency 1 nothing else can happen until the job has run (the next claim
 # waits for its slot), so the loop hands a claimed job over just before it waits for the
-# outcome, not as soon as the claim's reply is in: there, take() runs it on the loop's own
-# thread (one_slot.py). With a worker thread instead (one_thread=False), handed over at once,
-# the job's thread woke to find the interpreter held by the run's (the bookkeeping after a
-# reply) and waited for it: one more wake-up per job (batch 1, paired runs: 2.6% and 6.6% more
-# jobs/s, ahead in 8 of 10 pairs and 9 of 12). Until then the job is unstarted, as one claimed
-# ahead is: it holds its slot, its lease is kept, and a stop or the reserve releases it.
+# outcome, not as soon as the claim's reply is in: take() then runs it on the loop's own
+# thread (loop_thread.py, docs/decisions/0003). Until then the job is unstarted, as a
+# prefetched one is: it holds its slot, its lease is kept, and a stop or the reserve
+# releases it.
 
 
 def _session(
@@ -324,7 +323,7 @@ class _Run:
             if ending_now is not None:
                 return ending_now
 
-            # A full claim and claim-ahead, or a claim on the wire: the next claim goes out (or
+            # A full claim and prefetch, or a claim on the wire: the next claim goes out (or
             # the one on the wire is read) at once.
             ahead = claims.pipelined.count() or (
                 full and claim_size(claims, attempts, self.settings)
@@ -399,7 +398,7 @@ def _on_worker_threads(run: _Run) -> Ending:
 
 class _OnOneThread:
     """A run at concurrency 1: the loop and its jobs on a thread of their own, watched from
-    the calling thread, which does the loop's duties while a job runs (one_slot.py)."""
+    the calling thread, which does the loop's duties while a job runs (loop_thread.py)."""
 
     def __init__(self, run: _Run) -> None:
         self.run = run

@@ -1,11 +1,10 @@
 """A run at concurrency 1 runs its one job on the loop's own thread: no hand-over.
 
-At any other concurrency the run's thread claims and worker threads run the jobs (pool.py).
-At concurrency 1 only one of the two can be busy at a time: the next claim waits for the one
-slot (it completes the job that ran). Handing each job to a worker thread and its outcome back
-then costs two thread wake-ups a job, in series with every round trip (batch 1, in-process on a
-database whose commits do not wait for the disk: ~450 against ~300 µs a job, the time from a
-claim's reply to the next claim ~100 against ~45 µs).
+At any other concurrency the run's thread claims and worker threads run the jobs
+(worker_threads.py). At concurrency 1 only one of the two can be busy at a time: the next claim
+waits for the one slot (it completes the job that ran). Handing each job to a worker thread and
+its outcome back then costs two thread wake-ups a job, in series with every round trip
+(docs/decisions/0003).
 
 So the run's loop itself goes to a thread of its own (LoopThread), and runs each job there,
 in place of handing it over (OneSlot stands where the WorkerPool would). The calling thread
@@ -18,7 +17,7 @@ ends it, as the loop would have, and returns: the job runs on, abandoned (abando
 its thread, once it returns, finds the run given up and touches nothing of it. The job never
 runs on the calling thread, so the handler returns at its deadline whatever the job does.
 Unlike a WorkerPool, which starts no thread for a run that finds nothing, a run at concurrency 1
-always starts this one (~0.1 ms): its loop runs there from the connect on."""
+always starts this one: its loop runs there from the connect on."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The claims a run sent ahead and has not read yet, oldest first (pipeline.py): sending one,
-reading the oldest as a round trip's reply, reading them all before any other statement, and
-taking them up one by one after the connection broke under them.
+"""Pipelined claims: the claims a run sent before reading the last reply, oldest first
+(db/pipeline.py): sending one, reading the oldest as a round trip's reply, reading them all
+before any other statement, and taking them up one by one after the connection broke under
+them.
 
-A claim read as soon as it is sent (`claim_now`: nothing else to send ahead, as at concurrency
-1) goes through the same pipeline whenever one could be sent ahead: the same one round trip as
-psycopg's cursor, for less of the client's CPU (~110 against ~155 µs a statement at batch 1,
-measured beside each other on one server; docs/architecture.md)."""
+A claim read as soon as it is sent (`claim_now`: nothing else to pipeline, as at concurrency
+1) goes through the same pipeline whenever one could be pipelined: the same one round trip as
+psycopg's cursor, for less of the client's CPU (docs/decisions/0006)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ class PipelinedClaims:
         """How many claims are on the wire."""
         return len(self._on_wire)
 
-    def held(self) -> int:
-        """How many jobs the claims on the wire may bring: the slots they hold."""
+    def slots(self) -> int:
+        """How many jobs the claims on the wire may bring: the slots they take."""
         if not self._count_slots:
             return 0  # control: claims sized as if none were on the wire
         return sum(claim.limit for claim in self._on_wire)

@@ -19,11 +19,11 @@ concurrency 1: strict ordering holds one job at a time.
 That count assumes the slots free one after another. Jobs claimed together start together and,
 when they take about as long, end together: the batch frees at once, the count-based claim goes
 out only then, and the slots stand empty for a round trip (or two: the first claim takes only
-what half-empty slots allow). So wherever claiming ahead pays at all (that count is at least
+what half-empty slots allow). So wherever prefetch pays at all (that count is at least
 one), the running jobs expected to end within one round trip (started at least the smoothed job
 time less a round trip ago) count as about to free as well, and the run wakes when the next one
-comes within a round trip of its end: the claim for their slots arrives as they end. Measured
-by the control-plane simulator's backlog (docs/simulate.md: ten slots of 20 ms jobs)."""
+comes within a round trip of its end: the claim for their slots arrives as they end
+(docs/decisions/0006)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ class Prefetch:
 
 def most_ahead(batch_size: int, concurrency: int) -> int:
     """A batch; or, when a batch is larger than the slots, 2 x batch - concurrency: a claim
-    takes at most concurrency + this - the attempts held (claims.wanted), and just after a
+    takes at most concurrency + this - the attempts held (claiming.claim_size), and just after a
     reply those are its whole batch, so with less the claims would alternate between a batch
     and the slots' worth."""
     return max(batch_size, 2 * batch_size - concurrency)

@@ -28,7 +28,7 @@ _worker = threading.local()
 
 def mark_job_thread() -> None:
     """The calling thread runs jobs (a WorkerPool's, or a run's loop at concurrency 1:
-    one_slot.py): thread_loop() gives it an event loop of its own."""
+    loop_thread.py): thread_loop() gives it an event loop of its own."""
     _worker.in_pool = True
 
 
@@ -52,26 +52,21 @@ def close_thread_loop() -> None:
     _worker.loop = None
 
 
-@dataclass(slots=True)  # one per job: slots, not frozen (frozen's __init__ costs 2x)
+@dataclass(slots=True)  # one per job: slots, not frozen (cheaper to make: decisions/0004)
 class Outcome(Generic[T]):
     """What became of one job a worker thread ran: its item, and the exception it raised if any."""
 
     item: T
     error: BaseException | None
-    seconds: float = 0.0  # how long the job ran (claim_ahead reads it)
+    seconds: float = 0.0  # how long the job ran (prefetch reads it)
 
 
 class WorkerPool(Generic[T]):
     """`size` threads, started when the first job is submitted: a run that finds nothing to do
-    (most runs) starts none. All of them at once: started one by one as jobs came, interleaved
-    with the jobs they ran, they made twice the context switches from then on (batch 250: 8-20%
-    fewer jobs/s, 15-40% more CPU per job, in paired runs).
-
-    The first thread is started by the first submit itself, the others by a starter thread of
-    their own: starting one costs ~0.1 ms, 26 ms for 250, and the run's thread, which submits,
-    sends its next claim meanwhile, while the first jobs already run (batch 250: 2-3% more
-    jobs/s in 18 paired runs of 20,000 jobs; no change at batch 10, where starting 10 takes 1
-    ms)."""
+    (most runs) starts none. All of them at once (one by one, interleaved with their jobs, they
+    switched context twice as often). The first is started by the first submit, the others by
+    a starter thread, so the run's thread sends its next claim while they start
+    (docs/decisions/0009)."""
 
     def __init__(self, size: int, run: Callable[[T], object], name: str = "pgdrain-job") -> None:
         self._size = size

@@ -46,7 +46,7 @@ def parse_statements(text: str) -> dict[str, Statement]:
 def _without_comment_lines(body: str) -> str:
     """The statement as it is sent: the comments stay in the .sql files. Shorter to send and to
     parse, and psycopg caches its conversion of a statement only up to 4 KB: the claim, with
-    its comments, is longer than that and was converted again at every batch."""
+    its comments, is longer than that."""
     return "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
 
 

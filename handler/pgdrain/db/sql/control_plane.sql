@@ -15,7 +15,7 @@
 -- than %(failed_days)s days ago (parked jobs wait for a person: never). Returns how many of
 -- each went; a count short of its limit means that kind is done. Safe to run twice: a deleted
 -- row matches nothing. The rows go by primary key (an array of ids, as the claim's), whatever
--- the generic plan guesses of the cutoff: `id IN (...)` was planned as a sequential scan.
+-- the generic plan guesses of the cutoff (`id IN (...)` may be planned as a sequential scan).
 WITH done AS (
     DELETE FROM pgdrain.jobs
     WHERE id = ANY(ARRAY(
@@ -235,7 +235,7 @@ WITH kick AS MATERIALIZED (
         ) AS ready,
         least(
             -- The earliest delayed job, one probe per queue (over all queues at once, the
-            -- minimum read every delayed row: 5.9 ms with 100,000 delayed).
+            -- minimum reads every delayed row).
             (SELECT min(next.run_at)
              FROM unnest(%(queues)s::text[]) AS q(name)
              CROSS JOIN LATERAL (

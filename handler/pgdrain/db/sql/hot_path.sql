@@ -23,27 +23,24 @@ COMMIT;
 -- to this transaction, so nothing outlives it on a pooled server connection.
 -- Every statement runs on its generic plan (plan_cache_mode): planned once per connection, not
 -- at every batch. Left to choose (auto), the server planned the claim anew at every batch (its
--- generic plan is costed for 10 queues, the custom ones for the run's few), and the planning
--- cost a third of a claim of 10 (one process drained 7,190 no-op jobs/s at batch 10 on its
--- custom plans, 8,674 on the generic one; 952 against 1,384 at batch 1). A generic plan cannot
--- look at the parameters, so each statement is written for a plan that holds whatever the
+-- generic plan is costed for 10 queues, the custom ones for the run's few): a third of a
+-- claim's cost (docs/decisions/0005). A generic plan cannot look at the parameters, so each statement is written for a plan that holds whatever the
 -- statistics say: the fenced writes find their rows by primary key (`id = ANY(ids)`, the fence
 -- in a CASE so that no partial index of running rows, costed from statistics that may have
 -- seen none running, looks cheaper), and tests/integration/test_query_plans.py checks each
 -- generic plan on a long history.
 -- No statement is compiled by JIT: on a long history (2 M finished and 200 k queued rows) the
--- claim's generic plan, which the server keeps once it costs no more than the custom ones,
--- passed jit_above_cost, and JIT compiled it at every execution (32 ms of a 34 ms claim whose
--- plan runs in 0.6 ms, EXPLAIN ANALYZE). A claim, a heartbeat or a fenced update is never
--- long enough for JIT to pay.
+-- claim's generic plan passed jit_above_cost, and JIT compiled it at every execution, for
+-- far longer than the plan runs. A claim, a heartbeat or a fenced update is never long
+-- enough for JIT to pay.
 -- And the planner may not choose an explicit sort where an index gives the order
 -- (enable_sort off: a sort the statement cannot do without, as the claim's round-robin order,
 -- still runs). With statistics that do not know a backlog (a table not analysed since a burst
 -- of jobs came in: autovacuum analyses it a minute later at best, on a long history not before
 -- a tenth of it changed) the planner believes few jobs are ready and claims through
--- jobs_queued_run_at_idx, reading and sorting every ready job of the queue at every claim: 18
--- to 40 ms a claim with 50,000 ready, against 0.5 ms along jobs_ready_idx, which gives the
--- claim's order (tests/integration/test_claim_plan.py).
+-- jobs_queued_run_at_idx, reading and sorting every ready job of the queue at every claim,
+-- instead of walking jobs_ready_idx, which gives the claim's order
+-- (tests/integration/test_claim_plan.py).
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, true),
        set_config('lock_timeout', %(timeout_ms)s::text, true),
        set_config('jit', 'off', true),
@@ -168,8 +165,8 @@ WITH completed AS (
     -- The fence: only the attempt whose token this run holds (each attempt's token is a
     -- random UUID of its own, so matching the id and the token each against the lists is
     -- matching the pair). A short list is compared in turn; from 100 pairs on they are hashed,
-    -- once, when a row first asks: at a batch of 1,000, comparing each row with every token
-    -- took 1.5 ms of a 7.5 ms completion, and a hash of a few pairs costs more than it saves.
+    -- once, when a row first asks: comparing each row with every token grows with the square
+    -- of the batch, and a hash of a few pairs costs more than it saves.
     -- Written so that the plan, generic, reads these rows by primary key.
     WHERE j.id = ANY(%(done_ids)b::bigint[])
       AND CASE WHEN j.status = 'running' THEN CASE
@@ -239,15 +236,15 @@ WITH completed AS (
         lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
                                          make_interval(secs => %(cap_seconds)s)),
         updated_at = now()
-    -- An array of ids keeps the primary-key lookup; joining `ready` made the planner hash
-    -- the whole table once batches grew past ~100.
+    -- An array of ids keeps the primary-key lookup (a join with `ready` may be planned as a
+    -- hash of the whole table).
     WHERE j.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.attempt_token
 )
--- Of the finished attempts only those the fence refused come back (rarely any): a row per
--- completed job was as many rows again as the claim's, each decoded by the one thread that
--- talks to the database. The payload comes back as text: the job's own worker thread parses
+-- Of the finished attempts only those the fence refused come back (rarely any), so the one
+-- thread that talks to the database decodes only the claim's rows. The payload comes back as
+-- text: the job's own worker thread parses
 -- it, off that thread.
 SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
        NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
@@ -378,9 +375,8 @@ RETURNING j.id, j.status, j.reclaim_count;
 
 -- name: queue_has_ready :one
 -- Is anything ready in these queues? Decides whether a run out of budget continues itself.
--- One probe per queue of the range run_at <= now() in jobs_queued_run_at_idx. As
--- `queue = ANY(...)` over the table, the planner expected a ready row early in a sequential
--- scan and read every finished row first (180 ms at 2 million).
+-- One probe per queue of the range run_at <= now() in jobs_queued_run_at_idx (as
+-- `queue = ANY(...)` the planner may choose a sequential scan through the history).
 SELECT EXISTS (
     SELECT 1
     FROM unnest(%(queues)s::text[]) AS q(name)

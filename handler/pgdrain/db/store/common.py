@@ -69,7 +69,7 @@ class Held:
 
 # Not frozen, unlike the other results here: a frozen dataclass's __init__ sets each field
 # through object.__setattr__, and a claim makes one per job on the drain's thread between a
-# reply and the next claim (2.4x the cost: 1.5 against 0.6 us a job). Nothing assigns to it.
+# reply and the next claim (docs/decisions/0004). Nothing assigns to it.
 @dataclass(slots=True)
 class ClaimedJob:
     """A job this run claimed: the row's fields the job needs, and its attempt's token."""
@@ -91,9 +91,9 @@ class ClaimedJob:
     @property
     def payload(self) -> Any:
         # The text is jsonb's output: one JSON document, nothing around it. raw_decode reads
-        # that without json.loads's two whitespace scans and wrappers (0.2 against 0.85 us a
-        # job for `{}`, in the job's thread, which shares the interpreter with the run's). Text
-        # with anything around the document goes through json.loads, which reads or refuses it.
+        # that without json.loads's two whitespace scans and wrappers (about 4x cheaper, in
+        # the job's thread, which shares the interpreter with the run's). Text with anything
+        # around the document goes through json.loads, which reads or refuses it.
         text = self.payload_json
         try:
             value, end = _decode_json_document(text)
