@@ -249,7 +249,7 @@ def _explained(conn: psycopg.Connection[Any], case: Case) -> Any:
     # All in one rolled-back transaction: after a ROLLBACK psycopg deallocates every prepared
     # statement of the connection (DEALLOCATE ALL), this one too.
     with conn.transaction(force_rollback=True):
-        conn.execute(sql.SQL("PREPARE bench_plan AS {}").format(sql.SQL(numbered)))  # type: ignore[arg-type]
+        conn.execute(sql.SQL("PREPARE bench_plan AS {}").format(sql.SQL(numbered)))
         store.session_limits(conn, 60_000)  # undone by the rollback
         explain = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE bench_plan ({})").format(args)
         row = conn.execute(explain).fetchone()

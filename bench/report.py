@@ -418,17 +418,17 @@ def memory_section(res: Results, drain: cost.Drain) -> list[str]:
         "the share of a vCPU it gets); above it, one process leaves the extra vCPUs idle and "
         "only one process per vCPU keeps the cost per job where it was, for a shorter run."
     )
-    two = _get(res, f"pgdrain/{res.config.default_batch}/2")
-    one = _get(res, f"pgdrain/{res.config.default_batch}/1")
-    if one is not None and two is not None:
+    two_processes = _get(res, f"pgdrain/{res.config.default_batch}/2")
+    one_process = _get(res, f"pgdrain/{res.config.default_batch}/1")
+    if one_process is not None and two_processes is not None:
         out.append("")
         out.append(
             "A second process, measured: on this machine's 2 cores (the vCPUs of a 3,538 MB "
-            f"function), two drain processes at the default batch drained {_n(two.value)} "
-            f"no-op jobs/s against one's {_n(one.value)} "
-            f"({_n(_ratio(two.value, one.value), 2)}x): it pays for no-op and CPU-bound jobs "
-            "from 3,538 MB; below that it splits one vCPU, which pays only while a "
-            "process's time is mostly waiting."
+            "function), two drain processes at the default batch drained "
+            f"{_n(two_processes.value)} no-op jobs/s against one's {_n(one_process.value)} "
+            f"({_n(_ratio(two_processes.value, one_process.value), 2)}x): it pays for no-op "
+            "and CPU-bound jobs from 3,538 MB; below that it splits one vCPU, which pays only "
+            "while a process's time is mostly waiting."
         )
     out.append("")
     out.append(

@@ -50,6 +50,7 @@ MOVED = {
 class _Alias(importlib.abc.Loader):
     def __init__(self, new: str) -> None:
         self.new = new
+        self._spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(
@@ -57,10 +58,14 @@ class _Alias(importlib.abc.Loader):
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.import_module(self.new)
+        module = importlib.import_module(self.new)
+        self._spec = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        pass  # the module was executed under its new name
+        # The module was executed under its new name; the import system has just set its
+        # __spec__ to the old name's: give it back, so that reload() and the like see the truth.
+        module.__spec__ = self._spec
 
 
 class MovedModules(importlib.abc.MetaPathFinder):

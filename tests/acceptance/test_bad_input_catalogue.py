@@ -211,7 +211,7 @@ def refusing_db(admin_url: str, template_db: str) -> Iterator[str]:
 def test_cli_bad_input(
     refusing_db: str, args: list[str | bytes], env: dict[str, str], fragment: str
 ) -> None:
-    run = run_cli(_with_password(refusing_db), *args, **env)
+    run = run_cli(_with_password(refusing_db), *args, stdin=b"", **env)  # env: variables alone
     _assert_bad_input(run, fragment)
     with psycopg.connect(refusing_db, autocommit=True) as conn:
         assert count_jobs(conn) == 0
@@ -592,6 +592,7 @@ def handler(secret_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
     monkeypatch.setattr(app, "runtime", lambda_run.cold_start(os.environ))
     buffer = io.StringIO()
     handler = app.logger.logger_handler
+    assert isinstance(handler, logging.StreamHandler)
     previous = handler.setStream(buffer)
     # The logger app.py configured at import: a test that ran earlier may have taken the
     # handler off it again (tests/integration/test_lambda_handler.py's `logs` does).

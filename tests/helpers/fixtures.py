@@ -16,8 +16,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgdrain import Budget, Settings
 from pgdrain.db import store
+from pgdrain.db.session import Session
 from pgdrain.db.sql import query
+from pgdrain.runner.attempts import Attempts, RunState
+from pgdrain.runner.deadline import Deadline
+from pgdrain.runner.summary import Counters
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -109,6 +114,22 @@ def ledger_url(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv(ledger_jobs.LEDGER_URL_VARIABLE, db_url)
     yield db_url
     ledger_jobs.close_connections()
+
+
+RUN_WORKER = "w-test"  # the worker a `run_state` claims as
+
+
+@pytest.fixture
+def run_state(db_url: str) -> Iterator[RunState]:
+    """What the units of one run share (its session, open on the test's database, its attempts,
+    deadline and counters): a unit of the runner driven alone, without the drain's loop."""
+    budget = Budget.seconds(60)
+    session = Session(db_url, Settings(), budget)
+    session.open()
+    try:
+        yield RunState(session, Attempts(), Deadline(budget, 1.0), Counters(None), RUN_WORKER)
+    finally:
+        session.close()
 
 
 TESTS_DIR = Path(__file__).resolve().parent.parent

@@ -12,8 +12,12 @@ import json
 import os
 import threading
 import time
+from typing import TYPE_CHECKING, cast
 
 from helpers.aws import FakeContext
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
 def main() -> None:
@@ -26,7 +30,8 @@ def main() -> None:
 
     import app  # the real entry point, cold-started from this process's environment
 
-    result = app.lambda_handler(json.loads(args.event), FakeContext(args.budget))
+    context = cast("LambdaContext", FakeContext(args.budget))  # it has what the handler reads
+    result = app.lambda_handler(json.loads(args.event), context)
     print(json.dumps(result), flush=True)
 
 

@@ -5,7 +5,7 @@ priority-then-age order across queues, as before."""
 
 from __future__ import annotations
 
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
@@ -50,7 +50,7 @@ def test_a_new_job_in_another_queue_does_not_wait_for_an_older_backlog(
 
     statement = query("job_complete_and_claim")
     if not fair:
-        statement = cast(LiteralString, without_line(statement, TURN_LINE))
+        statement = without_line(statement, TURN_LINE)
     first_batch = _claim(conn, statement)
 
     assert len(first_batch) == BATCH

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
 import pytest
@@ -40,6 +40,9 @@ from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.aws.metrics import ProgressMetrics
 from pgdrain.db import retention, store
 from pgdrain.settings import ENV_VARIABLES
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
 
 Conn = psycopg.Connection[Any]
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +84,8 @@ class Function:
     def invoke(self, event: Any, remaining_s: float = 60.0, arn: str = FUNCTION_ARN) -> Any:
         import app
 
-        return app.lambda_handler(event, FakeContext(remaining_s, arn))
+        context = cast("LambdaContext", FakeContext(remaining_s, arn))  # what the handler reads
+        return app.lambda_handler(event, context)
 
     def log_lines(self) -> list[dict[str, Any]]:
         return log_records(self.logs.getvalue())
@@ -97,6 +101,7 @@ def logs() -> Iterator[io.StringIO]:
     import app
 
     handler = app.logger.logger_handler
+    assert isinstance(handler, logging.StreamHandler)
     buffer = io.StringIO()
     previous = handler.setStream(buffer)
     if handler not in library.handlers:
@@ -495,7 +500,7 @@ def test_a_continuation_at_the_cap_does_not_continue(
 
 
 def _one(conn: Conn, statement: str) -> int:
-    row = conn.execute(statement).fetchone()  # type: ignore[arg-type]
+    row = conn.execute(statement).fetchone()
     assert row is not None
     return int(row[0])
 

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any, LiteralString, cast
+from typing import Any
 
 import psycopg
 import pytest
@@ -78,7 +78,7 @@ def _login_role(admin_url: str, member: bool) -> Iterator[str]:
 @pytest.fixture
 def granted(db_url: str) -> str:
     """The test's database with worker_role.sql applied (twice: it must be repeatable)."""
-    statement = cast(LiteralString, worker_role_sql())
+    statement = worker_role_sql()
     with psycopg.connect(db_url, autocommit=True) as owner:
         owner.execute(statement)
         owner.execute(statement)
@@ -192,10 +192,10 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
 def test_the_worker_cannot_change_the_schema(worker_url: str, granted: str, statement: str) -> None:
     with psycopg.connect(worker_url, autocommit=True) as worker:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            worker.execute(cast(LiteralString, statement))
+            worker.execute(statement)
     # Control: the schema's owner may, so the refusal comes from the role, not the statement.
     with psycopg.connect(granted) as owner, owner.transaction(force_rollback=True):
-        owner.execute(cast(LiteralString, statement))
+        owner.execute(statement)
 
 
 def test_control_a_login_role_outside_the_group_cannot_drain(
@@ -227,11 +227,11 @@ def test_the_worker_may_not_use_temp_tables_or_large_objects(
     for name in _login_role(admin_url, member=True):
         with psycopg.connect(_as(granted, name)) as worker:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                worker.execute(cast(LiteralString, statement))
+                worker.execute(statement)
         # Control: the same role, where the file was not applied (PUBLIC's defaults).
         with psycopg.connect(_as(empty_db_url, name)) as worker:
             with worker.transaction(force_rollback=True):
-                worker.execute(cast(LiteralString, statement))
+                worker.execute(statement)
 
 
 def test_connect_to_other_databases_is_the_owners_choice(

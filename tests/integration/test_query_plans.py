@@ -243,7 +243,7 @@ def _generic_plan(conn: Conn, statement: str, params: dict[str, Any]) -> Any:
     statement's sixth execution), and after five runs the server may switch to this plan."""
     names = list(dict.fromkeys(PLACEHOLDER.findall(statement)))
     numbered = PLACEHOLDER.sub(lambda m: f"${names.index(m.group(1)) + 1}", statement)
-    args = sql.SQL("")
+    args: sql.Composable = sql.SQL("")
     if names:
         args = sql.SQL("({})").format(sql.SQL(", ").join(sql.Literal(params[n]) for n in names))
     conn.execute(sql.SQL("PREPARE plan_check AS {}").format(sql.SQL(numbered)))

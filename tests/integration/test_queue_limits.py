@@ -7,7 +7,7 @@ the same timeline with it; then two real drains at once never run more than the 
 from __future__ import annotations
 
 import threading
-from typing import Any, LiteralString, cast
+from typing import Any
 
 import psycopg
 import pytest
@@ -66,7 +66,7 @@ def test_two_claims_at_once_keep_the_limit(db_url: str, conn: Conn, locked: bool
     _enqueue(conn, 10)
     statement = query("job_complete_and_claim")
     if not locked:
-        statement = cast(LiteralString, without_line(statement, LOCK_LINE))
+        statement = without_line(statement, LOCK_LINE)
     first = psycopg.connect(db_url, autocommit=True)
     second = psycopg.connect(db_url, autocommit=True)
     second_pid = second.info.backend_pid

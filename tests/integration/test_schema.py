@@ -66,7 +66,7 @@ def _insert(conn: Conn, columns: dict[str, str]) -> None:
     """Insert one row with the given column expressions (test-owned literals only)."""
     values = {"kind": "'send_email'", **columns}
     names = sql.SQL(", ").join(sql.Identifier(c) for c in values)
-    exprs = sql.SQL(", ").join(sql.SQL(v) for v in values.values())  # type: ignore[arg-type]
+    exprs = sql.SQL(", ").join(sql.SQL(v) for v in values.values())
     conn.execute(sql.SQL("INSERT INTO pgdrain.jobs ({}) VALUES ({})").format(names, exprs))
 
 

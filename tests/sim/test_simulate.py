@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.sim
+# Longer than the smoke form's own limit below (600 s), which says more when it is reached.
+pytestmark = [pytest.mark.sim, pytest.mark.timeout(660)]
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {

@@ -9,7 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 import pytest
@@ -85,7 +85,7 @@ def _plane(pool: RecordingPool, **overrides: Any) -> Iterator[ControlPlane]:
         plane.stop()
 
 
-def _client(service: str, plane: ControlPlane) -> Any:
+def _client(service: Literal["lambda", "scheduler"], plane: ControlPlane) -> Any:
     return boto3.client(
         service,
         endpoint_url=plane.url,

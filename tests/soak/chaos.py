@@ -302,7 +302,7 @@ class Soak:
             try:
                 if self._monitor is None or self._monitor.broken or self._monitor.closed:
                     self._monitor = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
-                row = self._monitor.execute(statement).fetchone()  # type: ignore[arg-type]
+                row = self._monitor.execute(statement).fetchone()
                 assert row is not None
                 return tuple(row)
             except psycopg.OperationalError:

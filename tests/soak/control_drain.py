@@ -15,7 +15,7 @@ import argparse
 import functools
 import sys
 from collections.abc import Sequence
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString
 
 from helpers.fixtures import unfenced
 from pgdrain.cli import commands
@@ -30,7 +30,7 @@ COMPLETIONS = ("job_complete_and_claim", "job_complete_many")
 
 def _unfenced_query(name: str) -> LiteralString:
     if name in COMPLETIONS:
-        return cast(LiteralString, unfenced(name))
+        return unfenced(name)
     return query(name)
 
 
@@ -44,11 +44,13 @@ def main(argv: Sequence[str]) -> int:
 
     if args.no_heartbeat:
         # The CLI's drain, with the heartbeat switched off: injected here, never a setting.
+        # (Names the modules import, not export: replaced for this process, looked up at use.)
         cli_drain: Any = functools.partial(drain_with, Controls(heartbeat=False))
-        commands.drain = cli_drain
+        commands.drain = cli_drain  # type: ignore[attr-defined]  # see above
     if args.unfenced:
         patched: Any = _unfenced_query
-        hot_path.query = patched  # what the store runs: the same statements, less the fence
+        # What the store runs: the same statements, less the fence.
+        hot_path.query = patched  # type: ignore[attr-defined]  # as commands.drain above
     return commands.main(cli_args)
 
 

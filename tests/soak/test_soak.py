@@ -17,6 +17,9 @@ from soak.chaos import FAULTS, Figures, SoakConfig, run_soak
 
 pytestmark = [
     pytest.mark.slow,
+    # pyproject's per-test timeout is for `make test`: the soak's final phase alone may take
+    # 600 s (SoakConfig.final_phase_seconds), after a chaos phase that grows with the jobs.
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(
         restartable_pg.available() is not None, reason=str(restartable_pg.available())
     ),

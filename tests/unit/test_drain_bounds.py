@@ -77,7 +77,7 @@ def test_a_run_claims_what_free_slots_start_once_half_are_free(running: int, wan
     assert attempts.to_claim(concurrency=4, batch_size=10) == wanted
 
 
-def test_claim_ahead_adds_the_slots_about_to_free_at_most_a_batch() -> None:
+def test_prefetch_adds_the_slots_about_to_free_at_most_a_batch() -> None:
     attempts = Attempts()
     for job_id in range(4):
         attempts.unstarted.append(_claimed(job_id))

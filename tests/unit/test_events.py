@@ -115,7 +115,7 @@ def _continue(chain: Any) -> dict[str, Any]:
     return {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": chain}}
 
 
-BAD = [
+BAD: list[tuple[str, Any, str]] = [
     ("not a dict", "drain", "the event is a string, not a JSON object"),
     ("a list", [RULE_EVENT], "the event is a list, not a JSON object"),
     ("null", None, "the event is null, not a JSON object"),

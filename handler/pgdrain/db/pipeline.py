@@ -10,7 +10,7 @@ them in order, each in a transaction of its own (a Sync after each), and their r
 back in order. psycopg's own pipeline reads every reply it is owed whenever one is asked for
 (it would wait for the second claim's before returning the first's), so this module drives
 libpq's pipeline itself, with psycopg's parts for the rest: its conversion of a statement's
-%(name)s parameters (PostgresQuery, from a private module: tests/integration/test_send_ahead.py
+%(name)s parameters (PostgresQuery, from a private module: tests/integration/test_pipelining.py
 drains through it, so a psycopg that changes it fails there, not in production), its dumpers
 and loaders (Transformer), its generators and its wait. The rows are psycopg's, value for
 value, as its cursor returns them.

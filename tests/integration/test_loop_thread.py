@@ -19,6 +19,7 @@ from pgdrain.controls import Controls
 from pgdrain.db.session import Session
 from pgdrain.runner.drain import drain_with
 from pgdrain.runner.stop import StopRequest
+from pgdrain.runner.summary import Counter
 
 Conn = psycopg.Connection[Any]
 drain_module = importlib.import_module(
@@ -117,7 +118,7 @@ class _FailingHook:
         pass
 
     def after_round_trip(
-        self, session: Session, counts: Mapping[str, int], elapsed_s: float
+        self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
     ) -> None:
         raise RuntimeError("a bug in a hook")
 

@@ -53,7 +53,7 @@ def test_claims_go_out_ahead_and_every_job_is_done_once(
         # The slots held once it is out: never more than the slots, a batch claimed ahead and
         # the batch this claim brings.
         attempts = self._claims._attempts
-        held.append(len(attempts.running) + len(attempts.unstarted) + self.held())
+        held.append(len(attempts.running) + len(attempts.unstarted) + self.slots())
         assert held[-1] + limit <= 10 + 10 + 10
         send(self, limit)
 
@@ -229,9 +229,12 @@ def test_limits_that_go_stale_between_the_check_and_the_send_send_nothing_ahead(
     monkeypatch.setattr(Session, "may_send_ahead", lambda self: may_send(self) and next(answers))
     sent: list[int] = []
     send = PipelinedClaims.send
-    monkeypatch.setattr(
-        PipelinedClaims, "send", lambda self, limit: (sent.append(self.count()), send(self, limit))
-    )
+
+    def counting(self: PipelinedClaims, limit: int) -> None:
+        sent.append(self.count())
+        send(self, limit)
+
+    monkeypatch.setattr(PipelinedClaims, "send", counting)
     result = drain(Settings(batch_size=10, concurrency=10), Budget.seconds(60), registry, db_url)
 
     assert sent and (result.claimed, result.done, result.error) == (100, 100, None)

@@ -1,0 +1,134 @@
+"""The heartbeat (runner/heartbeat.py) on a real database: one statement extends the lease of
+every attempt a run holds, whatever its stage; an attempt another run has taken since is
+reported lost, never started if it had not, told through Job.lease_lost() if it runs; and a
+run that stops with jobs running ends their leases, so they are reclaimable at once."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.fixtures import RUN_WORKER, claim_batch, db_now, job_row
+from pgdrain import enqueue_many
+from pgdrain.api.enqueue import build_job
+from pgdrain.controls import Controls
+from pgdrain.db import store
+from pgdrain.db.store import ClaimedJob
+from pgdrain.runner.attempts import RunState
+from pgdrain.runner.heartbeat import Heartbeat
+
+Conn = psycopg.Connection[Any]
+LEASE = 30.0  # what a beat extends a lease to
+CLAIMED_LEASE = 10.0  # what the claims made here take: a beat's is told apart
+
+
+def _enqueue(conn: Conn, n: int) -> None:
+    enqueue_many(conn, [build_job("k") for _ in range(n)])
+
+
+def _held(conn: Conn, run: RunState, *, running: int, unstarted: int, finished: int) -> None:
+    """Claim jobs as the run does and put them at each stage of its attempts."""
+    n = running + unstarted + finished
+    claimed = claim_batch(conn, ["default"], n, RUN_WORKER, CLAIMED_LEASE, None)
+    run.attempts.unstarted.extend(claimed)
+    started = [run.attempts.start_next() for _ in range(running + finished)]
+    for attempt in started[running:]:
+        run.attempts.finish(attempt)
+
+
+def _lease_ends(conn: Conn, job_id: int) -> dt.datetime:
+    ends: dt.datetime = job_row(conn, job_id)["lease_expires_at"]
+    return ends
+
+
+def _taken_by_another_run(conn: Conn, attempt: ClaimedJob) -> None:
+    """The attempt's lease ran out and another run reclaimed the job and claimed it again."""
+    conn.execute("UPDATE pgdrain.jobs SET lease_expires_at = now() WHERE id = %s", (attempt.id,))
+    assert [r.id for r in store.job_reclaim_expired(conn, 10)] == [attempt.id]
+    (again,) = claim_batch(conn, ["default"], 1, "w-other", LEASE, None)
+    assert again.id == attempt.id and again.attempt_token != attempt.attempt_token
+
+
+def test_a_beat_extends_every_lease_the_run_holds(conn: Conn, run_state: RunState) -> None:
+    """Running, claimed and not started, finished and not yet recorded done: all held."""
+    _enqueue(conn, 3)
+    _held(conn, run_state, running=1, unstarted=1, finished=1)
+    before = {h.id: _lease_ends(conn, h.id) for h in run_state.attempts.held()}
+
+    Heartbeat(run_state, lease_seconds=LEASE).beat()
+
+    extended = db_now(conn) + dt.timedelta(seconds=LEASE - 5)
+    for job_id, was in before.items():
+        assert _lease_ends(conn, job_id) > max(was, extended)
+    assert run_state.counters.values["lease_lost"] == 0
+    left = run_state.attempts.lease_seconds_left(LEASE)
+    assert left is not None and left > LEASE - 5  # counted from the beat, not the claim
+
+
+def test_a_lease_taken_by_another_run_is_reported_lost(conn: Conn, run_state: RunState) -> None:
+    """The running attempt is told (its token among lost_tokens: Job.lease_lost()); the
+    unstarted one is forgotten, never started; the rest are extended as ever."""
+    _enqueue(conn, 3)
+    _held(conn, run_state, running=2, unstarted=1, finished=0)
+    running, kept = list(run_state.attempts.running.values())
+    (unstarted,) = run_state.attempts.unstarted
+    _taken_by_another_run(conn, running)
+    _taken_by_another_run(conn, unstarted)
+
+    Heartbeat(run_state, lease_seconds=LEASE).beat()
+
+    assert run_state.counters.values["lease_lost"] == 2
+    assert run_state.attempts.lost_tokens == {running.attempt_token}
+    assert list(run_state.attempts.unstarted) == []
+    assert _lease_ends(conn, kept.id) > db_now(conn) + dt.timedelta(seconds=LEASE - 5)
+    # The other run's attempts are its own: their leases are not touched by this one's beat.
+    assert job_row(conn, running.id)["leased_by"] == "w-other"
+
+
+def test_control_without_the_heartbeat_the_leases_run_out(conn: Conn, run_state: RunState) -> None:
+    _enqueue(conn, 1)
+    _held(conn, run_state, running=1, unstarted=0, finished=0)
+    (attempt,) = run_state.attempts.running.values()
+    claimed_until = _lease_ends(conn, attempt.id)
+
+    Heartbeat(run_state, lease_seconds=LEASE, controls=Controls(heartbeat=False)).beat()
+
+    assert _lease_ends(conn, attempt.id) == claimed_until
+
+
+def test_a_beat_is_due_a_third_of_a_lease_after_the_start_or_at_once_after_a_reconnect(
+    conn: Conn, run_state: RunState
+) -> None:
+    _enqueue(conn, 1)
+    _held(conn, run_state, running=1, unstarted=0, finished=0)
+    (attempt,) = run_state.attempts.running.values()
+    claimed_until = _lease_ends(conn, attempt.id)
+    heartbeat = Heartbeat(run_state, lease_seconds=LEASE)
+    assert heartbeat.interval == pytest.approx(LEASE / 3)
+
+    heartbeat.start()
+    heartbeat.beat_if_due()
+    assert _lease_ends(conn, attempt.id) == claimed_until  # not due for 10 s
+
+    heartbeat.due_now()  # the connection was replaced
+    heartbeat.beat_if_due()
+    assert _lease_ends(conn, attempt.id) > claimed_until
+
+
+def test_a_run_that_stops_ends_the_leases_of_its_running_jobs(
+    conn: Conn, run_state: RunState
+) -> None:
+    """Another run may take them at once, instead of a lease later; safe to repeat."""
+    _enqueue(conn, 3)
+    _held(conn, run_state, running=2, unstarted=1, finished=0)
+    running = sorted(a.id for a in run_state.attempts.running.values())
+    heartbeat = Heartbeat(run_state, lease_seconds=LEASE)
+
+    heartbeat.end_running_leases()
+    heartbeat.end_running_leases()
+
+    assert sorted(r.id for r in store.job_reclaim_expired(conn, 10)) == running
+    assert run_state.counters.values["lease_lost"] == 0

@@ -1,0 +1,171 @@
+"""How the CLI prints what a drain did, the queue counts and jobs (cli/report.py), without a
+database: every count in its place, and job data that cannot act on the terminal."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+
+from pgdrain.cli.report import (
+    format_job,
+    format_job_line,
+    format_result,
+    format_stats,
+    job_as_dict,
+    printable,
+)
+from pgdrain.db.store import STATS_HISTORY_BOUND, JobRow, QueueStats
+from pgdrain.runner.drain import DrainResult
+
+AT = dt.datetime(2026, 12, 1, 4, 14, 5, tzinfo=dt.UTC)
+
+
+def test_a_drain_result_is_one_line_with_every_count_and_why_it_stopped() -> None:
+    result = DrainResult(
+        claimed=12,
+        done=9,
+        retried=2,
+        failed=1,
+        lease_lost=3,
+        reclaimed=4,
+        released=5,
+        stop_reason="budget",
+        elapsed_s=2.5,
+    )
+    assert format_result(result) == (
+        "claimed 12, done 9, retried 2, failed 1, lease lost 3, reclaimed 4, released 5; "
+        "stopped: budget after 2.5s"
+    )
+
+
+def test_a_run_ended_by_an_error_says_it_on_the_same_line() -> None:
+    result = DrainResult(stop_reason="error", error="connection refused\n\x1b[2J")
+    line = format_result(result)
+    assert line.endswith("stopped: error after 0.0s (connection refused\\n\\x1b[2J)")
+    assert "\n" not in line and "\x1b" not in line
+
+
+NO_JOBS = QueueStats(
+    queue="",
+    queued=0,
+    ready=0,
+    delayed=0,
+    running=0,
+    done=0,
+    failed=0,
+    parked=0,
+    cancelled=0,
+    oldest_ready_age_s=0.0,
+    expired_leases=0,
+)
+
+
+def test_the_stats_are_one_aligned_line_per_queue_under_a_header() -> None:
+    lines = format_stats(
+        [
+            replace(
+                NO_JOBS,
+                queue="emails",
+                ready=3,
+                running=2,
+                delayed=1,
+                failed=4,
+                oldest_ready_age_s=12.34,
+            ),
+            replace(
+                NO_JOBS,
+                queue="reports",
+                done=STATS_HISTORY_BOUND,
+                cancelled=1,
+                expired_leases=2,
+            ),
+        ]
+    ).splitlines()
+    assert lines[0].split() == [
+        "queue", "ready", "running", "delayed", "failed", "parked",
+        "oldest", "ready", "done", "cancelled", "expired",
+    ]  # fmt: skip
+    assert lines[1].split() == ["emails", "3", "2", "1", "4", "0", "12.3s", "0", "0", "0"]
+    # queue_stats stops counting finished jobs at its bound: shown as that many and more.
+    assert lines[2].split() == ["reports", "0", "0", "0", "0", "0", "0.0s", "10000+", "1", "2"]
+    assert len({len(line) for line in lines}) == 1  # the columns line up
+
+
+def test_no_queue_at_all_is_said() -> None:
+    assert format_stats([]).splitlines()[1:] == ["(no jobs)"]
+
+
+FAILED_JOB = JobRow(
+    id=7,
+    queue="emails",
+    kind="send_email",
+    status="failed",
+    priority=0,
+    attempts=3,
+    max_attempts=3,
+    reclaim_count=1,
+    run_at=AT,
+    lease_expires_at=None,
+    created_at=AT,
+    updated_at=AT,
+    finished_at=AT,
+    last_error="ValueError: no such user",
+)
+
+
+def test_a_listed_job_is_one_line_with_its_attempts_and_last_error() -> None:
+    assert format_job_line(FAILED_JOB).split() == [
+        "7", "emails", "send_email", "failed", "attempt", "3/3", "reclaims", "1",
+        "ValueError:", "no", "such", "user",
+    ]  # fmt: skip
+    assert format_job_line(replace(FAILED_JOB, last_error=None)).endswith("reclaims 1")
+
+
+def test_job_data_in_a_listed_job_is_escaped() -> None:
+    """Kind, queue and error come from whoever enqueued the job: a newline, an escape sequence
+    or a bidirectional override is shown, not obeyed."""
+    line = format_job_line(
+        replace(FAILED_JOB, kind="evil\u202ekind", queue="q\r", last_error="bad\n\x1b[31m")
+    )
+    assert "evil\\u202ekind" in line and "q\\r" in line and "bad\\n\\x1b[31m" in line
+    assert line.isprintable()
+
+
+def test_printable_leaves_ordinary_text_alone() -> None:
+    assert printable("naïve 東京 ✓") == "naïve 東京 ✓"
+    assert printable(42) == "42"
+    assert printable("tab\there\x7f") == "tab\\there\\x7f"
+
+
+def test_a_job_as_json_has_its_times_as_iso_text() -> None:
+    data = job_as_dict(FAILED_JOB)
+    assert data["run_at"] == "2026-12-01T04:14:05+00:00"
+    assert data["lease_expires_at"] is None and data["attempts"] == 3
+
+
+def test_a_shown_job_lists_its_fields_in_order_then_its_error_history() -> None:
+    job = {
+        "payload": {"user_id": 42},
+        "id": 7,
+        "status": "failed",
+        "kind": "send_email",
+        "a_later_column": "x",
+        "last_error": None,
+        "errors": [
+            {"attempt": 1, "at": "t1", "type": "ValueError", "message": "no", "traceback": "T\n"},
+            "a plain message",
+        ],
+    }
+    lines = format_job(job).splitlines()
+    assert [line.split()[0] for line in lines[:6]] == [
+        "id", "kind", "status", "last_error", "payload", "a_later_column",
+    ]  # fmt: skip
+    assert lines[3].split() == ["last_error", "-"]  # None
+    assert lines[4].split(None, 1) == ["payload", '{"user_id": 42}']
+    assert lines[6:] == [
+        "errors (2):",
+        "  attempt 1 at t1: ValueError: no",
+        "    T",
+        "  attempt ? at ?: Error: a plain message",
+    ]
+    assert format_job({"id": 1, "errors": []}).splitlines()[-1] == "errors: none recorded"
