@@ -21,7 +21,7 @@ from pgdrain.runner.deadline import Deadline
 from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
-CLAIM = b"), ready AS ("  # a line only job_complete_and_claim has
+CLAIM = b"pgdrain_job_complete_and_claim_"  # the name a claim is prepared and bound under
 
 registry = Registry()
 

@@ -1,8 +1,10 @@
-"""Statements sent ahead on one connection (db/pipeline.py's Pipeline), on a connection as the
-drain opens it (autocommit, statements prepared: db/connection.py): a second statement goes
-out before the first one's reply is read and the server runs both; the replies are read in
-order, each statement in a transaction of its own, its rows psycopg's; each statement is
-prepared once per connection; and once every reply is read the connection is psycopg's again."""
+"""The way every one-statement operation leaves the process (db/pipeline.py's Pipeline), on a
+connection as the drain opens it (autocommit, statements prepared: db/connection.py): groups of
+statements, one Sync each; a second group goes out before the first one's reply is read and the
+server runs both; the replies are read in order, each group a transaction of its own (unless
+it says BEGIN and COMMIT), its rows psycopg's; each statement is prepared once per connection
+under its own name, or not at all behind a transaction pooler; and once every reply is read
+the connection is psycopg's again."""
 
 from __future__ import annotations
 
@@ -38,19 +40,25 @@ def _claim(limit: int) -> store.Statement[Any]:
 
 
 def _send(pipeline: Pipeline, statement: store.Statement[Any]) -> None:
-    pipeline.send(statement.text, statement.params)
+    pipeline.send([(statement.text, statement.params)])
+
+
+def _rows(pipeline: Pipeline) -> list[Any]:
+    """The rows of the oldest group's one statement."""
+    (reply,) = pipeline.read()
+    return reply.rows
 
 
 def _prepared(conn: Conn) -> list[str]:
     rows = conn.execute(
-        "SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgdrain_ahead_%' ORDER BY 1"
+        "SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgdrain_%' ORDER BY 1"
     ).fetchall()
     return [name for (name,) in rows]
 
 
 def test_two_claims_go_out_before_either_reply_is_read(conn: Conn, drain_conn: Conn) -> None:
     enqueue_many(conn, [build_job("k") for _ in range(5)])
-    pipeline = Pipeline(drain_conn)
+    pipeline = Pipeline(drain_conn, prepare=True)
 
     _send(pipeline, _claim(2))
     _send(pipeline, _claim(3))
@@ -58,8 +66,8 @@ def test_two_claims_go_out_before_either_reply_is_read(conn: Conn, drain_conn: C
     # Seen from another connection: the server has run (and committed) both claims already.
     wait_for(lambda: statuses(conn) == [("running", 1, 5)], what="both claims to commit")
 
-    first = store.complete_and_claim_result(pipeline.read(), [])[1]
-    second = store.complete_and_claim_result(pipeline.read(), [])[1]
+    first = store.complete_and_claim_result(_rows(pipeline), [])[1]
+    second = store.complete_and_claim_result(_rows(pipeline), [])[1]
     assert (len(first), len(second), pipeline.unread) == (2, 3, 0)
     assert len({job.id for job in first + second}) == 5
 
@@ -70,17 +78,21 @@ def test_two_claims_go_out_before_either_reply_is_read(conn: Conn, drain_conn: C
 
 
 def test_a_statement_is_prepared_once_under_a_name_of_its_own(conn: Conn, drain_conn: Conn) -> None:
-    """In the round trip of its first execution; another statement gets another name."""
+    """In the round trip of its first execution, named after the statement; another
+    statement gets another name."""
     enqueue_many(conn, [build_job("k") for _ in range(3)])
-    pipeline = Pipeline(drain_conn)
+    pipeline = Pipeline(drain_conn, prepare=True)
     for _ in range(3):
         _send(pipeline, _claim(1))
-        assert len(pipeline.read()) == 1
-    pipeline.send(query("queue_has_ready"), {"queues": ["default"]})
-    assert pipeline.read() == [(False,)]
+        assert len(_rows(pipeline)) == 1
+    pipeline.send([(query("queue_has_ready"), {"queues": ["default"]})])
+    assert _rows(pipeline) == [(False,)]
     pipeline.leave()
 
-    assert _prepared(drain_conn) == ["pgdrain_ahead_0", "pgdrain_ahead_1"]
+    assert _prepared(drain_conn) == [
+        "pgdrain_job_complete_and_claim_0",
+        "pgdrain_queue_has_ready_1",
+    ]
     assert statuses(conn) == [("running", 1, 3)]
 
 
@@ -95,9 +107,9 @@ def test_the_rows_are_psycopgs_value_for_value(drain_conn: Conn) -> None:
         "at": dt.datetime(2026, 12, 1, 4, 14, 5, 123456, tzinfo=dt.UTC),
         "ids": [1, 2, 3],
     }
-    pipeline = Pipeline(drain_conn)
-    pipeline.send(statement, params)
-    rows = pipeline.read()
+    pipeline = Pipeline(drain_conn, prepare=True)
+    pipeline.send([(statement, params)])
+    rows = _rows(pipeline)
     pipeline.leave()
 
     assert rows == drain_conn.execute(statement, params).fetchall()
@@ -109,13 +121,13 @@ def test_a_failed_statement_is_raised_as_its_reply_is_read_and_the_next_one_runs
 ) -> None:
     """Each statement is a transaction of its own: the one behind a failure runs and commits."""
     enqueue_many(conn, [build_job("k")])
-    pipeline = Pipeline(drain_conn)
-    pipeline.send("SELECT 1 / %(zero)s", {"zero": 0})
+    pipeline = Pipeline(drain_conn, prepare=True)
+    pipeline.send([("SELECT 1 / %(zero)s", {"zero": 0})])
     _send(pipeline, _claim(1))
 
     with pytest.raises(psycopg.errors.DivisionByZero):
         pipeline.read()
-    assert len(pipeline.read()) == 1
+    assert len(_rows(pipeline)) == 1
     pipeline.leave()
 
     assert statuses(conn) == [("running", 1, 1)]
@@ -126,10 +138,46 @@ def test_a_statement_whose_prepare_failed_is_prepared_again_at_its_next_send(
     drain_conn: Conn,
 ) -> None:
     """Not taken for prepared: sent again, it fails as itself again, not as an unknown name."""
-    pipeline = Pipeline(drain_conn)
+    pipeline = Pipeline(drain_conn, prepare=True)
     for _ in range(2):
-        pipeline.send("SELECT %(x)s::int FROM no_such_table", {"x": 1})
+        pipeline.send([("SELECT %(x)s::int FROM no_such_table", {"x": 1})])
         with pytest.raises(psycopg.errors.UndefinedTable):
             pipeline.read()
+    pipeline.leave()
+    assert _prepared(drain_conn) == []
+
+
+def test_a_group_is_one_sync_and_a_failure_skips_the_rest_of_it(
+    conn: Conn, drain_conn: Conn
+) -> None:
+    """BEGIN, a failing statement, a claim and COMMIT in one group: the claim is not run (the
+    pipeline aborts up to the Sync), the group's error is the statement's, and the transaction
+    it left open is there to roll back."""
+    enqueue_many(conn, [build_job("k")])
+    pipeline = Pipeline(drain_conn, prepare=True)
+    claim = _claim(1)
+    pipeline.send(
+        [
+            ("BEGIN", None),
+            ("SELECT 1 / %(zero)s", {"zero": 0}),
+            (claim.text, claim.params),
+            ("COMMIT", None),
+        ]
+    )
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        pipeline.read()
+    pipeline.send([("ROLLBACK", None)])
+    assert pipeline.read() == [([], 0)]
+    pipeline.leave()
+    assert statuses(conn) == [("queued", 0, 1)]
+
+
+def test_behind_a_transaction_pooler_nothing_is_prepared(conn: Conn, drain_conn: Conn) -> None:
+    """Unnamed statements only: a pooler in transaction mode cannot keep a prepared one."""
+    enqueue_many(conn, [build_job("k") for _ in range(2)])
+    pipeline = Pipeline(drain_conn, prepare=False)
+    for _ in range(2):
+        _send(pipeline, _claim(1))
+        assert len(_rows(pipeline)) == 1
     pipeline.leave()
     assert _prepared(drain_conn) == []

@@ -24,7 +24,7 @@ from pgdrain.runner.drain import drain_with
 from pgdrain.runner.pipelining import PipelinedClaims
 
 Conn = psycopg.Connection[Any]
-SENT_AHEAD = b"pgdrain_ahead_"  # the name a claim sent ahead is prepared and bound under
+CLAIM = b"pgdrain_job_complete_and_claim_"  # the name a claim is prepared and bound under
 
 registry = Registry()
 
@@ -83,13 +83,20 @@ def test_a_reply_lost_with_claims_on_the_wire_is_taken_up_claim_by_claim(
     each is asked for what it took, in order: nothing is claimed twice or left orphaned. The
     control makes each claim again as if nothing had happened."""
     _enqueue(conn, 200)
-    proxy.drop_commit_reply(SENT_AHEAD)
+
+    def arm_after_the_first_claim(counter: str, n: int) -> None:
+        # The first claim carries the run's registration and reclaim: it goes alone. Those
+        # after it may be pipelined.
+        if counter == "claimed" and not proxy.armed() and not proxy.dropped.is_set():
+            proxy.drop_commit_reply(CLAIM)
+
     result = drain_with(
         Controls(recover_lost_replies=recover),
         Settings(batch_size=10, concurrency=10),
         Budget.seconds(60),
         registry,
         proxy.url,
+        observer=arm_after_the_first_claim,
     )
 
     assert proxy.dropped.is_set() and proxy.connections == 2  # one reply lost, one reconnect

@@ -63,27 +63,6 @@ def traced_messages(session: Session, call: Callable[[], Any]) -> tuple[list[lis
     return [line.split("\t") for line in lines], result
 
 
-def pipelines_entered(session: Session, call: Callable[[], Any]) -> tuple[int, Any]:
-    """How many pipelines `call` enters on the session's connection, and its result. Counted,
-    not read from the trace: psycopg sends a Flush after the Sync only if a reply is not in yet,
-    which depends on how busy the machine is."""
-    conn = session._conn
-    assert conn is not None
-    entered: list[None] = []
-    plain = conn.pipeline
-
-    def pipeline(*args: Any, **kwargs: Any) -> Any:
-        entered.append(None)
-        return plain(*args, **kwargs)
-
-    conn.pipeline = pipeline  # type: ignore[method-assign]
-    try:
-        result = call()
-    finally:
-        del conn.pipeline
-    return len(entered), result
-
-
 @pytest.fixture
 def session(db_url: str) -> Any:
     # Behind a transaction pooler: every transaction carries its limits (the one-statement
@@ -218,31 +197,34 @@ def test_what_goes_with_the_next_statement_is_sent_again_after_a_lost_connection
     assert conn.execute("SELECT run_id FROM pgdrain.runs").fetchall() == [("run-reconnecting",)]
 
 
-def test_one_statement_operations_execute_on_one_cursor_of_the_current_connection(
+def test_one_statement_operations_go_through_one_pipeline_of_the_current_connection(
     session: Session, conn: Conn
 ) -> None:
-    """The cursor is kept from one round trip to the next (its adapters with it); each
-    operation still reads only its own rows, and after a reconnect the cursor is the new
-    connection's."""
+    """The pipeline (and the statements it prepared) is kept from one round trip to the next;
+    each operation still reads only its own rows, and after a reconnect the pipeline is the
+    new connection's."""
 
-    def selecting(value: int) -> Callable[[Conn], tuple[psycopg.Cursor[Any], list[Any]]]:
+    def selecting(value: int) -> Callable[[Conn], list[Any]]:
         @store.one_statement
-        def select(c: Conn) -> tuple[psycopg.Cursor[Any], list[Any]]:
-            cursor = c.execute("SELECT %s::int", (value,))
-            return cursor, cursor.fetchall()
+        def select(c: Conn) -> list[Any]:
+            return c.execute("SELECT %s::int", (value,)).fetchall()
 
         return select
 
-    first, first_rows = session.run(selecting(1))
-    second, second_rows = session.run(selecting(2))
-    assert second is first and first.connection is session._conn
+    first_rows = session.run(selecting(1))
+    first = session._pipeline
+    second_rows = session.run(selecting(2))
+    assert session._pipeline is first and first is not None
+    assert first._conn is session._conn
     assert (first_rows, second_rows) == ([(1,)], [(2,)])
 
     broken = session._conn
     assert broken is not None
     conn.execute("SELECT pg_terminate_backend(%s)", (broken.info.backend_pid,))
-    third, third_rows = session.run(selecting(3))
-    assert third is not first and third.connection is session._conn is not broken
+    third_rows = session.run(selecting(3))
+    third = session._pipeline
+    assert third is not first and third is not None and third._conn is session._conn
+    assert session._conn is not broken
     assert third_rows == [(3,)]
 
 
@@ -334,17 +316,12 @@ def test_a_job_whose_lease_expired_is_reclaimed_and_run_by_the_next_run(
     assert row.fetchone() == ("done", 2)
 
 
-@pytest.mark.parametrize(
-    ("pooler", "prepared"),
-    [("session", False), ("session", True), ("transaction", False)],
-    ids=["alone", "alone, prepared", "in its transaction"],
-)
+@pytest.mark.parametrize("pooler", ["session", "transaction"], ids=["alone", "in its transaction"])
 @pytest.mark.parametrize("called", ["while_sent", "before"], ids=["on the wire", "control: before"])
 def test_work_given_with_a_statement_runs_while_the_server_runs_that_statement(
     db_url: str,
     conn: Conn,
     pooler: Literal["session", "transaction"],
-    prepared: bool,
     called: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -352,17 +329,12 @@ def test_work_given_with_a_statement_runs_while_the_server_runs_that_statement(
     once the server has the statement: here a statement that waits on an advisory lock this
     test holds, so the server is seen running it (waiting in pg_locks) from inside the
     callback. The control calls the same callback just before the statement, as the drain
-    started its jobs before: the server has nothing to run yet. A statement with work to do
-    while it is out goes in a pipeline, prepared or not; without such work a prepared one goes
-    alone without a pipeline. (The limits a connection keeps go with a first statement, in a
-    pipeline: they stay fresh for the rest of the test.)"""
+    started its jobs before: the server has nothing to run yet. (The limits a connection
+    keeps go with a first statement: they stay fresh for the rest of the test.)"""
     monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
     session = Session(db_url, Settings(pooler=pooler), Budget.seconds(3600))
     session.open()
     assert session.run(store.queue_has_ready, ["default"]) is False
-    if prepared:
-        assert session._conn is not None
-        session._statement_cursor(session._conn)._plain_from = 0
     key = 715_004
     conn.execute("SELECT pg_advisory_lock(%s)", (key,))
     seen: list[bool] = []
@@ -380,20 +352,15 @@ def test_work_given_with_a_statement_runs_while_the_server_runs_that_statement(
     try:
         if called == "before":
             look()
-            pipelines, got = pipelines_entered(
-                session, lambda: session.run_recovering(waits, waits)
-            )
+            got = session.run_recovering(waits, waits)
         else:
-            pipelines, got = pipelines_entered(
-                session, lambda: session.run_recovering(waits, waits, while_sent=look)
-            )
+            got = session.run_recovering(waits, waits, while_sent=look)
         assert got == 1
         assert session.run(store.queue_has_ready, ["default"]) is False  # still usable
     finally:
         session.close()
 
     assert seen == [called == "while_sent"]
-    assert pipelines == (0 if prepared and called == "before" else 1)
 
 
 @pytest.mark.parametrize("pooler", ["session", "transaction"], ids=["alone", "in its transaction"])
@@ -428,21 +395,21 @@ def test_an_error_in_work_done_while_a_failing_statement_is_out_leaves_the_conne
     db_url: str, rolled_back: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both fail, in an explicit transaction (behind a transaction pooler): the work's error
-    is raised, and the transaction the failed statement left open (its COMMIT skipped) is
-    rolled back, so the connection takes the next statement. The control leaves it open: the
-    next statement is refused."""
+    is raised (the statement's as its cause), and the transaction the failed statement left
+    open (its COMMIT skipped) is rolled back, so the connection takes the next statement. The
+    control leaves it open: the next statement is refused."""
     session = _session_sending_alone(db_url, monkeypatch, "transaction")
-    assert session._conn is not None
     if not rolled_back:
-        monkeypatch.setattr(session._conn, "rollback", lambda: None)
+        monkeypatch.setattr(store, "transaction_rollback", lambda conn: None)
 
     @store.one_statement
     def divides(c: Conn) -> int:
         return len(c.execute("SELECT 1 / 0").fetchall())
 
     try:
-        with pytest.raises(RuntimeError, match="can't start new thread"):
+        with pytest.raises(RuntimeError, match="can't start new thread") as raised:
             session.run_recovering(divides, divides, while_sent=_thread_start_fails)
+        assert isinstance(raised.value.__cause__, psycopg.errors.DivisionByZero)
         if rolled_back:
             assert session.run(store.queue_has_ready, ["default"]) is False
         else:
@@ -458,15 +425,13 @@ def _session_sending_alone(
     pooler: Literal["session", "transaction"] = "session",
 ) -> Session:
     """A session whose one-statement operations go alone (behind no pooler: the limits its
-    connection keeps sent with a first statement and fresh for the rest of the test), every
-    statement taken as prepared (KeptCursor); or, behind a transaction pooler, each in a
-    transaction of its own."""
+    connection keeps sent with a first statement and fresh for the rest of the test), or,
+    behind a transaction pooler, each in a transaction of its own."""
     monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
     session = Session(db_url, Settings(pooler=pooler), Budget.seconds(3600))
     session.open()
     assert session._conn is not None
     assert session.run(store.queue_has_ready, ["default"]) is False
-    session._statement_cursor(session._conn)._plain_from = 0
     return session
 
 
@@ -579,52 +544,46 @@ def test_after_a_failed_statement_the_limits_are_sent_again(db_url: str, conn: C
     assert isolation == "read committed" and 0 < _ms(timeout) <= 59_500
 
 
-@pytest.mark.parametrize("guarded", [True, False], ids=["once prepared", "control: at once"])
+@pytest.mark.parametrize("through", ["pipeline", "cursor"], ids=["pipeline", "control: cursor"])
 def test_every_claim_is_one_round_trip_also_the_one_that_prepares_it(
-    db_url: str, conn: Conn, guarded: bool, monkeypatch: pytest.MonkeyPatch
+    db_url: str, conn: Conn, through: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """psycopg prepares a statement at its sixth execution; outside a pipeline it would prepare
-    it in a round trip of its own. On a connection that keeps its limits the claims go alone,
-    and still one round trip each: in a pipeline until psycopg has surely prepared the claim,
-    then without one (session.KeptCursor). The control
-    lets them go without a pipeline from the first: the claim that psycopg prepares takes a
-    round trip more.
-    (The first claim sends the limits the connection keeps, in a transaction of its own, so in
-    a pipeline; they stay fresh for the rest of the test.)"""
+    """On a connection that keeps its limits the claims go alone, one round trip each: the
+    pipeline prepares a statement in the round trip of its first execution (and again for a
+    new set of parameter types). The control executes them on psycopg's own cursor, which
+    prepares a statement at its sixth execution in a round trip of its own. (The first claim
+    sends the limits the connection keeps; they stay fresh for the rest of the test.)"""
     monkeypatch.setattr(session_module, "KEEP_SECONDS", 60.0)
     with conn.transaction():
         for _ in range(100):
             enqueue(conn, "k")
     session = Session(db_url, Settings(), Budget.seconds(3600))
     session.open()
-    assert session._conn is not None
-    if not guarded:
-        session._statement_cursor(session._conn)._plain_from = 0
     held: list[store.Held] = []
-    trips, pipelined = [], []
+    trips = []
     try:
         for _ in range(16):
 
             @store.one_statement
             def claim(c: Conn, held: list[store.Held] = held) -> list[store.ClaimedJob]:
-                return complete_and_claim(c, held, ("default",), 5, "w", 30.0, None, uuid.uuid4())[
-                    1
-                ]
+                made = complete_and_claim(c, held, ("default",), 5, "w", 30.0, None, uuid.uuid4())
+                return made[1]
 
-            entered, (messages, claimed) = pipelines_entered(
-                session, lambda: traced_messages(session, functools.partial(session.run, claim))
+            assert session._conn is not None
+            on_cursor = functools.partial(claim, session._conn)
+            messages, claimed = traced_messages(
+                session,
+                functools.partial(session.run, claim) if through == "pipeline" else on_cursor,
             )
             trips.append(sum(1 for m in messages if m[0] == "B" and m[2:3] == ["ReadyForQuery"]))
-            pipelined.append(entered == 1)
             held = [job.held for job in claimed]
     finally:
         session.close()
 
-    if guarded:
+    if through == "pipeline":
         assert trips == [1] * 16
-        assert pipelined == [True] * 12 + [False] * 4
     else:
-        # The seventh is the sixth with completions (the first completed none: an empty list,
-        # parameter types of its own), which psycopg prepares in a round trip alone.
+        # The first through the session sent the limits; after it, the seventh is the sixth
+        # with completions (the first completed none: an empty list, parameter types of its
+        # own), which psycopg prepares in a round trip alone.
         assert trips == [1] * 6 + [2] + [1] * 9
-        assert pipelined == [True] + [False] * 15

@@ -52,7 +52,7 @@ from soak import soak_jobs
 
 TESTS_DIR = Path(__file__).resolve().parent.parent
 REFUSED_LINE = "its result was not recorded"
-CLAIM_MARKER = b"), ready AS ("  # a line only job_complete_and_claim has
+CLAIM_MARKER = b"pgdrain_job_complete_and_claim_"  # the name a claim is prepared under
 LEASE_LOST_LINE = "lease lost:"
 POLL_SECONDS = 0.1
 

@@ -1,32 +1,28 @@
-"""Statements sent ahead on the run's connection: the next claim goes out while the reply to the
-last one is still on its way, so the database runs one while the run reads the other.
+"""How every one-statement operation leaves the process: libpq's pipeline mode, driven here.
 
-One psycopg connection runs one statement at a time: it sends it, waits for the reply, reads
-it. While the run's thread turns a reply into jobs and builds the next claim (mostly
-psycopg's CPU), the database has nothing to do, and while the
-database runs the claim the run's thread has nothing to do but hand jobs over. libpq's pipeline
-mode lets a second statement go out before the first one's reply is read; the database runs
-them in order, each in a transaction of its own (a Sync after each), and their replies come
-back in order. psycopg's own pipeline reads every reply it is owed whenever one is asked for
-(it would wait for the second claim's before returning the first's), so this module drives
-libpq's pipeline itself, with psycopg's parts for the rest: its conversion of a statement's
-%(name)s parameters (PostgresQuery, from a private module: tests/integration/test_pipelining.py
-drains through it, so a psycopg that changes it fails there, not in production), its dumpers
-and loaders (Transformer), its generators and its wait. The rows are psycopg's, value for
-value, as its cursor returns them.
+A group of statements goes out with one Sync: a round trip's worth (a statement with its BEGIN,
+limits and COMMIT, and what rides with it). Groups may be sent before the reply to the last
+one is read, so that the database runs the next claim while the run reads the last reply and
+hands its jobs over; their replies come back in order. psycopg's own pipeline reads every reply
+it is owed whenever one is asked for (it would wait for the second claim's before returning
+the first's), so this module drives libpq's pipeline itself, with psycopg's parts for the
+rest: its conversion of a statement's %(name)s parameters (PostgresQuery, from a private
+module: docs/decisions/0002 says which test fails if it changes), its dumpers and loaders
+(Transformer), its generators and its wait. The rows are psycopg's, value for value, as its
+cursor returns them.
 
-Only on a connection of its own that keeps its limits (session.py): each statement is prepared
-here, under a name of this module's (once per connection and set of parameter types, as
-psycopg keys its own: a list of small ids dumps as a smaller integer type), in the round trip
-of its first execution. While a statement sent here is unread, nothing else may use the
-connection (Session settles them first); once all are read it leaves pipeline mode, and
-psycopg's connection is as it was."""
+On a connection of its own (`prepare`), each statement with parameters is prepared here, under
+its own name (pgdrain_<statement>_<n>), once per connection and set of parameter types, in the
+round trip of its first execution; behind a transaction pooler every statement goes unnamed.
+While a group is unread nothing else may use the connection (Session settles them first); once
+all are read it leaves pipeline mode, and psycopg's connection is as it was."""
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import errors, generators
@@ -34,67 +30,107 @@ from psycopg._queries import PostgresQuery
 from psycopg.adapt import Transformer
 from psycopg.pq import ExecStatus, PipelineStatus
 
+from pgdrain.db import sql
+
 Row = tuple[Any, ...]
+Statement = tuple[str, Mapping[str, Any] | None]  # text, and its parameters if any
 
 _READ = (ExecStatus.TUPLES_OK, ExecStatus.COMMAND_OK)
 
 
+class Reply(NamedTuple):
+    """One statement's result, read as a cursor's would be."""
+
+    rows: list[Row]
+    rowcount: int
+
+    def fetchone(self) -> Row | None:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Row]:
+        return self.rows
+
+
+class _Sent(NamedTuple):
+    key: tuple[bytes, tuple[int, ...]] | None  # the prepared statement's, if one was prepared now
+    prepared_now: bool
+
+
 class Pipeline:
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool) -> None:
         self._conn = conn
+        self._prepare = prepare
         self._transformer = Transformer(conn)
         self._query = PostgresQuery(self._transformer)
         # (statement, parameter types) -> the name it was prepared under on this connection.
         self._prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
-        # Per statement sent and not read: whether a PREPARE went before it in its round trip,
-        # and the key to forget if that PREPARE failed.
-        self._unread: deque[tuple[tuple[bytes, tuple[int, ...]], bool]] = deque()
+        self._names = itertools.count()  # never a name twice, even after a failed PREPARE
+        # Per group sent and not read: what each of its statements sent.
+        self._unread: deque[list[_Sent]] = deque()
 
     @property
     def unread(self) -> int:
-        """Statements sent and not yet read."""
+        """Groups sent and not yet read."""
         return len(self._unread)
 
-    def send(self, text: str, params: Mapping[str, Any]) -> None:
-        """Send `text` with `params`, in a transaction of its own (its Sync), without waiting
-        for its reply."""
+    def send(self, statements: Sequence[Statement]) -> None:
+        """Send `statements` and one Sync after them, without waiting for the reply. They run
+        in order; after one fails, those behind it up to the Sync are not run."""
+        pgconn = self._conn.pgconn
+        if pgconn.pipeline_status == PipelineStatus.OFF:
+            pgconn.enter_pipeline_mode()
+        group = [self._send_one(text, params) for text, params in statements]
+        pgconn.pipeline_sync()
+        self._unread.append(group)
+        self._conn.wait(generators.send(pgconn))
+
+    def _send_one(self, text: str, params: Mapping[str, Any] | None) -> _Sent:
         pgconn = self._conn.pgconn
         query = self._query
         query.convert(text, params)
+        if not self._prepare or params is None:
+            pgconn.send_query_params(
+                query.query, query.params, param_formats=query.formats, param_types=query.types
+            )
+            return _Sent(None, False)
         key = (query.query, tuple(query.types))
         name = self._prepared.get(key)
-        prepare = name is None
-        if pgconn.pipeline_status == PipelineStatus.OFF:
-            pgconn.enter_pipeline_mode()
+        prepared_now = name is None
         if name is None:
-            name = self._prepared[key] = b"pgdrain_ahead_%d" % len(self._prepared)
+            label = (sql.name_of(text) or "statement").encode()
+            name = self._prepared[key] = b"pgdrain_%s_%d" % (label, next(self._names))
             pgconn.send_prepare(name, query.query, param_types=query.types)
         pgconn.send_query_prepared(name, query.params, param_formats=query.formats)
-        pgconn.pipeline_sync()
-        self._unread.append((key, prepare))
-        self._conn.wait(generators.send(pgconn))
+        return _Sent(key, prepared_now)
 
-    def read(self) -> list[Row]:
-        """The rows of the oldest statement sent and not read. Its error is raised once its
-        whole reply is read (the connection is then ready for the next one's)."""
-        key, prepared = self._unread.popleft()
+    def read(self) -> list[Reply]:
+        """The replies of the oldest group sent and not read, one per statement. The first
+        error is raised once the whole group's reply is read (the connection is then ready for
+        the next one's)."""
+        group = self._unread.popleft()
         failure: psycopg.Error | None = None
-        rows: list[Row] = []
-        for expected in ("prepare", "statement") if prepared else ("statement",):
+        replies: list[Reply] = []
+        for sent in group:
+            if sent.prepared_now:
+                (result,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
+                if result.status not in _READ and failure is None:
+                    assert sent.key is not None
+                    self._prepared.pop(sent.key, None)  # prepared again at the next send
+                    failure = _error(result, self._conn)
             (result,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
             if result.status in _READ:
-                if expected == "statement":
-                    self._transformer.set_pgresult(result)
-                    rows = self._transformer.load_rows(0, result.ntuples, tuple)
-            elif failure is None:
-                if expected == "prepare":
-                    self._prepared.pop(key, None)  # prepared again at the next send
-                failure = _error(result, self._conn)
+                self._transformer.set_pgresult(result)
+                rows = self._transformer.load_rows(0, result.ntuples, tuple)
+                replies.append(Reply(rows, result.command_tuples or 0))
+            else:
+                replies.append(Reply([], 0))
+                if failure is None:
+                    failure = _error(result, self._conn)
         (sync,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
         assert sync.status == ExecStatus.PIPELINE_SYNC, sync.status
         if failure is not None:
             raise failure
-        return rows
+        return replies
 
     def leave(self) -> None:
         """Leave pipeline mode once every reply is read: the connection is psycopg's again."""
@@ -104,6 +140,6 @@ class Pipeline:
 
 
 def _error(result: Any, conn: psycopg.Connection[Any]) -> psycopg.Error:
-    if result.status == ExecStatus.PIPELINE_ABORTED:  # skipped after its PREPARE failed
+    if result.status == ExecStatus.PIPELINE_ABORTED:  # skipped after an earlier one failed
         return psycopg.OperationalError("the statement was not run: the pipeline was aborted")
     return errors.error_from_result(result, encoding=conn.info.encoding)

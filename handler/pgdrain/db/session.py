@@ -4,7 +4,8 @@ lock_timeout no longer than what is left of the budget less the final margin, se
 transaction so that nothing outlives it behind a pooler.
 
 An operation marked store.one_statement goes in one round trip: BEGIN, the limits, its
-statement and COMMIT in one pipeline sync, on a cursor kept for the connection (KeptCursor).
+statement and COMMIT with one Sync, through libpq's pipeline (db/pipeline.py): every
+one-statement operation leaves the process that one way.
 Statements whose result is read later (`send_with_next`, `read_with_next`: the registration,
 the first reclaim) ride in the next round trip, each in a transaction of its own; only
 statements safe to repeat, since a broken connection sends them again. Other operations run
@@ -13,8 +14,9 @@ their statements one after another inside one transaction.
 On a connection of its own (PGDRAIN_POOLER=session, the default) the connection keeps the
 limits (store.session_limits), sent again at least every KEEP_SECONDS, after an error and a
 reconnect, and at every statement near the end; a one-statement operation then goes alone as
-its own implicit transaction, and without a pipeline once psycopg has prepared it, unless work
-is to be done while it is out (`while_sent`). Claims may be pipelined there
+its own implicit transaction, prepared in the round trip of its first execution. Work to do
+while a statement is out (`while_sent`) is done once it has been sent, before its reply is
+read. Claims may be pipelined there
 (runner/pipelining.py, db/pipeline.py), with the kept limits halved (may_send_ahead); every
 reply still owed is read before any other statement (`settle`). A broken connection is
 reconnected within the budget and the statement tried once more. Why: docs/decisions/0005
@@ -22,7 +24,6 @@ and 0008."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from pgdrain.budget import FINAL_MARGIN_SECONDS, Budget
 from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import connection, store
 from pgdrain.db.connection import one_line
-from pgdrain.db.pipeline import Pipeline, Row
+from pgdrain.db.pipeline import Pipeline, Reply, Row, Statement
 from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -108,15 +109,14 @@ class Session:
         self._limit_to_budget = limit_to_budget = controls.limit_statements_to_budget
         self._read_committed = read_committed = controls.pin_read_committed
         self._conn: psycopg.Connection[Any] | None = None
-        self._cursor: KeptCursor | None = None  # _statement_cursor
         # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
         # run until it succeeds, and a lease that expires meanwhile lets another run start the
         # job while ours still runs it. None: the whole budget.
         self._lease_seconds_left = lease_seconds_left if controls.reconnect_within_leases else None
         self._on_reconnect = on_reconnect
         self._with_next: list[WithNext] = []
-        # Statements sent ahead (pipeline.py), on this connection; and what reads them all,
-        # called before any other statement goes out (settle_with).
+        # Every one-statement operation's way out (pipeline.py), on this connection; and what
+        # reads the claims sent ahead, called before any other statement goes out (settle_with).
         self._pipeline: Pipeline | None = None
         self._settle: Callable[[], None] | None = None
         # A session whose statements are pipelined keeps half the limits: see may_send_ahead.
@@ -179,11 +179,8 @@ class Session:
         """Send `statement` (store.one_statement's kind) without reading its reply: read_ahead
         reads the replies in the order their statements were sent. Only when may_send_ahead()
         has just said so."""
-        conn = self._conn
-        assert conn is not None
-        if self._pipeline is None:
-            self._pipeline = Pipeline(conn)
-        self._pipeline.send(statement.text, statement.params)
+        assert self._pipeline is not None
+        self._pipeline.send([(statement.text, statement.params)])
 
     def ahead_unread(self) -> int:
         return 0 if self._pipeline is None else self._pipeline.unread
@@ -194,7 +191,7 @@ class Session:
         pipeline, conn = self._pipeline, self._conn
         assert pipeline is not None and conn is not None
         try:
-            return pipeline.read()
+            return pipeline.read()[0].rows
         except psycopg.Error:
             if self._kept is not None:
                 self._kept.forget()  # as after any failed statement
@@ -212,7 +209,6 @@ class Session:
         log.warning("database connection lost; reconnecting", extra={"reason": one_line(exc)})
         assert self._conn is not None
         self._conn.close()
-        self._pipeline = None
         self._conn = self._connect(self._reconnect_budget())
         if self._on_reconnect is not None:
             self._on_reconnect()
@@ -333,22 +329,15 @@ class Session:
             return operation(conn)  # controls off: the server's defaults
         one_statement = getattr(operation, "one_statement", False)
         if self._kept is not None and one_statement:
-            return self._with_kept_limits(conn, before, operation, while_sent)
+            return self._with_kept_limits(before, operation, while_sent)
         timeout_ms = self.timeout_ms() if self._limit_to_budget else None
         if self._read_committed and one_statement:
-            return run_one_statement(
-                conn,
-                timeout_ms,
-                operation,
-                before,
-                while_sent=while_sent,
-                cursor=self._statement_cursor(conn),
-            )
-        for earlier in before:
-            run_one_statement(conn, timeout_ms, _nothing, [earlier])
+            return self._round_trip(operation, before, timeout_ms, while_sent=while_sent)
+        if before:
+            self._round_trip(_nothing, before, timeout_ms)
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
         # statements, COMMIT: one transaction, so the SET LOCALs end with it, a round trip
-        # each (docs/decisions/0008: psycopg's flush requests cost more than they save).
+        # each: its statements need each other's results.
         with conn.transaction():
             if self._limit_to_budget:
                 store.transaction_limits(conn, self.timeout_ms())
@@ -356,7 +345,6 @@ class Session:
 
     def _with_kept_limits(
         self,
-        conn: psycopg.Connection[Any],
         before: list[WithNext],
         operation: Callable[[psycopg.Connection[Any]], T],
         while_sent: Callable[[], None] | None,
@@ -370,30 +358,17 @@ class Session:
         remaining = self._budget.remaining()
         allowed = statement_limit_ms(remaining)
         try:
-            cursor = self._statement_cursor(conn)
             if kept.fresh(now, allowed):
-                return run_one_statement(
-                    conn,
-                    allowed,
-                    operation,
-                    before,
-                    alone=True,
-                    while_sent=while_sent,
-                    cursor=cursor,
+                return self._round_trip(
+                    operation, before, allowed, alone=True, while_sent=while_sent
                 )
             kept.forget()
             near_the_end = remaining - KEEP_SECONDS <= FINAL_MARGIN_SECONDS
             keep_ms = allowed if near_the_end else statement_limit_ms(remaining - KEEP_SECONDS)
             if self._halve_kept_limits and not near_the_end:
                 keep_ms = max(MIN_TIMEOUT_MS, keep_ms // 2)  # see may_send_ahead
-            result = run_one_statement(
-                conn,
-                allowed,
-                operation,
-                before,
-                keep_ms=keep_ms,
-                while_sent=while_sent,
-                cursor=cursor,
+            result = self._round_trip(
+                operation, before, allowed, keep_ms=keep_ms, while_sent=while_sent
             )
             if not near_the_end:  # near the end, every statement sends them, exact
                 kept.sent(now, keep_ms)
@@ -402,50 +377,41 @@ class Session:
             kept.forget()  # a transaction that sent them may have rolled back
             raise
 
-    def _statement_cursor(self, conn: psycopg.Connection[Any]) -> KeptCursor:
-        if self._cursor is None or self._cursor.cursor.connection is not conn:
-            self._cursor = KeptCursor(conn)
-        return self._cursor
+    def _round_trip(
+        self,
+        operation: Callable[[psycopg.Connection[Any]], T],
+        before: Sequence[WithNext],
+        timeout_ms: int | None,
+        *,
+        alone: bool = False,
+        keep_ms: int | None = None,
+        while_sent: Callable[[], None] | None = None,
+    ) -> T:
+        assert self._conn is not None and self._pipeline is not None
+        trip = OneRoundTrip(
+            self._conn,
+            self._pipeline,
+            timeout_ms,
+            before,
+            alone=alone,
+            keep_ms=keep_ms,
+            while_sent=while_sent,
+        )
+        result = operation(cast(psycopg.Connection[Any], trip))
+        trip.send_rest()
+        return result
 
     def _connect(self, budget: Budget | None = None) -> psycopg.Connection[Any]:
         if self._kept is not None:
             self._kept.forget()  # a new connection keeps nothing
         conn = connection.connect(self._conninfo, self._settings, budget or self._budget)
+        # Prepared under names of its own on a connection of its own; behind a transaction
+        # pooler, which cannot keep them, every statement goes unnamed.
+        self._pipeline = Pipeline(conn, prepare=conn.prepare_threshold is not None)
         if self._read_committed:
             # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         return conn
-
-
-class KeptCursor:
-    """The cursor a one-statement operation executes on: one per connection, kept from one
-    round trip to the next. A cursor keeps its adapters (how each parameter type is dumped and
-    each column loaded); a new one per statement would look them all up again, on the run's
-    thread between a reply and the next claim (docs/decisions/0008). Safe to share: only the
-    run's thread runs statements, one at a time, and every operation reads its rows before it
-    returns (a second statement would replace them).
-
-    It also counts how often each statement went through it, to tell when a statement sent
-    alone may go without a pipeline (`executing`): a pipeline costs six system calls more per
-    round trip (three sends and five polls, against one of each), but
-    outside one psycopg prepares a statement in a round trip of its own. psycopg prepares it
-    at its (prepare_threshold + 1)th execution with the same parameter types; the types of a
-    statement's parameters differ now and then (an empty list of ids, a larger number), so a
-    statement goes without a pipeline only from twice that many executions on. A set of types
-    first seen after that costs one round trip more when psycopg prepares it, once per
-    connection; a connection that prepares nothing (PgBouncer in transaction mode) costs none."""
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self.cursor = conn.cursor()
-        threshold = conn.prepare_threshold
-        self._plain_from = 0 if threshold is None else 2 * (threshold + 1)
-        self._executions: dict[str, int] = {}
-
-    def executing(self, statement: str) -> bool:
-        """Count an execution of `statement`; True once it may go without a pipeline."""
-        count = self._executions.get(statement, 0)
-        self._executions[statement] = count + 1
-        return count >= self._plain_from
 
 
 class _KeptLimits:
@@ -478,55 +444,56 @@ def run_one_statement(
     conn: psycopg.Connection[Any],
     timeout_ms: int | None,
     operation: Callable[[psycopg.Connection[Any]], T],
-    before: Sequence[WithNext] = (),
-    *,
-    alone: bool = False,
-    keep_ms: int | None = None,
-    while_sent: Callable[[], None] | None = None,
-    cursor: KeptCursor | None = None,
 ) -> T:
     """Run a store.one_statement operation on an autocommit connection in one round trip: its
     statement in a READ COMMITTED transaction of its own, limited to timeout_ms (None: the
-    server's limits), BEGIN and COMMIT sent with it; and before it, in the same round trip,
-    each of `before` in a transaction of its own, its result handed to it once the round trip
-    is back. An operation that executes nothing sends only those. On a connection that keeps
-    its limits (Session): `alone` sends the statement without BEGIN and COMMIT, and `keep_ms`
-    has its transaction set the connection's limits to that instead of its own. `while_sent`
-    is called once the statement has gone out, before its reply is read. `cursor` (of `conn`),
-    if given, executes the statement (KeptCursor); else a new one does."""
-    sent = _SentWithItsTransaction(
-        conn,
-        timeout_ms,
-        before,
-        alone=alone,
-        keep_ms=keep_ms,
-        while_sent=while_sent,
-        cursor=cursor,
-    )
-    result = operation(cast(psycopg.Connection[Any], sent))
-    sent.send_rest()
+    server's limits), BEGIN and COMMIT sent with it (retention's batches)."""
+    pipeline = Pipeline(conn, prepare=False)
+    trip = OneRoundTrip(conn, pipeline, timeout_ms, ())
+    result = operation(cast(psycopg.Connection[Any], trip))
+    trip.send_rest()
     return result
 
 
-class _SentWithItsTransaction:
-    """The connection a one-statement operation is given: its execute sends BEGIN, the limits,
-    the statement and COMMIT in one pipeline sync, one round trip, and returns the statement's
-    cursor with its rows already there. A second execute is a mistake in the operation (it was
-    marked one_statement wrongly) and is refused before anything is sent."""
+class _Captured:
+    """Stands for a connection to a store function: keeps the statements it executes, runs
+    none (they go out with the round trip that carries them)."""
+
+    def __init__(self) -> None:
+        self.statements: list[Statement] = []
+
+    def execute(self, statement: LiteralString, params: Any = None) -> Reply:
+        self.statements.append((statement, params))
+        return Reply([], 0)
+
+
+def _captured(call: Callable[[psycopg.Connection[Any]], object]) -> list[Statement]:
+    captured = _Captured()
+    call(cast(psycopg.Connection[Any], captured))
+    return captured.statements
+
+
+class OneRoundTrip:
+    """The connection a one-statement operation is given: its execute sends what rides with
+    it (each in a transaction of its own), then BEGIN, the limits, the statement and COMMIT
+    (or the statement alone, its own implicit transaction), with one Sync; calls `while_sent`
+    once they are out; and returns the statement's reply once the whole reply is read. A
+    second execute is a mistake in the operation (it was marked one_statement wrongly) and is
+    refused before anything is sent."""
 
     def __init__(
         self,
         conn: psycopg.Connection[Any],
+        pipeline: Pipeline,
         timeout_ms: int | None,
-        before: Sequence[WithNext] = (),
+        before: Sequence[WithNext],
         *,
         alone: bool = False,
         keep_ms: int | None = None,
         while_sent: Callable[[], None] | None = None,
-        cursor: KeptCursor | None = None,
     ) -> None:
         self._conn = conn
-        self._cursor = cursor
+        self._pipeline = pipeline
         self._timeout_ms = timeout_ms
         self._before = before
         self._alone = alone
@@ -534,74 +501,84 @@ class _SentWithItsTransaction:
         self._while_sent = while_sent
         self._sent = False
 
-    def execute(self, statement: LiteralString, params: Any = None) -> psycopg.Cursor[Any]:
+    def execute(self, statement: LiteralString, params: Any = None) -> Reply:
         if self._sent:
             raise AssertionError("an operation marked one_statement ran a second statement")
-        kept = self._cursor
-        executing = kept.cursor if kept is not None else self._conn.cursor()
-        prepared = kept is not None and kept.executing(statement)  # counts every execution
-        if prepared and self._alone and not self._before and self._while_sent is None:
-            # Sent alone and prepared by now: no pipeline.
-            self._sent = True
-            return executing.execute(statement, params)
-        cursor = self._send(lambda: executing.execute(statement, params))
-        assert cursor is not None
-        return cursor
+        reply = self._send((statement, params))
+        assert reply is not None
+        return reply
 
     def send_rest(self) -> None:
         """The operation executed nothing: send what was to go with it, alone."""
         if not self._sent and self._before:
             self._send(None)
 
-    def _send(
-        self, statement: Callable[[], psycopg.Cursor[Any]] | None
-    ) -> psycopg.Cursor[Any] | None:
+    def _send(self, statement: Statement | None) -> Reply | None:
         self._sent = True
-        conn = self._conn
-        # Alone, a statement still goes through a pipeline until psycopg has prepared it
-        # (KeptCursor): outside one, psycopg would prepare it (at its sixth execution) in a
-        # round trip of its own, before executing it.
-        cursor = None
+        group: list[Statement] = []
+        read_at: list[int] = []  # where in `group` each statement's reply will be
+        for earlier in self._before:
+            read_at.append(self._add(group, _captured(earlier.send), earlier.limit_ms))
+        if statement is not None:
+            if self._alone:
+                group.append(statement)
+                read_at.append(len(group) - 1)
+            else:
+                read_at.append(self._add(group, [statement], keep_ms=self._keep_ms))
+        self._pipeline.send(group)
+        work_error: BaseException | None = None
+        if statement is not None and self._while_sent is not None:
+            try:
+                self._while_sent()  # the server runs the statement meanwhile
+            except BaseException as exc:  # raised once the reply is read
+                work_error = exc
         try:
-            with conn.pipeline():
-                earlier_cursors = [
-                    self._in_its_transaction(
-                        functools.partial(earlier.send, conn), earlier.limit_ms
-                    )
-                    for earlier in self._before
-                ]
-                if statement is not None and self._alone:
-                    cursor = statement()  # its own implicit transaction, up to the Sync
-                elif statement is not None:
-                    cursor = self._in_its_transaction(statement, keep_ms=self._keep_ms)
-                if statement is not None and self._while_sent is not None:
-                    # In a pipeline, execute() has sent the statement: the server runs it as
-                    # it arrives (an implicit transaction commits at the Sync, sent next).
-                    self._while_sent()
-            # Leaving the block sent the Sync and read every result, also when the work done
-            # while the statement was out raised.
-        except BaseException:
+            replies = self._read()
+        except BaseException as read_error:
+            if work_error is not None:
+                raise work_error from read_error  # it came first; the statement's error too
+            raise
+        if work_error is not None:
+            raise work_error
+        for earlier, at in zip(self._before, read_at, strict=False):
+            earlier.delivered(cast(psycopg.Cursor[Any], replies[at]))
+        return replies[read_at[-1]] if statement is not None else None
+
+    def _read(self) -> list[Reply]:
+        pipeline, conn = self._pipeline, self._conn
+        try:
+            return pipeline.read()
+        except psycopg.Error:
             # A failed statement skipped the COMMIT, and a Sync does not end an explicit
             # transaction: roll it back, so that the connection is usable again.
             if not conn.broken and conn.info.transaction_status == TransactionStatus.INERROR:
-                conn.rollback()
+                pipeline.send(_captured(store.transaction_rollback))
+                pipeline.read()
             raise
-        for earlier, earlier_cursor in zip(self._before, earlier_cursors, strict=True):
-            earlier.delivered(earlier_cursor)
-        return cursor
+        finally:
+            if not conn.closed and not pipeline.unread:
+                pipeline.leave()
 
-    def _in_its_transaction(
-        self, send: Callable[[], T], limit_ms: int | None = None, keep_ms: int | None = None
-    ) -> T:
-        conn = self._conn
-        store.transaction_begin(conn)
+    def _add(
+        self,
+        group: list[Statement],
+        statements: list[Statement],
+        limit_ms: int | None = None,
+        keep_ms: int | None = None,
+    ) -> int:
+        """Add `statements` to `group` in a transaction of their own (BEGIN, the limits, them,
+        COMMIT); returns where the last one's reply will be. `keep_ms`: the connection's limits
+        from now on, this transaction's too; else this transaction's alone, no higher than
+        `limit_ms`."""
         timeout_ms = self._timeout_ms
         if timeout_ms is not None and limit_ms is not None:
             timeout_ms = min(timeout_ms, limit_ms)
+        limits: list[Statement] = []
         if keep_ms is not None:
-            store.session_limits(conn, keep_ms)  # this transaction's limits too, from now on
+            limits = _captured(lambda c: store.session_limits(c, keep_ms))
         elif timeout_ms is not None:
-            store.transaction_limits(conn, timeout_ms)
-        result = send()
-        store.transaction_commit(conn)
-        return result
+            limits = _captured(lambda c: store.transaction_limits(c, timeout_ms))
+        group += [*_captured(store.transaction_begin), *limits, *statements]
+        last = len(group) - 1
+        group += _captured(store.transaction_commit)
+        return last

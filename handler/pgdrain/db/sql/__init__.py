@@ -76,6 +76,16 @@ def query(name: str) -> LiteralString:
     return statements()[name].text  # type checkers see str; the text is our own packaged file
 
 
+def name_of(text: str) -> str | None:
+    """The name of the statement whose text this is (None: not one of ours)."""
+    return _names_by_text().get(text)
+
+
+@cache
+def _names_by_text() -> dict[str, str]:
+    return {s.text: name for name, s in statements().items()}
+
+
 def query_names() -> list[str]:
     return sorted(statements())
 

@@ -17,6 +17,9 @@ BEGIN ISOLATION LEVEL READ COMMITTED;
 -- name: transaction_commit :exec
 COMMIT;
 
+-- name: transaction_rollback :exec
+ROLLBACK;
+
 -- name: transaction_limits :exec
 -- The first statement of each of the drain's transactions: no statement, and no wait for a
 -- lock, may last longer than what is left of the run's budget. `true` makes the settings local

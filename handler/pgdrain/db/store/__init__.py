@@ -64,6 +64,7 @@ from pgdrain.db.store.hot_path import (
     transaction_begin,
     transaction_commit,
     transaction_limits,
+    transaction_rollback,
 )
 from pgdrain.db.store.operator_commands import (
     STATS_HISTORY_BOUND,
@@ -160,6 +161,7 @@ __all__ = [
     "transaction_begin",
     "transaction_commit",
     "transaction_limits",
+    "transaction_rollback",
     "wake_created",
     "wake_release",
     "wake_reserve",

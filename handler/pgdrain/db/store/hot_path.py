@@ -39,6 +39,11 @@ def transaction_commit(conn: Connection) -> None:
     conn.execute(query("transaction_commit"))
 
 
+def transaction_rollback(conn: Connection) -> None:
+    """End a transaction a failed statement left open (its COMMIT was not run)."""
+    conn.execute(query("transaction_rollback"))
+
+
 def transaction_limits(conn: Connection, timeout_ms: int) -> None:
     """Bound the current transaction's statements and lock waits to `timeout_ms` (> 0: zero
     would switch the limits off)."""
