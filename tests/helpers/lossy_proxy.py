@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -27,6 +28,8 @@ READY_FOR_QUERY_IDLE = b"Z\x00\x00\x00\x05I"  # the server's answer to a COMMIT 
 # The end of a request: a statement sent alone (no BEGIN) commits there, its implicit
 # transaction ending (session.py sends the drain's one-statement operations so).
 SYNC = b"S\x00\x00\x00\x04"
+# A claim: the name its statement is prepared and bound under (db/pipeline.py).
+CLAIM = b"pgdrain_job_complete_and_claim_"
 
 
 class _Link:
@@ -201,3 +204,15 @@ class LossyProxy:
             except OSError:
                 link.close()
                 return
+
+
+def losing_the_second_claims_reply(proxy: LossyProxy) -> Callable[[str, int], None]:
+    """A drain's observer that, once the first job is claimed, has the proxy lose the reply to
+    the next claim. The first claim carries the run's registration and reclaim; the next one
+    may be pipelined, and at concurrency 1 it carries the first job's completion."""
+
+    def arm_after_the_first_claim(counter: str, n: int) -> None:
+        if counter == "claimed" and not proxy.armed() and not proxy.dropped.is_set():
+            proxy.drop_commit_reply(CLAIM)
+
+    return arm_after_the_first_claim

@@ -6,14 +6,13 @@ first; the control repeats the claim as if nothing had happened."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 from helpers.fixtures import job_row, statuses, wait_for
-from helpers.lossy_proxy import LossyProxy
+from helpers.lossy_proxy import CLAIM, LossyProxy, losing_the_second_claims_reply
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, enqueue
 from pgdrain.controls import Controls
 from pgdrain.db import store
@@ -21,7 +20,6 @@ from pgdrain.runner.deadline import Deadline
 from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
-CLAIM = b"pgdrain_job_complete_and_claim_"  # the name a claim is prepared and bound under
 
 registry = Registry()
 
@@ -29,18 +27,6 @@ registry = Registry()
 @registry.job("quick")
 def quick(job: Job) -> None:
     pass
-
-
-def losing_the_second_claims_reply(proxy: LossyProxy) -> Callable[[str, int], None]:
-    """A drain's observer that, once the first job is claimed, has the proxy lose the reply to
-    the next claim (at concurrency 1 it carries the first job's completion and claims the
-    second job)."""
-
-    def arm_after_the_first_claim(counter: str, n: int) -> None:
-        if counter == "claimed" and not proxy.armed() and not proxy.dropped.is_set():
-            proxy.drop_commit_reply(CLAIM)
-
-    return arm_after_the_first_claim
 
 
 @pytest.mark.parametrize("recover", [True, False], ids=["taken-up", "claimed-again"])

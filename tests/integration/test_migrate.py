@@ -145,8 +145,8 @@ def _placeholders(statement: str) -> list[str]:
     return sorted(set(PLACEHOLDER.findall(statement)))
 
 
-# BEGIN and COMMIT have no plan to EXPLAIN: tests/integration/test_round_trips.py runs them.
-TRANSACTION_CONTROL = ("transaction_begin", "transaction_commit")
+# BEGIN, COMMIT and ROLLBACK have no plan to EXPLAIN: tests/integration/test_round_trips.py runs them.
+TRANSACTION_CONTROL = ("transaction_begin", "transaction_commit", "transaction_rollback")
 
 
 @pytest.mark.parametrize("name", [n for n in query_names() if n not in TRANSACTION_CONTROL])

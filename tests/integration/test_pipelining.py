@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import statuses
-from helpers.lossy_proxy import LossyProxy
+from helpers.lossy_proxy import LossyProxy, losing_the_second_claims_reply
 from pgdrain import Budget, Job, Registry, Settings, drain, enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.budget import FINAL_MARGIN_SECONDS
@@ -24,7 +24,6 @@ from pgdrain.runner.drain import drain_with
 from pgdrain.runner.pipelining import PipelinedClaims
 
 Conn = psycopg.Connection[Any]
-CLAIM = b"pgdrain_job_complete_and_claim_"  # the name a claim is prepared and bound under
 
 registry = Registry()
 
@@ -78,25 +77,19 @@ def test_claims_go_out_ahead_and_every_job_is_done_once(
 def test_a_reply_lost_with_claims_on_the_wire_is_taken_up_claim_by_claim(
     conn: Conn, proxy: LossyProxy, recover: bool
 ) -> None:
-    """The first claim sent ahead commits and the connection breaks before its reply comes
-    back; the claim behind it, if it went out, may have committed too. After the reconnect
+    """The claim after the first (through the pipeline, as every claim after the run's first
+    can be) commits and the connection breaks before its reply comes back; the claim behind
+    it, if it went out, may have committed too. After the reconnect
     each is asked for what it took, in order: nothing is claimed twice or left orphaned. The
     control makes each claim again as if nothing had happened."""
     _enqueue(conn, 200)
-
-    def arm_after_the_first_claim(counter: str, n: int) -> None:
-        # The first claim carries the run's registration and reclaim: it goes alone. Those
-        # after it may be pipelined.
-        if counter == "claimed" and not proxy.armed() and not proxy.dropped.is_set():
-            proxy.drop_commit_reply(CLAIM)
-
     result = drain_with(
         Controls(recover_lost_replies=recover),
         Settings(batch_size=10, concurrency=10),
         Budget.seconds(60),
         registry,
         proxy.url,
-        observer=arm_after_the_first_claim,
+        observer=losing_the_second_claims_reply(proxy),
     )
 
     assert proxy.dropped.is_set() and proxy.connections == 2  # one reply lost, one reconnect

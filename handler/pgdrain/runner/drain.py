@@ -24,7 +24,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 import psycopg
 
@@ -118,6 +118,16 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+class RunOptions(TypedDict, total=False):
+    """drain()'s keyword arguments, as drain_with() passes them on."""
+
+    queues: Sequence[str] | None
+    worker_id: str | None
+    observer: Observer | None
+    hooks: RunHooks | None
+    stop: StopRequest | None
+
+
 def drain(
     settings: Settings,
     budget: Budget,
@@ -132,18 +142,10 @@ def drain(
 ) -> DrainResult:
     """Run until no job is ready and none is running, until the budget is spent, or until
     `stop` is requested."""
-    return drain_with(
-        ALL_ON,
-        settings,
-        budget,
-        registry,
-        conninfo,
-        queues=queues,
-        worker_id=worker_id,
-        observer=observer,
-        hooks=hooks,
-        stop=stop,
+    options = RunOptions(
+        queues=queues, worker_id=worker_id, observer=observer, hooks=hooks, stop=stop
     )
+    return drain_with(ALL_ON, settings, budget, registry, conninfo, **options)
 
 
 def drain_with(
@@ -152,15 +154,12 @@ def drain_with(
     budget: Budget,
     registry: Registry,
     conninfo: str,
-    *,
-    queues: Sequence[str] | None = None,
-    worker_id: str | None = None,
-    observer: Observer | None = None,
-    hooks: RunHooks | None = None,
-    stop: StopRequest | None = None,
+    **options: Unpack[RunOptions],
 ) -> DrainResult:
     """`drain` with some of its mechanisms switched off: for tests' controls and benchmarks
     only (pgdrain.controls)."""
+    queues, worker_id, stop = options.get("queues"), options.get("worker_id"), options.get("stop")
+    hooks = options.get("hooks")
     return _Run(
         settings,
         budget,
@@ -168,7 +167,7 @@ def drain_with(
         conninfo,
         queues=tuple(queues or settings.queues),
         worker_id=worker_id or default_worker_id(),
-        observer=observer,
+        observer=options.get("observer"),
         controls=controls,
         hooks=hooks or _NoHooks(),
         stop=stop or stop_module.current() or StopRequest(),
