@@ -145,7 +145,7 @@ def _placeholders(statement: str) -> list[str]:
     return sorted(set(PLACEHOLDER.findall(statement)))
 
 
-# BEGIN, COMMIT and ROLLBACK have no plan to EXPLAIN: tests/integration/test_round_trips.py runs them.
+# BEGIN, COMMIT and ROLLBACK have no plan to EXPLAIN: test_round_trips.py runs them.
 TRANSACTION_CONTROL = ("transaction_begin", "transaction_commit", "transaction_rollback")
 
 
