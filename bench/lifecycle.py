@@ -1,0 +1,121 @@
+"""Rounds of enqueue-then-drain, as an operator's queue lives: throughput, WAL and storage per
+round, with vacuum keeping up or with a snapshot held open for the whole run.
+
+`python -m bench.lifecycle [--held] [--rounds 6] [--jobs 50000]`: each round enqueues `--jobs`
+no-op jobs, drains them at the defaults (batch 10, concurrency 10, one process), then VACUUMs the
+database (standing in for autovacuum, which is off on the machine's server). With `--held`, a
+REPEATABLE READ transaction on another connection takes its snapshot before the first round
+and keeps it to the end (a report, a pg_dump, a forgotten session): nothing a drain writes
+after it can be vacuumed away. A round that has not finished within `--round-seconds` is cut
+there; its throughput is what it drained.
+
+Per round: jobs/s, WAL bytes per job drained (pg_current_wal_lsn() around the drain: claim and
+complete; the enqueue and the vacuum are outside), and the size of every table and index of the
+pgdrain schema after the vacuum. Uses DATABASE_URL if set, else the embedded server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import psycopg
+
+from bench.common import Server, log, resolve_server
+from pgdrain import Budget, Settings
+from pgdrain.api.enqueue import build_job, enqueue_many
+from pgdrain.api.registry import load_registry
+from pgdrain.db.migrate import migrate
+from pgdrain.runner.drain import drain
+
+SCHEMA_BYTES = """
+SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'pgdrain' AND c.relkind IN ('r', 'p')
+"""
+
+
+def wal_lsn(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def one_round(
+    url: str, admin: psycopg.Connection[Any], jobs: int, round_seconds: float
+) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.transaction():
+            enqueue_many(conn, (build_job("noop") for _ in range(jobs)))
+    lsn_before = wal_lsn(admin)
+    start = time.perf_counter()
+    result = drain(
+        Settings(batch_size=10, concurrency=10),
+        Budget.seconds(round_seconds),
+        load_registry("jobs"),
+        url,
+    )
+    seconds = time.perf_counter() - start
+    wal = wal_lsn(admin) - lsn_before
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+        row = conn.execute(SCHEMA_BYTES).fetchone()
+    assert row is not None
+    return {
+        "jobs_per_s": result.done / seconds,
+        "done": result.done,
+        "stop_reason": result.stop_reason,
+        "wal_bytes_per_job": wal / max(result.done, 1),
+        "schema_mib": int(row[0]) / 2**20,
+    }
+
+
+def run(rounds: int, jobs: int, held: bool, round_seconds: float) -> list[dict[str, Any]]:
+    admin_url, source = resolve_server()
+    server = Server(admin_url)
+    log(f"server: {source}, {server.version()}; held snapshot: {held}")
+    name = server.create()
+    url = server.url(name)
+    figures: list[dict[str, Any]] = []
+    try:
+        with ExitStack() as stack:
+            with psycopg.connect(url, autocommit=True) as conn:
+                migrate(conn)
+            admin = stack.enter_context(psycopg.connect(url, autocommit=True))
+            if held:
+                holder = stack.enter_context(psycopg.connect(url))
+                holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                holder.execute("SELECT count(*) FROM pg_class")  # takes the snapshot
+            for number in range(1, rounds + 1):
+                figure = one_round(url, admin, jobs, round_seconds)
+                figures.append(figure)
+                log(
+                    f"round {number}: {figure['jobs_per_s']:,.0f} jobs/s "
+                    f"({figure['done']:,} done, {figure['stop_reason']}), "
+                    f"WAL {figure['wal_bytes_per_job']:,.0f} B/job, "
+                    f"schema {figure['schema_mib']:,.1f} MiB"
+                )
+    finally:
+        server.drop_all()
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.lifecycle", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--jobs", type=int, default=50_000, help="jobs enqueued per round")
+    parser.add_argument("--held", action="store_true", help="hold a snapshot for the whole run")
+    parser.add_argument("--round-seconds", type=float, default=120.0)
+    parser.add_argument("--json", default="", help="also write the figures here")
+    args = parser.parse_args(argv)
+    figures = run(args.rounds, args.jobs, args.held, args.round_seconds)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"held": args.held, "jobs": args.jobs, "rounds": figures}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
