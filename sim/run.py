@@ -403,6 +403,8 @@ def _start(
         "DATABASE_URL": system.url,
         "PGDRAIN_QUEUES": SIM_QUEUES,
         "PGDRAIN_FUNCTION_NAME": function.name if system.name == "pgdrain" else "",
+        # Without the function, kick() sends nothing (not a NOTIFY for a worker).
+        "PGDRAIN_KICK": "auto" if system.name == "pgdrain" else "off",
     }
     # What kick() reads besides the function's name, scaled as the function's are: the
     # debounce window, the hold (a third of the lease) and the wake-up rounding (a kicked

@@ -37,6 +37,10 @@ DEFAULT_WAKE_PRECISION_SECONDS = 60.0  # EventBridge Scheduler's one-shot precis
 
 PoolerMode = Literal["session", "transaction"]
 POOLER_MODES: tuple[str, ...] = get_args(PoolerMode)
+# Where kick() goes (PGDRAIN_KICK): the function, a `pgdrain worker` (NOTIFY), nowhere, or
+# `auto`: the function when PGDRAIN_FUNCTION_NAME is set (api/kick_target.py says the rest).
+KickMode = Literal["auto", "lambda", "worker", "off"]
+KICK_MODES: tuple[str, ...] = get_args(KickMode)
 QUEUE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}\Z")  # \Z: no "name\n"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
@@ -65,6 +69,7 @@ ENV_VARIABLES = (
     "PGDRAIN_WAKE_PRECISION_SECONDS",
     "PGDRAIN_QUEUE_LIMITS",
     "PGDRAIN_SCHEDULE_RATE",
+    "PGDRAIN_KICK",
 )
 # PGDRAIN_SCHEDULE_RATE: the template's ScheduleRate as written ("1 hour"), or seconds.
 DURATION = re.compile(r"^(\d+(?:\.\d+)?) *(second|seconds|minute|minutes|hour|hours|day|days)\Z")
@@ -137,6 +142,8 @@ class Settings:
     # schedule's ticks before then touch no database (pgdrain.aws.safety_net). None: the rate
     # schedule alone.
     schedule_rate_seconds: float | None = None
+    # Where kick() sends a kick (read by the application; api/kick_target.py).
+    kick: KickMode = "auto"
 
     def __post_init__(self) -> None:
         if self.database_url is not None:
@@ -150,6 +157,11 @@ class Settings:
             f"from {MIN_RESERVE_SECONDS} to 600",
         )
         _require(self.pooler in POOLER_MODES, "PGDRAIN_POOLER", "'session' or 'transaction'")
+        _require(self.kick in KICK_MODES, "PGDRAIN_KICK", "'auto', 'lambda', 'worker' or 'off'")
+        if self.kick == "lambda" and not self.function_name:
+            raise ConfigError(
+                "PGDRAIN_KICK=lambda needs PGDRAIN_FUNCTION_NAME: the drain function's name or ARN"
+            )
         _require(0.5 <= self.connect_timeout <= 120, "PGDRAIN_CONNECT_TIMEOUT", "from 0.5 to 120")
         _require(1 <= self.reclaim_limit <= 100000, "PGDRAIN_RECLAIM_LIMIT", "from 1 to 100000")
         _require(0 <= self.max_chain <= 15, "PGDRAIN_MAX_CHAIN", "from 0 to 15")
@@ -211,6 +223,8 @@ class Settings:
             kwargs["queue_limits"] = parse_queue_limits(raw)
         if (raw := text("PGDRAIN_POOLER")) is not None:
             kwargs["pooler"] = raw.lower()
+        if (raw := text("PGDRAIN_KICK")) is not None:
+            kwargs["kick"] = raw.lower()
         if (raw := text("PGDRAIN_SCHEDULE_RATE")) is not None:
             kwargs["schedule_rate_seconds"] = parse_duration("PGDRAIN_SCHEDULE_RATE", raw)
         for name, attr in (

@@ -99,14 +99,11 @@ def test_the_event_kicked_is_one_the_function_accepts(
     assert (trigger.reason, trigger.queues) == ("enqueue", ("emails", "sms", "default"))
 
 
-def test_without_a_function_name_a_kick_is_skipped(
-    conn: Conn, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_with_kicks_off_a_kick_is_skipped(conn: Conn, caplog: pytest.LogCaptureFixture) -> None:
+    # Without a function name, kick() wakes a worker instead: test_kick_worker.py.
     caplog.set_level(logging.DEBUG, logger="pgdrain.aws.kick")
-    assert kick(conn, ["emails"], settings=Settings()) == ()
-    assert [r.getMessage() for r in caplog.records] == [
-        "kick skipped: PGDRAIN_FUNCTION_NAME is not set"
-    ]
+    assert kick(conn, ["emails"], settings=Settings(kick="off")) == ()
+    assert [r.getMessage() for r in caplog.records] == ["kick skipped: PGDRAIN_KICK=off"]
     assert _kick_rows(conn) == 0  # nothing written either
 
 

@@ -49,6 +49,7 @@ def test_every_variable_is_read() -> None:
             "PGDRAIN_KICK_DEBOUNCE_SECONDS": "0.5",
             "PGDRAIN_FUNCTION_NAME": "pgdrain-drain",
             "PGDRAIN_FANOUT_SECONDS": "0",
+            "PGDRAIN_KICK": " Lambda ",
         }
     )
     assert s.database_url == "postgresql://u:secret@db.example:5432/app"
@@ -59,6 +60,7 @@ def test_every_variable_is_read() -> None:
     assert (s.connect_timeout, s.reclaim_limit, s.max_chain) == (15.0, 100, 0)
     assert (s.kick_debounce_seconds, s.function_name) == (0.5, "pgdrain-drain")
     assert s.fanout_seconds == 0.0  # fan out only for work past the budget
+    assert s.kick == "lambda"
 
 
 def test_the_database_url_is_not_in_the_repr() -> None:
@@ -116,6 +118,8 @@ BAD_VALUES = [
     ("PGDRAIN_FANOUT_SECONDS", "-1"),
     ("PGDRAIN_FANOUT_SECONDS", "3601"),
     ("PGDRAIN_FANOUT_SECONDS", "soon"),
+    ("PGDRAIN_KICK", "sqs"),
+    ("PGDRAIN_KICK", "lambda"),  # with no PGDRAIN_FUNCTION_NAME to invoke
 ]
 
 

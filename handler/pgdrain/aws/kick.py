@@ -25,7 +25,10 @@ in the same transaction as its debounce, and invokes the function with a wake-up
     pgdrain.kick(conn, ["emails"])      # after the commit: the run must see the job
 
 A kick is a latency optimisation, never a requirement: the schedule drains whatever a lost or
-failed kick left behind, so a failed invoke is logged and not raised into the application."""
+failed kick left behind, so a failed invoke is logged and not raised into the application.
+
+Where no function drains (development, or a worker in a container), the same call wakes
+`pgdrain worker` by NOTIFY instead; PGDRAIN_KICK and pgdrain.api.kick_target say which."""
 
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from psycopg import pq
 
+from pgdrain.api.kick_target import kick_target, notify_worker
 from pgdrain.aws.events import enqueue_event, later_event
 from pgdrain.aws.lambda_api import invoke_async
 from pgdrain.aws.wake import WAKE_HOLD_SECONDS, queue_set, wake_time
@@ -59,10 +63,14 @@ def kick(
     client: LambdaClient | None = None,
 ) -> tuple[str, ...]:
     """Ask the drain function to run for `queues`, at most once per debounce window per queue.
-    Returns the queues it was invoked for: empty when every queue was kicked recently, when no
-    function is configured (PGDRAIN_FUNCTION_NAME unset: local use), or when the invoke failed.
-    A queue with nothing ready is not among them: its next job gets a wake-up request instead
-    (when no wake-up pending for it comes early enough), which starts no run now.
+    Returns the queues it was invoked for: empty when every queue was kicked recently, when
+    kicks are off (PGDRAIN_KICK=off), or when the invoke failed. A queue with nothing ready is
+    not among them: its next job gets a wake-up request instead (when no wake-up pending for
+    it comes early enough), which starts no run now.
+
+    Without a function (PGDRAIN_KICK=worker, or PGDRAIN_FUNCTION_NAME unset off AWS), a NOTIFY
+    wakes `pgdrain worker` instead; it returns the queues when a worker heard it
+    (pgdrain.api.kick_target). On AWS without PGDRAIN_FUNCTION_NAME it raises ConfigError.
 
     Call it after the enqueue has committed, on a connection with no transaction open."""
     settings = settings or Settings.from_env(os.environ)
@@ -70,15 +78,22 @@ def kick(
     names = tuple(sorted(set(check_queue_name(q, "kick") for q in _as_list(queues))))
     if not names:
         raise BadInput("kick: name at least one queue")
-    if not settings.function_name:
-        log.debug("kick skipped: PGDRAIN_FUNCTION_NAME is not set", extra={"queues": names})
+    # Raises on AWS without PGDRAIN_FUNCTION_NAME: not a kick that nobody hears.
+    target = kick_target(settings, os.environ)
+    if target == "off":
+        log.debug("kick skipped: PGDRAIN_KICK=off", extra={"queues": names})
         return ()
     status = conn.info.transaction_status
     if status != pq.TransactionStatus.IDLE:
+        # Refused for a worker too, though its NOTIFY would wait for the commit: code that
+        # kicks a local worker must work unchanged against the function.
         raise BadInput(
             "kick: the connection has a transaction open; call kick() after the enqueue "
             "commits, or the drain it starts may not see the new jobs"
         )
+    if target == "worker":
+        return notify_worker(conn, names)
+    assert settings.function_name, "kick_target() is 'lambda' only with a function name"
     reserved_by = f"kick:{uuid.uuid4()}"
     with conn.transaction():
         decision = store.kick_debounce(

@@ -1,5 +1,5 @@
-"""Load the named statements of sql/*.sql once (hot_path, control_plane, operator_commands)
-and the migration files in order.
+"""Load the named statements of sql/*.sql once (hot_path, control_plane, operator_commands,
+worker) and the migration files in order.
 
 Each statement stands under `-- name: NAME :SHAPE`; SHAPE says what it gives back (one row at
 most, many rows, a row count, nothing), as River's `:one`/`:many` tags do."""
@@ -56,7 +56,7 @@ def parse_queries(text: str) -> dict[str, str]:
 
 
 # The statement files, by what they serve (as db/store/ is split).
-QUERY_FILES = ("hot_path.sql", "control_plane.sql", "operator_commands.sql")
+QUERY_FILES = ("hot_path.sql", "control_plane.sql", "operator_commands.sql", "worker.sql")
 
 
 def queries_text() -> str:

@@ -3,7 +3,8 @@ from sql/ (its name is the statement's) and returns frozen dataclasses; a fenced
 matched no row comes back as an explicit lease-lost outcome, never swallowed and never retried
 as an overwrite. Split by what the statements serve: hot_path.py (enqueue and a run),
 control_plane.py (kicks, runs, wake-ups, limits, retention), operator_commands.py (the
-CLI's commands and the migration ledger); common.py holds what they share."""
+CLI's commands and the migration ledger), worker.py (kicks by NOTIFY, and `pgdrain worker`'s
+LISTEN); common.py holds what they share."""
 
 from pgdrain.db.store.common import (
     FINISHED,
@@ -88,6 +89,7 @@ from pgdrain.db.store.operator_commands import (
     migration_record,
     queue_stats,
 )
+from pgdrain.db.store.worker import kick_notify
 
 __all__ = [
     "FINISHED",
@@ -138,6 +140,7 @@ __all__ = [
     "kick_clear",
     "kick_debounce",
     "kick_hold",
+    "kick_notify",
     "migration_applied",
     "migration_ledger_exists",
     "migration_lock",
