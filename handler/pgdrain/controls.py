@@ -3,7 +3,8 @@
 Every real run uses ALL_ON and passes nothing. A test turns one switch off to show the failure
 its mechanism prevents, beside the test that shows it working; a benchmark turns an
 optimisation off to measure what it buys. Both inject a `Controls` where a run is built
-(`pgdrain.runner.drain.drain_with`, `Session(controls=...)`, `retention.run_once`), as River
+(`pgdrain.runner.drain.drain_with`, `Session(controls=...)`, `retention.run_once`,
+`Worker(controls=...)`), as River
 keeps its test hooks in `*TestSignals` structs the product path never sets."""
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class Controls(NamedTuple):
     # At concurrency 1 the job runs on the loop's thread: when the run ended while that job
     # ran, the thread ends as the job returns, touching nothing of the run.
     end_the_loop_thread_with_the_run: bool = True
+    # `pgdrain worker` LISTENs for kicks (runner/worker.py): without it, a kick wakes nothing
+    # and the job waits for the worker's next wake-up (a due time, the safety net).
+    listen_for_kicks: bool = True
 
     # Optimisations: a benchmark measures each against its absence (docs/decisions/).
     prefetch: bool = True  # claim for slots about to free (runner/prefetch.py)

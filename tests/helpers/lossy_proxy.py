@@ -13,6 +13,10 @@ network); the bytes wait and flow again on resume.
 `refuse()` / `accept()`: while refusing, existing connections are cut and new ones closed at
 once (a database that went away); `accept()` lets them through again.
 
+`sent_bytes`, `connections`, `refused` and `open_links()`: what clients sent, and how many
+connections they made, were refused, and hold (a client that sends nothing costs the server
+no statement).
+
 Listens on 127.0.0.1 only."""
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ class _Link:
         self.server = server
         self.state = "forward"  # -> "marked" (statement seen) -> "committing" (COMMIT sent)
         self.held = b""
+        self.closed = False
 
     def close(self) -> None:
+        self.closed = True
         for sock in (self.client, self.server):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -75,6 +81,8 @@ class LossyProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self.connections = 0
+        self.sent_bytes = 0  # client to server, in all
+        self.refused = 0  # connections closed at once while refusing
         self._closed = False
         threading.Thread(target=self._accept, name="lossy-proxy", daemon=True).start()
 
@@ -116,6 +124,11 @@ class LossyProxy:
         self._listener.close()
         self.refuse()
 
+    def open_links(self) -> int:
+        """Client connections that are open (their client has not closed them)."""
+        with self._lock:
+            return sum(1 for link in self._links if not link.closed)
+
     def _accept(self) -> None:
         while not self._closed:
             try:
@@ -126,6 +139,8 @@ class LossyProxy:
                 refusing = self._refusing
             if refusing:
                 client.close()
+                with self._lock:
+                    self.refused += 1
                 continue
             server = socket.socket(self._target[0], socket.SOCK_STREAM)
             try:
@@ -158,6 +173,7 @@ class LossyProxy:
                 link.close()
                 return
             with self._lock:
+                self.sent_bytes += len(data)
                 seen = tail + data
                 after_marker = data
                 if link.state == "forward" and self._marker and self._marker in seen:

@@ -15,6 +15,7 @@ from pgdrain import Settings, enqueue
 from pgdrain.api import kick_target
 from pgdrain.api.kick_target import AWS_VARIABLES, CHANNEL, LISTENER_APPLICATION_NAME
 from pgdrain.aws.kick import kick
+from pgdrain.db import store
 from pgdrain.errors import BadInput, ConfigError
 
 Conn = psycopg.Connection[Any]
@@ -34,7 +35,7 @@ def listener(db_url: str) -> Iterator[Conn]:
     with psycopg.connect(
         db_url, autocommit=True, application_name=LISTENER_APPLICATION_NAME
     ) as conn:
-        conn.execute("LISTEN pgdrain_kick")
+        store.kick_listen(conn)
         yield conn
 
 

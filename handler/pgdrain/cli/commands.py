@@ -37,7 +37,7 @@ from pgdrain.db import connection, store
 from pgdrain.db.migrate import migrate
 from pgdrain.errors import BadInput, ConfigError, JobsModuleNotFound, PgdrainError
 from pgdrain.runner.drain import DrainResult, drain
-from pgdrain.runner.stop import exit_code, stop_on_signals
+from pgdrain.runner.stop import STOP_GRACE_SECONDS, exit_code, stop_on_signals
 from pgdrain.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
 
+    _add_worker_command(commands)
     _add_operator_commands(commands)
 
     p = commands.add_parser(
@@ -461,6 +462,48 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
         budget=args.budget,
         embedded_dir=embedded_dir,
     )
+
+
+# -- the worker: drains on kicks and at due times, until stopped (docs/worker.md) ----------
+
+
+def _add_worker_command(commands: Any) -> None:
+    p = commands.add_parser(
+        "worker",
+        help="drain whenever kicked and when work falls due, until Ctrl-C (a local loop, or a "
+        "container for jobs longer than Lambda's 15 minutes)",
+    )
+    p.add_argument(
+        "--queues",
+        help=f"comma-separated (default: PGDRAIN_QUEUES, else {','.join(DEFAULT_QUEUES)})",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_int_between(1, 256),
+        help=f"1 to 256 (default: PGDRAIN_CONCURRENCY, else {DEFAULT_CONCURRENCY})",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_int_between(1, 1000),
+        help=f"1 to 1000 (default: PGDRAIN_BATCH_SIZE, else {DEFAULT_BATCH_SIZE})",
+    )
+    p.add_argument(
+        "--grace",
+        type=_non_negative_float,
+        default=STOP_GRACE_SECONDS,
+        help="seconds running jobs get to finish after Ctrl-C or SIGTERM",
+    )
+    p.add_argument("--json", action="store_true", help="a JSON object per drain")
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from pgdrain.cli import worker
+
+    settings = _drain_settings(args, settings)
+    worker.check(settings)
+    registry = load_registry(settings.jobs_module)  # before connecting: a broken module
+    conninfo = conninfo_or_embedded(settings)
+    return worker.run(settings, registry, conninfo, grace_s=args.grace, as_json=args.json)
 
 
 # -- operator commands: see and fix what happened (docs/operations.md) ----------------------
@@ -754,6 +797,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "server": cmd_server,
     "demo": cmd_demo,
     "invoke": cmd_invoke,
+    "worker": cmd_worker,
 }
 
 

@@ -108,6 +108,7 @@ def connect(
     sleep: Callable[[float], None] = time.sleep,
     jitter: Callable[[], float] = random.random,
     retry_log_level: int = logging.WARNING,
+    application_name: str = APPLICATION_NAME,
 ) -> psycopg.Connection[Any]:
     """Connect. While the server is not up yet, retry after a jittered exponential backoff
     (`jitter()` in [0, 1) scales each wait, so that functions started together do not all
@@ -115,14 +116,16 @@ def connect(
     reserve allows. Settings that cannot work fail at once (DatabaseMisconfigured). Connecting
     is safe to repeat: a failed attempt leaves nothing open on the server. Each retry is
     logged at `retry_log_level` (the CLI's operator commands: INFO, so that a database that
-    is down costs them one error line)."""
+    is down costs them one error line). `application_name` names the connection in
+    pg_stat_activity (a worker's listening connection has a name of its own)."""
     ceiling = FIRST_RETRY_DELAY_SECONDS
     attempt = 0
     while True:
         attempt += 1
         timeout = min(settings.connect_timeout, budget.remaining())
         try:
-            return psycopg.Connection.connect(conninfo, **connection_kwargs(settings, timeout))
+            kwargs = connection_kwargs(settings, timeout) | {"application_name": application_name}
+            return psycopg.Connection.connect(conninfo, **kwargs)
         except psycopg.ProgrammingError:
             # libpq quotes a malformed connection string in its message, password included.
             raise ConfigError(

@@ -20,3 +20,8 @@ SELECT EXISTS (
     WHERE datname = current_database() AND application_name = %(listener)s
 ) AS heard
 FROM (SELECT pg_notify('pgdrain_kick', %(payload)s)) AS notified;
+
+-- name: kick_listen :exec
+-- The worker's listening connection: kicks are delivered to it from now on, also while the
+-- worker drains (they wait on the connection until it reads them).
+LISTEN pgdrain_kick;

@@ -89,7 +89,7 @@ from pgdrain.db.store.operator_commands import (
     migration_record,
     queue_stats,
 )
-from pgdrain.db.store.worker import kick_notify
+from pgdrain.db.store.worker import kick_listen, kick_notify
 
 __all__ = [
     "FINISHED",
@@ -140,6 +140,7 @@ __all__ = [
     "kick_clear",
     "kick_debounce",
     "kick_hold",
+    "kick_listen",
     "kick_notify",
     "migration_applied",
     "migration_ledger_exists",

@@ -14,3 +14,8 @@ def kick_notify(conn: Connection, payload: str, listener: str) -> bool:
     row = conn.execute(query("kick_notify"), {"payload": payload, "listener": listener}).fetchone()
     assert row is not None  # one row, from the one-row subquery
     return bool(row[0])
+
+
+def kick_listen(conn: Connection) -> None:
+    """LISTEN pgdrain_kick on this connection (autocommit: it takes effect at once)."""
+    conn.execute(query("kick_listen"))

@@ -1,0 +1,173 @@
+"""`pgdrain worker` (pgdrain.runner.worker), run in a thread of the test: it drains when kicked
+(LISTEN pgdrain_kick), also for a kick sent while it was not waiting, at the next due moment
+(a retry), and again once its listening connection is back. The control is the worker without
+LISTEN: the same kick wakes nothing, and the job waits for the safety net.
+
+Each drain is reported with what woke the worker, so the tests assert on that, not on timing:
+a kicked job runs in a drain woken by the kick, well before the safety net."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers import worker_jobs
+from helpers.fixtures import wait_for
+from helpers.lossy_proxy import LossyProxy
+from pgdrain import Settings, enqueue
+from pgdrain.aws.kick import kick
+from pgdrain.controls import ALL_ON, Controls
+from pgdrain.runner.stop import StopRequest
+from pgdrain.runner.summary import DrainResult
+from pgdrain.runner.worker import Worker, WorkerSummary
+
+Conn = psycopg.Connection[Any]
+SAFETY_NET_SECONDS = 6.0  # the control's job runs then; a kicked one long before
+EVENT_TIMEOUT = 30.0
+SETTINGS = Settings(schedule_rate_seconds=SAFETY_NET_SECONDS, reserve_seconds=0.5)
+KICK_SETTINGS = Settings(kick="worker")
+
+
+class Running:
+    """A worker in a thread: each drain it reports, as (what woke it, its result)."""
+
+    def __init__(self) -> None:
+        self.drains: queue.Queue[tuple[str, DrainResult]] = queue.Queue()
+        self.on_drain: Callable[[str, DrainResult], None] = lambda _why, _result: None
+        self.summary: WorkerSummary | None = None
+
+    def report(self, result: DrainResult, reason: str) -> None:
+        self.on_drain(reason, result)
+        self.drains.put((reason, result))
+
+    def next_drain(self) -> tuple[str, DrainResult]:
+        return self.drains.get(timeout=EVENT_TIMEOUT)
+
+
+@contextmanager
+def running_worker(
+    url: str, controls: Controls = ALL_ON, settings: Settings = SETTINGS
+) -> Iterator[Running]:
+    stop = StopRequest(grace_seconds=2.0)
+    running = Running()
+    worker = Worker(
+        settings, worker_jobs.jobs, url, stop=stop, controls=controls, report=running.report
+    )
+    errors: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            running.summary = worker.run()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=main, name="worker", daemon=True)
+    thread.start()
+    try:
+        yield running
+    finally:
+        stop.request()
+        thread.join(timeout=EVENT_TIMEOUT)
+    assert not thread.is_alive(), "the worker did not return after its stop"
+    assert errors == []
+
+
+def status(conn: Conn, job_id: int) -> tuple[str, int]:
+    row = conn.execute("SELECT status, attempts FROM pgdrain.jobs WHERE id = %s", (job_id,))
+    found = row.fetchone()
+    assert found is not None
+    return str(found[0]), int(found[1])
+
+
+def enqueue_and_kick(conn: Conn) -> tuple[int, tuple[str, ...]]:
+    with conn.transaction():
+        job_id = enqueue(conn, "ok", {})
+    return job_id, kick(conn, ["default"], settings=KICK_SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("listen", "woken_by"), [(True, "kick"), (False, "safety net")], ids=["listen", "control"]
+)
+def test_a_kick_wakes_an_idle_worker_and_its_job_runs(
+    db_url: str, conn: Conn, listen: bool, woken_by: str
+) -> None:
+    with running_worker(db_url, Controls(listen_for_kicks=listen)) as worker:
+        assert worker.next_drain()[0] == "start"  # nothing to do: it waits now
+        job_id, heard = enqueue_and_kick(conn)
+        assert heard == ("default",)  # a worker is connected (with or without its LISTEN)
+        reason, result = worker.next_drain()
+    assert (reason, result.claimed, result.done) == (woken_by, 1, 1)
+    assert status(conn, job_id) == ("done", 1)
+
+
+@pytest.mark.parametrize(
+    ("listen", "woken_by"), [(True, "kick"), (False, "safety net")], ids=["listen", "control"]
+)
+def test_a_kick_sent_after_a_drain_and_before_the_wait_is_not_lost(
+    db_url: str, conn: Conn, listen: bool, woken_by: str
+) -> None:
+    """The kick comes after the drain's last claim and exit check, before the worker waits
+    (from the report, which the worker calls in between): it waits on the connection."""
+    kicked: list[int] = []
+
+    def kick_once(reason: str, _result: DrainResult) -> None:
+        if not kicked:
+            kicked.append(enqueue_and_kick(conn)[0])
+
+    with running_worker(db_url, Controls(listen_for_kicks=listen)) as worker:
+        worker.on_drain = kick_once
+        assert worker.next_drain()[0] == "start"
+        reason, result = worker.next_drain()
+    assert (reason, result.claimed) == (woken_by, 1)
+    assert status(conn, kicked[0]) == ("done", 1)
+
+
+def test_a_retry_wakes_the_worker_when_it_falls_due_and_nothing_polls_before(
+    db_url: str, conn: Conn
+) -> None:
+    job_id = enqueue(conn, "retry_once", {})
+    with running_worker(db_url) as worker:
+        first = worker.next_drain()
+        second = worker.next_drain()
+    assert (first[0], first[1].claimed, first[1].retried) == ("start", 1, 1)
+    assert (second[0], second[1].claimed, second[1].done) == ("due", 1, 1)
+    assert status(conn, job_id) == ("done", 2)
+    assert worker.summary is not None and worker.summary.drains == 2  # none in between
+
+
+def test_after_its_listening_connection_is_cut_the_worker_drains_what_it_missed(
+    db_url: str, conn: Conn, proxy: LossyProxy
+) -> None:
+    with running_worker(proxy.url) as worker:
+        assert worker.next_drain()[0] == "start"
+        proxy.refuse()  # the database went away: the LISTEN with it
+        with conn.transaction():
+            job_id = enqueue(conn, "ok", {})  # its kick could reach no worker
+        proxy.accept()
+        reason, result = worker.next_drain()
+    assert (reason, result.claimed) == ("reconnect", 1)
+    assert status(conn, job_id) == ("done", 1)
+
+
+def test_a_stop_while_idle_ends_the_wait_at_once(db_url: str) -> None:
+    settings = dataclasses.replace(SETTINGS, schedule_rate_seconds=3600.0)
+    with running_worker(db_url, settings=settings) as worker:
+        assert worker.next_drain()[0] == "start"
+    # running_worker's exit requested the stop and joined the thread: it returned.
+    assert worker.summary is not None and worker.summary.drains == 1
+
+
+def test_a_stop_while_the_database_is_down_ends_the_worker(db_url: str, proxy: LossyProxy) -> None:
+    with running_worker(proxy.url) as worker:
+        assert worker.next_drain()[0] == "start"
+        proxy.refuse()  # the worker tries to connect again and again, until the stop
+        wait_for(lambda: proxy.refused >= 2, timeout=EVENT_TIMEOUT, what="a retried connect")
+    # running_worker's exit requested the stop and joined the thread: it returned.
+    assert worker.summary is not None and worker.summary.drains == 1

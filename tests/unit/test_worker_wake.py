@@ -1,0 +1,84 @@
+"""Pure parts of `pgdrain worker` and of the kick that reaches it: where a kick goes
+(api/kick_target.py), what a NOTIFY's payload names, and when an idle worker wakes by itself
+(the earliest of the next due job, the next periodic slot and the safety net, never sooner
+than MIN_WAIT_SECONDS)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from pgdrain import Registry, Settings
+from pgdrain.api.kick_target import (
+    MAX_PAYLOAD_BYTES,
+    kick_target,
+    kicked_queues,
+    notify_payload,
+)
+from pgdrain.errors import ConfigError
+from pgdrain.runner.stop import StopRequest
+from pgdrain.runner.worker import DEFAULT_SAFETY_NET_SECONDS, MIN_WAIT_SECONDS, Worker
+
+NOW = dt.datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=dt.UTC)
+LAMBDA_ENV = {"AWS_LAMBDA_FUNCTION_NAME": "app-api"}
+ECS_ENV = {"AWS_EXECUTION_ENV": "AWS_ECS_FARGATE"}
+
+
+@pytest.mark.parametrize(
+    ("settings", "env", "target"),
+    [
+        (Settings(function_name="stack-drain"), {}, "lambda"),
+        (Settings(function_name="stack-drain"), LAMBDA_ENV, "lambda"),
+        (Settings(), {}, "worker"),  # a laptop: `pgdrain worker` drains
+        (Settings(kick="worker"), ECS_ENV, "worker"),  # a worker in a container, said so
+        (Settings(kick="off"), LAMBDA_ENV, "off"),  # the drain function's own setting
+        (Settings(kick="worker", function_name="stack-drain"), {}, "worker"),
+    ],
+)
+def test_where_a_kick_goes(settings: Settings, env: dict[str, str], target: str) -> None:
+    assert kick_target(settings, env) == target
+
+
+@pytest.mark.parametrize("env", [LAMBDA_ENV, ECS_ENV], ids=["lambda", "ecs"])
+def test_deployed_without_a_function_name_a_kick_is_an_error(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"set it to the drain function's name"):
+        kick_target(Settings(), env)
+
+
+def test_a_notify_names_the_kicked_queues_or_every_queue() -> None:
+    assert notify_payload(["emails", "sms"]) == "emails,sms"
+    assert kicked_queues("emails,sms") == frozenset({"emails", "sms"})
+    assert kicked_queues("") is None  # `NOTIFY pgdrain_kick` from any client: every queue
+    many = [f"q{i:060d}" for i in range(200)]  # past NOTIFY's 8000 bytes
+    assert notify_payload(many) == "" and len(",".join(many)) > MAX_PAYLOAD_BYTES
+
+
+def _worker(registry: Registry | None = None, rate: float | None = None) -> Worker:
+    settings = Settings(schedule_rate_seconds=rate)
+    return Worker(settings, registry or Registry(), "dbname=unused", stop=StopRequest())
+
+
+def test_an_idle_worker_with_nothing_due_wakes_for_the_safety_net() -> None:
+    assert _worker().next_wake(NOW) == (DEFAULT_SAFETY_NET_SECONDS, "safety net")
+    assert _worker(rate=1800).next_wake(NOW) == (1800, "safety net")  # PGDRAIN_SCHEDULE_RATE
+
+
+def test_it_wakes_at_the_earliest_of_due_work_and_periodic_slots() -> None:
+    registry = Registry()
+
+    @registry.periodic("*/5 * * * *", kind="report")
+    def report(job: object) -> None:
+        pass
+
+    worker = _worker(registry)
+    assert worker.next_wake(NOW) == (299.5, "periodic")  # 12:05
+    worker.next_due.due_at = NOW + dt.timedelta(seconds=42)
+    assert worker.next_wake(NOW) == (42.0, "due")
+
+
+def test_a_due_moment_already_passed_waits_a_little_not_zero() -> None:
+    """The worker's clock ahead of the database's: the job is not ready yet when it looks."""
+    worker = _worker()
+    worker.next_due.due_at = NOW - dt.timedelta(seconds=3)
+    assert worker.next_wake(NOW) == (MIN_WAIT_SECONDS, "due")
