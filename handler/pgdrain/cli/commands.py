@@ -472,6 +472,11 @@ def _add_worker_command(commands: Any) -> None:
         "worker",
         help="drain whenever kicked and when work falls due, until Ctrl-C (a local loop, or a "
         "container for jobs longer than Lambda's 15 minutes)",
+        description="Drain whenever pgdrain.kick() wakes it (NOTIFY pgdrain_kick: kick() sends "
+        "it when PGDRAIN_FUNCTION_NAME is unset, off AWS, or with PGDRAIN_KICK=worker), and "
+        "when a delayed job, a retry or a periodic slot falls due; idle, it sends the database "
+        "nothing. Ctrl-C or SIGTERM: no more claims, running jobs get --grace to finish, exit 0. "
+        "See docs/worker.md.",
     )
     p.add_argument(
         "--queues",

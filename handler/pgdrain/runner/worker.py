@@ -69,6 +69,7 @@ MAX_RETRY_SECONDS = 30.0
 # a drain that failed.
 WakeReason = Literal["start", "kick", "due", "periodic", "safety net", "reconnect", "retry"]
 Waited = Literal["kick", "timeout", "stop", "lost"]
+_SAID = {"due": "work due", "periodic": "a periodic slot", "safety net": "the safety net"}
 
 
 @dataclass
@@ -199,7 +200,7 @@ class Worker:
             wait_s, due = self.next_wake(dt.datetime.now(dt.UTC))
         log.info(
             "idle: waiting for a kick, or %s in %.1f s",
-            due,
+            _SAID.get(due, due),
             wait_s,
             extra={"worker": self.worker_id},
         )
