@@ -98,23 +98,29 @@ def status(conn: Conn, job_id: int) -> tuple[str, int]:
 def test_the_worker_runs_a_delayed_job_at_its_time_and_a_kicked_one_at_once(
     db_url: str, conn: Conn
 ) -> None:
-    delayed = enqueue(conn, "ok", {}, delay=1.5)
+    def enqueue_and_kick(delay: float) -> int:
+        with conn.transaction():
+            job_id = enqueue(conn, "ok", {}, delay=delay)
+        assert kick(conn, ["default"], settings=Settings(kick="worker")) == ("default",)
+        return job_id
+
     with WorkerProcess(db_url) as worker:
         start = worker.next_event()
-        due = worker.next_event()  # nothing ran in between: no polling
-        with conn.transaction():
-            kicked = enqueue(conn, "ok", {})
-        assert kick(conn, ["default"], settings=Settings(kick="worker")) == ("default",)
+        delayed = enqueue_and_kick(2.0)
+        kicked_early = worker.next_event()  # nothing ready yet: it learns when the job is due
+        due = worker.next_event()  # at the job's time, with no kick and no drain in between
+        kicked = enqueue_and_kick(0)
         woken = worker.next_event()
         code, err = worker.stop(signal.SIGINT)
         stopped = worker.next_event()
 
     assert (start["woken_by"], start["claimed"]) == ("start", 0)
+    assert (kicked_early["woken_by"], kicked_early["claimed"]) == ("kick", 0)
     assert (due["woken_by"], due["claimed"], due["done"]) == ("due", 1, 1)
     assert (woken["woken_by"], woken["claimed"], woken["done"]) == ("kick", 1, 1)
     assert status(conn, delayed) == status(conn, kicked) == ("done", 1)
     assert code == 0, err
-    assert (stopped["event"], stopped["signal"], stopped["drains"]) == ("stopped", "SIGINT", 3)
+    assert (stopped["event"], stopped["signal"], stopped["drains"]) == ("stopped", "SIGINT", 4)
 
 
 @pytest.mark.parametrize(
