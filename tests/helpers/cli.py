@@ -39,13 +39,15 @@ def run_pgdrain(
     stdin: bytes = b"",
     drop: tuple[str, ...] = ("PGDRAIN_",),
     cwd: Path = ROOT,
+    module: str = "pgdrain.cli",
 ) -> Run:
-    """`pgdrain ARGS` (the package's entry point, in this interpreter) from the repository
-    (or `cwd`), with the environment less the variables starting with `drop`, plus `env`."""
+    """`pgdrain ARGS` (the package's entry point, in this interpreter; or `module`, a wrapper
+    of it) from the repository (or `cwd`), with the environment less the variables starting
+    with `drop`, plus `env`."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     clean.update(env)
     done = subprocess.run(
-        [sys.executable, "-m", "pgdrain.cli", *args],
+        [sys.executable, "-m", module, *args],
         env=clean,
         cwd=cwd,
         input=stdin,

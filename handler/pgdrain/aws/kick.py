@@ -37,7 +37,7 @@ import logging
 import os
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from psycopg import pq
 
@@ -53,6 +53,18 @@ if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
 
 log = logging.getLogger(__name__)
+
+
+class KickOutcome(NamedTuple):
+    """What one kick did, queue by queue (what `pgdrain enqueue` and `pgdrain retry` say)."""
+
+    function: str | None  # None: no function is configured (PGDRAIN_FUNCTION_NAME unset)
+    invoked: tuple[str, ...] = ()  # a run was invoked for these queues
+    # Nothing ready yet: a wake-up at this time was requested for these queues.
+    wakes: tuple[tuple[tuple[str, ...], dt.datetime], ...] = ()
+    # A run invoked within the debounce window, a live run, or a pending wake-up takes them.
+    covered: tuple[str, ...] = ()
+    error: str | None = None  # an invoke failed: what the Lambda API said
 
 
 def kick(
@@ -73,6 +85,17 @@ def kick(
     (pgdrain.api.kick_target). On AWS without PGDRAIN_FUNCTION_NAME it raises ConfigError.
 
     Call it after the enqueue has committed, on a connection with no transaction open."""
+    return kick_outcome(conn, queues, settings=settings, client=client).invoked
+
+
+def kick_outcome(
+    conn: store.Connection,
+    queues: Sequence[str],
+    *,
+    settings: Settings | None = None,
+    client: LambdaClient | None = None,
+) -> KickOutcome:
+    """kick(), saying what it did for each queue (KickOutcome)."""
     settings = settings or Settings.from_env(os.environ)
     # Sorted: concurrent kicks (and exiting runs) lock the kick rows in one order, no deadlock.
     names = tuple(sorted(set(check_queue_name(q, "kick") for q in _as_list(queues))))
@@ -82,7 +105,7 @@ def kick(
     target = kick_target(settings, os.environ)
     if target == "off":
         log.debug("kick skipped: PGDRAIN_KICK=off", extra={"queues": names})
-        return ()
+        return KickOutcome(None)
     status = conn.info.transaction_status
     if status != pq.TransactionStatus.IDLE:
         # Refused for a worker too, though its NOTIFY would wait for the commit: code that
@@ -92,8 +115,9 @@ def kick(
             "commits, or the drain it starts may not see the new jobs"
         )
     if target == "worker":
-        return notify_worker(conn, names)
-    assert settings.function_name, "kick_target() is 'lambda' only with a function name"
+        return KickOutcome(None, notify_worker(conn, names))
+    function = settings.function_name
+    assert function, "kick_target() is 'lambda' only with a function name"
     reserved_by = f"kick:{uuid.uuid4()}"
     with conn.transaction():
         decision = store.kick_debounce(
@@ -104,18 +128,29 @@ def kick(
             hold_seconds=kick_hold_seconds(settings),
         )
         wakes = _record_wakes(conn, decision.later, settings, reserved_by)
+    requested: list[tuple[tuple[str, ...], dt.datetime]] = []
+    errors: list[str] = []
     for queues, wake_at in wakes:
-        _request_wake(conn, settings.function_name, queues, wake_at, reserved_by, client)
+        error = _request_wake(conn, function, queues, wake_at, reserved_by, client)
+        if error is None:
+            requested.append((tuple(queues), wake_at))
+        else:
+            errors.append(error)
     due = decision.invoke
     if not due:
         log.debug("kick: no run needed now", extra={"queues": names})
-        return ()
-    invoked = _invoke(settings.function_name, due, client)
-    if not invoked:
-        # Safe to repeat: it only lets the next kick invoke (at worst one more invocation).
-        with conn.transaction():
-            store.kick_clear(conn, due)
-    return invoked
+        invoked: tuple[str, ...] = ()
+    else:
+        invoked, error = _invoke(function, due, client)
+        if error is not None:
+            errors.append(error)
+            # Safe to repeat: it only lets the next kick invoke (at worst one more invocation).
+            with conn.transaction():
+                store.kick_clear(conn, due)
+    # Neither invoked for nor given a wake-up of its own: a run or a pending wake-up has it.
+    asked = set(due) | {q for queues, _ in wakes for q in queues}
+    covered = tuple(q for q in names if q not in asked)
+    return KickOutcome(function, invoked, tuple(requested), covered, errors[0] if errors else None)
 
 
 def _record_wakes(
@@ -148,7 +183,8 @@ def _request_wake(
     wake_at: dt.datetime,
     reserved_by: str,
     client: LambdaClient | None,
-) -> None:
+) -> str | None:
+    """Invoke the function with a wake-up request; None, or what the failure was."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -161,8 +197,9 @@ def _request_wake(
         # Safe to repeat: it deletes only this kick's own record of the wake-up.
         with conn.transaction():
             store.wake_release(conn, queue_set(queues), wake_at, reserved_by)
-        return
+        return str(exc)
     log.debug("kick: wake-up requested", extra={"queues": queues, "wake_at": wake_at.isoformat()})
+    return None
 
 
 def kick_hold_seconds(settings: Settings) -> float:
@@ -172,7 +209,10 @@ def kick_hold_seconds(settings: Settings) -> float:
     return settings.lease_seconds / 3
 
 
-def _invoke(function: str, queues: Sequence[str], client: LambdaClient | None) -> tuple[str, ...]:
+def _invoke(
+    function: str, queues: Sequence[str], client: LambdaClient | None
+) -> tuple[tuple[str, ...], str | None]:
+    """The queues invoked for, or none and what the failure was."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -182,9 +222,9 @@ def _invoke(function: str, queues: Sequence[str], client: LambdaClient | None) -
             "kick failed; the next kick invokes again",
             extra={"queues": list(queues), "function": function, "error": str(exc)},
         )
-        return ()
+        return (), str(exc)
     log.debug("kicked", extra={"queues": list(queues), "function": function})
-    return tuple(queues)
+    return tuple(queues), None
 
 
 def _as_list(queues: Sequence[str]) -> list[str]:

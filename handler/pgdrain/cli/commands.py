@@ -28,6 +28,7 @@ from pgdrain.cli import embedded
 from pgdrain.cli.report import (
     format_job,
     format_job_line,
+    format_kick,
     format_result,
     format_stats,
     job_as_dict,
@@ -319,15 +320,35 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
             f"--count {args.count} x a payload of {total // args.count} bytes is {total} bytes; "
             f"the limit for one enqueue is {MAX_ENQUEUE_TOTAL_BYTES}"
         )
-    with _connect(settings) as conn, conn.transaction():
-        if args.count == 1:
-            job_id, created = store.job_insert(conn, job)
-            print(f"enqueued job {job_id}" if created else f"job {job_id} exists (same key)")
-        else:
-            # In chunks, one transaction: the jobs are never all in memory, nor in one message.
-            ids = enqueue_many(conn, itertools.repeat(job, args.count))
-            print(f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})")
+    with _connect(settings) as conn:
+        with conn.transaction():
+            if args.count == 1:
+                job_id, created = store.job_insert(conn, job)
+                said = f"enqueued job {job_id}" if created else f"job {job_id} exists (same key)"
+            else:
+                # In chunks, one transaction: never all in memory, nor in one message.
+                ids = enqueue_many(conn, itertools.repeat(job, args.count))
+                created = True
+                said = f"enqueued {len(ids)} jobs ({ids[0]}..{ids[-1]})"
+        kicked = _kick(conn, settings, [job.queue]) if created else []
+    print("\n".join([said, *kicked]))
     return EXIT_OK
+
+
+def _kick(conn: store.Connection, settings: Settings, queues: Sequence[str]) -> list[str]:
+    """After the command's commit, start the drain function for `queues`, as the application
+    does with pgdrain.kick() (PGDRAIN_FUNCTION_NAME, debounced); returns the lines saying what
+    it did. Without a function configured (local use) it says nothing: a drain or the
+    schedule takes the jobs. Never fails the command: what it wrote is committed."""
+    if not settings.function_name or not queues:
+        return []
+    from pgdrain.aws.kick import KickOutcome, kick_outcome
+
+    try:
+        outcome = kick_outcome(conn, queues, settings=settings)
+    except psycopg.Error as exc:  # the kick's own bookkeeping (pgdrain.kicks) failed
+        outcome = KickOutcome(settings.function_name, error=connection.describe(exc))
+    return format_kick(outcome)
 
 
 def _enqueue_registry(settings: Settings, given: dict[str, Any]) -> Registry:
@@ -726,9 +747,12 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
                 retried = [m.id for m in matched]
             if args.dry_run:  # the same statement, rolled back: exactly what a real run does
                 raise psycopg.Rollback(tx)
+        kicked: list[str] = []
+        if retried and not args.dry_run and settings.function_name:
+            kicked = _kick(conn, settings, store.job_queues(conn, retried))
     if args.ids:
         missing = sorted(set(args.ids) - set(retried))
-        print(f"{verb}: {sorted(retried) or 'none'}")
+        print("\n".join([f"{verb}: {sorted(retried) or 'none'}", *kicked]))
         if missing:
             print(
                 f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}",
@@ -739,6 +763,8 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     print(f"{verb}: {len(matched)} jobs")
     for m in sorted(matched, key=lambda m: m.id):
         print(f"{m.id:>8} {m.queue:<12} {m.kind}")
+    for line in kicked:
+        print(line)
     return EXIT_OK
 
 

@@ -7,10 +7,13 @@ import datetime as dt
 import json
 import unicodedata
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgdrain.db import store
 from pgdrain.runner.drain import DrainResult
+
+if TYPE_CHECKING:
+    from pgdrain.aws.kick import KickOutcome
 
 # Characters that reorder the text shown after them (the "Trojan Source" controls); category
 # Cf, so listed here beside the Cc control characters.
@@ -121,3 +124,28 @@ def format_job(job: dict[str, Any]) -> str:
                     "    " + printable(line) for line in str(traceback).rstrip().splitlines()
                 )
     return "\n".join(lines)
+
+
+def format_kick(outcome: KickOutcome) -> list[str]:
+    """What a command's kick did, a line per outcome: the function invoked, a wake-up asked
+    for, the queues a run or a pending wake-up already covers, or why the invoke failed."""
+    function = printable(outcome.function)
+    lines = []
+    if outcome.invoked:
+        lines.append(f"kicked {function} (queues: {', '.join(outcome.invoked)})")
+    for queues, wake_at in outcome.wakes:
+        lines.append(
+            f"not kicked for {', '.join(queues)}: nothing is ready yet; {function} will wake "
+            f"up at {wake_at.isoformat()}"
+        )
+    if outcome.covered:
+        lines.append(
+            f"not kicked for {', '.join(outcome.covered)}: a run of {function} started "
+            "moments ago, a live run or a pending wake-up takes the jobs"
+        )
+    if outcome.error is not None:
+        lines.append(
+            f"not kicked: invoking {function} failed ({printable(outcome.error)}); the next "
+            "kick or the schedule drains the jobs"
+        )
+    return lines

@@ -204,3 +204,7 @@ WHERE status IN ('done', 'failed', 'cancelled')
   AND status = ANY(%(statuses)s::text[])
   AND finished_at < now() - %(days)s * interval '1 day'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text);
+
+-- name: job_queues :many
+-- The queues of these jobs, once each: the queues `pgdrain retry` kicks after its commit.
+SELECT DISTINCT queue FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY queue;

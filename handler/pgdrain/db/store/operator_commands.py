@@ -214,3 +214,9 @@ def job_count_finished(
     params = {"days": older_than_days, "statuses": list(statuses), "queue": queue}
     row = conn.execute(query("job_count_finished"), params).fetchone()
     return 0 if row is None else int(row[0])
+
+
+def job_queues(conn: Connection, ids: Sequence[int]) -> list[str]:
+    """The queues of these jobs, sorted, each once."""
+    rows = conn.execute(query("job_queues"), {"ids": list(ids)}).fetchall()
+    return [str(r[0]) for r in rows]
