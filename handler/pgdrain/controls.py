@@ -38,6 +38,11 @@ class Controls(NamedTuple):
     # and the job waits for the worker's next wake-up (a due time, the safety net).
     listen_for_kicks: bool = True
 
+    # Each invocation registers in pgdrain.runs under an id of its own, and a fan-out run takes
+    # up its reservation once: a copy of its event (async delivery is at least once) neither
+    # ends the first copy's registration nor drains beyond PGDRAIN_MAX_RUNS (aws/control.py).
+    register_each_invocation: bool = True
+
     # Optimisations: a benchmark measures each against its absence (docs/decisions/).
     prefetch: bool = True  # claim for slots about to free (runner/prefetch.py)
     pipelining: bool = True  # send the next claim before the last reply is read

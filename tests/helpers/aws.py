@@ -131,8 +131,10 @@ class InvokeSpy:
 class FakeContext(lambda_context.FakeContext):
     """pgdrain's fake Lambda context with the tests' defaults: a minute left, moto's function."""
 
-    def __init__(self, remaining_s: float = 60.0, arn: str = FUNCTION_ARN) -> None:
-        super().__init__(remaining_s, arn, log_stream="test")
+    def __init__(
+        self, remaining_s: float = 60.0, arn: str = FUNCTION_ARN, request_id: str | None = None
+    ) -> None:
+        super().__init__(remaining_s, arn, log_stream="test", request_id=request_id)
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:
@@ -182,13 +184,17 @@ def handler_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
         monkeypatch.setenv(name, value)
 
 
-def invoke_handler(event: Any, remaining_s: float = 30.0) -> dict[str, Any]:
-    """One invocation of the function's handler, cold-started from os.environ."""
+def invoke_handler(
+    event: Any, remaining_s: float = 30.0, request_id: str | None = None
+) -> dict[str, Any]:
+    """One invocation of the function's handler, cold-started from os.environ (`request_id`:
+    Lambda's, as a copy of an event delivered again may carry the first one's)."""
     import app
     from pgdrain.aws import run as lambda_run
 
     runtime = lambda_run.cold_start(os.environ)
+    context = FakeContext(remaining_s, request_id=request_id)
     result: dict[str, Any] = lambda_run.handle(
-        event, FakeContext(remaining_s), runtime, logger=app.logger, metrics=app.metrics
+        event, context, runtime, logger=app.logger, metrics=app.metrics
     )
     return result

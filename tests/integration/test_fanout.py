@@ -200,8 +200,8 @@ def test_a_backlog_fans_out_up_to_the_cap_with_the_hop_count(
     )
     assert sorted(r[1] for r in rows.fetchall()) == [3, 3, 3]  # reserved until they start
 
-    # A spawned run registers under its reserved id (its own deadline replaces the
-    # reservation's), and whatever it spawns keeps the live runs within the cap.
+    # A spawned run takes up its reserved place (under an id of its own, with its own
+    # deadline), and whatever it spawns keeps the live runs within the cap.
     event = spawned[0]
     run_id = event["pgdrain"]["run"]
     trigger = events.parse(event, Settings())
@@ -209,6 +209,9 @@ def test_a_backlog_fans_out_up_to_the_cap_with_the_hop_count(
     before = len(spy.calls)
     second = invoke_handler(event, remaining_s=2.5)
     assert second["ok"] is True and second["trigger"] == "fanout"
+    assert second["result"]["stop_reason"] != "at_cap"
+    row = conn.execute("SELECT count(*) FROM pgdrain.runs WHERE run_id = %s", (run_id,))
+    assert row.fetchone() == (0,)  # the reservation is gone: taken up
     more = [e for e in spy.events()[before:] if e["pgdrain"]["reason"] == "fanout"]
     assert {e["pgdrain"]["chain"] for e in more} <= {4}
     assert _live_runs(conn) <= 4

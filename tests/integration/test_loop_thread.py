@@ -114,8 +114,8 @@ def test_a_stop_that_ends_the_run_while_its_one_job_runs_leaves_its_thread_nothi
 
 
 class _FailingHook:
-    def after_connect(self, session: Session) -> None:
-        pass
+    def after_connect(self, session: Session) -> bool:
+        return True
 
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float

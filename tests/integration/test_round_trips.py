@@ -158,7 +158,7 @@ def test_a_run_exits_in_one_round_trip(session: Session, conn: Conn) -> None:
         budget,
         waker=Waker(Settings(queues=("emails",)), None),
     )
-    session.run(store.run_register, "run-exiting", ["emails"], 0, 60, hold_seconds=10)
+    session.run(store.run_register, control.run_id, ["emails"], 0, 60, hold_seconds=10)
 
     trips, decision = round_trips(session, control._exit_or_again, True)
 

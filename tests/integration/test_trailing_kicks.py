@@ -160,7 +160,8 @@ def test_a_run_is_registered_while_it_runs_and_gone_after_it_exits(db_url: str, 
         before_exit_check=look,
     )
     drain(RUN_SETTINGS, budget, registry, db_url, queues=["emails"], hooks=control)
-    assert seen == [[("run-b", ["emails"])]]
+    assert control.run_id.startswith("run-b#")  # its own registration (copies never share it)
+    assert seen == [[(control.run_id, ["emails"])]]
     assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)
 
 

@@ -2,6 +2,14 @@
 fan out after round trips (fanout.py), and before exiting on an empty claim, the trailing edge
 of kicks and the wake-up (wake.py).
 
+Registration. Each invocation registers in pgdrain.runs under an id of its own: its worker's
+name (function:request id) and a random suffix, since async delivery is at least once and a
+copy of an event may come with the same request id. A fan-out run takes up the place its
+spawner reserved (the event's `run`) once (store.run_admit, under the fan-out gate); a copy of
+its event, or a run that started after its reservation lapsed, drains only while fewer than
+PGDRAIN_MAX_RUNS runs are live, and otherwise ends at once (stop reason "at_cap"). So neither
+copy ends the other's registration, and the cap holds however often an event is delivered.
+
 Trailing-edge kicks. The invariant: every enqueue followed by kick() is followed by a run that
 claims after that enqueue committed. kick() invokes at most once per debounce window and
 records every request (pgdrain.kicks.requested_at). A run about to exit locks its queues' kick
@@ -26,6 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -33,9 +42,11 @@ from pgdrain.aws import events
 from pgdrain.aws.fanout import Spawner
 from pgdrain.aws.wake import WakeOutcome, Waker
 from pgdrain.budget import Budget
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.session import Later, Session
 from pgdrain.runner.summary import Counter
+from pgdrain.settings import DEFAULT_MAX_RUNS
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +77,21 @@ class ExitDecision(NamedTuple):
 
 
 class RunControl:
-    """drain()'s hooks for one run. `trailing_edge=False` is the leading-edge debounce of
-    before, kept only for the test that shows the kick it loses; `before_exit_check` lets a
-    test hold the run between its last empty claim and its exit."""
+    """drain()'s hooks for one run, named `name` (its worker's id; its registration adds a
+    suffix, so copies of one event never share it: run_id). `trailing_edge=False` is the
+    leading-edge debounce of before, kept only for the test that shows the kick it loses;
+    `before_exit_check` lets a test hold the run between its last empty claim and its exit;
+    `controls` switches a mechanism off for a test's control (pgdrain.controls)."""
 
     def __init__(
         self,
         trigger: events.Trigger,
-        run_id: str,
+        name: str,
         budget: Budget,
         *,
         waker: Waker,
         spawner: Spawner | None = None,
+        max_runs: int = DEFAULT_MAX_RUNS,
         queue_limits: tuple[tuple[str, int], ...] = (),
         trailing_edge: bool = True,
         linger_window_s: float = 0.0,
@@ -89,9 +103,15 @@ class RunControl:
         next_periodic_slot: Callable[[], dt.datetime | None] = lambda: None,
         retention_batch: Callable[[], store.Statement[tuple[int, int]] | None] = lambda: None,
         retention_limit_ms: int | None = None,
+        controls: Controls = ALL_ON,
     ) -> None:
         self.trigger = trigger
-        self.run_id = run_id
+        self._controls = controls
+        if controls.register_each_invocation:
+            self.run_id = f"{name}#{uuid.uuid4().hex[:12]}"
+        else:  # as before: a copy of an event registers under the same id as the first
+            self.run_id = trigger.run_id or name
+        self._max_runs = max_runs
         self._budget = budget
         self._waker = waker
         self._spawner = spawner
@@ -109,25 +129,49 @@ class RunControl:
         self._retention_limit_ms = retention_limit_ms
         self._retention: Later[tuple[int, int]] | None = None
         self.wake = WakeOutcome(None, "none")
+        self.admitted = True  # False: a fan-out run that found no place (it claimed nothing)
         self.drained_again = 0
         self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
 
-    def after_connect(self, session: Session) -> None:
-        # Sent with the drain's first statement (the reclaim), in its round trip: neither
-        # result is read, and both are safe to repeat (session.send_with_next).
-        session.send_with_next(
-            store.run_register,
-            self.run_id,
-            self.trigger.queues,
-            self.trigger.chain,
-            self._budget.remaining(),
-            self._kick_hold_s,
-        )
+    def after_connect(self, session: Session) -> bool:
+        reserved = self.trigger.run_id
+        if reserved is not None and self._controls.register_each_invocation:
+            # A fan-out run: in a round trip of its own, read before it claims anything. Safe
+            # to repeat after a lost reply (store.run_admit).
+            self.admitted = session.run(
+                store.run_admit,
+                self.run_id,
+                reserved,
+                self.trigger.queues,
+                self.trigger.chain,
+                self._budget.remaining(),
+                self._max_runs,
+                self._kick_hold_s,
+            )
+            if not self.admitted:
+                log.warning(
+                    "fan-out run not admitted: its place is taken (its event was delivered "
+                    "again) and PGDRAIN_MAX_RUNS runs are live; it claims nothing",
+                    extra={"reserved": reserved, "max_runs": self._max_runs},
+                )
+                return False
+        else:
+            # Sent with the drain's first statement (the reclaim), in its round trip: neither
+            # result is read, and both are safe to repeat (session.send_with_next).
+            session.send_with_next(
+                store.run_register,
+                self.run_id,
+                self.trigger.queues,
+                self.trigger.chain,
+                self._budget.remaining(),
+                self._kick_hold_s,
+            )
         self._hold_renew_at = self._clock() + self._kick_hold_s / 2
         # Limits configured here are written by every run; a limit removed from the setting is
         # dropped by the next scheduled run (housekeeping), which costs the others nothing.
         if self._queue_limits or self.trigger.housekeeping:
             session.send_with_next(store.queue_limit_sync, self.trigger.queues, self._queue_limits)
+        return True
 
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float

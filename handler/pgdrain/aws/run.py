@@ -323,10 +323,11 @@ def _control(
     target = _target(context)
     return RunControl(
         trigger,
-        trigger.run_id or worker_id,
+        worker_id,
         budget,
         waker=Waker(settings, target, count=count),
         spawner=Spawner(settings, trigger, budget, target, invoke_async, count=count),
+        max_runs=settings.max_runs,
         queue_limits=settings.queue_limits,
         # A burst of kicks closer together than the debounce window is one invocation.
         linger_window_s=settings.kick_debounce_seconds,

@@ -74,10 +74,11 @@ log = logging.getLogger(__name__)
 
 class RunHooks(Protocol):
     """What the control plane (pgdrain.aws.control) does inside a run, on the run's one
-    connection: register the run once connected, decide on fan-out after each claim, and
-    before exiting on an empty claim say whether to drain again (a kick it may have missed)."""
+    connection: register the run once connected (False: it is not admitted, and claims
+    nothing), decide on fan-out after each claim, and before exiting on an empty claim say
+    whether to drain again (a kick it may have missed)."""
 
-    def after_connect(self, session: Session) -> None: ...
+    def after_connect(self, session: Session) -> bool: ...
 
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
@@ -87,8 +88,8 @@ class RunHooks(Protocol):
 
 
 class _NoHooks:
-    def after_connect(self, session: Session) -> None:
-        pass
+    def after_connect(self, session: Session) -> bool:
+        return True
 
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
@@ -267,7 +268,8 @@ class _Run:
     def drain(self, pool: _Pool) -> Ending:
         try:
             self.session.open()
-            self.hooks.after_connect(self.session)
+            if not self.hooks.after_connect(self.session):
+                return Ending("at_cap")  # not admitted: a copy of a run that already drains
             # Goes with the first claim, in its round trip (and the registration before it).
             self.claims.reclaim.send_with_next()
             # Due slots of periodic kinds, once each (idempotency keys).

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 # Why a run stopped: nothing was ready, the budget ran out, an error ended it, or it was asked
 # to stop (SIGTERM/SIGINT: pgdrain.runner.stop).
-StopReason = Literal["empty", "budget", "error", "stopped"]
+# at_cap: the control plane admitted no run (a copy of a fan-out event, PGDRAIN_MAX_RUNS live).
+StopReason = Literal["empty", "budget", "error", "stopped", "at_cap"]
 # What kind of error ended it: the Lambda edge fetches a rotated secret again on "authentication".
 ErrorKind = Literal["authentication", "configuration", "unavailable", "database"]
 Counter = Literal["claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"]

@@ -124,10 +124,10 @@ SELECT count(*) AS ready FROM (
 ) AS ready;
 
 -- name: run_register :exec
--- A run announces itself once connected (a spawned run replaces the reservation its spawner
--- made under the same id), and holds its queues' kicks for %(hold_seconds)s (run_until; never
--- past its deadline): kicks do not invoke more runs while it drains. Repeating it changes
--- nothing but the deadline and the hold: safe to retry.
+-- A run announces itself once connected, under an id of its own invocation (a fan-out run
+-- once run_admit has taken up its reservation), and holds its queues' kicks for
+-- %(hold_seconds)s (run_until; never past its deadline): kicks do not invoke more runs while
+-- it drains. Repeating it changes nothing but the deadline and the hold: safe to retry.
 WITH registered AS (
     INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
     VALUES (%(run_id)s::text, %(queues)s::text[], %(chain)s::int,
@@ -176,6 +176,27 @@ FROM generate_series(
         - (SELECT count(*) FROM pgdrain.runs WHERE deadline > now())::int
 )
 RETURNING run_id;
+
+-- name: run_admit :one
+-- Whether a fan-out run may drain: it takes up the place its spawner reserved for it
+-- (%(reserved)s) once, deleting the reservation as it registers under an id of its own
+-- (%(run_id)s, run_register next, in the same transaction). A copy of the same event (async
+-- delivery is at least once), or a run that starts after its reservation lapsed or was taken,
+-- is admitted only while fewer than %(max_runs)s runs are live, like a new spawn.
+-- Run after run_gate_lock in the same transaction. Safe to repeat: a run already registered
+-- under its own id is admitted again and takes nothing more.
+WITH registered AS (
+    SELECT 1 FROM pgdrain.runs WHERE run_id = %(run_id)s
+), taken AS (
+    DELETE FROM pgdrain.runs
+    WHERE run_id = %(reserved)s AND deadline > now()
+      AND NOT EXISTS (SELECT 1 FROM registered)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM registered)
+       OR EXISTS (SELECT 1 FROM taken)
+       OR (SELECT count(*) FROM pgdrain.runs WHERE deadline > now()) < %(max_runs)s::int
+       AS admitted;
 
 -- name: run_unregister :exec
 -- Forget a run: one that exits, or a reservation whose invoke failed.

@@ -179,6 +179,30 @@ def run_spawn(
     return [str(r[0]) for r in rows]
 
 
+def run_admit(
+    conn: Connection,
+    run_id: str,
+    reserved: str,
+    queues: Sequence[str],
+    chain: int,
+    remaining_seconds: float,
+    max_runs: int,
+    hold_seconds: float = 0.0,
+) -> bool:
+    """A fan-out run registers as run_id if it may drain: it takes up the reservation
+    `reserved` once, or else finds fewer than max_runs live runs. Under the gate, as spawns
+    are, so the cap holds however many copies of its event arrive."""
+    with conn.transaction():
+        run_gate_lock(conn)
+        row = conn.execute(
+            query("run_admit"), {"run_id": run_id, "reserved": reserved, "max_runs": max_runs}
+        ).fetchone()
+        admitted = row is not None and bool(row[0])
+        if admitted:
+            run_register(conn, run_id, queues, chain, remaining_seconds, hold_seconds)
+    return admitted
+
+
 @one_statement
 def run_unregister(conn: Connection, run_id: str) -> None:
     conn.execute(query("run_unregister"), {"run_id": run_id})
