@@ -42,6 +42,8 @@ class Controls(NamedTuple):
     # up its reservation once: a copy of its event (async delivery is at least once) neither
     # ends the first copy's registration nor drains beyond PGDRAIN_MAX_RUNS (aws/control.py).
     register_each_invocation: bool = True
+    # A run enqueues, and wakes up for, only the periodic kinds of the queues it drains.
+    periodics_of_drained_queues: bool = True
 
     # Optimisations: a benchmark measures each against its absence (docs/decisions/).
     prefetch: bool = True  # claim for slots about to free (runner/prefetch.py)

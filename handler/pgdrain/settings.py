@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -83,6 +83,12 @@ def check_queue_name(name: str, source: str = "queue") -> str:
             "starting with a letter or '_'; at most 63 characters)"
         )
     return name
+
+
+def drains_queue(queues: Sequence[str], queue: str) -> bool:
+    """Whether a function or a run configured to drain `queues` (PGDRAIN_QUEUES, a trigger's
+    queues) takes the jobs of `queue`: the one place that says so."""
+    return queue in queues
 
 
 def parse_queues(raw: str, source: str) -> tuple[str, ...]:

@@ -1,10 +1,12 @@
 """Periodic jobs declared in code: a 5-field cron expression or a fixed rate, in UTC.
 
 No scheduler process and no extra AWS resource: every drain run calls `enqueue_due` as it
-starts, which enqueues the latest due slot of each periodic kind once (pgdrain.periodic_slots
-keeps the latest slot enqueued per kind, so a second run's insert is a no-op, whatever became
-of the first slot's job), and `next_periodic_slot` gives the control plane the next moment a
-slot falls due, to set the wake-at time so the database sleeps until then.
+starts, which enqueues the latest due slot of each periodic kind of the queues it drains once
+(pgdrain.periodic_slots keeps the latest slot enqueued per kind, so a second run's insert is a
+no-op, whatever became of the first slot's job), and `next_periodic_slot` gives the control
+plane the next moment a slot of those kinds falls due, to set the wake-at time so the database
+sleeps until then. A kind whose queue the function does not drain is warned of at its start
+(`warn_of_undrained`): no run of that function enqueues it or wakes up for it.
 
 Missed slots are not back-filled: after a quiet spell, only the latest slot that fell due is
 enqueued (a periodic job is "the latest state", not a ledger of every tick).
@@ -23,6 +25,7 @@ from typing import Any, NamedTuple
 
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
+from pgdrain.settings import drains_queue
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +161,37 @@ class Periodic(NamedTuple):
             max_attempts=self.max_attempts,
             recovery_policy=self.recovery_policy,
         )
+
+
+def of_queues(periodics: Iterable[Periodic], queues: Sequence[str]) -> tuple[Periodic, ...]:
+    """The periodic kinds whose jobs go to one of `queues`: those a run draining them enqueues
+    and wakes up for."""
+    return tuple(p for p in periodics if drains_queue(queues, p.queue))
+
+
+def warn_of_undrained(
+    periodics: Iterable[Periodic], queues: Sequence[str], variable: str = "PGDRAIN_QUEUES"
+) -> list[str]:
+    """Log, once per kind, each periodic kind whose queue is not among `queues` (what a
+    function drains): its runs neither enqueue its slots nor wake up for them. A deployment
+    that drains that queue does both; when none does, the kind never runs. A warning, not a
+    refusal: pgdrain cannot see whether another deployment drains the queue. Returns the
+    kinds."""
+    kinds = []
+    for p in periodics:
+        if not drains_queue(queues, p.queue):
+            kinds.append(p.kind)
+            log.warning(
+                "periodic kind %r goes to queue %r, which is not drained here (%s=%s): its "
+                "slots are not enqueued and wake nothing; add the queue to %s, or drain it "
+                "elsewhere",
+                p.kind,
+                p.queue,
+                variable,
+                ",".join(queues),
+                variable,
+            )
+    return kinds
 
 
 def due_slots(

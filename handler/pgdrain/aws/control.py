@@ -35,9 +35,10 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from pgdrain.api import periodic
 from pgdrain.aws import events
 from pgdrain.aws.fanout import Spawner
 from pgdrain.aws.wake import WakeOutcome, Waker
@@ -100,7 +101,7 @@ class RunControl:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         before_exit_check: Callable[[], None] | None = None,
-        next_periodic_slot: Callable[[], dt.datetime | None] = lambda: None,
+        periodics: Sequence[periodic.Periodic] = (),
         retention_batch: Callable[[], store.Statement[tuple[int, int]] | None] = lambda: None,
         retention_limit_ms: int | None = None,
         controls: Controls = ALL_ON,
@@ -124,7 +125,11 @@ class RunControl:
         self._kick_hold_s = kick_hold_s
         self._hold_renew_at = 0.0
         self._before_exit_check = before_exit_check
-        self._next_periodic_slot = next_periodic_slot
+        # The periodic kinds whose slots this run wakes up for: those of the queues it drains
+        # (the kinds it enqueues: drain's periodics()).
+        if controls.periodics_of_drained_queues:
+            periodics = periodic.of_queues(periodics, trigger.queues)
+        self._periodics = tuple(periodics)
         self._retention_batch = retention_batch
         self._retention_limit_ms = retention_limit_ms
         self._retention: Later[tuple[int, int]] | None = None
@@ -242,7 +247,7 @@ class RunControl:
         """The earlier of the queues' next due moment and the next slot of a periodic kind:
         a run at that slot enqueues its job (periodic.enqueue_due) and drains it, so periodic
         work needs no schedule of its own and the database sleeps between slots."""
-        slot = self._next_periodic_slot()
+        slot = periodic.next_periodic_slot(self._periodics)
         if slot is None:
             return due_at
         return slot if due_at is None else min(due_at, slot)

@@ -71,6 +71,7 @@ def cold_start(env: Mapping[str, str]) -> ColdStart:
     except BadInput as exc:
         log.error("configuration error: %s", exc)
         return ColdStart(error=str(exc))
+    periodic.warn_of_undrained(registry.periodics, settings.queues)
     return ColdStart(settings=settings, registry=registry)
 
 
@@ -334,7 +335,7 @@ def _control(
         reserve_seconds=settings.reserve_seconds,
         # While it claims, the run holds its queues' kicks, renewed every half hold.
         kick_hold_s=kick_hold_seconds(settings),
-        next_periodic_slot=lambda: periodic.next_periodic_slot(registry.periodics),
+        periodics=registry.periodics,
         retention_batch=_retention_with_exit(settings, trigger),
         retention_limit_ms=round(RETENTION_MAX_SECONDS * 1000),
     )

@@ -20,7 +20,7 @@ from typing import Any, Literal, NoReturn, TypeVar
 
 import psycopg
 
-from pgdrain.api import jsonbound
+from pgdrain.api import jsonbound, periodic
 from pgdrain.api.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_size
 from pgdrain.api.registry import Registry, load_registry
 from pgdrain.budget import Budget
@@ -417,8 +417,10 @@ def _drain_settings(args: argparse.Namespace, settings: Settings) -> Settings:
     return dataclasses.replace(settings, **changes)
 
 
-def _run_drain(settings: Settings, budget_seconds: float) -> DrainResult:
+def _run_drain(settings: Settings, budget_seconds: float, *, queues_given: bool) -> DrainResult:
     registry = load_registry(settings.jobs_module)  # first: a broken module claims nothing
+    if not queues_given:  # `--queues` restricts one run on purpose: no warning for that
+        periodic.warn_of_undrained(registry.periodics, settings.queues)
     conninfo = conninfo_or_embedded(settings)
     return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
 
@@ -428,7 +430,7 @@ def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
     # SIGINT/SIGTERM: stop claiming, let running jobs finish for a short grace, end the leases
     # of the rest (reclaimable at once), print the summary and exit 130/143 (pgdrain.runner.stop).
     with stop_on_signals() as stop:
-        result = _run_drain(settings, args.budget)
+        result = _run_drain(settings, args.budget, queues_given=args.queues is not None)
     if args.json:
         print(json.dumps(result.as_dict()))
     else:

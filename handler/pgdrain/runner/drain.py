@@ -216,6 +216,17 @@ def _claims(
     )
 
 
+def _periodics(
+    registry: Registry, queues: tuple[str, ...], controls: Controls
+) -> tuple[periodic.Periodic, ...]:
+    """The periodic kinds a run enqueues: those of the queues it drains. A slot of a queue it
+    does not drain would wait for a run that never comes (or another deployment's run, which
+    enqueues it itself)."""
+    if not controls.periodics_of_drained_queues:
+        return registry.periodics
+    return periodic.of_queues(registry.periodics, queues)
+
+
 class _Run:
     def __init__(
         self,
@@ -273,8 +284,8 @@ class _Run:
             # Goes with the first claim, in its round trip (and the registration before it).
             self.claims.reclaim.send_with_next()
             # Due slots of periodic kinds, once each (idempotency keys).
-            if self.registry.periodics:
-                self.session.run(periodic.enqueue_due, self.registry.periodics)
+            if periodics := _periodics(self.registry, self.queues, self.controls):
+                self.session.run(periodic.enqueue_due, periodics)
             stop_reason = self._loop(pool)
             self.claims.reclaim.finish()  # a run that never claimed still reclaims
             return self.ending(stop_reason)
