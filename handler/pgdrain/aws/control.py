@@ -125,8 +125,8 @@ class RunControl:
         self._kick_hold_s = kick_hold_s
         self._hold_renew_at = 0.0
         self._before_exit_check = before_exit_check
-        # The periodic kinds whose slots this run wakes up for: those of the queues it drains
-        # (the kinds it enqueues: drain's periodics()).
+        # The periodic kinds whose slots this run wakes up for: those of the queues it drains,
+        # the kinds its drain enqueues (runner/drain.py).
         if controls.periodics_of_drained_queues:
             periodics = periodic.of_queues(periodics, trigger.queues)
         self._periodics = tuple(periodics)
@@ -134,7 +134,6 @@ class RunControl:
         self._retention_limit_ms = retention_limit_ms
         self._retention: Later[tuple[int, int]] | None = None
         self.wake = WakeOutcome(None, "none")
-        self.admitted = True  # False: a fan-out run that found no place (it claimed nothing)
         self.drained_again = 0
         self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
 
@@ -143,7 +142,7 @@ class RunControl:
         if reserved is not None and self._controls.register_each_invocation:
             # A fan-out run: in a round trip of its own, read before it claims anything. Safe
             # to repeat after a lost reply (store.run_admit).
-            self.admitted = session.run(
+            admitted = session.run(
                 store.run_admit,
                 self.run_id,
                 reserved,
@@ -153,10 +152,11 @@ class RunControl:
                 self._max_runs,
                 self._kick_hold_s,
             )
-            if not self.admitted:
+            if not admitted:
                 log.warning(
-                    "fan-out run not admitted: its place is taken (its event was delivered "
-                    "again) and PGDRAIN_MAX_RUNS runs are live; it claims nothing",
+                    "fan-out run not admitted: its reserved place is taken or lapsed (its event "
+                    "delivered again, or started late) and PGDRAIN_MAX_RUNS runs are live; it "
+                    "claims nothing",
                     extra={"reserved": reserved, "max_runs": self._max_runs},
                 )
                 return False

@@ -280,7 +280,7 @@ class _Run:
         try:
             self.session.open()
             if not self.hooks.after_connect(self.session):
-                return Ending("at_cap")  # not admitted: a copy of a run that already drains
+                return Ending("at_cap")  # not admitted (PGDRAIN_MAX_RUNS): claims nothing
             # Goes with the first claim, in its round trip (and the registration before it).
             self.claims.reclaim.send_with_next()
             # Due slots of periodic kinds, once each (idempotency keys).
