@@ -566,6 +566,8 @@ def _traces_doc(size: traces.Size, seed: int) -> str:
             text += f"; {hanging} jobs hang on their first attempt until the run is killed"
         if faults.duplicate_every:
             text += f"; every {faults.duplicate_every}rd async event delivered twice"
+        if faults.duplicate_fanout:
+            text += "; every fan-out event delivered twice"
         for what, windows in (
             ("Invoke fails (HTTP 500)", faults.invoke_fail),
             ("Invoke is throttled (HTTP 429)", faults.invoke_throttle),

@@ -16,7 +16,8 @@ A one-shot schedule fires at its time, which the one-minute precision (scaled) r
 is deleted after it fires when ActionAfterCompletion is DELETE.
 The rate schedule (template.yaml's ScheduleV2) fires a scheduled event every rate, the first one
 a rate after the trace starts.
-Faults on request: every Nth async event delivered twice; Invoke failing with HTTP 500 or
+Faults on request: every Nth async event delivered twice, and every fan-out event (a run's
+{"reason": "fanout"} invoke) delivered twice; Invoke failing with HTTP 500 or
 throttled (429), or CreateSchedule failing with HTTP 500, during given windows of simulated
 time; and the scheduler refused altogether (AccessDenied), for a system that must have no
 one-shot schedules."""
@@ -57,6 +58,7 @@ Window = tuple[float, float]  # [start, end) in simulated seconds of the trace
 @dataclass(frozen=True)
 class Faults:
     duplicate_every: int = 0  # every Nth accepted async event is delivered twice (0: never)
+    duplicate_fanout: bool = False  # every fan-out event is delivered twice
     invoke_fail: tuple[Window, ...] = ()  # Invoke returns 500 ServiceException meanwhile
     invoke_throttle: tuple[Window, ...] = ()  # Invoke returns 429 TooManyRequestsException
     create_schedule_fail: tuple[Window, ...] = ()  # CreateSchedule returns 500 meanwhile
@@ -200,10 +202,10 @@ class ControlPlane:
         """An asynchronous event accepted (202): run it, and again if a duplicate is due."""
         with self._lock:
             self.counters.accepted += 1
+            faults = self.config.faults
             duplicate = (
-                self.config.faults.duplicate_every > 0
-                and self.counters.accepted % self.config.faults.duplicate_every == 0
-            )
+                faults.duplicate_every > 0 and self.counters.accepted % faults.duplicate_every == 0
+            ) or (faults.duplicate_fanout and _reason(payload) == "fanout")
         self._dispatch(Event(payload, source, time.time()))
         if duplicate:
             with self._lock:
@@ -565,3 +567,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if body:
             self.wfile.write(body)
+
+
+def _reason(payload: Any) -> str | None:
+    """A pgdrain event's reason ("fanout", "enqueue"...), or None for another event."""
+    body = payload.get("pgdrain") if isinstance(payload, dict) else None
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return reason if isinstance(reason, str) else None

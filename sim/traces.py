@@ -13,7 +13,9 @@ driver process rebuilds the same plan from the trace's name and size.
     bound by 2 cores' Python, not by their jobs).
 (d) faults: jobs every half minute, some hanging on their first attempt until the run is
     killed at its timeout, some failing once; duplicate deliveries of async events, invokes
-    failing (500) for two minutes and throttled (429) for one, CreateSchedule failing for five."""
+    failing (500) for two minutes and throttled (429) for one, CreateSchedule failing for five;
+    and a backlog that fans out, each of its fan-out events delivered twice (a copy drains
+    only within PGDRAIN_MAX_RUNS, and never ends the first copy's registration)."""
 
 from __future__ import annotations
 
@@ -113,6 +115,9 @@ SMOKE = Size(
 )
 NAMES = ("sparse", "burst", "backlog", "faults")
 TRICKLE_EVERY_S = 5.0
+# The faults trace's backlog: 1,000 jobs of 200 ms at 10 per run are 20 s of one run's work,
+# past the fan-out horizon (PGDRAIN_FANOUT_SECONDS), so the run starts more runs.
+FAULTS_BACKLOG_JOBS = 1000
 
 
 def build(name: str, size: Size, seed: int = 11) -> Trace:
@@ -184,8 +189,14 @@ def _faults(size: Size, rng: random.Random) -> Trace:
         at += 0.5 * MINUTE
         index += 1
     third = span / 3
+    # The backlog comes after the last job that hangs was claimed (no run that drains it is
+    # frozen by a hang, which would lose the completions of its last jobs and run them twice),
+    # and after the Invoke faults: the fan-out's invokes get through, and are duplicated.
+    backlog_at = max(0.75 * span, third + 4.5 * MINUTE)
+    batches.append(Batch(at_s=backlog_at, count=FAULTS_BACKLOG_JOBS))
     faults = Faults(
         duplicate_every=3,
+        duplicate_fanout=True,
         invoke_fail=((third, third + 2 * MINUTE),),
         invoke_throttle=((third + 3 * MINUTE, third + 4 * MINUTE),),
         create_schedule_fail=((third, third + 5 * MINUTE),),

@@ -171,6 +171,18 @@ def test_duplicate_delivery_on_request(pool: RecordingPool) -> None:
         assert len(pool.wait_for(2)) == 2
 
 
+def test_every_fanout_event_delivered_twice_on_request(pool: RecordingPool) -> None:
+    fanout = {"pgdrain": {"reason": "fanout", "queues": ["default"], "chain": 1, "run": "r1"}}
+    kick = {"pgdrain": {"reason": "enqueue", "queues": ["default"]}}
+    with _plane(pool, faults=Faults(duplicate_fanout=True)) as plane:
+        client = _client("lambda", plane)
+        client.invoke(FunctionName=FUNCTION, InvocationType="Event", Payload=json.dumps(kick))
+        client.invoke(FunctionName=FUNCTION, InvocationType="Event", Payload=json.dumps(fanout))
+        events = pool.wait_for(3)
+        assert sorted(e["pgdrain"]["reason"] for e in events) == ["enqueue", "fanout", "fanout"]
+        assert plane.counters.duplicates == 1
+
+
 def test_one_shot_schedule_create_conflict_get_delete(plane: ControlPlane) -> None:
     scheduler = _client("scheduler", plane)
     request = {
