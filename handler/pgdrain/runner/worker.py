@@ -234,8 +234,9 @@ class NextDue:
         self._queues = queues
         self.due_at: dt.datetime | None = None
 
-    def after_connect(self, session: Session) -> None:
+    def after_connect(self, session: Session) -> bool:
         self.due_at = None
+        return True  # one worker process: no fan-out cap to keep
 
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
