@@ -262,6 +262,43 @@ def test_retry_by_filter_dry_run_changes_nothing_and_names_what_would(
     assert again.out.splitlines() == ["queued again: 0 jobs"]  # safe to run twice
 
 
+def test_retry_names_a_job_whose_key_is_held_and_retries_the_others(
+    conn: Conn, db_url: str
+) -> None:
+    """The issue's timeline, each command a process of its own: a job with key K1 fails, K1
+    enqueues a new job (the key was freed), an unrelated job fails; `retry --failed` (it used
+    to fail on jobs_active_key_idx, exit 1, retrying nothing, `--dry-run` too)."""
+    first = int(pgdrain(db_url, "enqueue", "ok", "--key", "K1").out.split()[-1])
+    _finish(conn, first, "failed")
+    holder_run = pgdrain(db_url, "enqueue", "ok", "--key", "K1")
+    holder = int(holder_run.out.split()[-1])
+    assert holder != first
+    unrelated = enqueue(conn, "wait")
+    _finish(conn, unrelated, "failed")
+
+    held_line = f"{first:>8} default      ok (key held by job {holder})"
+    dry = pgdrain(db_url, "retry", "--failed", "--dry-run")
+    assert (dry.code, dry.err) == (EXIT_OK, "")
+    assert dry.out.splitlines() == [
+        "would queue again: 1 jobs",
+        f"{unrelated:>8} default      wait",
+        "not retried: 1 jobs",
+        held_line,
+    ]
+    by_id = pgdrain(db_url, "retry", str(first), "--dry-run")
+    assert (by_id.code, by_id.err) == (EXIT_OK, "")
+    assert by_id.out.splitlines() == [
+        "would queue again: none",
+        f"not retried: {first} (key held by job {holder})",
+    ]
+    assert (_status(conn, first), _status(conn, unrelated)) == ("failed", "failed")
+
+    real = pgdrain(db_url, "retry", "--failed")
+    assert (real.code, real.err) == (EXIT_OK, "")
+    assert real.out.replace("queued again", "would queue again") == dry.out
+    assert [_status(conn, j) for j in (first, holder, unrelated)] == ["failed", "queued", "queued"]
+
+
 def test_retry_since_takes_only_recent_failures(conn: Conn, db_url: str) -> None:
     recent, old = enqueue(conn, "ok"), enqueue(conn, "ok")
     _finish(conn, recent, "failed")

@@ -63,11 +63,11 @@ def test_a_failed_job_frees_its_key_and_is_not_retried_over_a_newer_one(conn: Co
     second = enqueue(conn, "noop", idempotency_key="k")
     assert second != first
     # The newer job holds the key: retrying the failed one would make two; it is left failed.
-    assert store.job_retry(conn, [first]) == []
+    assert store.job_retry(conn, [first]) == [store.Retry(first, "default", "noop", False, second)]
     assert job_row(conn, first)["status"] == "failed"
     # Control: once the newer job is done, the key is free and the retry goes through.
     assert complete_one(conn, _claim(conn).held)
-    assert store.job_retry(conn, [first]) == [first]
+    assert store.job_retry(conn, [first]) == [store.Retry(first, "default", "noop", True, None)]
     assert job_row(conn, first)["status"] == "queued"
 
 

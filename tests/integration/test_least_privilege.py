@@ -156,7 +156,7 @@ def test_a_drain_of_real_jobs_succeeds_as_the_worker(worker_url: str, granted: s
         # (the flaky job's retry is due later: the kick asks for its wake-up)
         assert list(store.kick_debounce(worker, ["default"], 60.0).later) == ["default"]
         assert {s.queue for s in store.queue_stats(worker)} == {"default"}
-        assert store.job_retry(worker, [ids[3]]) == [ids[3]]
+        assert [r.id for r in store.job_retry(worker, [ids[3]]) if r.retried] == [ids[3]]
         assert store.job_purge_finished(worker, 0) == 23
 
 

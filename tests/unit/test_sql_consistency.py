@@ -17,3 +17,12 @@ def test_the_drain_completes_jobs_exactly_as_complete_many_does() -> None:
         line.replace("%(done_", "%(") for line in _set_and_fence(query("job_complete_and_claim"))
     ]
     assert claim == _set_and_fence(query("job_complete_many"))
+
+
+def _from_judged(statement: str) -> str:
+    """A retry statement from its `judged` part on: how keys are kept and what is returned."""
+    return statement[statement.index("), judged AS (") :]
+
+
+def test_a_retry_by_filter_keeps_keys_exactly_as_a_retry_by_id() -> None:
+    assert _from_judged(query("job_retry_matching")) == _from_judged(query("job_retry"))

@@ -94,12 +94,13 @@ def enqueue(
     """Enqueue one job on `conn`, in whatever transaction the caller has open; the caller
     commits. Returns the job id.
 
-    idempotency_key: while a job of the same `queue` with this key is queued or running
-    (waiting, retrying after a failure, or being worked), enqueueing the key again inserts
-    nothing and returns that job's id (whatever the new kind and payload). Once that job is
-    done or failed, the key is free: the same key enqueues a new job. Keys of different
-    queues never collide. (As River's unique jobs ByQueue with a ByState of the unfinished
-    states, and Procrastinate's queueing_lock, which holds only while a job waits.)"""
+    idempotency_key: while a job of the same `queue` with this key is queued, running or
+    parked (waiting, retrying after a failure, being worked, or waiting for a person after its
+    run died), enqueueing the key again inserts nothing and returns that job's id (whatever the
+    new kind and payload). Once that job is done, failed or cancelled, the key is free: the
+    same key enqueues a new job. Keys of different queues never collide. (As River's unique
+    jobs ByQueue with a ByState of the unfinished states, which leaves out cancelled and
+    discarded jobs, and Procrastinate's queueing_lock, which holds only while a job waits.)"""
     job = build_job(
         kind,
         payload,

@@ -563,7 +563,8 @@ def _add_operator_commands(commands: Any) -> None:
         "retry",
         help="queue failed, parked or cancelled jobs again: by id, or by filter",
         description="`retry ID...`, or `retry --failed|--parked [--queue Q] [--kind K] "
-        "[--since T]`. A retried job starts again with a fresh set of attempts.",
+        "[--since T]`. A retried job starts again with a fresh set of attempts; one whose "
+        "idempotency key another job holds is not retried, and named.",
     )
     p.add_argument("ids", nargs="*", type=_positive_int, help="job ids")
     p.add_argument("--failed", action="store_true", help="every failed job matching the filters")
@@ -738,33 +739,44 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
         raise BadInput("name the jobs: ids, or --failed and/or --parked (with filters)")
     verb = "would queue again" if args.dry_run else "queued again"
     with _connect(settings) as conn:
+        # Each try of the retry reads a snapshot of its own (store.job_retry), whatever the
+        # server's default isolation.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         with conn.transaction() as tx:
             if args.ids:
-                retried = store.job_retry(conn, args.ids)
-                matched = []
+                found = store.job_retry(conn, args.ids)
             else:
-                matched = store.job_retry_matching(
+                found = store.job_retry_matching(
                     conn, statuses, queue=args.queue, kind=args.kind, since=args.since
                 )
-                retried = [m.id for m in matched]
             if args.dry_run:  # the same statement, rolled back: exactly what a real run does
                 raise psycopg.Rollback(tx)
+        retried = [r for r in found if r.retried]
+        held = [r for r in found if r.held_by is not None]
         kicked: list[str] = []
         if retried and not args.dry_run and settings.function_name:
-            kicked = _kick(conn, settings, store.job_queues(conn, retried))
+            kicked = _kick(conn, settings, store.job_queues(conn, [r.id for r in retried]))
     if args.ids:
-        missing = sorted(set(args.ids) - set(retried))
-        print("\n".join([f"{verb}: {sorted(retried) or 'none'}", *kicked]))
+        print(f"{verb}: {[r.id for r in retried] or 'none'}")
+        for r in held:
+            print(f"not retried: {r.id} (key held by job {r.held_by})")
+        for line in kicked:
+            print(line)
+        missing = sorted(set(args.ids) - {r.id for r in (*retried, *held)})
         if missing:
             print(
                 f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}",
                 file=sys.stderr,
             )
             return EXIT_FAILURE
-        return EXIT_OK
-    print(f"{verb}: {len(matched)} jobs")
-    for m in sorted(matched, key=lambda m: m.id):
-        print(f"{m.id:>8} {m.queue:<12} {m.kind}")
+        return EXIT_OK  # as enqueue with a held key: the job holding it does the work
+    print(f"{verb}: {len(retried)} jobs")
+    for r in retried:
+        print(f"{r.id:>8} {r.queue:<12} {r.kind}")
+    if held:
+        print(f"not retried: {len(held)} jobs")
+        for r in held:
+            print(f"{r.id:>8} {r.queue:<12} {r.kind} (key held by job {r.held_by})")
     for line in kicked:
         print(line)
     return EXIT_OK

@@ -63,7 +63,9 @@ SELECT set_config('statement_timeout', %(timeout_ms)s::text, false),
        set_config('default_transaction_isolation', 'read committed', false);
 
 -- name: job_insert :one
--- One job. A key held by an unfinished job of the same queue inserts nothing, no row. Every
+-- One job. A key held by a queued, running or parked job of the same queue inserts nothing, no
+-- row. The conflict target names the states of migration 0004's index, which infers 0012's
+-- (its predicate, parked added, is implied): the same text works on either schema. Every
 -- parameter carries its type (CAST, not `::`, which SQLAlchemy's `:name` binds would misread),
 -- so any driver can run this statement with plain values, the payload as JSON text:
 -- pgdrain.enqueue_statement hands it to applications on other drivers.
@@ -106,14 +108,16 @@ JOIN taken ON taken.kind = due.kind
 RETURNING id;
 
 -- name: job_find_by_key :one
--- The unfinished job of this queue that holds the key (at most one: jobs_active_key_idx).
+-- The job of this queue that holds the key: queued, running or parked (at most one:
+-- jobs_active_key_idx).
 SELECT id FROM pgdrain.jobs
 WHERE queue = %(queue)s
   AND idempotency_key = %(idempotency_key)s
-  AND status IN ('queued', 'running');
+  AND status IN ('queued', 'running', 'parked');
 
 -- name: job_insert_many :many
--- Many jobs in one statement; rows whose idempotency key exists already are skipped.
+-- Many jobs in one statement; rows whose idempotency key is held already are skipped (the
+-- conflict target as job_insert's).
 -- Binary arrays: in text format psycopg quotes and escapes every element (a regular
 -- expression each), which took most of enqueue_many's client time. Payloads come as JSON
 -- text, encoded once by the caller (it sizes its chunks by them).

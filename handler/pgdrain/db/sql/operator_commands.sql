@@ -42,20 +42,46 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
 -- name: job_retry :many
--- Operator action: put failed, parked or cancelled jobs back in the queue with a fresh set
--- of attempts. Safe to run twice: a job already queued again no longer matches. A finished
--- job freed its idempotency key; if a newer unfinished job of its queue holds that key now,
--- it is not retried (that job already does the work), and is not returned.
-UPDATE pgdrain.jobs AS j
-SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
-WHERE j.id = ANY(%(ids)s::bigint[])
-  AND j.status IN ('failed', 'parked', 'cancelled')
-  AND (j.idempotency_key IS NULL OR NOT EXISTS (
-      SELECT FROM pgdrain.jobs AS o
-      WHERE o.queue = j.queue
-        AND o.idempotency_key = j.idempotency_key
-        AND o.status IN ('queued', 'running')))
-RETURNING j.id;
+-- Operator action: put failed, parked or cancelled jobs back in the queue with a fresh set of
+-- attempts. One row per job named that was in one of those states: `retried`, or `held_by`, the
+-- job whose idempotency key it would take. A key is held by the queue's queued, running or
+-- parked job that carries it (jobs_active_key_idx): a failed or cancelled job whose key is held
+-- is not retried (the holder does its work); a parked job holds its own key; of several jobs
+-- retried together with one key, the newest takes it and the others name it. A job neither
+-- retried nor held changed state meanwhile (another operator retried or cancelled it).
+-- A key taken by a transaction that commits while this statement runs makes it fail with a
+-- unique violation: store.job_retry runs it again, and its new snapshot sees the holder.
+-- Safe to run twice: a job queued again no longer matches.
+WITH candidate AS (
+    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key
+    FROM pgdrain.jobs AS j
+    WHERE j.id = ANY(%(ids)s::bigint[])
+      AND j.status IN ('failed', 'parked', 'cancelled')
+), judged AS (
+    SELECT c.id, c.queue, c.kind, c.status,
+           CASE WHEN c.idempotency_key IS NOT NULL AND c.status <> 'parked' THEN coalesce(
+               (SELECT o.id FROM pgdrain.jobs AS o
+                WHERE o.queue = c.queue
+                  AND o.idempotency_key = c.idempotency_key
+                  AND o.status IN ('queued', 'running', 'parked')),
+               nullif(max(c.id) FILTER (WHERE c.status <> 'parked')
+                          OVER (PARTITION BY c.queue, c.idempotency_key),
+                      c.id))
+           END AS held_by
+    FROM candidate AS c
+), retried AS (
+    UPDATE pgdrain.jobs AS j
+    SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+    FROM judged AS r
+    WHERE j.id = r.id
+      AND r.held_by IS NULL
+      AND j.status IN ('failed', 'parked', 'cancelled')  -- never a row with a lease
+      AND j.status = r.status  -- still in the state judged (a concurrent change is re-read)
+    RETURNING j.id
+)
+SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried
+FROM judged AS r
+ORDER BY r.id;
 
 -- name: job_purge_finished :rowcount
 -- Delete one batch of finished jobs (%(statuses)s: done, failed, cancelled) that finished
@@ -163,17 +189,43 @@ SELECT to_jsonb(j) AS job FROM pgdrain.jobs AS j WHERE j.id = %(id)s;
 
 -- name: job_retry_matching :many
 -- Operator action by filter: queue again the jobs in %(statuses)s (failed, parked) matching
--- the filters (a NULL filter matches every job), with a fresh set of attempts. `--dry-run`
--- runs it in a transaction that is rolled back. Safe to run twice: a job queued again no
--- longer matches.
-UPDATE pgdrain.jobs
-SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
-WHERE status IN ('failed', 'parked')
-  AND status = ANY(%(statuses)s::text[])
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-  AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
-  AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
-RETURNING id, queue, kind;
+-- the filters (a NULL filter matches every job), with a fresh set of attempts. What it returns,
+-- and how idempotency keys are kept, as job_retry (the same statement from `judged` on: a unit
+-- test keeps them in step). `--dry-run` runs it in a transaction that is rolled back. Safe to
+-- run twice: a job queued again no longer matches.
+WITH candidate AS (
+    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key
+    FROM pgdrain.jobs AS j
+    WHERE j.status IN ('failed', 'parked')
+      AND j.status = ANY(%(statuses)s::text[])
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
+      AND (%(since)s::timestamptz IS NULL OR j.updated_at >= %(since)s::timestamptz)
+), judged AS (
+    SELECT c.id, c.queue, c.kind, c.status,
+           CASE WHEN c.idempotency_key IS NOT NULL AND c.status <> 'parked' THEN coalesce(
+               (SELECT o.id FROM pgdrain.jobs AS o
+                WHERE o.queue = c.queue
+                  AND o.idempotency_key = c.idempotency_key
+                  AND o.status IN ('queued', 'running', 'parked')),
+               nullif(max(c.id) FILTER (WHERE c.status <> 'parked')
+                          OVER (PARTITION BY c.queue, c.idempotency_key),
+                      c.id))
+           END AS held_by
+    FROM candidate AS c
+), retried AS (
+    UPDATE pgdrain.jobs AS j
+    SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+    FROM judged AS r
+    WHERE j.id = r.id
+      AND r.held_by IS NULL
+      AND j.status IN ('failed', 'parked', 'cancelled')  -- never a row with a lease
+      AND j.status = r.status  -- still in the state judged (a concurrent change is re-read)
+    RETURNING j.id
+)
+SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried
+FROM judged AS r
+ORDER BY r.id;
 
 -- name: job_cancel :many
 -- Operator action: a queued or parked job never runs; a running one loses its lease (status

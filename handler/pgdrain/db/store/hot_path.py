@@ -86,7 +86,7 @@ def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
 
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
-    held by an unfinished (queued or running) job of the same queue returns that job's id and
+    held by a queued, running or parked job of the same queue returns that job's id and
     created=False."""
     while True:
         row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()

@@ -4,10 +4,11 @@ and the migration ledger (sql/operator_commands.sql)."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import psycopg
 from psycopg.rows import dict_row
 
 from pgdrain.db.sql import Migration, query
@@ -17,9 +18,12 @@ from pgdrain.db.store.common import (
     FinishedStatus,
     Status,
 )
+from pgdrain.errors import PgdrainError
 
 # queue_stats counts done, failed, parked and cancelled jobs up to this many per queue.
 STATS_HISTORY_BOUND = 10_000
+# The unique index that holds an idempotency key for the queued, running or parked job with it.
+ACTIVE_KEY_INDEX = "jobs_active_key_idx"
 
 
 @dataclass(frozen=True)
@@ -59,9 +63,60 @@ class JobRow:
     last_error: str | None
 
 
-def job_retry(conn: Connection, ids: Sequence[int]) -> list[int]:
-    rows = conn.execute(query("job_retry"), {"ids": list(ids)}).fetchall()
-    return [int(r[0]) for r in rows]
+@dataclass(frozen=True)
+class Retry:
+    """A job a retry found failed, parked or cancelled (by filter: failed or parked): queued
+    again, or not, and why."""
+
+    id: int
+    queue: str
+    kind: str
+    retried: bool
+    # Not retried: the job that holds its idempotency key (it does the work). None with
+    # retried False: the job changed state while the retry ran (another operator's action).
+    held_by: int | None
+
+
+# How many times a retry runs again after a concurrent transaction took a key it was about to
+# take: each try that fails sees one more holder, so more than a few means keys churn as fast
+# as they are read.
+RETRY_TRIES = 10
+
+
+class RetryContended(PgdrainError):
+    """A retry met a concurrent transaction taking its jobs' keys at every try. Nothing was
+    changed; running it again is safe."""
+
+
+def job_retry(conn: Connection, ids: Sequence[int]) -> list[Retry]:
+    """Queue again these failed, parked or cancelled jobs, except those whose idempotency key
+    another job holds; one Retry per job that was in one of those states, by id. Runs in the
+    caller's transaction (in a savepoint), which must be READ COMMITTED, or in its own."""
+    return _retried(conn, lambda: conn.execute(query("job_retry"), {"ids": list(ids)}).fetchall())
+
+
+def _retried(conn: Connection, attempt: Callable[[], list[tuple[Any, ...]]]) -> list[Retry]:
+    """Run a retry statement until no concurrent transaction took a key it was taking."""
+    for _ in range(RETRY_TRIES):
+        try:
+            with conn.transaction():  # a savepoint in the caller's transaction: undone whole
+                rows = attempt()
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != ACTIVE_KEY_INDEX:
+                raise
+            # A key this try was taking was taken by a transaction that committed after the
+            # try's snapshot (an enqueue, another retry). Safe to run again: the savepoint
+            # undid this try, and the next one reads a new snapshot, which sees that holder.
+            continue
+        except psycopg.errors.DeadlockDetected:
+            # Two retries took two keys in opposite orders; the other one goes on. Safe to
+            # run again, as above.
+            continue
+        return [Retry(int(r[0]), str(r[1]), str(r[2]), bool(r[4]), r[3]) for r in rows]
+    raise RetryContended(
+        f"retry gave up after {RETRY_TRIES} tries: concurrent transactions kept taking the "
+        "idempotency keys of the jobs it was retrying; nothing was changed, run it again"
+    )
 
 
 def job_purge_finished(
@@ -166,15 +221,6 @@ def job_show(conn: Connection, job_id: int) -> dict[str, Any] | None:
     return job
 
 
-@dataclass(frozen=True)
-class Matched:
-    """A job an operator action by filter changed (or, in a dry run, would change)."""
-
-    id: int
-    queue: str
-    kind: str
-
-
 def job_retry_matching(
     conn: Connection,
     statuses: Sequence[Literal["failed", "parked"]],
@@ -182,11 +228,11 @@ def job_retry_matching(
     queue: str | None = None,
     kind: str | None = None,
     since: dt.datetime | None = None,
-) -> list[Matched]:
-    """Queue again every failed/parked job matching the filters (None matches all)."""
+) -> list[Retry]:
+    """Queue again every failed/parked job matching the filters (None matches all), except
+    those whose idempotency key another job holds: as job_retry, by filter."""
     params = {"statuses": list(statuses), "queue": queue, "kind": kind, "since": since}
-    rows = conn.execute(query("job_retry_matching"), params).fetchall()
-    return [Matched(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+    return _retried(conn, lambda: conn.execute(query("job_retry_matching"), params).fetchall())
 
 
 @dataclass(frozen=True)
