@@ -44,6 +44,12 @@ class Controls(NamedTuple):
     register_each_invocation: bool = True
     # A run enqueues, and wakes up for, only the periodic kinds of the queues it drains.
     periodics_of_drained_queues: bool = True
+    # A per-queue limit whose count says full while its jobs are ready is recounted, exactly,
+    # with a run's first claim and its exit check (runner/limits.py).
+    recount_full_limits: bool = True
+    # A run that claimed nothing reports the ready jobs it leaves (held back by a full limit)
+    # as QueueDepth and OldestReadyAgeSeconds, counted with its exit check (aws/control.py).
+    count_ready_at_exit: bool = True
 
     # Optimisations: a benchmark measures each against its absence (docs/decisions/).
     prefetch: bool = True  # claim for slots about to free (runner/prefetch.py)

@@ -740,3 +740,41 @@ def test_retention_past_one_batch_carries_on_after_the_exit(
     }
     assert connections == 2
     assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["counted-at-exit", "control-not-counted"])
+def test_a_queue_at_its_limit_reports_the_jobs_it_holds_back(
+    function: Function,
+    conn: Conn,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    counted: bool,
+) -> None:
+    """A queue at its concurrency limit (its one slot held by another run) with three jobs
+    ready for two minutes: the run claims none and ends `empty`. Its QueueDepth and
+    OldestReadyAgeSeconds say what waits; they said 0 (an empty claim was taken for an empty
+    queue), so no backlog alarm could fire while the queue was stuck."""
+    import functools
+
+    from pgdrain.aws.control import RunControl
+    from pgdrain.controls import Controls
+
+    if not counted:
+        control = functools.partial(RunControl, controls=Controls(count_ready_at_exit=False))
+        monkeypatch.setattr(lambda_run, "RunControl", control)
+    function.configure(PGDRAIN_QUEUE_LIMITS="default=1")
+    store.queue_limit_sync(conn, ["default"], [("default", 1)])
+    _enqueue(conn, "default", 4)
+    claim_batch(conn, ["default"], 1, "another-run", 300.0, None)
+    conn.execute("UPDATE pgdrain.jobs SET run_at = now() - interval '2 minutes'")
+
+    result = function.invoke({"pgdrain": {"reason": "enqueue", "queues": ["default"]}})
+
+    assert result["ok"] is True, result
+    assert (result["result"]["claimed"], result["result"]["stop_reason"]) == (0, "empty")
+    totals = metric_totals(emf_records(capsys.readouterr().out))
+    if counted:
+        assert result["queue_depth"] == totals["QueueDepth"] == 3
+        assert totals["OldestReadyAgeSeconds"] >= 120
+    else:
+        assert (totals["QueueDepth"], totals["OldestReadyAgeSeconds"]) == (0, 0)

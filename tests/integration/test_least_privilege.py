@@ -186,6 +186,12 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
         assert store.wake_reserve(worker, "default", at, "worker-run", 30) is True
         store.wake_created(worker, "default", at, "worker-run")
         store.kick_clear(worker, ["default"])
+        # A limit's count that drifted high is recounted, and what it held back counted.
+        enqueue(worker, "noop")
+        worker.execute("UPDATE pgdrain.queue_limits SET running = max_running")
+        assert store.queue_depth_held_statement(["default"]).run(worker).ready == 1
+        [recounted] = store.queue_limit_recount_statement(["default"]).run(worker)
+        assert (recounted.was, recounted.running) == (2, 0)
 
 
 @pytest.mark.parametrize("statement", DDL)

@@ -46,6 +46,7 @@ from pgdrain.budget import Budget
 from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.session import Later, Session
+from pgdrain.runner.limits import LimitRecount
 from pgdrain.runner.summary import Counter
 from pgdrain.settings import DEFAULT_MAX_RUNS
 
@@ -133,6 +134,8 @@ class RunControl:
         self._retention_batch = retention_batch
         self._retention_limit_ms = retention_limit_ms
         self._retention: Later[tuple[int, int]] | None = None
+        self._controls = controls
+        self._exit_depth: Later[store.QueueDepth] | None = None
         self.wake = WakeOutcome(None, "none")
         self.drained_again = 0
         self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
@@ -206,7 +209,17 @@ class RunControl:
             first_batch = self._retention_batch()
             if first_batch is not None:
                 self._retention = session.read_with_next(first_batch, self._retention_limit_ms)
+        # In the exit check's round trip too, each in a transaction of its own before it: a
+        # limit whose count drifted high is recounted (the check then sees the slots it
+        # freed), and the ready jobs the run leaves are counted (held back by a full limit).
+        limits = LimitRecount(session, self.trigger.queues, controls=self._controls)
+        limits.send_with_next()
+        if self._controls.count_ready_at_exit:
+            self._exit_depth = session.read_with_next(
+                store.queue_depth_held_statement(self.trigger.queues)
+            )
         decision = session.run(self._exit_or_again, True)
+        limits.report()
         if decision.again:
             self.drained_again += 1
             log.info(
@@ -222,6 +235,13 @@ class RunControl:
         due_at = self._with_periodic_slot(decision.check.due_at)
         self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
         return False
+
+    @property
+    def exit_depth(self) -> store.QueueDepth | None:
+        """The ready jobs left in the run's queues, counted with its last exit check: none
+        unless a full limit holds them back (None when not counted)."""
+        later = self._exit_depth
+        return later.value() if later is not None and later.received else None
 
     @property
     def retention_deleted(self) -> tuple[int, int] | None:

@@ -488,12 +488,15 @@ def _after_drain(
     control: RunControl,
     continued: bool,
 ) -> store.QueueDepth | None:
-    """The backlog the run leaves: none when it stopped because nothing was ready; measured on
-    a short connection when it stopped for time, which also ends the run's control-plane state
-    (kick window, registration) and makes sure of its wake-up; unknown after an error or near
+    """The backlog the run leaves: what its exit check counted when it stopped because nothing
+    was claimable (jobs a full limit holds back); measured on a short connection when it
+    stopped for time, which also ends the run's control-plane state (kick window,
+    registration) and makes sure of its wake-up; unknown after an error or near
     the deadline (a run that abandoned jobs is retried by Lambda instead)."""
     if result.stop_reason == "empty":
-        return store.QueueDepth(ready=0, oldest_ready_age_s=0.0)
+        # Nothing was claimable, yet a queue at its concurrency limit may hold ready jobs back:
+        # counted with the exit check, so that a full queue's backlog still raises the alarms.
+        return control.exit_depth or store.QueueDepth(ready=0, oldest_ready_age_s=0.0)
     if result.stop_reason != "budget" or budget.remaining() < DEPTH_MIN_REMAINING_SECONDS:
         return None
     quick = dataclasses.replace(

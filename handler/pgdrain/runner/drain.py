@@ -10,11 +10,11 @@ its own and runs the job there itself; the calling thread does the loop's duties
 runs, never both at once (loop_thread.py).
 
 The pieces, each in its own module of runner/: attempts.py (what the run holds), reclaim.py
-(expired leases, at the start), claiming.py (claims, with prefetch.py and pipelining.py),
-completer.py (every outcome written), heartbeat.py, deadline.py, stop.py (when the run stops
-claiming: the reserve or a stop request, and its grace), summary.py (counters and the result),
-execute.py (calling a job's function), worker_threads.py, loop_thread.py; and db/session.py,
-the one connection."""
+(expired leases, at the start), limits.py (a limit's drifted count, at the start), claiming.py
+(claims, with prefetch.py and pipelining.py), completer.py (every outcome written),
+heartbeat.py, deadline.py, stop.py (when the run stops claiming: the reserve or a stop
+request, and its grace), summary.py (counters and the result), execute.py (calling a job's
+function), worker_threads.py, loop_thread.py; and db/session.py, the one connection."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from pgdrain.runner.claiming import Claims, claim_and_start, claim_size
 from pgdrain.runner.completer import COMPLETION_FLUSH_SECONDS, Completer, record_outcomes
 from pgdrain.runner.deadline import Deadline
 from pgdrain.runner.heartbeat import Heartbeat
+from pgdrain.runner.limits import LimitRecount
 from pgdrain.runner.loop_thread import GivenUp, LoopThread, OneSlot
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.stop import Stopping, StopRequest
@@ -259,6 +260,7 @@ class _Run:
         self.completer = Completer(state, controls=controls)
         self.claims = _claims(state, settings, controls, queues, self.completer)
         self.heartbeat = Heartbeat(state, lease_seconds=settings.lease_seconds, controls=controls)
+        self.limits = LimitRecount(self.session, queues, controls=controls)
         self.threads = ThreadWatch(controls=controls)
 
     def execute(self) -> DrainResult:
@@ -281,13 +283,15 @@ class _Run:
             self.session.open()
             if not self.hooks.after_connect(self.session):
                 return Ending("at_cap")  # not admitted (PGDRAIN_MAX_RUNS): claims nothing
-            # Goes with the first claim, in its round trip (and the registration before it).
+            # Go with the first claim, in its round trip (and the registration before them).
             self.claims.reclaim.send_with_next()
+            self.limits.send_with_next()
             # Due slots of periodic kinds, once each (idempotency keys).
             if periodics := _periodics(self.registry, self.queues, self.controls):
                 self.session.run(periodic.enqueue_due, periodics)
             stop_reason = self._loop(pool)
             self.claims.reclaim.finish()  # a run that never claimed still reclaims
+            self.limits.finish()
             return self.ending(stop_reason)
         except (PgdrainError, psycopg.Error) as exc:
             return _failed(exc, self.worker_id)

@@ -114,6 +114,20 @@ SELECT count(*) AS ready,
 FROM pgdrain.jobs
 WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
 
+-- name: queue_depth_held :one
+-- The ready jobs of those of these queues that are at their concurrency limit, and the age of
+-- the oldest: the backlog a run leaves when it found nothing it may claim (QueueDepth and
+-- OldestReadyAgeSeconds, which read 0 while a full queue's jobs waited, so no alarm fired).
+-- With no limit full, one probe of pgdrain.queue_limits: no job is read.
+SELECT count(*) AS ready,
+       coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
+FROM pgdrain.jobs
+WHERE status = 'queued'
+  AND queue = ANY(ARRAY(
+      SELECT l.queue FROM pgdrain.queue_limits AS l
+      WHERE l.queue = ANY(%(queues)s::text[]) AND l.running >= l.max_running))
+  AND run_at <= now();
+
 -- name: queue_ready_count :one
 -- Ready jobs in these queues, counted up to %(limit)s (the fan-out decision only needs to
 -- know whether the backlog exceeds what the runs can finish).
@@ -316,19 +330,28 @@ WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(ru
 
 -- name: queue_limit_sync :exec
 -- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues: add or change
--- the limits given, drop the others. A new limit starts from the queue's running jobs. Safe to
--- repeat: it writes the same values again.
-WITH wanted AS (
-    SELECT w.queue, w.max_running
-    FROM unnest(%(limited)s::text[], %(limits)s::int[]) AS w(queue, max_running)
-), dropped AS (
-    DELETE FROM pgdrain.queue_limits
-    WHERE queue = ANY(%(queues)s::text[])
-      AND queue NOT IN (SELECT queue FROM wanted)
-)
-INSERT INTO pgdrain.queue_limits AS l (queue, max_running, running)
-SELECT w.queue, w.max_running,
-       (SELECT count(*) FROM pgdrain.jobs AS j WHERE j.status = 'running' AND j.queue = w.queue)
-FROM wanted AS w
-ON CONFLICT (queue) DO UPDATE SET max_running = excluded.max_running
-WHERE l.max_running <> excluded.max_running;
+-- the limits given, drop the others. A new limit starts from an exact count of the queue's
+-- running jobs, taken under a lock that no claim or completion passes (the function, migration
+-- 0012, says how); %(wait_ms)s bounds the wait for it. Safe to repeat: it writes the same
+-- values again.
+SELECT pgdrain.queue_limits_sync(%(queues)s::text[], %(limited)s::text[], %(limits)s::int[],
+                                 %(wait_ms)s::int);
+
+-- name: queue_limit_recount :many
+-- A limit's self-correction: the running count of each of these queues whose limit row says it
+-- is full while a job of it is ready is recounted, exactly (pgdrain.queue_limits_recount,
+-- migration 0012), and corrected. Returns the rows corrected (queue, the count it had, the
+-- exact count): none unless a count had drifted. Sent with a run's first claim and its exit
+-- check. With no limit full and nothing held back (the common case), the function is not
+-- called: one probe of pgdrain.queue_limits. Safe to repeat: a count made exact stays exact.
+SELECT r.queue, r.was, r.running
+FROM (SELECT ARRAY(
+        SELECT l.queue FROM pgdrain.queue_limits AS l
+        WHERE l.queue = ANY(%(queues)s::text[])
+          AND l.running >= l.max_running
+          AND EXISTS (SELECT 1 FROM pgdrain.jobs AS j
+                      WHERE j.status = 'queued' AND j.queue = l.queue AND j.run_at <= now())
+        ORDER BY l.queue
+     ) AS full_queues) AS f
+CROSS JOIN LATERAL pgdrain.queue_limits_recount(f.full_queues) AS r
+WHERE cardinality(f.full_queues) > 0;

@@ -66,6 +66,18 @@ def queue_depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
     return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
 
 
+def queue_depth_held_statement(queues: Sequence[str]) -> Statement[QueueDepth]:
+    """How many jobs are ready in those of these queues that are at their concurrency limit,
+    and how long the oldest has waited (sent with a run's exit check)."""
+
+    def depth(cur: psycopg.Cursor[Any]) -> QueueDepth:
+        row = cur.fetchone()
+        assert row is not None  # an aggregate: one row
+        return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
+
+    return Statement(query("queue_depth_held"), {"queues": list(queues)}, depth)
+
+
 @dataclass(frozen=True)
 class KickDecision:
     """What a kick does per queue: invoke a run now (`invoke`), or ask for a wake-up when its
@@ -252,19 +264,45 @@ def run_exit(
     )
 
 
+# How long a run waits for the lock under which a new limit's row is created: every
+# statement that moves jobs waits behind that lock while it is asked for (queue_limit_sync).
+QUEUE_LIMIT_CREATE_WAIT_MS = 2000
+
+
 @one_statement
 def queue_limit_sync(
     conn: Connection, queues: Sequence[str], limits: Sequence[tuple[str, int]]
 ) -> None:
-    """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max)."""
+    """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max); a new
+    row starts from an exact count of the queue's running jobs."""
     conn.execute(
         query("queue_limit_sync"),
         {
             "queues": list(queues),
             "limited": [q for q, _ in limits],
             "limits": [n for _, n in limits],
+            "wait_ms": QUEUE_LIMIT_CREATE_WAIT_MS,
         },
     )
+
+
+@dataclass(frozen=True)
+class Recounted:
+    """A limit row whose running count had drifted, corrected by queue_limit_recount."""
+
+    queue: str
+    was: int  # the count the row had
+    running: int  # the queue's running jobs, counted
+
+
+def queue_limit_recount_statement(queues: Sequence[str]) -> Statement[list[Recounted]]:
+    """Recount the limits of those of `queues` that are full while a job of theirs is ready;
+    reads the rows it corrected (sent with a run's first claim and its exit check)."""
+
+    def corrected(cur: psycopg.Cursor[Any]) -> list[Recounted]:
+        return [Recounted(str(r[0]), int(r[1]), int(r[2])) for r in cur.fetchall()]
+
+    return Statement(query("queue_limit_recount"), {"queues": list(queues)}, corrected)
 
 
 @one_statement
