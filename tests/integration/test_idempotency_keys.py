@@ -1,7 +1,8 @@
-"""Idempotency keys (migration 0004): unique per queue, and only among unfinished jobs. While a
-job with the key is queued or running, the key returns that job; once it is done or failed,
-the key is free and enqueues a new job. A failed job whose key was taken since is not retried
-by `pgdrain retry` (the newer job does the work)."""
+"""Idempotency keys (migrations 0004 and 0012): unique per queue, and only among unfinished
+jobs. While a job with the key is queued, running (or parked: tests/integration/
+test_retry_keys.py), the key returns that job; once it is done or failed, the key is free and
+enqueues a new job. A failed job whose key was taken since is not retried by `pgdrain retry`
+(the newer job does the work)."""
 
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ def test_a_count_left_too_high_stops_the_queue_for_good_without_the_lock(
 
 
 def test_a_creation_that_cannot_get_its_lock_in_time_leaves_the_row_to_the_next_run(
-    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture
+    db_url: str, conn: Conn
 ) -> None:
     """While the creation waits for its lock every statement that moves jobs waits behind it,
     so it waits at most QUEUE_LIMIT_CREATE_WAIT_MS (here the caller's shorter lock_timeout):
