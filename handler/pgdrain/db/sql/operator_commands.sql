@@ -100,6 +100,7 @@ WHERE id IN (
 -- name: job_list :many
 -- The newest jobs matching the filters; a NULL filter matches every job. --since compares
 -- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).
+-- %(before)s pages: only jobs older than that id (the dashboard's next page; NULL: the newest).
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        run_at, lease_expires_at, created_at, updated_at, finished_at, last_error
 FROM pgdrain.jobs
@@ -107,6 +108,7 @@ WHERE status = ANY(%(statuses)s::text[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
   AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
 
@@ -260,3 +262,61 @@ WHERE status IN ('done', 'failed', 'cancelled')
 -- name: job_queues :many
 -- The queues of these jobs, once each: the queues `pgdrain retry` kicks after its commit.
 SELECT DISTINCT queue FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY queue;
+-- The dashboard's reads (pgdrain ui) that the commands above do not make. Each is bounded.
+
+-- name: job_finished_per_minute :many
+-- Done, failed and cancelled jobs per minute and queue, since %(since)s, counted from the newest
+-- %(limit)s finished jobs at most: a backward walk of jobs_finished_idx that stops at the
+-- bound, however busy the queues were. When the bound is reached, the minutes before the
+-- oldest one counted are not (the caller says so, from the total).
+WITH recent AS (
+    SELECT queue, status, finished_at
+    FROM pgdrain.jobs
+    WHERE status IN ('done', 'failed', 'cancelled')
+      AND finished_at >= %(since)s::timestamptz
+    ORDER BY finished_at DESC
+    LIMIT %(limit)s
+)
+SELECT date_trunc('minute', finished_at) AS minute, queue,
+       count(*) FILTER (WHERE status = 'done') AS done,
+       count(*) FILTER (WHERE status = 'failed') AS failed,
+       count(*) FILTER (WHERE status = 'cancelled') AS cancelled
+FROM recent
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: run_list :many
+-- The runs the control plane knows of (pgdrain.runs: registered or reserved, deleted when they
+-- exit), newest first; `live` while their deadline has not passed (a run past it was killed).
+SELECT run_id, queues, chain, started_at, deadline, deadline > now() AS live,
+       extract(epoch FROM now() - started_at)::float8 AS age_s
+FROM pgdrain.runs
+ORDER BY started_at DESC, run_id
+LIMIT %(limit)s;
+
+-- name: wake_list :many
+-- Wake-ups (one-shot schedules) recorded per set of queues, the soonest first: `pending` while
+-- still to come.
+SELECT queue_set, wake_at, state, wake_at > now() AS pending,
+       extract(epoch FROM wake_at - now())::float8 AS in_s
+FROM pgdrain.wakes
+ORDER BY wake_at, queue_set
+LIMIT %(limit)s;
+
+-- name: kick_list :many
+-- Each queue's kicks: when one was last asked for and last invoked (NULL: never; the table
+-- keeps '-infinity'), and until when a run holds them (a kick then invokes nothing).
+SELECT queue,
+       nullif(requested_at, '-infinity') AS requested_at,
+       nullif(kicked_at, '-infinity') AS kicked_at,
+       CASE WHEN run_until > now() THEN run_until END AS held_until
+FROM pgdrain.kicks
+ORDER BY queue
+LIMIT %(limit)s;
+
+-- name: queue_limit_list :many
+-- The per-queue concurrency limits in force (PGDRAIN_QUEUE_LIMITS), with the running count.
+SELECT queue, max_running, running
+FROM pgdrain.queue_limits
+ORDER BY queue
+LIMIT %(limit)s;

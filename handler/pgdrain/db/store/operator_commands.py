@@ -150,14 +150,17 @@ def job_list(
     queue: str | None = None,
     kind: str | None = None,
     since: dt.datetime | None = None,
+    before: int | None = None,
 ) -> list[JobRow]:
-    """The newest `limit` jobs matching the filters (None matches every job)."""
+    """The newest `limit` jobs matching the filters (None matches every job), older than the
+    job `before` when given (the next page)."""
     params = {
         "statuses": list(statuses),
         "limit": limit,
         "queue": queue,
         "kind": kind,
         "since": since,
+        "before": before,
     }
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("job_list"), params).fetchall()
@@ -266,3 +269,113 @@ def job_queues(conn: Connection, ids: Sequence[int]) -> list[str]:
     """The queues of these jobs, sorted, each once."""
     rows = conn.execute(query("job_queues"), {"ids": list(ids)}).fetchall()
     return [str(r[0]) for r in rows]
+# -- the dashboard's reads (pgdrain ui) -------------------------------------------------------
+
+# job_finished_per_minute counts at most this many finished jobs per call.
+THROUGHPUT_BOUND = 100_000
+# The control-plane tables hold a row per live run, per set of queues, per queue: a page shows
+# at most this many of each.
+CONTROL_PLANE_ROWS = 200
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    """Jobs of one queue that finished within one minute."""
+
+    minute: dt.datetime
+    queue: str
+    done: int
+    failed: int
+    cancelled: int
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Finished jobs per minute since `since`. `counted_from` is where the counts are whole:
+    `since`, or later when the bound stopped the count (the minutes before it are missing or
+    partial)."""
+
+    since: dt.datetime
+    counted_from: dt.datetime
+    minutes: list[MinuteCount]
+
+
+def job_finished_per_minute(
+    conn: Connection, since: dt.datetime, limit: int = THROUGHPUT_BOUND
+) -> Throughput:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            query("job_finished_per_minute"), {"since": since, "limit": limit}
+        ).fetchall()
+    minutes = [MinuteCount(**row) for row in rows]
+    counted = sum(m.done + m.failed + m.cancelled for m in minutes)
+    counted_from = since
+    if counted >= limit and minutes:
+        # The oldest minute reached holds only part of its jobs: whole from the next one on.
+        counted_from = minutes[0].minute + dt.timedelta(minutes=1)
+    return Throughput(since=since, counted_from=counted_from, minutes=minutes)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """A run in pgdrain.runs: registered, or reserved by the run that spawned it."""
+
+    run_id: str
+    queues: list[str]
+    chain: int
+    started_at: dt.datetime
+    deadline: dt.datetime
+    live: bool
+    age_s: float
+
+
+def run_list(conn: Connection, limit: int = CONTROL_PLANE_ROWS) -> list[RunRow]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("run_list"), {"limit": limit}).fetchall()
+    return [RunRow(**row) for row in rows]
+
+
+@dataclass(frozen=True)
+class WakeRow:
+    """A wake-up recorded for a set of queues (pgdrain.wakes)."""
+
+    queue_set: str
+    wake_at: dt.datetime
+    state: str
+    pending: bool
+    in_s: float
+
+
+def wake_list(conn: Connection, limit: int = CONTROL_PLANE_ROWS) -> list[WakeRow]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("wake_list"), {"limit": limit}).fetchall()
+    return [WakeRow(**row) for row in rows]
+
+
+@dataclass(frozen=True)
+class KickRow:
+    """A queue's kicks (pgdrain.kicks); None: never, or not held."""
+
+    queue: str
+    requested_at: dt.datetime | None
+    kicked_at: dt.datetime | None
+    held_until: dt.datetime | None
+
+
+def kick_list(conn: Connection, limit: int = CONTROL_PLANE_ROWS) -> list[KickRow]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("kick_list"), {"limit": limit}).fetchall()
+    return [KickRow(**row) for row in rows]
+
+
+@dataclass(frozen=True)
+class QueueLimitRow:
+    queue: str
+    max_running: int
+    running: int
+
+
+def queue_limit_list(conn: Connection, limit: int = CONTROL_PLANE_ROWS) -> list[QueueLimitRow]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("queue_limit_list"), {"limit": limit}).fetchall()
+    return [QueueLimitRow(**row) for row in rows]
