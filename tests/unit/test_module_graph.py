@@ -14,7 +14,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "handler" / "pgdrain"
 AWS_MODULES = ("boto3", "botocore", "aws_lambda_powertools", "mypy_boto3_lambda", "pgdrain.aws")
 # The commands and the demo are applications of the library: they may reach the edge (`pgdrain
-# invoke`, a secret's ARN). Everything else is the core and must run under any trigger.
+# invoke`, a secret's ARN), and so may the dashboard (Powertools' event handler routes its
+# requests). Everything else is the core and must run under any trigger.
 
 
 def _module_name(path: Path) -> str:
@@ -24,7 +25,9 @@ def _module_name(path: Path) -> str:
 
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 CORE = sorted(
-    m for m in MODULES if not m.startswith(("pgdrain.aws", "pgdrain.cli")) and m != "pgdrain"
+    m
+    for m in MODULES
+    if not m.startswith(("pgdrain.aws", "pgdrain.cli", "pgdrain.ui")) and m != "pgdrain"
 )
 
 
@@ -149,7 +152,9 @@ LAYER_MAY_IMPORT = {
     "api": {"foundation", "db", "api"},
     "runner": {"foundation", "db", "api", "runner"},
     "aws": {"foundation", "db", "api", "runner", "aws"},
-    "cli": {"foundation", "db", "api", "runner", "aws", "cli"},
+    # The dashboard reads and acts through the store; on AWS it reads its secret at the edge.
+    "ui": {"foundation", "db", "aws", "ui"},
+    "cli": {"foundation", "db", "api", "runner", "aws", "ui", "cli"},
     # pgdrain.kick is public and lives at the edge: the facade loads it on first use.
     "facade": {"foundation", "api", "runner", "aws"},
 }
@@ -191,10 +196,15 @@ def test_control_a_crossing_is_found() -> None:
         "pgdrain.db.session": {"pgdrain.runner.summary"},  # the database reaching up
         "pgdrain.runner.drain": {"pgdrain.cli.report"},  # anything importing the CLI
         "pgdrain.aws.run": {"pgdrain.runner.drain"},  # allowed
+        "pgdrain.ui.app": {"pgdrain.cli.report"},  # the dashboard reaching for the CLI's code
+        "pgdrain.aws.control": {"pgdrain.ui.pages"},  # a run depending on the dashboard
+        "pgdrain.cli.commands": {"pgdrain.ui.local"},  # allowed: `pgdrain ui`
     }
     assert _crossings(graph) == [
+        "pgdrain.aws.control -> pgdrain.ui.pages",
         "pgdrain.db.session -> pgdrain.runner.summary",
         "pgdrain.runner.drain -> pgdrain.cli.report",
+        "pgdrain.ui.app -> pgdrain.cli.report",
     ]
 
 
@@ -212,4 +222,5 @@ def test_every_module_lies_in_a_layer_that_ls_shows() -> None:
         "py.typed",
         "runner",
         "settings.py",
+        "ui",
     ]

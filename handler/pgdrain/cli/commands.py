@@ -231,6 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--env-vars", help="env.json overriding the template's variables")
     p.add_argument("-t", "--template", default="template.yaml")
 
+    p = commands.add_parser("ui", help="the web dashboard, on 127.0.0.1 (docs/ui.md)")
+    p.add_argument("--port", type=_int_between(0, 65535), default=8080, help="0: any free port")
+    p.add_argument("--read-only", action="store_true", help="offer no action (retry, cancel)")
+
     p = commands.add_parser("demo", help="migrate, enqueue demo jobs, drain them, print stats")
     p.add_argument("--count", type=_positive_int, default=300)
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
@@ -468,6 +472,13 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
     if isinstance(result.payload, dict) and result.payload.get("error_kind") == "configuration":
         return EXIT_BAD_INPUT  # the function's settings or job module: nothing was run
     return EXIT_FAILURE if result.failed else EXIT_OK
+
+
+def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
+    from pgdrain.ui import local
+
+    conninfo = conninfo_or_embedded(settings)
+    return local.run(conninfo, settings, args.port, actions=not args.read_only)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -843,6 +854,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "demo": cmd_demo,
     "invoke": cmd_invoke,
     "worker": cmd_worker,
+    "ui": cmd_ui,
 }
 
 

@@ -1,0 +1,57 @@
+-- pgdrain_dashboard and pgdrain_dashboard_actions: the dashboard's roles (pgdrain ui, and the
+-- Dashboard function of template.yaml), apart from the drain's pgdrain_worker.
+--
+-- pgdrain_dashboard (NOLOGIN) reads: CONNECT to this database; USAGE on schema pgdrain;
+-- SELECT on pgdrain.jobs and the control plane's tables (runs, wakes, kicks, queue_limits).
+-- It writes nothing, so a dashboard that connects with it cannot change a job, whatever it is
+-- asked (the function's PGDRAIN_UI_ACTIONS=false hides the buttons; this is what holds).
+--
+-- pgdrain_dashboard_actions (NOLOGIN, a member of pgdrain_dashboard) may also retry and cancel:
+-- UPDATE on pgdrain.jobs, and SELECT, UPDATE on pgdrain.queue_limits (a trigger on jobs keeps
+-- its running counts, as the invoker). No INSERT, no DELETE (it cannot enqueue or purge), no
+-- DDL, no access to pgdrain.migrations.
+--
+-- PUBLIC's TEMPORARY and large-object functions: see worker_role.sql, which takes them away
+-- from PUBLIC in this database; run it first if the dashboard's login role must not have them.
+--
+-- Run it as the owner of the pgdrain schema, after `pgdrain migrate`, in each database that
+-- holds a queue (running it again is safe), then make the login role of the dashboard:
+--
+--   psql "$ADMIN_DATABASE_URL" -v ON_ERROR_STOP=1 -f dashboard_role.sql
+--   psql "$ADMIN_DATABASE_URL" -c "CREATE ROLE dashboard_fn LOGIN PASSWORD '…' IN ROLE pgdrain_dashboard"
+--   (or IN ROLE pgdrain_dashboard_actions, with DashboardActions=true)
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgdrain_dashboard') THEN
+        CREATE ROLE pgdrain_dashboard NOLOGIN;
+    END IF;
+EXCEPTION
+    -- Another session created it between the check and the CREATE.
+    WHEN duplicate_object OR unique_violation THEN NULL;
+END
+$$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgdrain_dashboard_actions') THEN
+        CREATE ROLE pgdrain_dashboard_actions NOLOGIN IN ROLE pgdrain_dashboard;
+    END IF;
+EXCEPTION
+    WHEN duplicate_object OR unique_violation THEN NULL;
+END
+$$;
+
+GRANT USAGE ON SCHEMA pgdrain TO pgdrain_dashboard;
+GRANT SELECT ON pgdrain.jobs, pgdrain.runs, pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits
+    TO pgdrain_dashboard;
+
+GRANT UPDATE ON pgdrain.jobs TO pgdrain_dashboard_actions;
+GRANT SELECT, UPDATE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;
+
+DO $$
+BEGIN
+    -- The database's name is not known in advance: format() quotes it as an identifier.
+    EXECUTE format('GRANT CONNECT ON DATABASE %I TO pgdrain_dashboard', current_database());
+END
+$$;

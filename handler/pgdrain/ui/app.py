@@ -1,0 +1,338 @@
+"""The dashboard's routes, on Powertools' event handler. A request is a Lambda Function URL
+event (payload 2.0): on AWS as Lambda hands it over, locally as local.py builds it from an HTTP
+request. Pages read through the store functions the CLI's operator commands use; GET changes
+nothing; every action is a POST from this dashboard's own origin with its token, and asks
+first."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import logging
+import re
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+from urllib.parse import parse_qs
+
+import psycopg
+from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response
+
+from pgdrain.db import connection, store
+from pgdrain.errors import BadInput, PgdrainError
+from pgdrain.settings import QUEUE_NAME
+from pgdrain.ui import pages
+from pgdrain.ui.csrf import Tokens, same_origin
+from pgdrain.ui.html import page
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 50
+MAX_BODY_BYTES = 64 * 1024  # a form's fields: ids and filters
+MAX_KIND_LENGTH = 200
+MAX_SINCE_DAYS = 36_500
+MAX_REFRESH_SECONDS = 3600
+# How long a chart looks back: the day chart's 24 hours.
+CHART_WINDOW = dt.timedelta(hours=24)
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])\Z")
+_AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+Connect = Callable[[], AbstractContextManager[store.Connection]]
+
+
+@dataclasses.dataclass(frozen=True)
+class UiConfig:
+    """actions: retry and cancel are offered (else the dashboard only reads); tokens: the CSRF
+    tokens' issuer; origins: origins besides the dashboard's own whose POSTs are accepted (a
+    proxy in front that rewrites Host)."""
+
+    actions: bool
+    tokens: Tokens
+    origins: frozenset[str] = frozenset()
+
+
+class Refused(Exception):
+    """A request the dashboard will not serve: its status and one line saying why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    form: dict[str, list[str]]
+    identity: str  # who is asking: the IAM caller on AWS, `local` locally
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> Request:
+        context = event.get("requestContext") or {}
+        http = context.get("http") or {}
+        headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
+        body = event.get("body") or ""
+        raw = base64.b64decode(body) if event.get("isBase64Encoded") else body.encode()
+        if len(raw) > MAX_BODY_BYTES:
+            raise Refused(413, f"the form is larger than {MAX_BODY_BYTES} bytes")
+        iam = (context.get("authorizer") or {}).get("iam") or {}
+        return cls(
+            method=str(http.get("method", "GET")).upper(),
+            path=str(event.get("rawPath", "/")),
+            query=parse_qs(str(event.get("rawQueryString") or ""), keep_blank_values=True),
+            headers=headers,
+            form=parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True),
+            identity=str(iam.get("userArn") or iam.get("callerId") or "local"),
+        )
+
+    def arg(self, name: str) -> str | None:
+        values = (self.form if self.method == "POST" else self.query).get(name)
+        value = values[-1].strip() if values else ""
+        return value or None
+
+
+def parse_filters(request: Request) -> dict[str, str | None]:
+    """The jobs filters as given (text, for links and forms), each checked as the CLI checks
+    its options: one line saying what is wrong (400) otherwise."""
+    filters = {k: request.arg(k) for k in ("queue", "kind", "status", "since", "before")}
+    queue, kind, status, before = (filters[k] for k in ("queue", "kind", "status", "before"))
+    if queue is not None and not QUEUE_NAME.match(queue):
+        raise BadInput(f"{queue[:40]!r} is not a queue name")
+    if kind is not None and (len(kind) > MAX_KIND_LENGTH or not kind.isprintable()):
+        raise BadInput(f"{kind[:40]!r} is not a job kind")
+    if status is not None and status not in store.STATUSES:
+        raise BadInput(f"status must be one of {', '.join(store.STATUSES)}")
+    if before is not None and not (before.isdigit() and 0 < int(before) < 2**63):
+        raise BadInput("before must be a job id")
+    since_at = request.arg("since_at")
+    if since_at is not None:  # a confirmation carries the time its preview computed
+        filters["since_at"] = parse_since(since_at).isoformat()
+    elif filters["since"] is not None:
+        filters["since_at"] = parse_since(filters["since"]).isoformat()
+    return filters
+
+
+def parse_since(text: str) -> dt.datetime:
+    """An age (90s, 30m, 2h, 7d: that long ago) or an ISO 8601 time (naive = UTC), as the
+    CLI's --since."""
+    now = dt.datetime.now(dt.UTC)
+    if match := _AGE.match(text):
+        seconds = float(match[1]) * _AGE_UNITS[match[2]]
+        if seconds > MAX_SINCE_DAYS * 86400:
+            raise BadInput(f"since {text!r} reaches back more than 100 years")
+        return now - dt.timedelta(seconds=seconds)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInput(
+            f"since {text[:40]!r} is neither an age (90s, 30m, 2h, 7d) nor an ISO 8601 time"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+
+
+def _since(filters: Mapping[str, str | None]) -> dt.datetime | None:
+    value = filters.get("since_at")
+    return dt.datetime.fromisoformat(value) if value else None
+
+
+def html_response(
+    status: int, title: str, body: str, *, active: str = "", refresh: int | None = None
+) -> Response[str]:
+    document, policy = page(title, body, active=active, refresh=refresh)
+    return Response(
+        status_code=status,
+        content_type="text/html; charset=utf-8",
+        body=document,
+        headers={
+            "Content-Security-Policy": policy,
+            "X-Content-Type-Options": "nosniff",
+            "X-Frame-Options": "DENY",
+            "Referrer-Policy": "same-origin",
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+def redirect(location: str) -> Response[str]:
+    """After an action: 303, so that reloading the page it lands on repeats nothing."""
+    return Response(status_code=303, body="", headers={"Location": location})
+
+
+def build(connect: Connect, config: UiConfig) -> LambdaFunctionUrlResolver:
+    """The dashboard: its routes on a resolver, reading and acting through `connect()`."""
+    app = LambdaFunctionUrlResolver()
+    dashboard = _Dashboard(app, connect, config)
+    app.get("/")(dashboard.queues)
+    app.get("/jobs")(dashboard.jobs)
+    app.get("/jobs/<job_id>")(dashboard.job)
+    app.post("/jobs/<job_id>/<verb>")(dashboard.act)
+    app.post("/retry")(dashboard.retry_matching)
+    app.get("/control")(dashboard.control)
+    app.not_found(lambda _exc: html_response(404, "Not found", pages.error_page("No such page.")))
+    app.exception_handler(Refused)(
+        lambda exc: html_response(exc.status, "Refused", pages.error_page(str(exc)))
+    )
+    app.exception_handler(BadInput)(
+        lambda exc: html_response(400, "Bad request", pages.error_page(str(exc)))
+    )
+    app.exception_handler(PgdrainError)(_unavailable)
+    app.exception_handler(psycopg.Error)(_unavailable)
+    return app
+
+
+def _unavailable(exc: Exception) -> Response[str]:
+    reason = connection.describe(exc) if isinstance(exc, psycopg.Error) else str(exc)
+    log.warning("dashboard request failed: %s", reason)
+    return html_response(503, "Database error", pages.error_page(f"database error: {reason}"))
+
+
+class _Dashboard:
+    def __init__(self, app: LambdaFunctionUrlResolver, connect: Connect, config: UiConfig) -> None:
+        self._app = app
+        self._connect = connect
+        self._config = config
+
+    def _request(self) -> Request:
+        return Request.from_event(self._app.current_event.raw_event)
+
+    def _token(self, request: Request) -> str | None:
+        """The token for this page's forms; None when actions are off (no forms)."""
+        return self._config.tokens.issue(request.identity) if self._config.actions else None
+
+    def _check_post(self, request: Request) -> str:
+        """Refuse (403) an action that is off, from another origin, or without this
+        dashboard's token; return the token for the page that follows."""
+        if not self._config.actions:
+            raise Refused(403, "actions are off: this dashboard only reads")
+        if not same_origin(
+            request.headers.get("origin"), request.headers.get("host"), self._config.origins
+        ):
+            raise Refused(403, "refused: the request does not come from this dashboard's pages")
+        if not self._config.tokens.valid(request.arg("token"), request.identity):
+            raise Refused(403, "refused: the form's token is missing or expired; reload the page")
+        return self._config.tokens.issue(request.identity)
+
+    def _refresh(self, request: Request) -> int | None:
+        value = request.arg("refresh")
+        if value is None or not value.isdigit():
+            return None
+        return min(max(int(value), 1), MAX_REFRESH_SECONDS)
+
+    def queues(self) -> Response[str]:
+        request = self._request()
+        with self._connect() as conn:
+            stats = store.queue_stats(conn)
+            limits = store.queue_limit_list(conn)
+            now = dt.datetime.now(dt.UTC)
+            throughput = store.job_finished_per_minute(conn, now - CHART_WINDOW)
+        body = pages.queues_page(stats, limits, throughput, now)
+        return html_response(200, "Queues", body, active="/", refresh=self._refresh(request))
+
+    def jobs(self) -> Response[str]:
+        request = self._request()
+        filters = parse_filters(request)
+        status = filters["status"]
+        with self._connect() as conn:
+            rows = store.job_list(
+                conn,
+                [status] if status else list(store.STATUSES),
+                PAGE_SIZE + 1,
+                queue=filters["queue"],
+                kind=filters["kind"],
+                since=_since(filters),
+                before=int(filters["before"]) if filters["before"] else None,
+            )
+        next_before = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
+        shown = {k: v for k, v in filters.items() if k != "since_at"}
+        body = pages.jobs_page(shown, rows[:PAGE_SIZE], next_before, token=self._token(request))
+        return html_response(200, "Jobs", body, active="/jobs")
+
+    def job(self, job_id: str) -> Response[str]:
+        request = self._request()
+        found = self._find(job_id)
+        body = pages.job_page(found, token=self._token(request), notice_key=request.arg("notice"))
+        refresh = self._refresh(request)
+        if refresh and found.get("status") not in ("queued", "running"):
+            refresh = None  # it has finished: nothing more to watch
+        return html_response(200, f"Job {found['id']}", body, active="/jobs", refresh=refresh)
+
+    def _find(self, job_id: str) -> dict[str, Any]:
+        if not job_id.isdigit() or not 0 < int(job_id) < 2**63:
+            raise Refused(404, "No such job.")
+        with self._connect() as conn:
+            found = store.job_show(conn, int(job_id))
+        if found is None:
+            raise Refused(404, f"No job {int(job_id)}.")
+        return found
+
+    def act(self, job_id: str, verb: str) -> Response[str]:
+        """Retry or cancel one job: a confirmation page first, then (confirm=1) the action."""
+        request = self._request()
+        if verb not in ("retry", "cancel"):
+            raise Refused(404, "No such action.")
+        token = self._check_post(request)
+        found = self._find(job_id)
+        if request.arg("confirm") != "1":
+            title = f"{verb.capitalize()} job {found['id']}?"
+            return html_response(200, title, pages.confirm_page(found, verb, token), active="/jobs")
+        with self._connect() as conn:
+            if verb == "retry":
+                done = bool(store.job_retry(conn, [found["id"]]))
+                key = "retried" if done else "not-retried"
+            else:
+                done = bool(store.job_cancel(conn, [found["id"]]))
+                key = "cancelled" if done else "not-cancelled"
+        log.info(
+            "dashboard %s",
+            verb,
+            extra={"job_id": found["id"], "by": request.identity, "done": done},
+        )
+        watch = "&refresh=2" if key == "retried" else ""
+        return redirect(f"/jobs/{found['id']}?notice={key}{watch}")
+
+    def retry_matching(self) -> Response[str]:
+        """Retry by filter, as `pgdrain retry --failed|--parked [filters]`: first the dry run
+        (the same statement, rolled back) with its count, then (confirm=1) the retry."""
+        request = self._request()
+        token = self._check_post(request)
+        filters = parse_filters(request)
+        statuses: list[Literal["failed", "parked"]]
+        if filters["status"] == "failed":
+            statuses = ["failed"]
+        elif filters["status"] == "parked":
+            statuses = ["parked"]
+        else:
+            raise BadInput("retry by filter takes status failed or parked")
+        confirmed = request.arg("confirm") == "1"
+        with self._connect() as conn, conn.transaction() as tx:
+            matched = store.job_retry_matching(
+                conn,
+                statuses,
+                queue=filters["queue"],
+                kind=filters["kind"],
+                since=_since(filters),
+            )
+            if not confirmed:
+                raise psycopg.Rollback(tx)  # the dry run: exactly what the retry would do
+        if confirmed:
+            log.info(
+                "dashboard retry by filter", extra={"jobs": len(matched), "by": request.identity}
+            )
+        body = pages.bulk_page(filters, matched, token=token, done=confirmed)
+        return html_response(200, "Retry by filter", body, active="/jobs")
+
+    def control(self) -> Response[str]:
+        request = self._request()
+        with self._connect() as conn:
+            runs = store.run_list(conn)
+            wakes = store.wake_list(conn)
+            kicks = store.kick_list(conn)
+            limits = store.queue_limit_list(conn)
+        now = dt.datetime.now(dt.UTC)
+        body = pages.control_page(runs, wakes, kicks, limits, now)
+        return html_response(
+            200, "Control plane", body, active="/control", refresh=self._refresh(request)
+        )

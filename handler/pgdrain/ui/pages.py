@@ -1,0 +1,388 @@
+"""The dashboard's pages, rendered from the store's records. Every value that comes from a job
+goes through html.text() or html.cell(); everything else here is our own text."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pgdrain.db import store
+from pgdrain.ui import charts
+from pgdrain.ui.html import (
+    MAX_CELL,
+    cell,
+    duration,
+    moment,
+    post_button,
+    pretty_json,
+    table,
+    text,
+    url,
+)
+
+# What an action's redirect may say on the page it lands on: a fixed set, never reflected text.
+NOTICES = {
+    "retried": "Queued again: a run will pick it up (the page refreshes while it waits).",
+    "cancelled": "Cancelled.",
+    "not-retried": "Not retried: it is no longer failed, parked or cancelled (or a newer job "
+    "holds its key).",
+    "not-cancelled": "Not cancelled: it had already finished.",
+}
+RETRYABLE = ("failed", "parked", "cancelled")
+CANCELLABLE = ("queued", "running", "parked")
+BULK_STATUSES = ("failed", "parked")  # what retry by filter takes, as `pgdrain retry --failed`
+ERRORS_SHOWN = 50  # a job's page shows its latest errors, at most this many
+
+
+def notice(key: str | None) -> str:
+    message = NOTICES.get(key or "")
+    return f'<div class="notice">{message}</div>' if message else ""
+
+
+def _history(count: int) -> str:
+    return f"{count:,}+" if count >= store.STATS_HISTORY_BOUND else f"{count:,}"
+
+
+def _num(value: int) -> str:
+    return f'<span class="num">{value:,}</span>'
+
+
+def queue_state(row: store.QueueStats) -> str:
+    """What the queue is doing for runs: `active` until queues can be paused, then the
+    store's flag says `paused` (a paused queue's jobs wait, its kicks are held)."""
+    return "paused" if getattr(row, "paused", False) else "active"
+
+
+def queues_page(
+    stats: Sequence[store.QueueStats],
+    limits: Sequence[store.QueueLimitRow],
+    throughput: store.Throughput,
+    now: dt.datetime,
+) -> str:
+    hour = now.replace(second=0, microsecond=0) - dt.timedelta(minutes=59)
+    day_step = dt.timedelta(minutes=15)
+    day_start = now.replace(minute=now.minute // 15 * 15, second=0, microsecond=0)
+    day_start -= dt.timedelta(hours=24) - day_step
+    hour_rows = charts.buckets(throughput, hour, now, dt.timedelta(minutes=1))
+    day_rows = charts.buckets(throughput, day_start, now, day_step)
+    limit_of = {limit.queue: limit for limit in limits}
+    last_hour: dict[str, tuple[int, int]] = {}
+    for m in throughput.minutes:
+        if m.minute >= hour:
+            done, failed = last_hour.get(m.queue, (0, 0))
+            last_hour[m.queue] = (done + m.done, failed + m.failed)
+    rows = []
+    for r in stats:
+        limit = limit_of.get(r.queue)
+        done_h, failed_h = last_hour.get(r.queue, (0, 0))
+        rows.append(
+            [
+                f'<a href="{url("/jobs", {"queue": r.queue})}">{cell(r.queue)}</a>',
+                queue_state(r),
+                _num(r.ready),
+                _num(r.running),
+                _num(r.delayed),
+                f'<a href="{url("/jobs", {"queue": r.queue, "status": "failed"})}">'
+                f"{_history(r.failed)}</a>",
+                f'<a href="{url("/jobs", {"queue": r.queue, "status": "parked"})}">'
+                f"{_history(r.parked)}</a>",
+                duration(r.oldest_ready_age_s) if r.ready else "-",
+                f"{done_h:,} / {failed_h:,}",
+                _history(r.done),
+                _history(r.cancelled),
+                _num(r.expired_leases),
+                f"{limit.running}/{limit.max_running}" if limit else "-",
+            ]
+        )
+    headers = [
+        "queue", "state", "ready", "running", "delayed", "failed", "parked", "oldest ready",
+        "done / failed (last hour)", "done", "cancelled", "expired leases", "running / limit",
+    ]  # fmt: skip
+    minute = dt.timedelta(minutes=1)
+    hour_chart = charts.bar_chart("Jobs finished per minute, last hour", hour_rows, minute)
+    day_chart = charts.bar_chart("Jobs finished per minute, last day", day_rows, day_step)
+    bound = ""
+    if throughput.counted_from > throughput.since:
+        bound = (
+            f'<p class="muted">The charts count the newest {store.THROUGHPUT_BOUND:,} finished '
+            f"jobs: before {moment(throughput.counted_from)} (grey) they are not counted.</p>"
+        )
+    return (
+        "<h1>Queues</h1>"
+        f'<p class="muted">As of {moment(now)}. Finished counts above '
+        f"{store.STATS_HISTORY_BOUND:,} show as {store.STATS_HISTORY_BOUND:,}+. "
+        f'<a href="{url("/", {"refresh": 5})}">Refresh every 5 s</a></p>'
+        + table(headers, rows, "No jobs yet.")
+        + "<h2>Jobs finished per minute</h2>"
+        '<p class="muted">Done (green) and failed (red).</p><div class="charts">'
+        f'<div class="chart">Last hour, per minute{hour_chart}</div>'
+        f'<div class="chart">Last day, per minute (15-minute average){day_chart}</div>'
+        f"</div>{bound}"
+    )
+
+
+def _filter_form(filters: Mapping[str, str | None]) -> str:
+    statuses = "".join(
+        f'<option value="{s}"{" selected" if filters.get("status") == s else ""}>{s}</option>'
+        for s in store.STATUSES
+    )
+
+    def field(name: str, placeholder: str) -> str:
+        return (
+            f'<label>{name} <input name="{name}" value="{text(filters.get(name) or "")}" '
+            f'placeholder="{placeholder}" size="14"></label>'
+        )
+
+    return (
+        '<form method="get" action="/jobs" class="filters">'
+        + field("queue", "any")
+        + field("kind", "any")
+        + f'<label>status <select name="status"><option value="">any</option>{statuses}'
+        "</select></label>"
+        + field("since", "30m, 2h, 7d, ISO")
+        + '<button type="submit">Filter</button> <a href="/jobs">clear</a></form>'
+    )
+
+
+def jobs_page(
+    filters: Mapping[str, str | None],
+    rows: Sequence[store.JobRow],
+    next_before: int | None,
+    *,
+    token: str | None,
+) -> str:
+    """A page of jobs, newest first; `token` is None when actions are off."""
+    body = [
+        "<h1>Jobs</h1>",
+        _filter_form(filters),
+        table(
+            ["id", "queue", "kind", "status", "attempts", "updated", "last error"],
+            (
+                [
+                    f'<a href="/jobs/{r.id}">{r.id}</a>',
+                    cell(r.queue),
+                    cell(r.kind),
+                    f'<span class="status-{r.status}">{r.status}</span>',
+                    f"{r.attempts}/{r.max_attempts}",
+                    moment(r.updated_at),
+                    cell(r.last_error),
+                ]
+                for r in rows
+            ),
+            "No job matches.",
+        ),
+    ]
+    links = []
+    if filters.get("before"):
+        links.append(f'<a href="{url("/jobs", {**filters, "before": None})}">« newest</a>')
+    if next_before is not None:
+        links.append(f'<a href="{url("/jobs", {**filters, "before": next_before})}">older »</a>')
+    body.append(f"<p>{' · '.join(links)}</p>")
+    status = filters.get("status")
+    if token is not None and status in BULK_STATUSES:
+        fields = {k: filters.get(k) for k in ("queue", "kind", "since", "status")}
+        body.append(
+            "<h2>Retry by filter</h2>"
+            f"<p>Queue again every {status} job matching these filters, with a fresh set of "
+            "attempts. The next page shows how many first, and asks.</p>"
+            + post_button("/retry", f"Retry every matching {status} job…", token, fields)
+        )
+    return "".join(body)
+
+
+# The columns a job's page shows first, in this order; any others (a later migration's) after.
+_SHOW_ORDER = (
+    "id", "queue", "kind", "status", "priority", "attempts", "max_attempts",
+    "recovery_policy", "reclaim_count", "run_at", "created_at", "updated_at", "finished_at",
+    "lease_expires_at", "leased_by", "heartbeat_at", "attempt_token", "idempotency_key",
+    "last_error",
+)  # fmt: skip
+_TIMES = {"run_at", "created_at", "updated_at", "finished_at", "lease_expires_at", "heartbeat_at"}
+_LONG = {"payload", "errors"}
+
+
+def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | None) -> str:
+    status = str(job.get("status"))
+    job_id = int(job["id"])
+    actions = []
+    if token is not None and status in RETRYABLE:
+        actions.append(post_button(f"/jobs/{job_id}/retry", "Retry…", token, {}))
+    if token is not None and status in CANCELLABLE:
+        actions.append(post_button(f"/jobs/{job_id}/cancel", "Cancel…", token, {}))
+    keys = [k for k in _SHOW_ORDER if k in job]
+    keys += sorted(k for k in job if k not in _SHOW_ORDER and k not in _LONG)
+    fields = "".join(
+        f"<dt>{text(k)}</dt><dd>{_field(k, job[k])}</dd>" for k in keys if k != "status"
+    )
+    parts = [
+        notice(notice_key),
+        f'<h1>Job {job_id} <span class="status-{text(status)}">{text(status)}</span></h1>',
+        f"<p>{' '.join(actions)}</p>" if actions else "",
+        f"<dl>{fields}</dl>",
+        "<h2>Payload</h2>",
+        f"<pre>{pretty_json(job.get('payload'))}</pre>",
+        "<h2>Errors</h2>",
+        _errors(job.get("errors"), job.get("last_error")),
+    ]
+    return "".join(parts)
+
+
+def _field(key: str, value: object) -> str:
+    if value is None:
+        return "-"
+    if key in _TIMES and isinstance(value, str):
+        return moment(value)
+    if isinstance(value, dict | list):  # a later migration's structured column
+        return f"<pre>{pretty_json(value)}</pre>"
+    return text(value)
+
+
+def _errors(errors: object, last_error: object) -> str:
+    if not isinstance(errors, list) or not errors:
+        if last_error:
+            return f"<pre>{text(last_error)}</pre>"
+        return '<p class="muted">None recorded.</p>'
+    shown = errors[-ERRORS_SHOWN:]
+    out = []
+    if len(errors) > len(shown):
+        out.append(f'<p class="muted">The latest {len(shown)} of {len(errors)} attempts.</p>')
+    for e in reversed(shown):
+        e = e if isinstance(e, dict) else {"message": e}
+        out.append(
+            f"<h3>Attempt {text(e.get('attempt', '?'))} · {moment(e.get('at'))} · "
+            f"{text(e.get('type', 'Error'), MAX_CELL)}</h3>"
+            f"<pre>{text(e.get('message', ''))}</pre>"
+        )
+        if e.get("traceback"):
+            out.append(f"<pre>{text(e['traceback'])}</pre>")
+    return "".join(out)
+
+
+def confirm_page(job: Mapping[str, Any], verb: str, token: str) -> str:
+    job_id = int(job["id"])
+    what = {
+        "retry": "Queue it again, with a fresh set of attempts?",
+        "cancel": "Cancel it? A queued job never runs; a running one loses its lease, and its "
+        "outcome is refused.",
+    }[verb]
+    return (
+        f"<h1>{verb.capitalize()} job {job_id}?</h1>"
+        f'<div class="confirm"><p>Job {job_id} · {cell(job.get("queue"))} · '
+        f'{cell(job.get("kind"))} · <span class="status-{text(job.get("status"))}">'
+        f"{text(job.get('status'))}</span></p><p>{what}</p>"
+        + post_button(f"/jobs/{job_id}/{verb}", f"Yes, {verb} job {job_id}", token, {"confirm": 1})
+        + f' <a href="/jobs/{job_id}">No, back to the job</a></div>'
+    )
+
+
+def bulk_page(
+    filters: Mapping[str, str | None],
+    matched: Sequence[store.Matched],
+    *,
+    token: str,
+    done: bool,
+) -> str:
+    """Retry by filter: what would be queued again (a dry run: the same statement rolled back)
+    with the button that does it; or, `done`, what was."""
+    status = filters.get("status") or "failed"
+    shown = sorted(matched, key=lambda m: m.id)[:100]
+    listing = table(
+        ["id", "queue", "kind"],
+        ([f'<a href="/jobs/{m.id}">{m.id}</a>', cell(m.queue), cell(m.kind)] for m in shown),
+        "None.",
+    )
+    more = (
+        f'<p class="muted">And {len(matched) - len(shown):,} more.</p>'
+        if len(matched) > 100
+        else ""
+    )
+    back = url("/jobs", {k: filters.get(k) for k in ("queue", "kind", "status")})
+    described = "".join(
+        f"<li>{k}: {text(v)}</li>" for k, v in filters.items() if v and k != "since_at"
+    )
+    if done:
+        return (
+            f'<div class="notice">Queued again: {len(matched):,} jobs.</div>'
+            f"<h1>Retried {len(matched):,} {text(status)} jobs</h1><ul>{described}</ul>"
+            f'{listing}{more}<p><a href="{back}">Back to the jobs</a></p>'
+        )
+    if not matched:
+        return (
+            f"<h1>No {text(status)} job matches</h1><ul>{described}</ul>"
+            f'<p><a href="{back}">Back to the jobs</a></p>'
+        )
+    fields = {**{k: v for k, v in filters.items() if k != "since"}, "confirm": 1}
+    return (
+        f"<h1>Retry {len(matched):,} {text(status)} jobs?</h1><ul>{described}</ul>"
+        f'<div class="confirm"><p>{len(matched):,} jobs match now (a dry run: nothing has '
+        "changed yet). Each is queued again with a fresh set of attempts.</p>"
+        + post_button("/retry", f"Yes, retry {len(matched):,} jobs", token, fields)
+        + f' <a href="{back}">No, back to the jobs</a></div>{listing}{more}'
+    )
+
+
+def control_page(
+    runs: Sequence[store.RunRow],
+    wakes: Sequence[store.WakeRow],
+    kicks: Sequence[store.KickRow],
+    limits: Sequence[store.QueueLimitRow],
+    now: dt.datetime,
+) -> str:
+    run_rows = (
+        [
+            cell(r.run_id),
+            cell(", ".join(r.queues)),
+            str(r.chain),
+            moment(r.started_at),
+            duration(r.age_s),
+            moment(r.deadline),
+            "live" if r.live else "past its deadline (killed, or about to be forgotten)",
+        ]
+        for r in runs
+    )
+    wake_rows = (
+        [
+            cell(w.queue_set),
+            moment(w.wake_at),
+            f"in {duration(w.in_s)}" if w.pending else f"{duration(-w.in_s)} ago",
+            text(w.state) + ("" if w.pending else " (done)"),
+        ]
+        for w in wakes
+    )
+    kick_rows = (
+        [
+            cell(k.queue),
+            moment(k.requested_at),
+            moment(k.kicked_at),
+            f"held by a run until {moment(k.held_until)}" if k.held_until else "-",
+        ]
+        for k in kicks
+    )
+    limit_rows = ([cell(q.queue), str(q.running), str(q.max_running)] for q in limits)
+    return (
+        "<h1>Control plane</h1>"
+        f'<p class="muted">As of {moment(now)}. A run is listed from when it registers (or is '
+        "reserved by the run that fans out) until it exits; its summary (claimed, done, failed, "
+        "stop reason) is in its log line and metrics.</p>"
+        "<h2>Runs</h2>"
+        + table(
+            ["run", "queues", "chain", "started", "running for", "deadline", "state"],
+            run_rows,
+            "No run is draining now.",
+        )
+        + "<h2>Wake-ups</h2>"
+        + table(["queues", "at", "when", "state"], wake_rows, "No wake-up recorded.")
+        + "<h2>Kicks</h2>"
+        + table(
+            ["queue", "last asked for", "last invoked a run", "held"],
+            kick_rows,
+            "No kick recorded.",
+        )
+        + "<h2>Queue limits</h2>"
+        + table(["queue", "running", "limit"], limit_rows, "No limit (PGDRAIN_QUEUE_LIMITS).")
+    )
+
+
+def error_page(message: str) -> str:
+    return f'<div class="error">{text(message)}</div>'

@@ -1,0 +1,272 @@
+"""The dashboard against a real PostgreSQL, as the Lambda function serves it: the store's
+bounded reads behind its pages, a request as a Function URL hands it over (an IAM caller, a
+token issued to that caller), and the database roles of dashboard_role.sql: the read-only role
+serves every page and cannot change a job whatever the dashboard asks, the actions role can
+retry and cancel and nothing more. The control: the schema's owner can do what they cannot."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import uuid
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from helpers.fixtures import job_row
+from pgdrain import enqueue
+from pgdrain.db import store
+from pgdrain.ui import lambda_entry, local
+
+Conn = psycopg.Connection[Any]
+ADA = "arn:aws:iam::123456789012:user/ada"
+SECRET = "s" * 40
+
+
+def _finish(conn: Conn, ids: list[int], status: str, ago: dt.timedelta) -> None:
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = %s, finished_at = now() - %s WHERE id = ANY(%s)",
+        (status, ago, ids),
+    )
+
+
+# -- the store's reads -----------------------------------------------------------------------
+
+
+def test_finished_jobs_are_counted_per_minute_and_queue(conn: Conn) -> None:
+    done = [enqueue(conn, "k", queue="a") for _ in range(3)]
+    failed = [enqueue(conn, "k", queue="b") for _ in range(2)]
+    old = [enqueue(conn, "k", queue="a")]
+    _finish(conn, done, "done", dt.timedelta(minutes=5))
+    _finish(conn, failed, "failed", dt.timedelta(minutes=5))
+    _finish(conn, old, "done", dt.timedelta(days=2))
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
+    counted = store.job_finished_per_minute(conn, since)
+    assert counted.counted_from == since  # under the bound: every minute is whole
+    assert {(m.queue, m.done, m.failed) for m in counted.minutes} == {("a", 3, 0), ("b", 0, 2)}
+
+
+def test_past_the_bound_the_count_says_where_it_stopped(conn: Conn) -> None:
+    ids = [enqueue(conn, "k") for _ in range(6)]
+    for i, job_id in enumerate(ids):  # one a minute, the newest first
+        _finish(conn, [job_id], "done", dt.timedelta(minutes=i, seconds=30))
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)
+    counted = store.job_finished_per_minute(conn, since, limit=4)
+    assert sum(m.done for m in counted.minutes) == 4
+    assert counted.counted_from == counted.minutes[0].minute + dt.timedelta(minutes=1)
+
+
+def test_the_control_plane_tables_read_with_never_as_none(conn: Conn) -> None:
+    conn.execute(
+        "INSERT INTO pgdrain.kicks (queue, kicked_at, requested_at) "
+        "VALUES ('q', '-infinity', now())"
+    )
+    conn.execute(
+        "INSERT INTO pgdrain.runs (run_id, queues, deadline) "
+        "VALUES ('r1', ARRAY['q'], now() + interval '1 minute'), "
+        "('dead', ARRAY['q'], now() - interval '1 minute')"
+    )
+    conn.execute(
+        "INSERT INTO pgdrain.wakes (queue_set, wake_at, state, reserved_by, reserved_until) "
+        "VALUES ('q', now() + interval '5 minutes', 'created', 'r1', now())"
+    )
+    (kick,) = store.kick_list(conn)
+    assert (kick.queue, kick.kicked_at, kick.held_until) == ("q", None, None)
+    assert {(r.run_id, r.live) for r in store.run_list(conn)} == {("r1", True), ("dead", False)}
+    (wake,) = store.wake_list(conn)
+    assert wake.pending and 240 < wake.in_s <= 300
+
+
+def test_job_list_pages_before_an_id(conn: Conn) -> None:
+    ids = [enqueue(conn, "k") for _ in range(5)]
+    page = store.job_list(conn, store.STATUSES, 2, before=ids[3])
+    assert [r.id for r in page] == [ids[2], ids[1]]
+
+
+# -- the function, as a Function URL invokes it ------------------------------------------------
+
+
+def _event(method: str, target: str, form: str = "", caller: str = ADA) -> dict[str, Any]:
+    host = "abc123.lambda-url.eu-west-1.on.aws"
+    headers = {"host": host, "origin": f"https://{host}"}
+    event = local.to_event(method, target, headers, form.encode(), "203.0.113.9")
+    event["requestContext"]["authorizer"] = {"iam": {"userArn": caller}}
+    return event
+
+
+def _function(url: str, actions: bool = True) -> Any:
+    env = {"DATABASE_URL": url, "PGDRAIN_UI_SECRET": SECRET}
+    if actions:
+        env["PGDRAIN_UI_ACTIONS"] = "true"
+    return lambda_entry._build(env)
+
+
+def _token(function: Any, job_id: int, caller: str = ADA) -> str:
+    page = function.resolve(_event("GET", f"/jobs/{job_id}", caller=caller), None)
+    match = re.search(r'name="token" value="([^"]+)"', page["body"])
+    assert match, "the page offers no action"
+    return match.group(1)
+
+
+def _failed(conn: Conn) -> int:
+    job_id = enqueue(conn, "k")
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = 'failed', finished_at = now(), last_error = 'boom' "
+        "WHERE id = %s",
+        (job_id,),
+    )
+    return job_id
+
+
+def test_the_function_serves_every_page(db_url: str, conn: Conn) -> None:
+    job_id = _failed(conn)
+    function = _function(db_url)
+    for target in ("/", "/jobs", "/jobs?status=failed", f"/jobs/{job_id}", "/control"):
+        answer = function.resolve(_event("GET", target), None)
+        assert answer["statusCode"] == 200, (target, answer["body"][-300:])
+        assert "default-src 'none'" in answer["headers"]["Content-Security-Policy"]
+    assert function.resolve(_event("GET", "/nope"), None)["statusCode"] == 404
+
+
+def test_the_function_retries_for_the_caller_it_issued_the_token_to(
+    db_url: str, conn: Conn
+) -> None:
+    job_id = _failed(conn)
+    function = _function(db_url)
+    eve = "arn:aws:iam::123456789012:user/eve"
+    stolen = function.resolve(
+        _event("POST", f"/jobs/{job_id}/retry", f"confirm=1&token={_token(function, job_id)}", eve),
+        None,
+    )
+    assert stolen["statusCode"] == 403  # Ada's token, sent by Eve's request
+    assert job_row(conn, job_id)["status"] == "failed"
+    # Another execution environment (another cold start) shares the key: the token holds.
+    other = _function(db_url)
+    answer = other.resolve(
+        _event("POST", f"/jobs/{job_id}/retry", f"confirm=1&token={_token(function, job_id)}"),
+        None,
+    )
+    assert answer["statusCode"] == 303
+    assert answer["headers"]["Location"] == f"/jobs/{job_id}?notice=retried&refresh=2"
+    assert job_row(conn, job_id)["status"] == "queued"
+
+
+def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:
+    job_id = _failed(conn)
+    function = _function(db_url, actions=False)
+    page = function.resolve(_event("GET", f"/jobs/{job_id}"), None)
+    assert 'method="post"' not in page["body"]
+    tokens = lambda_entry.config_from_env({"PGDRAIN_UI_SECRET": SECRET}).tokens
+    form = f"confirm=1&token={tokens.issue(ADA)}"
+    answer = function.resolve(_event("POST", f"/jobs/{job_id}/retry", form), None)
+    assert answer["statusCode"] == 403
+    assert job_row(conn, job_id)["status"] == "failed"
+
+
+# -- the database roles ------------------------------------------------------------------------
+
+
+def _role_sql() -> str:
+    return resources.files("pgdrain.db").joinpath("sql/dashboard_role.sql").read_text()
+
+
+def _as(url: str, user: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    params["user"] = user
+    params.pop("password", None)
+    return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def granted(db_url: str) -> str:
+    with psycopg.connect(db_url, autocommit=True) as owner:
+        owner.execute(_role_sql())
+        owner.execute(_role_sql())  # safe to run again
+    return db_url
+
+
+def _login(admin_url: str, group: str) -> Iterator[str]:
+    name = f"pgdrain_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                sql.Identifier(name), sql.Identifier(group)
+            )
+        )
+    try:
+        yield name
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (name,),
+            )
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def reader(admin_url: str) -> Iterator[str]:
+    yield from _login(admin_url, "pgdrain_dashboard")
+
+
+@pytest.fixture
+def operator(admin_url: str) -> Iterator[str]:
+    yield from _login(admin_url, "pgdrain_dashboard_actions")
+
+
+REFUSED = (
+    "INSERT INTO pgdrain.jobs (kind) VALUES ('x')",
+    "DELETE FROM pgdrain.jobs",
+    "UPDATE pgdrain.kicks SET run_until = NULL",
+    "DELETE FROM pgdrain.runs",
+    "SELECT * FROM pgdrain.migrations",
+    "CREATE TABLE pgdrain.intruder (id int)",
+    "TRUNCATE pgdrain.jobs",
+)
+
+
+def test_the_read_only_role_serves_every_page_and_changes_nothing(
+    granted: str, conn: Conn, reader: str
+) -> None:
+    job_id = _failed(conn)
+    url = _as(granted, reader)
+    function = _function(url)  # actions on in the function: the role is what holds
+    for target in ("/", "/jobs", f"/jobs/{job_id}", "/control"):
+        assert function.resolve(_event("GET", target), None)["statusCode"] == 200, target
+    form = f"confirm=1&token={_token(function, job_id)}"
+    answer = function.resolve(_event("POST", f"/jobs/{job_id}/retry", form), None)
+    assert answer["statusCode"] == 503 and "permission denied" in answer["body"]
+    assert job_row(conn, job_id)["status"] == "failed"
+    with psycopg.connect(url, autocommit=True) as as_reader:
+        for statement in ("UPDATE pgdrain.jobs SET priority = 1", *REFUSED):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                as_reader.execute(statement)
+
+
+def test_the_actions_role_retries_and_cancels_and_nothing_more(
+    granted: str, conn: Conn, operator: str
+) -> None:
+    failed, queued = _failed(conn), enqueue(conn, "k", delay=3600)
+    conn.execute("INSERT INTO pgdrain.queue_limits (queue, max_running) VALUES ('default', 2)")
+    url = _as(granted, operator)
+    function = _function(url)
+    for job_id, verb, status in ((failed, "retry", "queued"), (queued, "cancel", "cancelled")):
+        form = f"confirm=1&token={_token(function, job_id)}"
+        answer = function.resolve(_event("POST", f"/jobs/{job_id}/{verb}", form), None)
+        assert answer["statusCode"] == 303, answer["body"][-300:]
+        assert job_row(conn, job_id)["status"] == status
+    with psycopg.connect(url, autocommit=True) as as_operator:
+        for statement in REFUSED:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                as_operator.execute(statement)
+
+
+def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str) -> None:
+    with psycopg.connect(granted) as owner:
+        for statement in REFUSED:
+            owner.execute(statement)
+        owner.rollback()
