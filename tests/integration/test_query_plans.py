@@ -10,6 +10,7 @@ statements also give the answers the old ones gave (the old text is kept here as
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import uuid
 from collections.abc import Iterator
@@ -222,6 +223,26 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
         "job_claim_recover",
         {"done_ids": RUNNING_IDS, "done_tokens": OTHER_TOKENS, "claim_id": OTHER_TOKENS[0]},
         {"jobs_pkey", RUNNING_ROWS},
+    ),
+    # The operator's lists (pgdrain jobs, the dashboard): one status, the newest first.
+    (
+        "jobs of one status",
+        "job_list_finished",
+        {"status": "failed", "queue": None, "before": None, "limit": 51},
+        {"jobs_finished_queue_idx", "jobs_pkey"},
+    ),
+    (
+        "jobs of a status no job has",
+        "job_list_finished",
+        {"status": "parked", "queue": "email", "before": None, "limit": 51},
+        {"jobs_finished_queue_idx"},
+    ),
+    # The dashboard's chart: the newest finished rows, by finished_at, up to its bound.
+    (
+        "finished per minute",
+        "job_finished_per_minute",
+        {"since": dt.datetime(2000, 1, 1, tzinfo=dt.UTC), "limit": store.THROUGHPUT_BOUND},
+        {"jobs_finished_idx"},
     ),
 ]
 FENCED = {"heartbeat", "complete", "release", "fail", "claim", "claim with completions"}
@@ -489,3 +510,38 @@ def test_stats_answer_as_before_with_finished_counts_bounded(big: Conn) -> None:
     assert by_queue[HISTORY_ONLY].done == 1000
     assert (by_queue[RUNNING_ONLY].running, by_queue[RUNNING_ONLY].expired_leases) == (10, 10)
     assert (by_queue[DELAYED_ONLY].queued, by_queue[DELAYED_ONLY].ready) == (5000, 0)
+
+
+# The operator's lists of one status, as job_list read them before job_list_finished: the table
+# walked backwards by id until a page of that status turns up.
+LIST_CASES = [
+    {"status": "failed", "queue": None, "before": None},
+    {"status": "failed", "queue": "default", "before": FINISHED // 2},
+    {"status": "done", "queue": None, "before": None},
+    {"status": "done", "queue": HISTORY_ONLY, "before": None},
+    {"status": "failed", "queue": "email", "before": None},  # none: failures are in default
+    {"status": "parked", "queue": None, "before": None},
+]
+
+
+@pytest.mark.parametrize("case", LIST_CASES, ids=lambda c: f"{c['status']}-{c['queue']}")
+def test_a_list_of_one_status_answers_as_job_list_read_it(big: Conn, case: dict[str, Any]) -> None:
+    old = big.execute(
+        query("job_list"),
+        {"statuses": [case["status"]], "limit": 51, "kind": None, "since": None, **case},
+    ).fetchall()
+    new = store.job_list(big, [case["status"]], 51, queue=case["queue"], before=case["before"])
+    assert [r.id for r in new] == [r[0] for r in old]
+
+
+def test_control_job_list_walks_the_table_for_a_status_no_job_of_the_queue_has(
+    big: Conn,
+) -> None:
+    """The same list read by job_list's statement: every row of the table passes through its
+    filter (failures are all in another queue), where job_list_finished reads none."""
+    case = {"status": "failed", "queue": "email", "before": None, "limit": 51}
+    params = {"statuses": ["failed"], "kind": None, "since": None, **case}
+    plan = _explain(big, query("job_list"), params, analyze=True)
+    assert sum(n.get("Rows Removed by Filter", 0) for n in plan_nodes(plan)) > FINISHED
+    fast = _explain(big, query("job_list_finished"), case, analyze=True)
+    assert sum(n.get("Rows Removed by Filter", 0) for n in plan_nodes(fast)) < 100

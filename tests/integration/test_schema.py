@@ -169,7 +169,7 @@ JOBS_INDEXES = {
     "jobs_lease_idx": "reclaim, the exit check, stats, recovery of a lost claim",
     "jobs_active_key_idx": "idempotency keys of queued and running jobs",
     "jobs_finished_idx": "purge and retention, by finished_at",
-    "jobs_finished_queue_idx": "stats' bounded counts of finished jobs",
+    "jobs_finished_queue_idx": "stats' bounded counts; lists of one finished status, by id",
 }
 
 

@@ -19,7 +19,7 @@
 --
 --   psql "$ADMIN_DATABASE_URL" -v ON_ERROR_STOP=1 -f dashboard_role.sql
 --   psql "$ADMIN_DATABASE_URL" -c "CREATE ROLE dashboard_fn LOGIN PASSWORD '…' IN ROLE pgdrain_dashboard"
---   (or IN ROLE pgdrain_dashboard_actions, with DashboardActions=true)
+--   (or IN ROLE pgdrain_dashboard_actions, with WebDashboardActions=true)
 
 DO $$
 BEGIN

@@ -112,6 +112,51 @@ WHERE status = ANY(%(statuses)s::text[])
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: job_list_finished :many
+-- job_list for one status of finished rows (%(status)s: done, failed, parked or cancelled), in one
+-- queue or all, without the kind and since filters: the ids of the newest of each queue from
+-- jobs_finished_queue_idx (queue, status, id), one backward range per queue read from the index
+-- alone, the newest of those, then their rows by primary key. The queues are found by skipping
+-- through the same index, one probe each (as queue_stats). Read from the table instead, ordered
+-- by id, a page walks every newer row of other statuses first: a backlog of queued jobs, or the
+-- whole table when no job has that status.
+WITH RECURSIVE finished_queue AS (
+    (SELECT queue FROM pgdrain.jobs
+     WHERE status IN ('done', 'failed', 'parked', 'cancelled')
+     ORDER BY queue
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM pgdrain.jobs AS j
+            WHERE j.status IN ('done', 'failed', 'parked', 'cancelled')
+              AND j.queue > f.queue
+            ORDER BY j.queue
+            LIMIT 1)
+    FROM finished_queue AS f
+    WHERE f.queue IS NOT NULL
+)
+SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
+       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error
+FROM pgdrain.jobs
+WHERE id = ANY(ARRAY(
+    SELECT page.id
+    FROM finished_queue AS f
+    CROSS JOIN LATERAL (
+        SELECT j.id
+        FROM pgdrain.jobs AS j
+        WHERE j.status IN ('done', 'failed', 'parked', 'cancelled')
+          AND j.queue = f.queue
+          AND j.status = %(status)s::text
+          AND (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
+        ORDER BY j.id DESC
+        LIMIT %(limit)s
+    ) AS page
+    WHERE f.queue IS NOT NULL
+      AND (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
+    ORDER BY page.id DESC
+    LIMIT %(limit)s
+))
+ORDER BY id DESC;
+
 -- name: queue_stats :many
 -- Counts per queue and status, the age of the oldest ready job, and running jobs whose
 -- lease has expired (non-zero for long means reclaim is not running). queued, ready, delayed,
@@ -263,6 +308,11 @@ WHERE status IN ('done', 'failed', 'cancelled')
 -- The queues of these jobs, once each: the queues `pgdrain retry` kicks after its commit.
 SELECT DISTINCT queue FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY queue;
 -- The dashboard's reads (pgdrain ui) that the commands above do not make. Each is bounded.
+
+-- name: operator_read_timeout :exec
+-- Bound the dashboard's reads until the transaction ends (is_local: pooler-safe): a filter no
+-- index serves (a kind, a time) on a long history gives up instead of reading it all.
+SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 
 -- name: job_finished_per_minute :many
 -- Done, failed and cancelled jobs per minute and queue, since %(since)s, counted from the newest

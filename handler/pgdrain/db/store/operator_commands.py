@@ -153,9 +153,13 @@ def job_list(
     before: int | None = None,
 ) -> list[JobRow]:
     """The newest `limit` jobs matching the filters (None matches every job), older than the
-    job `before` when given (the next page)."""
+    job `before` when given (the next page). One status of finished rows, in a queue or all,
+    is read through their index (job_list_finished)."""
+    statuses = list(statuses)
+    if len(statuses) == 1 and statuses[0] in FINISHED_LISTED and kind is None and since is None:
+        return job_list_finished(conn, statuses[0], limit, queue=queue, before=before)
     params = {
-        "statuses": list(statuses),
+        "statuses": statuses,
         "limit": limit,
         "queue": queue,
         "kind": kind,
@@ -164,6 +168,25 @@ def job_list(
     }
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("job_list"), params).fetchall()
+    return [JobRow(**row) for row in rows]
+
+
+# The statuses of jobs_finished_queue_idx: a list of one of them is read from it.
+FINISHED_LISTED = ("done", "failed", "parked", "cancelled")
+
+
+def job_list_finished(
+    conn: Connection,
+    status: str,
+    limit: int,
+    *,
+    queue: str | None = None,
+    before: int | None = None,
+) -> list[JobRow]:
+    """job_list's answer for one status of FINISHED_LISTED, without kind or since."""
+    params = {"status": status, "limit": limit, "queue": queue, "before": before}
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("job_list_finished"), params).fetchall()
     return [JobRow(**row) for row in rows]
 
 
@@ -272,10 +295,16 @@ def job_queues(conn: Connection, ids: Sequence[int]) -> list[str]:
 # -- the dashboard's reads (pgdrain ui) -------------------------------------------------------
 
 # job_finished_per_minute counts at most this many finished jobs per call.
-THROUGHPUT_BOUND = 100_000
+THROUGHPUT_BOUND = 50_000
 # The control-plane tables hold a row per live run, per set of queues, per queue: a page shows
 # at most this many of each.
 CONTROL_PLANE_ROWS = 200
+
+
+def operator_read_timeout(conn: Connection, timeout_ms: int) -> None:
+    """Bound the current transaction's statements to `timeout_ms` (> 0)."""
+    assert timeout_ms > 0, "a timeout of 0 disables the limit"
+    conn.execute(query("operator_read_timeout"), {"timeout_ms": timeout_ms})
 
 
 @dataclass(frozen=True)
