@@ -7,11 +7,12 @@ first."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 from urllib.parse import parse_qs
@@ -20,7 +21,7 @@ import psycopg
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response
 
 from pgdrain.db import connection, store
-from pgdrain.errors import BadInput, PgdrainError
+from pgdrain.errors import BadInput, ConfigError, PgdrainError
 from pgdrain.settings import QUEUE_NAME
 from pgdrain.ui import pages
 from pgdrain.ui.csrf import Tokens, same_origin
@@ -29,6 +30,8 @@ from pgdrain.ui.html import page
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 50
+# A page's reads give up after this long (a filter that no index serves, on a long history).
+READ_TIMEOUT_MS = 5000
 MAX_BODY_BYTES = 64 * 1024  # a form's fields: ids and filters
 MAX_KIND_LENGTH = 200
 MAX_SINCE_DAYS = 36_500
@@ -178,9 +181,20 @@ def build(connect: Connect, config: UiConfig) -> LambdaFunctionUrlResolver:
     app.exception_handler(BadInput)(
         lambda exc: html_response(400, "Bad request", pages.error_page(str(exc)))
     )
-    app.exception_handler(PgdrainError)(_unavailable)
+    app.exception_handler(psycopg.errors.QueryCanceled)(_too_long)
+    # ConfigError is a BadInput, but of the database settings, not of the request.
+    app.exception_handler([PgdrainError, ConfigError])(_unavailable)
     app.exception_handler(psycopg.Error)(_unavailable)
     return app
+
+
+def _too_long(_exc: Exception) -> Response[str]:
+    message = (
+        f"the query took longer than {READ_TIMEOUT_MS // 1000} s and was stopped: narrow it "
+        "with a status or a queue (those are read from an index; a kind or a time alone walks "
+        "the jobs from the newest)"
+    )
+    return html_response(503, "Too long", pages.error_page(message))
 
 
 def _unavailable(exc: Exception) -> Response[str]:
@@ -194,6 +208,13 @@ class _Dashboard:
         self._app = app
         self._connect = connect
         self._config = config
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[store.Connection]:
+        """A connection for a page's reads, each bounded by READ_TIMEOUT_MS."""
+        with self._connect() as conn, conn.transaction():
+            store.operator_read_timeout(conn, READ_TIMEOUT_MS)
+            yield conn
 
     def _request(self) -> Request:
         return Request.from_event(self._app.current_event.raw_event)
@@ -223,7 +244,7 @@ class _Dashboard:
 
     def queues(self) -> Response[str]:
         request = self._request()
-        with self._connect() as conn:
+        with self._reading() as conn:
             stats = store.queue_stats(conn)
             limits = store.queue_limit_list(conn)
             now = dt.datetime.now(dt.UTC)
@@ -235,7 +256,7 @@ class _Dashboard:
         request = self._request()
         filters = parse_filters(request)
         status = filters["status"]
-        with self._connect() as conn:
+        with self._reading() as conn:
             rows = store.job_list(
                 conn,
                 [status] if status else list(store.STATUSES),
@@ -262,7 +283,7 @@ class _Dashboard:
     def _find(self, job_id: str) -> dict[str, Any]:
         if not job_id.isdigit() or not 0 < int(job_id) < 2**63:
             raise Refused(404, "No such job.")
-        with self._connect() as conn:
+        with self._reading() as conn:
             found = store.job_show(conn, int(job_id))
         if found is None:
             raise Refused(404, f"No job {int(job_id)}.")
@@ -326,7 +347,7 @@ class _Dashboard:
 
     def control(self) -> Response[str]:
         request = self._request()
-        with self._connect() as conn:
+        with self._reading() as conn:
             runs = store.run_list(conn)
             wakes = store.wake_list(conn)
             kicks = store.kick_list(conn)

@@ -1,5 +1,5 @@
 """The dashboard on AWS: a function behind a Function URL with AuthType AWS_IAM (template.yaml,
-`Dashboard=true`). Handler: `pgdrain.ui.lambda_entry.lambda_handler`.
+`WebDashboard=true`). Handler: `pgdrain.ui.lambda_entry.lambda_handler`.
 
 PGDRAIN_UI_ACTIONS=true offers retry and cancel (its database role must allow them:
 dashboard_role.sql); PGDRAIN_UI_SECRET is the key of the forms' tokens, the same in every
