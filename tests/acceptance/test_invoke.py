@@ -117,7 +117,10 @@ def test_a_bad_event_fails_with_the_reason_and_drains_nothing(
             ("-t", "nothing.yaml"),
             "cannot read the template nothing.yaml: No such file or directory",
         ),
-        (("Nope",), "template.yaml has no function 'Nope' (it has DrainFunction)"),
+        (
+            ("Nope",),
+            "template.yaml has no function 'Nope' (it has DrainFunction, WebDashboardFunction)",
+        ),
         (("-e", "nothing.json"), "cannot read the event nothing.json: No such file or directory"),
     ],
     ids=["template", "function", "event"],

@@ -5,6 +5,7 @@ resources. Also the reader itself: intrinsics, Globals, env.json overrides, the 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import re
@@ -154,6 +155,7 @@ def test_no_policy_has_a_wildcard_action_or_resource(template: dict[str, Any]) -
         "scheduler:UpdateSchedule",
         "iam:PassRole",
         "sts:AssumeRole",
+        "lambda:InvokeFunctionUrl",  # the dashboard's, for the people who may open it
     }
 
 
@@ -163,8 +165,15 @@ def test_the_function_may_invoke_itself_by_its_explicit_name(template: dict[str,
     (invoke,) = [s for s in _statements(template) if s.get("Sid") == "ContinueItself"]
     assert invoke["Action"] == "lambda:InvokeFunction"
     assert invoke["Resource"] == {"Fn::Sub": FUNCTION_ARN_SUB}  # continue, fan-out
-    (secret,) = [s for s in _statements(template) if s["Action"] == "secretsmanager:GetSecretValue"]
-    assert secret["Resource"] == {"Ref": "DatabaseSecretArn"}
+    secrets = {
+        s["Sid"]: s["Resource"]
+        for s in _statements(template)
+        if s["Action"] == "secretsmanager:GetSecretValue"
+    }
+    assert secrets == {  # the dashboard reads its own role's credentials
+        "ReadDatabaseSecret": {"Ref": "DatabaseSecretArn"},
+        "ReadWebDashboardDatabaseSecret": {"Ref": "WebDashboardDatabaseSecretArn"},
+    }
 
 
 def test_wake_ups_go_through_a_role_that_may_only_invoke_this_function(
@@ -353,6 +362,58 @@ def test_the_dashboard_graphs_every_metric_the_function_emits(template: dict[str
     every_alarm = {n for n, r in resources.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
     assert len(alarms["properties"]["alarms"]) == len(every_alarm)
     assert set(re.findall(r"\$\{(\w+)\.Arn\}", body)) == every_alarm
+
+
+DASHBOARD_RESOURCES = {
+    "WebDashboardFunction",
+    "WebDashboardTokenSecret",
+    "WebDashboardLogGroup",
+    "WebDashboardInvokePolicy",
+}
+
+
+def test_the_dashboard_is_off_unless_asked_for_and_behind_iam(template: dict[str, Any]) -> None:
+    resources = template["Resources"]
+    resolver = local_invoke.Resolver(template)
+    assert template["Parameters"]["WebDashboard"]["Default"] == "false"
+    assert resolver.condition("HasWebDashboard") is False
+    assert {n for n, r in resources.items() if r.get("Condition") == "HasWebDashboard"} == (
+        DASHBOARD_RESOURCES
+    )
+    props = resources["WebDashboardFunction"]["Properties"]
+    assert props["FunctionUrlConfig"] == {"AuthType": "AWS_IAM"}
+    module, function = props["Handler"].rsplit(".", 1)
+    assert callable(getattr(importlib.import_module(module), function))
+    env = props["Environment"]["Variables"]
+    # Its own credentials (a role of dashboard_role.sql), not the drain's; read-only by default.
+    assert env["DATABASE_URL"] == {"Ref": "WebDashboardDatabaseUrl"}
+    assert env["PGDRAIN_DB_SECRET_ARN"] == {"Ref": "WebDashboardDatabaseSecretArn"}
+    assert env["PGDRAIN_UI_ACTIONS"] == {"Ref": "WebDashboardActions"}
+    assert template["Parameters"]["WebDashboardActions"]["Default"] == "false"
+    assert "WebDashboardTokenSecret" in env["PGDRAIN_UI_SECRET"]["Fn::Sub"]
+    (opener,) = resources["WebDashboardInvokePolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert opener["Action"] == "lambda:InvokeFunctionUrl"
+    assert opener["Resource"] == {"Fn::GetAtt": ["WebDashboardFunction", "Arn"]}
+    assert opener["Condition"] == {"StringEquals": {"lambda:FunctionUrlAuthType": "AWS_IAM"}}
+
+
+def test_pgdrain_invoke_still_finds_the_drain_function_alone() -> None:
+    """The dashboard's function is off by default: `pgdrain invoke` without a name picks the
+    drain function, as before; named, the dashboard's is found too."""
+    assert local_invoke.read_function(TEMPLATE).logical_id == "DrainFunction"
+    dashboard = local_invoke.read_function(TEMPLATE, "WebDashboardFunction")
+    assert dashboard.handler == "pgdrain.ui.lambda_entry.lambda_handler"
+
+
+def test_control_two_functions_without_a_condition_must_be_named(tmp_path: Path) -> None:
+    text = (
+        "Resources:\n"
+        "  A: {Type: AWS::Serverless::Function, Properties: {Handler: a.h, CodeUri: .}}\n"
+        "  B: {Type: AWS::Serverless::Function, Properties: {Handler: b.h, CodeUri: .}}\n"
+    )
+    (tmp_path / "template.yaml").write_text(text)
+    with pytest.raises(BadInput, match="name the function to invoke"):
+        local_invoke.read_function(tmp_path / "template.yaml")
 
 
 # -- the reader -------------------------------------------------------------------------------

@@ -132,6 +132,13 @@ def read_function(template_path: Path, logical_id: str | None = None) -> Functio
         if isinstance(resource, dict) and resource.get("Type") in FUNCTION_TYPES
     }
     if logical_id is None:
+        # A function whose Condition is false under the defaults (an optional one) is not there.
+        defaults = Resolver(template)
+        functions = {
+            name: resource
+            for name, resource in functions.items()
+            if "Condition" not in resource or defaults.condition(resource["Condition"])
+        }
         if len(functions) != 1:
             names = ", ".join(sorted(functions)) or "none"
             raise BadInput(f"name the function to invoke: {template_path} has {names}")
