@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from importlib import resources
@@ -20,6 +21,7 @@ from psycopg import sql
 from helpers.fixtures import job_row
 from pgdrain import enqueue
 from pgdrain.db import store
+from pgdrain.ui import app as ui_app
 from pgdrain.ui import lambda_entry, local
 
 Conn = psycopg.Connection[Any]
@@ -270,3 +272,49 @@ def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str
         for statement in REFUSED:
             owner.execute(statement)
         owner.rollback()
+
+
+# -- a page's reads are bounded ------------------------------------------------------------------
+
+
+def _page_behind_a_lock(url: str, conn: Conn) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """GET /jobs while another session holds the jobs table: the page's read waits on it."""
+    answers: list[dict[str, Any]] = []
+    function = _function(url, actions=False)
+    conn.execute("BEGIN")
+    conn.execute("LOCK TABLE pgdrain.jobs IN ACCESS EXCLUSIVE MODE")
+    thread = threading.Thread(
+        target=lambda: answers.append(function.resolve(_event("GET", "/jobs?kind=k"), None))
+    )
+    thread.start()
+    return thread, answers
+
+
+def test_a_read_that_takes_too_long_gives_up_with_one_line(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ui_app, "READ_TIMEOUT_MS", 200)
+    thread, answers = _page_behind_a_lock(db_url, conn)
+    try:
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    finally:
+        conn.execute("ROLLBACK")
+    (answer,) = answers
+    assert answer["statusCode"] == 503
+    assert "took longer than 0.2 s and was stopped: narrow it" in answer["body"]
+
+
+def test_control_without_the_timeout_the_read_waits_as_long_as_it_takes(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "operator_read_timeout", lambda conn, timeout_ms: None)
+    monkeypatch.setattr(ui_app, "READ_TIMEOUT_MS", 200)
+    thread, answers = _page_behind_a_lock(db_url, conn)
+    try:
+        thread.join(timeout=2)
+        assert thread.is_alive() and answers == []  # ten times the timeout, still waiting
+    finally:
+        conn.execute("ROLLBACK")
+    thread.join(timeout=30)
+    assert answers[0]["statusCode"] == 200

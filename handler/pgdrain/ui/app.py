@@ -190,7 +190,7 @@ def build(connect: Connect, config: UiConfig) -> LambdaFunctionUrlResolver:
 
 def _too_long(_exc: Exception) -> Response[str]:
     message = (
-        f"the query took longer than {READ_TIMEOUT_MS // 1000} s and was stopped: narrow it "
+        f"the query took longer than {READ_TIMEOUT_MS / 1000:g} s and was stopped: narrow it "
         "with a status or a queue (those are read from an index; a kind or a time alone walks "
         "the jobs from the newest)"
     )
