@@ -134,6 +134,19 @@ def test_the_function_serves_every_page(db_url: str, conn: Conn) -> None:
     assert function.resolve(_event("GET", "/nope"), None)["statusCode"] == 404
 
 
+def test_the_handler_builds_the_dashboard_once_from_its_environment(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lambda_entry, "_app", None)
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("PGDRAIN_UI_SECRET", SECRET)
+    first = lambda_entry.lambda_handler(_event("GET", "/control"), None)
+    built = lambda_entry._app
+    second = lambda_entry.lambda_handler(_event("GET", "/"), None)
+    assert (first["statusCode"], second["statusCode"]) == (200, 200)
+    assert built is not None and lambda_entry._app is built  # per environment, not per request
+
+
 def test_the_function_retries_for_the_caller_it_issued_the_token_to(
     db_url: str, conn: Conn
 ) -> None:
