@@ -270,7 +270,7 @@ def test_migration_0012_gives_each_key_to_one_unfinished_job(empty_db_url: str) 
         ).fetchone()
         assert other_queue is not None
 
-        assert migrate(db).applied == ("0012_parked_keys_and_exact_limits.sql",)
+        assert migrate(db).applied[0] == "0012_parked_keys_and_exact_limits.sql"
 
         def row(job_id: int) -> tuple[str, str]:
             found = db.execute(

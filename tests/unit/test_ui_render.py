@@ -47,7 +47,10 @@ def test_job_data_is_escaped_on_every_page_that_shows_it() -> None:
         pages.jobs_page({"kind": HOSTILE}, [], None, token=token),
         pages.bulk_page(
             {"status": "failed", "kind": HOSTILE},
-            [store.Matched(7, "emails", HOSTILE)],
+            [
+                store.Retry(7, "emails", HOSTILE, True, None),
+                store.Retry(8, "emails", HOSTILE, False, 7),
+            ],
             token=token,
             done=False,
         ),

@@ -340,7 +340,8 @@ class _Dashboard:
                 raise psycopg.Rollback(tx)  # the dry run: exactly what the retry would do
         if confirmed:
             log.info(
-                "dashboard retry by filter", extra={"jobs": len(matched), "by": request.identity}
+                "dashboard retry by filter",
+                extra={"jobs": sum(r.retried for r in matched), "by": request.identity},
             )
         body = pages.bulk_page(filters, matched, token=token, done=confirmed)
         return html_response(200, "Retry by filter", body, active="/jobs")

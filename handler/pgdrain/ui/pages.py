@@ -278,14 +278,35 @@ def confirm_page(job: Mapping[str, Any], verb: str, token: str) -> str:
 
 def bulk_page(
     filters: Mapping[str, str | None],
-    matched: Sequence[store.Matched],
+    found: Sequence[store.Retry],
     *,
     token: str,
     done: bool,
 ) -> str:
     """Retry by filter: what would be queued again (a dry run: the same statement rolled back)
-    with the button that does it; or, `done`, what was."""
+    with the button that does it; or, `done`, what was. A job whose idempotency key another
+    job holds is listed apart: it is not retried (the CLI's `retry` says the same)."""
     status = filters.get("status") or "failed"
+    matched = [r for r in found if r.retried]
+    held = sorted((r for r in found if r.held_by is not None), key=lambda r: r.id)[:100]
+    not_retried = (
+        "<h2>Not retried: the key is held</h2>"
+        + table(
+            ["id", "queue", "kind", "key held by"],
+            (
+                [
+                    f'<a href="/jobs/{r.id}">{r.id}</a>',
+                    cell(r.queue),
+                    cell(r.kind),
+                    f'<a href="/jobs/{r.held_by}">{r.held_by}</a>',
+                ]
+                for r in held
+            ),
+            "None.",
+        )
+        if held
+        else ""
+    )
     shown = sorted(matched, key=lambda m: m.id)[:100]
     listing = table(
         ["id", "queue", "kind"],
@@ -305,12 +326,12 @@ def bulk_page(
         return (
             f'<div class="notice">Queued again: {len(matched):,} jobs.</div>'
             f"<h1>Retried {len(matched):,} {text(status)} jobs</h1><ul>{described}</ul>"
-            f'{listing}{more}<p><a href="{back}">Back to the jobs</a></p>'
+            f'{listing}{more}{not_retried}<p><a href="{back}">Back to the jobs</a></p>'
         )
     if not matched:
         return (
             f"<h1>No {text(status)} job matches</h1><ul>{described}</ul>"
-            f'<p><a href="{back}">Back to the jobs</a></p>'
+            f'{not_retried}<p><a href="{back}">Back to the jobs</a></p>'
         )
     fields = {**{k: v for k, v in filters.items() if k != "since"}, "confirm": 1}
     return (
@@ -318,7 +339,7 @@ def bulk_page(
         f'<div class="confirm"><p>{len(matched):,} jobs match now (a dry run: nothing has '
         "changed yet). Each is queued again with a fresh set of attempts.</p>"
         + post_button("/retry", f"Yes, retry {len(matched):,} jobs", token, fields)
-        + f' <a href="{back}">No, back to the jobs</a></div>{listing}{more}'
+        + f' <a href="{back}">No, back to the jobs</a></div>{listing}{more}{not_retried}'
     )
 
 

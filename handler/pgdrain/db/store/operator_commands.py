@@ -292,6 +292,8 @@ def job_queues(conn: Connection, ids: Sequence[int]) -> list[str]:
     """The queues of these jobs, sorted, each once."""
     rows = conn.execute(query("job_queues"), {"ids": list(ids)}).fetchall()
     return [str(r[0]) for r in rows]
+
+
 # -- the dashboard's reads (pgdrain ui) -------------------------------------------------------
 
 # job_finished_per_minute counts at most this many finished jobs per call.
