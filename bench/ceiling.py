@@ -27,9 +27,10 @@ from pathlib import Path
 from bench.common import pgbench_path
 from pgdrain.db.sql import PLACEHOLDER, query, query_names
 
-# pgdrain's own values for a run: its queue, a 30 s lease, a lease cap well past the run.
+# pgdrain's own values for a run: every queue (PGDRAIN_QUEUES unset, the default: the claim
+# finds the queues itself), a 30 s lease, a lease cap well past the run.
 PARAMS = {
-    "queues": "'{default}'",  # a literal: pgbench variables are numbers
+    "queues": "NULL",  # a literal: pgbench variables are numbers
     "worker": "'pgbench'",  # a literal, like the worker id a run binds
     "limit": ":limit",
     "lease_seconds": ":lease_seconds",

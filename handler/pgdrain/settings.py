@@ -13,7 +13,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgdrain.errors import ConfigError
 
-DEFAULT_QUEUES = ("default",)
+# PGDRAIN_QUEUES unset: a run serves every queue. A list of queues restricts it (opt-in).
+DEFAULT_QUEUES: tuple[str, ...] | None = None
 DEFAULT_JOBS_MODULE = "jobs"
 DEFAULT_BATCH_SIZE = 10  # at most this many per claim, and never more than free slots
 DEFAULT_CONCURRENCY = 10
@@ -98,6 +99,16 @@ def parse_queues(raw: str, source: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(check_queue_name(n, source) for n in names))
 
 
+def describe_queues(queues: tuple[str, ...] | None) -> str:
+    """The queues a run serves, as a person reads them."""
+    return "every queue" if queues is None else ",".join(queues)
+
+
+def serves(queues: tuple[str, ...] | None, queue: str) -> bool:
+    """Does a run of `queues` (None: every queue) serve `queue`?"""
+    return queues is None or queue in queues
+
+
 def parse_queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
     """ "emails=2,sms=5" -> (("emails", 2), ("sms", 5))."""
     limits: dict[str, int] = {}
@@ -118,7 +129,8 @@ class Settings:
 
     database_url: str | None = field(default=None, repr=False)  # holds a password
     db_secret_arn: str | None = None
-    queues: tuple[str, ...] = DEFAULT_QUEUES
+    # The queues a run serves; None: every queue (a job enqueued in any queue is run).
+    queues: tuple[str, ...] | None = DEFAULT_QUEUES
     jobs_module: str = DEFAULT_JOBS_MODULE
     batch_size: int = DEFAULT_BATCH_SIZE
     concurrency: int = DEFAULT_CONCURRENCY
@@ -201,10 +213,11 @@ class Settings:
         for name, limit in self.queue_limits:
             check_queue_name(name, "PGDRAIN_QUEUE_LIMITS")
             _require(1 <= limit <= 100000, "PGDRAIN_QUEUE_LIMITS", "limits from 1 to 100000")
-        if not self.queues:
-            raise ConfigError("PGDRAIN_QUEUES names no queue")
-        for name in self.queues:
-            check_queue_name(name, "PGDRAIN_QUEUES")
+        if self.queues is not None:
+            if not self.queues:
+                raise ConfigError("PGDRAIN_QUEUES names no queue")
+            for name in self.queues:
+                check_queue_name(name, "PGDRAIN_QUEUES")
         if not MODULE_NAME.match(self.jobs_module):
             raise ConfigError(f"PGDRAIN_JOBS: {self.jobs_module!r} is not a module name")
 

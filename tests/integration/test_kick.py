@@ -132,6 +132,24 @@ def test_a_kick_inside_an_open_transaction_is_refused(
     assert len(spy.calls) == 1
 
 
+def test_a_kick_for_a_queue_the_function_does_not_drain_raises_at_once(
+    conn: Conn, lambda_api: Any, spy: InvokeSpy
+) -> None:
+    """PGDRAIN_QUEUES restricts the function: the job of a queue outside it would wait for
+    an alarm. The application hears of it at the kick, and nothing is invoked or recorded;
+    without the restriction (the default: every queue) the same kick invokes."""
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails")
+    restricted = _settings(queues=("default",))
+    with pytest.raises(
+        BadInput, match=r"queue 'emails' is not drained by this function \(PGDRAIN_QUEUES=default\)"
+    ):
+        kick(conn, ["emails"], settings=restricted, client=lambda_api)
+    assert (spy.calls, _kick_rows(conn)) == ([], 0)
+    assert kick(conn, ["emails"], settings=_settings(), client=lambda_api) == ("emails",)
+    assert len(spy.calls) == 1
+
+
 @pytest.mark.parametrize(
     "queues", [[], ["bad name!"], [7]], ids=["none", "not-an-identifier", "not-a-string"]
 )

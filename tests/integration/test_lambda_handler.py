@@ -154,6 +154,53 @@ def test_a_scheduled_event_drains_every_configured_queue(
     assert result["result"]["done"] == 9
     assert _statuses(conn) == {("alpha", "done"): 5, ("beta", "done"): 4, ("gamma", "queued"): 3}
     assert {line["correlation_id"] for line in function.log_lines()} == {event["id"]}
+    # What the restriction leaves is said, not silent.
+    assert result["result"]["unserved"] == {"gamma": 3}
+
+
+def test_without_pgdrain_queues_every_event_drains_every_queue(
+    function: Function, conn: Conn
+) -> None:
+    """The default: a job enqueued in any queue is run, whichever queue the kick names (the
+    first day's trap: a kind declared with queue="emails" waited for an alarm)."""
+    _enqueue(conn, "default", 2)
+    _enqueue(conn, "emails", 3)
+
+    kicked = function.invoke({"pgdrain": {"reason": "enqueue", "queues": ["emails"]}})
+
+    assert kicked["ok"] is True, kicked
+    assert (kicked["queues"], kicked["result"]["done"], kicked["result"]["unserved"]) == (
+        None,
+        5,
+        {},
+    )
+    _enqueue(conn, "reports", 1)
+    scheduled = function.invoke(SCHEDULED_EVENT)
+    assert (scheduled["queues"], scheduled["result"]["done"]) == (None, 1)
+    assert _statuses(conn) == {
+        ("default", "done"): 2,
+        ("emails", "done"): 3,
+        ("reports", "done"): 1,
+    }
+
+
+def test_a_kick_for_a_queue_outside_pgdrain_queues_is_an_error_in_the_log_and_still_drains(
+    function: Function, conn: Conn
+) -> None:
+    """Loud (an error line naming the queue, its ready jobs in the summary), and right: the
+    queues the function does drain are not left waiting for it."""
+    function.configure(PGDRAIN_QUEUES="alpha")
+    _enqueue(conn, "alpha", 2)
+    _enqueue(conn, "gamma", 1)
+
+    result = function.invoke({"pgdrain": {"reason": "enqueue", "queues": ["alpha", "gamma"]}})
+
+    assert result["ok"] is True, result
+    assert (result["result"]["done"], result["result"]["unserved"]) == (2, {"gamma": 1})
+    errors = [line for line in function.log_lines() if line["level"] == "ERROR"]
+    assert len(errors) == 1, errors
+    assert "does not drain (PGDRAIN_QUEUES=alpha)" in errors[0]["message"]
+    assert errors[0]["unserved"] == ["gamma"]
 
 
 def test_an_enqueue_event_drains_every_queue_of_the_function(
@@ -193,7 +240,6 @@ MALFORMED = {
     "queue not an identifier": {
         "pgdrain": {"reason": "enqueue", "queues": ["x'; DROP TABLE t;--"]}
     },
-    "queue not configured": {"pgdrain": {"reason": "enqueue", "queues": ["elsewhere"]}},
     "chain not a number": {"pgdrain": {"reason": "continue", "queues": ["default"], "chain": "2"}},
     "chain missing": {"pgdrain": {"reason": "continue", "queues": ["default"]}},
     "unexpected key": {"pgdrain": {"reason": "enqueue", "queues": ["default"], "queue": "x"}},
@@ -455,7 +501,8 @@ def test_a_scheduled_run_continues_with_chain_one(
     result = function.invoke(SCHEDULED_EVENT, remaining_s=3.0)
 
     assert result["continued"] is True, result
-    assert spy.events() == [{"pgdrain": {"reason": "continue", "queues": ["default"], "chain": 1}}]
+    # A run of every queue (PGDRAIN_QUEUES unset) continues as one: no queues named.
+    assert spy.events() == [{"pgdrain": {"reason": "continue", "chain": 1}}]
 
 
 @pytest.mark.parametrize(

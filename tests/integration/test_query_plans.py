@@ -111,7 +111,7 @@ def _explain(conn: Conn, statement: str, params: dict[str, Any], analyze: bool =
     return row[0]
 
 
-def _claim_params(queues: list[str], done_ids: list[int] | None = None) -> dict[str, Any]:
+def _claim_params(queues: list[str] | None, done_ids: list[int] | None = None) -> dict[str, Any]:
     return {
         "done_ids": done_ids or [],
         "done_tokens": [None] * len(done_ids or []),
@@ -160,6 +160,35 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
         {"jobs_queued_run_at_idx"},
     ),
     ("queue depth", "queue_depth", {"queues": QUEUES}, {"jobs_queued_run_at_idx"}),
+    # A run of every queue (queues NULL): the queues found by skipping through the index of
+    # queued rows, then each served as a named one is.
+    (
+        "claim, every queue",
+        "job_complete_and_claim",
+        _claim_params(None),
+        {"jobs_ready_idx", "jobs_queued_run_at_idx", "jobs_pkey"},
+    ),
+    ("ready check, every queue", "queue_has_ready", {"queues": None}, {"jobs_queued_run_at_idx"}),
+    ("queue depth, every queue", "queue_depth", {"queues": None}, {"jobs_queued_run_at_idx"}),
+    (
+        "ready count, every queue",
+        "queue_ready_count",
+        {"queues": None, "limit": 1000},
+        {"jobs_queued_run_at_idx|jobs_ready_idx"},
+    ),
+    (
+        "exit, every queue",
+        "run_exit",
+        {"queues": None, **EXIT},
+        {"jobs_queued_run_at_idx", RUNNING_ROWS},
+    ),
+    # What a restricted run leaves in the other queues.
+    (
+        "ready elsewhere",
+        "queue_ready_elsewhere",
+        {"queues": ["default"], "limit": 10_000},
+        {"jobs_queued_run_at_idx"},
+    ),
     (
         "stats",
         "queue_stats",
@@ -481,6 +510,28 @@ def test_the_checks_answer_as_the_statements_before_them(big: Conn) -> None:
             new = store.queue_depth(big, queues)
         assert old is not None
         assert (new.ready, new.oldest_ready_age_s) == (old[0], old[1]), queues
+
+
+ALL_QUEUES = [*QUEUES, DELAYED_ONLY, HISTORY_ONLY, RUNNING_ONLY]
+
+
+def test_every_queue_answers_as_the_queues_named(big: Conn) -> None:
+    """NULL for every queue reads what naming each queue of the table would."""
+    with big.transaction():  # one snapshot, one now()
+        assert store.queue_depth(big, None) == store.queue_depth(big, ALL_QUEUES)
+        assert store.queue_ready_count(big, None, 10**6) == store.queue_ready_count(
+            big, ALL_QUEUES, 10**6
+        )
+        assert store.queue_has_ready(big, None) is True
+        elsewhere = store.queue_ready_elsewhere(big, ["default"], STATS_BOUND)
+        row = big.execute(
+            """SELECT queue, least(count(*), %(bound)s) FROM pgdrain.jobs
+               WHERE status = 'queued' AND run_at <= now() AND queue <> 'default'
+               GROUP BY queue ORDER BY queue""",
+            {"bound": STATS_BOUND},
+        ).fetchall()
+    assert elsewhere == [(q, int(n)) for q, n in row]
+    assert [q for q, _ in elsewhere] == ["email", "reports", "webhooks"]  # none delayed-only
 
 
 def test_stats_answer_as_before_with_finished_counts_bounded(big: Conn) -> None:

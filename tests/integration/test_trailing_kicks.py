@@ -7,6 +7,7 @@ trailing edge off: the debounce of before) leaves the job waiting for the schedu
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -36,10 +37,13 @@ KICK_SETTINGS = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=WIND
 RUN_SETTINGS = Settings(queues=("emails",), reserve_seconds=0.5)
 
 
-def _control(run_id: str, budget: Budget, **options: Any) -> RunControl:
-    """The control plane of a run that drains the emails queue and makes no schedules."""
+def _control(
+    run_id: str, budget: Budget, queues: tuple[str, ...] | None = ("emails",), **options: Any
+) -> RunControl:
+    """The control plane of a run that drains the emails queue (None: every queue) and makes
+    no schedules."""
     return RunControl(
-        events.Trigger("enqueue", ("emails",)),
+        events.Trigger("enqueue", queues),
         run_id,
         budget,
         waker=Waker(RUN_SETTINGS, None),
@@ -50,7 +54,10 @@ def _control(run_id: str, budget: Budget, **options: Any) -> RunControl:
 class HeldRun:
     """A drain in a thread that stops at its first exit check until released."""
 
-    def __init__(self, db_url: str, trailing_edge: bool) -> None:
+    def __init__(
+        self, db_url: str, trailing_edge: bool, queues: tuple[str, ...] | None = ("emails",)
+    ) -> None:
+        self.queues = queues
         self.at_exit = threading.Event()
         self.go = threading.Event()
         self.result: DrainResult | None = None
@@ -59,6 +66,7 @@ class HeldRun:
         self.control = _control(
             "run-under-test",
             budget,
+            queues,
             trailing_edge=trailing_edge,
             before_exit_check=self._pause,
         )
@@ -73,9 +81,8 @@ class HeldRun:
 
     def _drain(self, db_url: str, budget: Budget) -> None:
         try:
-            self.result = drain(
-                RUN_SETTINGS, budget, registry, db_url, queues=["emails"], hooks=self.control
-            )
+            settings = dataclasses.replace(RUN_SETTINGS, queues=self.queues)
+            self.result = drain(settings, budget, registry, db_url, hooks=self.control)
         except BaseException as exc:
             self.error = exc
 
@@ -125,6 +132,31 @@ def test_a_kick_suppressed_while_the_run_is_exiting_is_not_lost(
         enqueue(conn, "noop", {}, queue="emails")
     after = kick(conn, ["emails"], settings=KICK_SETTINGS, client=lambda_api)
     assert after == (("emails",) if trailing_edge else ())
+
+
+@pytest.mark.parametrize("trailing_edge", [True, False], ids=["trailing-edge", "control-leading"])
+def test_a_run_of_every_queue_drains_again_for_a_kick_of_any_queue(
+    db_url: str, conn: Conn, lambda_api: Any, spy: InvokeSpy, trailing_edge: bool
+) -> None:
+    """The same race for a run of every queue (PGDRAIN_QUEUES unset): it holds every queue's
+    kicks and its exit check reads them all, so a suppressed kick of another queue than the
+    one that started it is seen."""
+    assert kick(conn, ["emails"], settings=KICK_SETTINGS, client=lambda_api) == ("emails",)
+    assert kick(conn, ["sms"], settings=KICK_SETTINGS, client=lambda_api) == ("sms",)
+    run = HeldRun(db_url, trailing_edge, queues=None).start()
+
+    with conn.transaction():
+        job_id = enqueue(conn, "noop", {}, queue="sms")
+    assert kick(conn, ["sms"], settings=KICK_SETTINGS, client=lambda_api) == ()
+    result = run.release()
+
+    assert len(spy.calls) == 2
+    if trailing_edge:
+        assert (result.done, run.control.drained_again) == (1, 1)
+        assert _status(conn, job_id) == "done"
+    else:
+        assert (result.done, run.control.drained_again) == (0, 0)
+        assert _status(conn, job_id) == "queued"
 
 
 def test_a_ready_job_another_run_is_claiming_does_not_keep_a_run_draining(

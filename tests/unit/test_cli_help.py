@@ -78,7 +78,7 @@ def test_drain_help_names_the_setting_and_its_default_for_concurrency_and_batch_
     text = " ".join(parsers["pgdrain drain"].format_help().split())
     assert f"1 to 256 (default: PGDRAIN_CONCURRENCY, else {DEFAULT_CONCURRENCY})" in text
     assert f"1 to 1000 (default: PGDRAIN_BATCH_SIZE, else {DEFAULT_BATCH_SIZE})" in text
-    assert "(default: PGDRAIN_QUEUES, else default)" in text
+    assert "(default: PGDRAIN_QUEUES, else every queue)" in text
 
 
 def test_enqueue_help_says_the_kinds_options_come_first() -> None:

@@ -59,6 +59,43 @@ def test_an_enqueue_kick_names_its_queues_and_drains_all_of_the_functions() -> N
     assert events.parse(event, SETTINGS) == events.Trigger("enqueue", SETTINGS.queues)
 
 
+def test_a_kick_of_a_queue_the_function_does_not_drain_runs_and_names_it() -> None:
+    """The kicked queues it drains are not left waiting; the one it does not drain is said
+    (run.py logs it as an error, and the run's summary counts its ready jobs)."""
+    event = events.enqueue_event(["emails", "payments"])
+    trigger = events.parse(event, SETTINGS)
+    assert trigger == events.Trigger("enqueue", SETTINGS.queues, unserved=("payments",))
+
+
+EVERY = Settings()  # PGDRAIN_QUEUES unset: every queue
+
+
+def test_unrestricted_a_function_drains_every_queue_whatever_it_is_woken_for() -> None:
+    assert events.parse(RULE_EVENT, EVERY).queues is None
+    assert events.parse(events.enqueue_event(["payments"]), EVERY) == events.Trigger(
+        "enqueue", None
+    )
+    assert events.parse(events.safety_event(), EVERY).queues is None
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        events.continue_event(None, 2),
+        events.wake_event(None),
+        events.fanout_event(None, 1, "run-1"),
+    ],
+    ids=["continue", "wake", "fanout"],
+)
+def test_a_run_of_every_queue_sends_events_without_queues_and_they_mean_every_queue(
+    event: dict[str, Any],
+) -> None:
+    assert "queues" not in event["pgdrain"]
+    assert events.parse(event, EVERY).queues is None
+    # A restricted function reads them as its own queues.
+    assert events.parse(event, SETTINGS).queues == SETTINGS.queues
+
+
 def test_a_continuation_carries_its_chain() -> None:
     event = events.continue_event(["emails"], 3)
     assert event == {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": 3}}
@@ -142,7 +179,11 @@ BAD: list[tuple[str, Any, str]] = [
     ("queue with a quote", _kick(queues=["a'b"]), "is not a queue name"),
     ("queue with spaces", _kick(queues=["two words"]), "is not a queue name"),
     ("queue too long", _kick(queues=["q" * 64]), "is not a queue name"),
-    ("queue not drained here", _kick(queues=["payments"]), "'payments' is not drained by this"),
+    (
+        "wake-up of a queue not drained here",
+        {"pgdrain": {"reason": "wake", "queues": ["payments"]}},
+        "'payments' is not drained by this",
+    ),
     ("too many queues", _kick(queues=["emails"] * 101), "101 queues; at most 100"),
     ("unexpected key", _kick(queue="emails"), "unexpected key(s) queue"),
     ("chain on a kick", _kick(chain=1), "unexpected key(s) chain"),

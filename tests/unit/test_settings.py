@@ -13,7 +13,7 @@ from pgdrain.settings import Settings, check_queue_name, parse_queues
 def test_defaults_with_an_empty_environment() -> None:
     s = Settings.from_env({})
     assert s.database_url is None and s.db_secret_arn is None and s.function_name is None
-    assert s.queues == settings_module.DEFAULT_QUEUES == ("default",)
+    assert s.queues is settings_module.DEFAULT_QUEUES is None  # every queue
     assert s.jobs_module == "jobs"
     assert s.batch_size == settings_module.DEFAULT_BATCH_SIZE
     assert s.concurrency == settings_module.DEFAULT_CONCURRENCY

@@ -117,7 +117,9 @@ class RunControl:
         self._budget = budget
         self._waker = waker
         self._spawner = spawner
-        self._queue_limits = tuple((q, n) for q, n in queue_limits if q in trigger.queues)
+        self._queue_limits = tuple(
+            (q, n) for q, n in queue_limits if trigger.queues is None or q in trigger.queues
+        )
         self._trailing_edge = trailing_edge
         self._linger_window_s = linger_window_s
         self._reserve_seconds = reserve_seconds

@@ -1,14 +1,20 @@
 """The events the drain function understands, parsed into a Trigger; anything else is a BadEvent
 with one line saying what is wrong (and no database work is done for it).
 
+The function drains every queue, or those PGDRAIN_QUEUES restricts it to: "the function's
+queues" below.
+
 - A schedule: the EventBridge scheduled event ("source": "aws.events") or what an EventBridge
   Scheduler schedule without an Input sends ("source": "aws.scheduler", "detail": "{}").
-  Drains every queue in PGDRAIN_QUEUES.
+  Drains the function's queues.
 - An enqueue kick, sent by pgdrain.kick() after the application commits:
   {"pgdrain": {"reason": "enqueue", "queues": ["emails"]}}
-  The queues must be among PGDRAIN_QUEUES; the run drains all of PGDRAIN_QUEUES.
+  The run drains the function's queues. A kicked queue outside them is logged as an error
+  (its jobs wait for a function that drains it) and reported in the run's summary.
 - A continuation, sent by a run that ran out of time with work left:
   {"pgdrain": {"reason": "continue", "queues": ["emails"], "chain": 3}}
+  Without "queues" (here and in the events below): the function's queues, as a run of every
+  queue sends them.
 - A wake-up, from the one-shot schedule a run created for the moment work is next due:
   {"pgdrain": {"reason": "wake", "queues": ["emails"]}}
 - A fan-out run, started by a run that saw more ready work than it could finish in time; `run`
@@ -16,7 +22,7 @@ with one line saying what is wrong (and no database work is done for it).
   {"pgdrain": {"reason": "fanout", "queues": ["emails"], "chain": 1, "run": "…"}}
 - The sliding safety net's run (pgdrain.aws.safety_net), a scheduled run in every way:
   {"pgdrain": {"reason": "safety"}}
-  Drains every queue in PGDRAIN_QUEUES.
+  Drains the function's queues.
 - A wake-up request, sent by pgdrain.kick() for a kicked delayed job when nothing is ready:
   make sure a wake-up comes at `at` (the job's run_at), without a run now that would find
   nothing; `reserved_by` is the id the kick recorded that wake-up under in pgdrain.wakes:
@@ -36,7 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 from pgdrain.api import jsonbound
 from pgdrain.errors import BadEvent, BadInput, ConfigError
-from pgdrain.settings import Settings, check_queue_name
+from pgdrain.settings import Settings, check_queue_name, describe_queues, serves
 
 TriggerReason = Literal["schedule", "safety", "enqueue", "continue", "wake", "fanout", "later"]
 SCHEDULE: TriggerReason = "schedule"
@@ -61,12 +67,14 @@ class Trigger(NamedTuple):
     """Why this run started and what it drains."""
 
     reason: TriggerReason
-    queues: tuple[str, ...]
+    queues: tuple[str, ...] | None  # None: every queue
     chain: int = 0  # hops so far (continuations, fan-out): 0 for a schedule, kick or wake
     event_id: str | None = None  # the EventBridge event id, used as the correlation id
     run_id: str | None = None  # a fan-out run: the id its spawner reserved in pgdrain.runs
     wake_at: dt.datetime | None = None  # a wake-up request: when its wake-up is due
     reserved_by: str | None = None  # a wake-up request: its id in pgdrain.wakes
+    # A kick: the queues it named that this function does not drain (PGDRAIN_QUEUES).
+    unserved: tuple[str, ...] = ()
 
     @property
     def housekeeping(self) -> bool:
@@ -110,25 +118,33 @@ def enqueue_event(queues: Sequence[str]) -> dict[str, Any]:
     return {"pgdrain": {"reason": ENQUEUE, "queues": list(queues)}}
 
 
-def continue_event(queues: Sequence[str], chain: int) -> dict[str, Any]:
-    return {"pgdrain": {"reason": CONTINUE, "queues": list(queues), "chain": chain}}
+def _with_queues(body: dict[str, Any], queues: Sequence[str] | None) -> dict[str, Any]:
+    """The event, naming its queues; none named (a run of every queue): the function's."""
+    return {"pgdrain": body if queues is None else body | {"queues": list(queues)}}
 
 
-def wake_event(queues: Sequence[str]) -> dict[str, Any]:
-    return {"pgdrain": {"reason": WAKE, "queues": list(queues)}}
+def continue_event(queues: Sequence[str] | None, chain: int) -> dict[str, Any]:
+    return _with_queues({"reason": CONTINUE, "chain": chain}, queues)
 
 
-def fanout_event(queues: Sequence[str], chain: int, run_id: str) -> dict[str, Any]:
-    return {"pgdrain": {"reason": FANOUT, "queues": list(queues), "chain": chain, "run": run_id}}
+def wake_event(queues: Sequence[str] | None) -> dict[str, Any]:
+    return _with_queues({"reason": WAKE}, queues)
+
+
+def fanout_event(queues: Sequence[str] | None, chain: int, run_id: str) -> dict[str, Any]:
+    return _with_queues({"reason": FANOUT, "chain": chain, "run": run_id}, queues)
 
 
 def safety_event() -> dict[str, Any]:
     return {"pgdrain": {"reason": SAFETY}}
 
 
-def later_event(queues: Sequence[str], wake_at: dt.datetime, reserved_by: str) -> dict[str, Any]:
-    body = {"reason": LATER, "queues": list(queues), "at": wake_at.isoformat()}
-    return {"pgdrain": body | {"reserved_by": reserved_by}}
+def later_event(
+    queues: Sequence[str] | None, wake_at: dt.datetime, reserved_by: str
+) -> dict[str, Any]:
+    return _with_queues(
+        {"reason": LATER, "at": wake_at.isoformat(), "reserved_by": reserved_by}, queues
+    )
 
 
 def _parse_schedule(event: dict[str, Any], settings: Settings) -> Trigger:
@@ -153,12 +169,15 @@ def _parse_pgdrain(event: dict[str, Any], settings: Settings) -> Trigger:
     reason = body.get("reason")
     if reason == ENQUEUE:
         _only_keys(body, ("reason", "queues"))
-        _queues(body, settings)  # checked: a kick names queues this function drains
+        kicked = _names(body)
         # A kicked run drains every queue of the function, as a scheduled one does: runs are
         # interchangeable, so the runs PGDRAIN_MAX_RUNS allows serve every queue (round-robin,
         # per-queue limits), and a queue kicked while they all work on another is served by
         # them instead of waiting for a free place (its kick invokes nothing: they hold it).
-        return Trigger(ENQUEUE, settings.queues)
+        # A kicked queue the function does not drain is said (run.py), not a reason to leave
+        # the others' jobs waiting.
+        outside = tuple(n for n in kicked if not serves(settings.queues, n))
+        return Trigger(ENQUEUE, settings.queues, unserved=outside)
     if reason == CONTINUE:
         _only_keys(body, ("reason", "queues", "chain"))
         return Trigger(CONTINUE, _queues(body, settings), _chain(body))
@@ -187,7 +206,22 @@ def _only_keys(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
         raise BadEvent(f"pgdrain {body['reason']} event: unexpected key(s) {', '.join(extra)}")
 
 
-def _queues(body: dict[str, Any], settings: Settings) -> tuple[str, ...]:
+def _queues(body: dict[str, Any], settings: Settings) -> tuple[str, ...] | None:
+    """The queues an event of the function's own names (they must be among those it drains),
+    or, without "queues", the function's queues (None: every queue)."""
+    if "queues" not in body:
+        return settings.queues
+    names = _names(body)
+    outside = [n for n in names if not serves(settings.queues, n)]
+    if outside:
+        raise BadEvent(
+            f"pgdrain {body['reason']} event: queue {outside[0]!r} is not drained by this "
+            f"function (PGDRAIN_QUEUES={describe_queues(settings.queues)})"
+        )
+    return names
+
+
+def _names(body: dict[str, Any]) -> tuple[str, ...]:
     where = f"pgdrain {body['reason']} event"
     raw = body.get("queues")
     if not isinstance(raw, list) or not raw:
@@ -202,12 +236,6 @@ def _queues(body: dict[str, Any], settings: Settings) -> tuple[str, ...]:
             names.append(check_queue_name(item, where))
         except ConfigError as exc:
             raise BadEvent(str(exc)) from None
-    unknown = [n for n in names if n not in settings.queues]
-    if unknown:
-        raise BadEvent(
-            f"{where}: queue {unknown[0]!r} is not drained by this function "
-            f"(PGDRAIN_QUEUES={','.join(settings.queues)})"
-        )
     return tuple(dict.fromkeys(names))
 
 

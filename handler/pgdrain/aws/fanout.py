@@ -72,9 +72,10 @@ def runs_needed(
     return 1 + math.ceil((ready - mine) / per_run)
 
 
-def useful_runs(settings: Settings, queues: tuple[str, ...]) -> int:
+def useful_runs(settings: Settings, queues: tuple[str, ...] | None) -> int:
     """When every queue of the run has a concurrency limit (PGDRAIN_QUEUE_LIMITS), more runs
-    than the limits' slots can fill would only find no free slot and exit."""
+    than the limits' slots can fill would only find no free slot and exit. A run of every
+    queue (None) may meet a queue without one."""
     limits = dict(settings.queue_limits)
     if not queues or any(q not in limits for q in queues):
         return settings.max_runs

@@ -47,7 +47,7 @@ from pgdrain.aws.lambda_api import invoke_async
 from pgdrain.aws.wake import WAKE_HOLD_SECONDS, queue_set, wake_time
 from pgdrain.db import store
 from pgdrain.errors import BadInput
-from pgdrain.settings import Settings, check_queue_name
+from pgdrain.settings import Settings, check_queue_name, describe_queues, serves
 
 if TYPE_CHECKING:
     from mypy_boto3_lambda import LambdaClient
@@ -84,7 +84,9 @@ def kick(
     wakes `pgdrain worker` instead; it returns the queues when a worker heard it
     (pgdrain.api.kick_target). On AWS without PGDRAIN_FUNCTION_NAME it raises ConfigError.
 
-    Call it after the enqueue has committed, on a connection with no transaction open."""
+    Call it after the enqueue has committed, on a connection with no transaction open.
+    A queue the function does not drain (PGDRAIN_QUEUES restricts it) raises BadInput: its
+    jobs would wait for a function that drains it, so the application hears of it at once."""
     return kick_outcome(conn, queues, settings=settings, client=client).invoked
 
 
@@ -101,6 +103,13 @@ def kick_outcome(
     names = tuple(sorted(set(check_queue_name(q, "kick") for q in _as_list(queues))))
     if not names:
         raise BadInput("kick: name at least one queue")
+    outside = [q for q in names if not serves(settings.queues, q)]
+    if outside:
+        raise BadInput(
+            f"kick: queue {outside[0]!r} is not drained by this function "
+            f"(PGDRAIN_QUEUES={describe_queues(settings.queues)}): its jobs would wait; add "
+            "it to PGDRAIN_QUEUES, or unset PGDRAIN_QUEUES to drain every queue"
+        )
     # Raises on AWS without PGDRAIN_FUNCTION_NAME: not a kick that nobody hears.
     target = kick_target(settings, os.environ)
     if target == "off":

@@ -35,7 +35,7 @@ from pgdrain.db import connection, retention, store
 from pgdrain.db.session import Session
 from pgdrain.errors import BadEvent, BadInput, PgdrainError
 from pgdrain.runner.drain import DrainResult, Observer, drain
-from pgdrain.settings import Settings
+from pgdrain.settings import Settings, describe_queues
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +166,17 @@ def _parse(
         logger.error("bad event: %s", exc)
         return {"ok": False, "error": str(exc)}
     logger.append_keys(trigger=trigger.reason, chain=trigger.chain)
+    if trigger.unserved:
+        logger.error(
+            "kicked for a queue this function does not drain (PGDRAIN_QUEUES=%s): its jobs "
+            "wait for a function that drains it",
+            describe_queues(runtime.settings.queues),
+            extra={"unserved": list(trigger.unserved)},
+        )
     budget = budget_from_context(context)
     logger.info(
         "run starting",
-        extra={"queues": list(trigger.queues), "remaining_s": round(budget.remaining(), 1)},
+        extra={"queues": _queue_list(trigger), "remaining_s": round(budget.remaining(), 1)},
     )
     worker_id = f"{context.function_name}:{context.aws_request_id}"
     return _Invocation(runtime.settings, runtime.registry, trigger, budget, worker_id)
@@ -223,10 +230,22 @@ def _finish(
     return _Finished(result, continued, depth, deleted, slid)
 
 
+def _queue_list(trigger: events.Trigger) -> list[str] | None:
+    """The run's queues as its log and summary say them (null: every queue)."""
+    return None if trigger.queues is None else list(trigger.queues)
+
+
+def _covers_the_function(settings: Settings, trigger: events.Trigger) -> bool:
+    """Does the run drain every queue the function drains?"""
+    if trigger.queues is None:
+        return True
+    return settings.queues is not None and set(settings.queues) <= set(trigger.queues)
+
+
 def _stands_in_for_the_safety_net(run: _Invocation, result: DrainResult, continued: bool) -> bool:
     """A run that found every queue of the function empty has done what a safety-net run does
     (pgdrain.aws.safety_net): the next one is due ScheduleRate after it."""
-    every_queue = set(run.settings.queues) <= set(run.trigger.queues)
+    every_queue = _covers_the_function(run.settings, run.trigger)
     return every_queue and result.stop_reason == "empty" and not continued
 
 
@@ -249,7 +268,7 @@ def _retention_with_exit(
     for the safety net (it covers every queue of the function) when retention is due."""
 
     def batch() -> store.Statement[tuple[int, int]] | None:
-        every_queue = set(settings.queues) <= set(trigger.queues)
+        every_queue = _covers_the_function(settings, trigger)
         if trigger.housekeeping or (every_queue and _retention_due(settings)):
             return retention.first_batch(settings.retain_done_days, settings.retain_failed_days)
         return None
@@ -281,7 +300,7 @@ def _summary(
         "ok": result.stop_reason != "error",
         "error": result.error,
         "trigger": trigger.reason,
-        "queues": list(trigger.queues),
+        "queues": _queue_list(trigger),
         "chain": trigger.chain,
         "result": result.as_dict(),
         "continued": finished.continued,
@@ -300,6 +319,7 @@ def _summary(
                 "stop_reason": result.stop_reason,
                 "continued": finished.continued,
                 "done": result.done,
+                **({"unserved": result.unserved} if result.unserved else {}),
                 **control.summary(),
             },
         )

@@ -80,11 +80,16 @@ def wake_time(due: dt.datetime, precision_seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(rounded, tz=dt.UTC)
 
 
-def queue_set(queues: Sequence[str]) -> str:
-    return ",".join(sorted(set(queues)))
+# The queue set of a run of every queue: no queue name holds a '*' (settings.QUEUE_NAME).
+EVERY_QUEUE_SET = "*"
 
 
-def schedule_name(queues: Sequence[str], wake_at: dt.datetime) -> str:
+def queue_set(queues: Sequence[str] | None) -> str:
+    """The key of a set of queues in pgdrain.wakes (None: every queue)."""
+    return EVERY_QUEUE_SET if queues is None else ",".join(sorted(set(queues)))
+
+
+def schedule_name(queues: Sequence[str] | None, wake_at: dt.datetime) -> str:
     """The same for every run that wants these queues woken at this moment (at most 64
     characters, as Scheduler allows)."""
     digest = hashlib.sha256(queue_set(queues).encode("utf-8")).hexdigest()[:12]
@@ -156,7 +161,7 @@ class Waker(Scheduling):
     def ensure(
         self,
         session: Session,
-        queues: Sequence[str],
+        queues: Sequence[str] | None,
         due_at: dt.datetime | None,
         run_id: str,
     ) -> WakeOutcome:
@@ -181,7 +186,9 @@ class Waker(Scheduling):
         session.run(store.wake_created, key, wake_at, run_id)
         return WakeOutcome(wake_at, action, name)
 
-    def ensure_without_database(self, queues: Sequence[str], wake_at: dt.datetime) -> WakeOutcome:
+    def ensure_without_database(
+        self, queues: Sequence[str] | None, wake_at: dt.datetime
+    ) -> WakeOutcome:
         """Create the schedule a kick reserved (pgdrain.aws.kick: the kick recorded it in
         pgdrain.wakes already), touching no database: the run it saves would find nothing.
         Safe to repeat (a retried event): the name is deterministic, and a second creation is a
@@ -190,7 +197,9 @@ class Waker(Scheduling):
         action = self._try_create(name, queues, wake_at)
         return WakeOutcome(wake_at, action, name)
 
-    def _try_create(self, name: str, queues: Sequence[str], wake_at: dt.datetime) -> WakeAction:
+    def _try_create(
+        self, name: str, queues: Sequence[str] | None, wake_at: dt.datetime
+    ) -> WakeAction:
         try:
             self._create(name, queues, wake_at)
         except Exception as exc:  # any AWS failure: logged and counted, never fails the run
@@ -208,7 +217,7 @@ class Waker(Scheduling):
         log.info("wake-up scheduled", extra={"schedule": name, "wake_at": wake_at.isoformat()})
         return action
 
-    def _create(self, name: str, queues: Sequence[str], wake_at: dt.datetime) -> None:
+    def _create(self, name: str, queues: Sequence[str] | None, wake_at: dt.datetime) -> None:
         settings = self._settings
         assert self._target and settings.schedule_group and settings.scheduler_role_arn
         self._scheduler().create_schedule(
@@ -222,7 +231,7 @@ class Waker(Scheduling):
             Target={
                 "Arn": self._target,
                 "RoleArn": settings.scheduler_role_arn,
-                "Input": json.dumps(wake_event(sorted(set(queues)))),
+                "Input": json.dumps(wake_event(None if queues is None else sorted(set(queues)))),
                 "RetryPolicy": {
                     "MaximumRetryAttempts": TARGET_RETRY_ATTEMPTS,
                     "MaximumEventAgeInSeconds": TARGET_MAX_EVENT_AGE_SECONDS,

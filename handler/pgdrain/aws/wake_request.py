@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 MIN_LEAD_SECONDS = 1.0
 
 
-def answer(trigger: Trigger, waker: Waker, drained: Sequence[str]) -> dict[str, Any] | None:
+def answer(trigger: Trigger, waker: Waker, drained: Sequence[str] | None) -> dict[str, Any] | None:
     """The invocation's summary once the schedule exists, or None: drain instead (after
     `forget`). The wake-up is for `drained`, every queue of the function, as a kicked run's
     is: a run that ends with the same work due names the same schedule, whose second creation
@@ -42,7 +42,8 @@ def answer(trigger: Trigger, waker: Waker, drained: Sequence[str]) -> dict[str, 
     outcome = waker.ensure_without_database(drained, trigger.wake_at)
     if outcome.action == "failed":
         return None
-    summary = {"ok": True, "trigger": trigger.reason, "queues": list(trigger.queues)}
+    queues = None if trigger.queues is None else list(trigger.queues)
+    summary = {"ok": True, "trigger": trigger.reason, "queues": queues}
     summary |= outcome.as_dict()
     log.info("wake-up request answered; no run now", extra=outcome.as_dict())
     return summary

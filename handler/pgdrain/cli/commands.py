@@ -43,7 +43,6 @@ from pgdrain.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
     DEFAULT_JOBS_MODULE,
-    DEFAULT_QUEUES,
     QUEUE_NAME,
     Settings,
     parse_queues,
@@ -206,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
     p.add_argument(
         "--queues",
-        help=f"comma-separated (default: PGDRAIN_QUEUES, else {','.join(DEFAULT_QUEUES)})",
+        help="comma-separated: only these queues (default: PGDRAIN_QUEUES, else every queue)",
     )
     p.add_argument(
         "--concurrency",
@@ -669,7 +668,7 @@ WATCH_STOP_CHECK_SECONDS = 0.1
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         if args.watch is None:
-            _print_stats(store.queue_stats(conn), args.json, clear=False)
+            _print_stats(store.queue_stats(conn), args.json, clear=False, served=settings.queues)
             return EXIT_OK
         clear = sys.stdout.isatty() and not args.json
         # Ctrl-C is how a watch ends, a normal exit. It only raises a flag: as an exception it
@@ -684,7 +683,9 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         previous = signal.signal(signal.SIGINT, stop)
         try:
             while not stopping:
-                _print_stats(store.queue_stats(conn), args.json, clear=clear)
+                _print_stats(
+                    store.queue_stats(conn), args.json, clear=clear, served=settings.queues
+                )
                 deadline = time.monotonic() + args.watch
                 while not stopping and (left := deadline - time.monotonic()) > 0:
                     time.sleep(min(left, WATCH_STOP_CHECK_SECONDS))
@@ -693,14 +694,20 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
 
 
-def _print_stats(rows: Sequence[store.QueueStats], as_json: bool, *, clear: bool) -> None:
+def _print_stats(
+    rows: Sequence[store.QueueStats],
+    as_json: bool,
+    *,
+    clear: bool,
+    served: tuple[str, ...] | None,
+) -> None:
     if as_json:
         print(json.dumps([dataclasses.asdict(r) for r in rows]), flush=True)
         return
     if clear:
         print("\x1b[H\x1b[2J", end="")  # home and clear: the view redraws in place
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    print(f"{stamp}\n{format_stats(rows)}", flush=True)
+    print(f"{stamp}\n{format_stats(rows, served)}", flush=True)
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:

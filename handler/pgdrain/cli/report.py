@@ -6,11 +6,13 @@ import dataclasses
 import datetime as dt
 import json
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pgdrain.db import store
 from pgdrain.runner.drain import DrainResult
+from pgdrain.runner.summary import UNSERVED_COUNT_BOUND
+from pgdrain.settings import describe_queues, serves
 
 if TYPE_CHECKING:
     from pgdrain.aws.kick import KickOutcome
@@ -37,18 +39,47 @@ def printable(text: object) -> str:
     )
 
 
+def plural(count: int, noun: str) -> str:
+    """ "1 job", "2 jobs"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def format_result(result: DrainResult) -> str:
+    """The summary line, and a second when the run left ready jobs in queues it does not
+    serve (a restriction: --queues, PGDRAIN_QUEUES)."""
     line = (
         f"claimed {result.claimed}, done {result.done}, retried {result.retried}, "
         f"failed {result.failed}, lease lost {result.lease_lost}, reclaimed {result.reclaimed}, "
         f"released {result.released}; stopped: {result.stop_reason} after {result.elapsed_s}s"
     )
-    return line + (f" ({printable(result.error)})" if result.error else "")
+    line += f" ({printable(result.error)})" if result.error else ""
+    if result.unserved:
+        line += "\n" + format_unserved(
+            result.unserved, "this drain does not serve (--queues, PGDRAIN_QUEUES)"
+        )
+    return line
 
 
-def format_stats(rows: Sequence[store.QueueStats]) -> str:
+def format_unserved(unserved: Mapping[str, int], outside: str) -> str:
+    """Queues with ready jobs that a restricted drain does not serve, in one line: "not
+    drained: 3 ready jobs in queues <outside>: emails (1 ready), sms (2 ready)"."""
+    counts = ", ".join(
+        f"{printable(q)} ({_bounded(n, UNSERVED_COUNT_BOUND)} ready)" for q, n in unserved.items()
+    )
+    total = sum(unserved.values())
+    where = "a queue" if len(unserved) == 1 else "queues"
+    return f"not drained: {plural(total, 'ready job')} in {where} {outside}: {counts}"
+
+
+def _bounded(count: int, bound: int) -> str:
+    return f"{count}+" if count >= bound else str(count)
+
+
+def format_stats(rows: Sequence[store.QueueStats], served: tuple[str, ...] | None = None) -> str:
     """One line per queue: what an operator reads first (ready, running, delayed, failed,
-    parked, the oldest ready job's wait), then done, cancelled and expired leases."""
+    parked, the oldest ready job's wait), then done, cancelled and expired leases. With
+    `served` (PGDRAIN_QUEUES restricts the drains), a last line names the queues with ready
+    jobs that such a drain leaves."""
     header = (
         f"{'queue':<16}{'ready':>8}{'running':>9}{'delayed':>9}{'failed':>8}{'parked':>8}"
         f"{'oldest ready':>14}{'done':>9}{'cancelled':>11}{'expired':>9}"
@@ -62,6 +93,10 @@ def format_stats(rows: Sequence[store.QueueStats]) -> str:
         )
     if not rows:
         lines.append("(no jobs)")
+    unserved = {r.queue: r.ready for r in rows if r.ready and not serves(served, r.queue)}
+    if unserved:
+        outside = f"outside PGDRAIN_QUEUES={describe_queues(served)}"
+        lines.append(format_unserved(unserved, outside))
     return "\n".join(lines)
 
 

@@ -41,7 +41,7 @@ class ClaimStatements:
         attempts: Attempts,
         deadline: Deadline,
         *,
-        queues: tuple[str, ...],
+        queues: tuple[str, ...] | None,  # None: every queue
         worker_id: str,
         lease_seconds: float,
         controls: Controls = ALL_ON,

@@ -30,7 +30,7 @@ class Claims:
         self,
         run: RunState,
         *,
-        queues: tuple[str, ...],
+        queues: tuple[str, ...] | None,  # None: every queue
         lease_seconds: float,
         reclaim_limit: int,
         prefetch: Prefetch,

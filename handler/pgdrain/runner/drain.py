@@ -49,6 +49,7 @@ from pgdrain.runner.loop_thread import GivenUp, LoopThread, OneSlot
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.stop import Stopping, StopRequest
 from pgdrain.runner.summary import (
+    UNSERVED_COUNT_BOUND,
     Counter,
     Counters,
     DrainResult,
@@ -167,7 +168,7 @@ def drain_with(
         budget,
         registry,
         conninfo,
-        queues=tuple(queues or settings.queues),
+        queues=settings.queues if queues is None else tuple(queues),
         worker_id=worker_id or default_worker_id(),
         observer=options.get("observer"),
         controls=controls,
@@ -202,7 +203,7 @@ def _claims(
     state: RunState,
     settings: Settings,
     controls: Controls,
-    queues: tuple[str, ...],
+    queues: tuple[str, ...] | None,
     completer: Completer,
 ) -> Claims:
     """The run's claims."""
@@ -236,7 +237,7 @@ class _Run:
         registry: Registry,
         conninfo: str,
         *,
-        queues: tuple[str, ...],
+        queues: tuple[str, ...] | None,
         worker_id: str,
         observer: Observer | None,
         controls: Controls,
@@ -297,9 +298,11 @@ class _Run:
             return _failed(exc, self.worker_id)
 
     def ending(self, stop_reason: StopReason) -> Ending:
-        """How the run ends, for a reason of its own (not an error)."""
+        """How the run ends, for a reason of its own (not an error); a restricted run says
+        which other queues have jobs ready (nothing here serves them)."""
         ready = stop_reason == "budget" and self.session.run(store.queue_has_ready, self.queues)
-        return Ending(stop_reason, more_ready=ready)
+        unserved = _unserved(self.session, self.queues) if stop_reason != "stopped" else ()
+        return Ending(stop_reason, more_ready=ready, unserved=unserved)
 
     def let_go(self, pool: _Pool) -> None:
         """The run ends: nothing it holds will run after it."""
@@ -387,6 +390,13 @@ class _Run:
                 self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens
             ),
         )
+
+
+def _unserved(session: Session, queues: tuple[str, ...] | None) -> tuple[tuple[str, int], ...]:
+    """A run restricted to some queues: the others with jobs ready, and how many."""
+    if queues is None:
+        return ()
+    return tuple(session.run(store.queue_ready_elsewhere, queues, UNSERVED_COUNT_BOUND))
 
 
 def _failed(exc: PgdrainError | psycopg.Error, worker_id: str) -> Ending:

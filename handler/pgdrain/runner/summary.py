@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from pgdrain.db.store import Held
@@ -29,6 +29,10 @@ COUNTERS: tuple[Counter, ...] = (
     "reclaimed",
     "released",
 )
+
+# A restricted run counts the ready jobs of each queue it does not serve up to this (more reads
+# as this many): the figure says "some are waiting", not how many to the last.
+UNSERVED_COUNT_BOUND = 10_000
 
 # Called with a counter's name and how much it grew, as the run goes: a Lambda timeout kills
 # the process, so progress must leave it before the end.
@@ -55,6 +59,9 @@ class DrainResult:
     error: str | None = None
     error_kind: ErrorKind | None = None  # set with an error
     elapsed_s: float = 0.0
+    # A run restricted to some queues (PGDRAIN_QUEUES, --queues): the other queues with jobs
+    # ready as it ended, and how many (up to UNSERVED_COUNT_BOUND). Nothing serves them here.
+    unserved: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +74,7 @@ class Ending(NamedTuple):
     more_ready: bool = False
     error: str | None = None
     error_kind: ErrorKind | None = None
+    unserved: tuple[tuple[str, int], ...] = ()
 
 
 class Counters:
@@ -106,6 +114,7 @@ class Counters:
             error=ending.error,
             error_kind=ending.error_kind,
             elapsed_s=round(elapsed_s, 3),
+            unserved=dict(ending.unserved),
         )
 
 

@@ -51,9 +51,10 @@ SELECT (SELECT count(*) FROM done) AS done, (SELECT count(*) FROM failed) AS fai
 -- that would only find nothing (and keep a sleeping database awake).
 WITH pending AS (
     SELECT q.name,
-           -- A wake-up of any set of queues that holds this one starts a run that drains it.
+           -- A wake-up of any set of queues that holds this one starts a run that drains it
+           -- ('*': a run of every queue).
            (SELECT min(w.wake_at) FROM pgdrain.wakes AS w
-            WHERE q.name = ANY(string_to_array(w.queue_set, ','))
+            WHERE (q.name = ANY(string_to_array(w.queue_set, ',')) OR w.queue_set = '*')
               AND w.state = 'created' AND w.wake_at > now()) AS wake_at,
            (SELECT min(j.run_at) FROM pgdrain.jobs AS j
             WHERE j.status = 'queued' AND j.queue = q.name) AS next_at
@@ -105,17 +106,28 @@ WHERE queue IN (
 );
 
 -- name: queue_depth :one
--- Ready jobs in these queues and the age of the oldest: the backlog a run leaves behind
--- (the QueueDepth and OldestReadyAgeSeconds metrics). Exact, so its cost grows with the
--- ready rows (never the finished ones): an index-only scan of the range run_at <= now() in
--- jobs_queued_run_at_idx, delayed rows not visited.
+-- Ready jobs in these queues (NULL: every queue, found as the claim finds them) and the age of
+-- the oldest: the backlog a run leaves behind (the QueueDepth and OldestReadyAgeSeconds
+-- metrics). Exact, so its cost grows with the ready rows (never the finished ones): an
+-- index-only scan of the range run_at <= now() in jobs_queued_run_at_idx, delayed rows not
+-- visited.
 SELECT count(*) AS ready,
        coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
 FROM pgdrain.jobs
-WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now();
+WHERE status = 'queued' AND run_at <= now()
+  AND queue = ANY(coalesce(%(queues)s::text[], ARRAY(
+        WITH RECURSIVE walk AS (
+            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+             ORDER BY j.queue LIMIT 1)
+            UNION ALL
+            SELECT next.queue FROM walk CROSS JOIN LATERAL (
+                SELECT j.queue FROM pgdrain.jobs AS j
+                WHERE j.status = 'queued' AND j.queue > walk.queue
+                ORDER BY j.queue LIMIT 1) AS next)
+        SELECT walk.queue FROM walk)));
 
 -- name: queue_depth_held :one
--- The ready jobs of those of these queues that are at their concurrency limit, and the age of
+-- The ready jobs of those of these queues (NULL: every queue) that are at their concurrency limit, and the age of
 -- the oldest: the backlog a run leaves when it found nothing it may claim (QueueDepth and
 -- OldestReadyAgeSeconds, which read 0 while a full queue's jobs waited, so no alarm fired).
 -- With no limit full, one probe of pgdrain.queue_limits: no job is read.
@@ -125,26 +137,68 @@ FROM pgdrain.jobs
 WHERE status = 'queued'
   AND queue = ANY(ARRAY(
       SELECT l.queue FROM pgdrain.queue_limits AS l
-      WHERE l.queue = ANY(%(queues)s::text[]) AND l.running >= l.max_running))
+      WHERE (%(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[]))
+        AND l.running >= l.max_running))
   AND run_at <= now();
 
 -- name: queue_ready_count :one
--- Ready jobs in these queues, counted up to %(limit)s (the fan-out decision only needs to
--- know whether the backlog exceeds what the runs can finish).
+-- Ready jobs in these queues (NULL: every queue), counted up to %(limit)s (the fan-out
+-- decision only needs to know whether the backlog exceeds what the runs can finish).
 SELECT count(*) AS ready FROM (
     SELECT 1 FROM pgdrain.jobs
-    WHERE status = 'queued' AND queue = ANY(%(queues)s::text[]) AND run_at <= now()
+    WHERE status = 'queued' AND run_at <= now()
+      AND queue = ANY(coalesce(%(queues)s::text[], ARRAY(
+        WITH RECURSIVE walk AS (
+            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+             ORDER BY j.queue LIMIT 1)
+            UNION ALL
+            SELECT next.queue FROM walk CROSS JOIN LATERAL (
+                SELECT j.queue FROM pgdrain.jobs AS j
+                WHERE j.status = 'queued' AND j.queue > walk.queue
+                ORDER BY j.queue LIMIT 1) AS next)
+        SELECT walk.queue FROM walk)))
     LIMIT %(limit)s::int
 ) AS ready;
+
+-- name: queue_ready_elsewhere :many
+-- The queues outside %(queues)s with jobs ready, and how many (counted up to %(limit)s each):
+-- what a run restricted to %(queues)s leaves unserved, for its summary to say. The queues are
+-- found as the claim finds every queue; one bounded count per queue.
+SELECT q.name AS queue, ready.n AS ready
+FROM unnest(ARRAY(
+    WITH RECURSIVE walk AS (
+        (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+         ORDER BY j.queue LIMIT 1)
+        UNION ALL
+        SELECT next.queue FROM walk CROSS JOIN LATERAL (
+            SELECT j.queue FROM pgdrain.jobs AS j
+            WHERE j.status = 'queued' AND j.queue > walk.queue
+            ORDER BY j.queue LIMIT 1) AS next)
+    SELECT walk.queue FROM walk)) AS q(name)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM pgdrain.jobs AS j
+        WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at <= now()
+        LIMIT %(limit)s::int
+    ) AS bounded
+) AS ready
+WHERE q.name <> ALL(%(queues)s::text[]) AND ready.n > 0
+ORDER BY q.name;
 
 -- name: run_register :exec
 -- A run announces itself once connected, under an id of its own invocation (a fan-out run
 -- once run_admit has taken up its reservation), and holds its queues' kicks for
 -- %(hold_seconds)s (run_until; never past its deadline): kicks do not invoke more runs while
 -- it drains. Repeating it changes nothing but the deadline and the hold: safe to retry.
+-- A run announces itself once connected (a spawned run replaces the reservation its spawner
+-- made under the same id), and holds its queues' kicks for %(hold_seconds)s (run_until; never
+-- past its deadline): kicks do not invoke more runs while it drains. A run of every queue
+-- (%(queues)s NULL, recorded as {*}) holds the kicks of every queue kicked before; a queue
+-- kicked for the first time gets a run of its own (at worst one that finds nothing). Repeating
+-- it changes nothing but the deadline and the hold: safe to retry.
 WITH registered AS (
     INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
-    VALUES (%(run_id)s::text, %(queues)s::text[], %(chain)s::int,
+    VALUES (%(run_id)s::text, coalesce(%(queues)s::text[], '{*}'), %(chain)s::int,
             now() + make_interval(secs => %(remaining_seconds)s::float8))
     ON CONFLICT (run_id) DO UPDATE
     SET queues = excluded.queues, chain = excluded.chain, deadline = excluded.deadline
@@ -154,19 +208,20 @@ INSERT INTO pgdrain.kicks AS k (queue, kicked_at, run_until)
 SELECT q.name, '-infinity',
        least((SELECT deadline FROM registered),
              now() + make_interval(secs => %(hold_seconds)s::float8))
-FROM unnest(%(queues)s::text[]) AS q(name)
+FROM unnest(coalesce(%(queues)s::text[], ARRAY(SELECT queue FROM pgdrain.kicks))) AS q(name)
 ORDER BY q.name  -- every statement locks kick rows in queue order: no deadlock between them
 ON CONFLICT (queue) DO UPDATE
 SET run_until = greatest(k.run_until, excluded.run_until);
 
 -- name: kick_hold :exec
--- A live run renews its hold on its queues' kicks (run_register): until now + %(hold_seconds)s,
--- which the caller keeps within its deadline. Safe to repeat: it only moves run_until later.
+-- A live run renews its hold on its queues' kicks (NULL: every queue's) (run_register): until
+-- now + %(hold_seconds)s, which the caller keeps within its deadline. Safe to repeat: it only
+-- moves run_until later.
 UPDATE pgdrain.kicks AS k
 SET run_until = greatest(k.run_until, now() + make_interval(secs => %(hold_seconds)s::float8))
 WHERE k.queue IN (
     SELECT queue FROM pgdrain.kicks
-    WHERE queue = ANY(%(queues)s::text[])
+    WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
     ORDER BY queue
     FOR UPDATE  -- in queue order, as every statement that locks kick rows
 );
@@ -182,7 +237,7 @@ SELECT id FROM pgdrain.run_gate FOR UPDATE;
 -- spawned run registers with its own deadline; a spawn that never starts stops counting then.
 -- Run after run_gate_lock in the same transaction.
 INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
-SELECT gen_random_uuid()::text, %(queues)s::text[], %(chain)s::int,
+SELECT gen_random_uuid()::text, coalesce(%(queues)s::text[], '{*}'), %(chain)s::int,
        now() + make_interval(secs => %(reserve_seconds)s::float8)
 FROM generate_series(
     1,
@@ -232,13 +287,26 @@ DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
 -- invokes, even while another run still drains the queue: at worst one invocation that finds
 -- nothing), and it no longer counts as a live run. The rows of runs that died (past their
 -- deadline for an hour) go too, so the table stays as small as the number of live runs.
+-- A run of every queue (%(queues)s NULL) locks every kick row, and finds the queues to look
+-- in as the claim finds them.
 -- Safe to repeat: the check only reads, and the exit clears and deletes what is already
 -- cleared or gone.
 WITH kick AS MATERIALIZED (
     SELECT requested_at FROM pgdrain.kicks
-    WHERE queue = ANY(%(queues)s::text[])
+    WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
     ORDER BY queue
     FOR UPDATE
+), served AS MATERIALIZED (
+    SELECT coalesce(%(queues)s::text[], ARRAY(
+        WITH RECURSIVE walk AS (
+            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+             ORDER BY j.queue LIMIT 1)
+            UNION ALL
+            SELECT next.queue FROM walk CROSS JOIN LATERAL (
+                SELECT j.queue FROM pgdrain.jobs AS j
+                WHERE j.status = 'queued' AND j.queue > walk.queue
+                ORDER BY j.queue LIMIT 1) AS next)
+        SELECT walk.queue FROM walk)) AS names
 ), seen AS MATERIALIZED (
     SELECT
         coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
@@ -255,7 +323,7 @@ WITH kick AS MATERIALIZED (
         -- sequential scan, which reads the whole history first.
         EXISTS (
             SELECT 1
-            FROM unnest(%(queues)s::text[]) AS q(name)
+            FROM unnest((SELECT names FROM served)::text[]) AS q(name)
             CROSS JOIN LATERAL (
                 SELECT 1 FROM pgdrain.jobs AS j
                 WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at <= now()
@@ -272,7 +340,7 @@ WITH kick AS MATERIALIZED (
             -- The earliest delayed job, one probe per queue (over all queues at once, the
             -- minimum reads every delayed row).
             (SELECT min(next.run_at)
-             FROM unnest(%(queues)s::text[]) AS q(name)
+             FROM unnest((SELECT names FROM served)::text[]) AS q(name)
              CROSS JOIN LATERAL (
                  SELECT j.run_at FROM pgdrain.jobs AS j
                  WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at > now()
@@ -280,7 +348,8 @@ WITH kick AS MATERIALIZED (
                  LIMIT 1
              ) AS next),
             (SELECT min(lease_expires_at) FROM pgdrain.jobs
-             WHERE status = 'running' AND queue = ANY(%(queues)s::text[]))
+             WHERE status = 'running'
+               AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])))
         ) AS due_at
 ), decided AS MATERIALIZED (
     SELECT NOT %(may_stay)s::boolean
@@ -289,7 +358,7 @@ WITH kick AS MATERIALIZED (
     FROM seen AS s
 ), cleared AS (
     UPDATE pgdrain.kicks SET kicked_at = '-infinity', run_until = NULL
-    WHERE queue = ANY(%(queues)s::text[])
+    WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
       AND %(clear_kicks)s::boolean AND (SELECT exits FROM decided)
 ), unregistered AS (
     DELETE FROM pgdrain.runs
@@ -329,13 +398,16 @@ DELETE FROM pgdrain.wakes
 WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
 
 -- name: queue_limit_sync :exec
--- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues: add or change
+-- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues (NULL: every
+-- queue): add or change
 -- the limits given, drop the others. A new limit starts from an exact count of the queue's
 -- running jobs, taken under a lock that no claim or completion passes (the function, migration
 -- 0012, says how); %(wait_ms)s bounds the wait for it. Safe to repeat: it writes the same
 -- values again.
-SELECT pgdrain.queue_limits_sync(%(queues)s::text[], %(limited)s::text[], %(limits)s::int[],
-                                 %(wait_ms)s::int);
+-- With every queue (NULL), the queues it manages are those with a limit now.
+SELECT pgdrain.queue_limits_sync(
+    coalesce(%(queues)s::text[], ARRAY(SELECT l.queue FROM pgdrain.queue_limits AS l)),
+    %(limited)s::text[], %(limits)s::int[], %(wait_ms)s::int);
 
 -- name: queue_limit_recount :many
 -- A limit's self-correction: the running count of each of these queues whose limit row says it
@@ -347,7 +419,7 @@ SELECT pgdrain.queue_limits_sync(%(queues)s::text[], %(limited)s::text[], %(limi
 SELECT r.queue, r.was, r.running
 FROM (SELECT ARRAY(
         SELECT l.queue FROM pgdrain.queue_limits AS l
-        WHERE l.queue = ANY(%(queues)s::text[])
+        WHERE (%(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[]))
           AND l.running >= l.max_running
           AND EXISTS (SELECT 1 FROM pgdrain.jobs AS j
                       WHERE j.status = 'queued' AND j.queue = l.queue AND j.run_at <= now())

@@ -181,13 +181,28 @@ WITH completed AS (
           ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]))
       END END
     RETURNING j.id, j.queue, j.completed_token AS token
+), served AS MATERIALIZED (
+    -- The queues this claim serves: %(queues)s, or when it is NULL (the run serves every
+    -- queue) each queue that has a queued job, found by skipping through the partial index of
+    -- queued rows, one probe per queue: the same walk in every statement that takes NULL for
+    -- every queue (a unit test keeps them in step). With the queues given, it never runs.
+    SELECT coalesce(%(queues)s::text[], ARRAY(
+        WITH RECURSIVE walk AS (
+            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+             ORDER BY j.queue LIMIT 1)
+            UNION ALL
+            SELECT next.queue FROM walk CROSS JOIN LATERAL (
+                SELECT j.queue FROM pgdrain.jobs AS j
+                WHERE j.status = 'queued' AND j.queue > walk.queue
+                ORDER BY j.queue LIMIT 1) AS next)
+        SELECT walk.queue FROM walk)) AS names
 ), limits AS MATERIALIZED (
     -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
     -- none, and then nothing is locked). The row lock serialises the claims of a limited
     -- queue, and reads the running count as the last claim committed it.
     SELECT l.queue, l.max_running - l.running AS free
     FROM pgdrain.queue_limits AS l
-    WHERE l.queue = ANY(%(queues)s::text[])
+    WHERE l.queue = ANY((SELECT names FROM served)::text[])
     ORDER BY l.queue
     FOR UPDATE OF l
 ), slots AS (
@@ -197,7 +212,7 @@ WITH completed AS (
            least(%(limit)s, greatest(0, coalesce(
                lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
                %(limit)s))) AS n
-    FROM unnest(%(queues)s::text[]) AS q(name)
+    FROM unnest((SELECT names FROM served)::text[]) AS q(name)
     LEFT JOIN limits AS lim ON lim.queue = q.name
 ), ready AS (
     -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
@@ -381,12 +396,22 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status, j.reclaim_count;
 
 -- name: queue_has_ready :one
--- Is anything ready in these queues? Decides whether a run out of budget continues itself.
--- One probe per queue of the range run_at <= now() in jobs_queued_run_at_idx (as
--- `queue = ANY(...)` the planner may choose a sequential scan through the history).
+-- Is anything ready in these queues (NULL: in any queue)? Decides whether a run out of budget
+-- continues itself. One probe per queue of the range run_at <= now() in
+-- jobs_queued_run_at_idx (as `queue = ANY(...)` the planner may choose a sequential scan
+-- through the history); every queue is found as the claim finds them.
 SELECT EXISTS (
     SELECT 1
-    FROM unnest(%(queues)s::text[]) AS q(name)
+    FROM unnest(coalesce(%(queues)s::text[], ARRAY(
+        WITH RECURSIVE walk AS (
+            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+             ORDER BY j.queue LIMIT 1)
+            UNION ALL
+            SELECT next.queue FROM walk CROSS JOIN LATERAL (
+                SELECT j.queue FROM pgdrain.jobs AS j
+                WHERE j.status = 'queued' AND j.queue > walk.queue
+                ORDER BY j.queue LIMIT 1) AS next)
+        SELECT walk.queue FROM walk))) AS q(name)
     CROSS JOIN LATERAL (
         SELECT 1 FROM pgdrain.jobs
         WHERE status = 'queued'

@@ -45,6 +45,12 @@ class Statement(Generic[T]):
         return self.read(self.send(conn))
 
 
+def queue_names(queues: Sequence[str] | None) -> list[str] | None:
+    """A statement's %(queues)s: the names, or NULL for every queue (the statements find every
+    queue with queued jobs themselves, one index probe per queue)."""
+    return None if queues is None else list(queues)
+
+
 # The job states and recovery policies the schema's CHECK constraints allow.
 Status = Literal["queued", "running", "done", "failed", "parked", "cancelled"]
 STATUSES: tuple[Status, ...] = ("queued", "running", "done", "failed", "parked", "cancelled")

@@ -15,6 +15,7 @@ from pgdrain.db.store.common import (
     Connection,
     Statement,
     one_statement,
+    queue_names,
 )
 
 
@@ -58,9 +59,10 @@ class QueueDepth:
 
 
 @one_statement
-def queue_depth(conn: Connection, queues: Sequence[str]) -> QueueDepth:
-    """How many jobs are ready in these queues, and how long the oldest has waited."""
-    row = conn.execute(query("queue_depth"), {"queues": list(queues)}).fetchone()
+def queue_depth(conn: Connection, queues: Sequence[str] | None) -> QueueDepth:
+    """How many jobs are ready in these queues (None: every queue), and how long the oldest
+    has waited."""
+    row = conn.execute(query("queue_depth"), {"queues": queue_names(queues)}).fetchone()
     if row is None:
         return QueueDepth(0, 0.0)
     return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
@@ -124,19 +126,31 @@ def kick_clear(conn: Connection, queues: Sequence[str]) -> None:
 
 
 @one_statement
-def queue_ready_count(conn: Connection, queues: Sequence[str], limit: int) -> int:
-    """Ready jobs in these queues, counted up to `limit`."""
+def queue_ready_count(conn: Connection, queues: Sequence[str] | None, limit: int) -> int:
+    """Ready jobs in these queues (None: every queue), counted up to `limit`."""
     row = conn.execute(
-        query("queue_ready_count"), {"queues": list(queues), "limit": limit}
+        query("queue_ready_count"), {"queues": queue_names(queues), "limit": limit}
     ).fetchone()
     return 0 if row is None else int(row[0])
+
+
+@one_statement
+def queue_ready_elsewhere(
+    conn: Connection, queues: Sequence[str], limit: int
+) -> list[tuple[str, int]]:
+    """The queues outside `queues` with ready jobs, and how many, each counted up to `limit`:
+    what a run restricted to `queues` leaves unserved."""
+    rows = conn.execute(
+        query("queue_ready_elsewhere"), {"queues": list(queues), "limit": limit}
+    ).fetchall()
+    return [(str(r[0]), int(r[1])) for r in rows]
 
 
 @one_statement
 def run_register(
     conn: Connection,
     run_id: str,
-    queues: Sequence[str],
+    queues: Sequence[str] | None,
     chain: int,
     remaining_seconds: float,
     hold_seconds: float = 0.0,
@@ -147,7 +161,7 @@ def run_register(
         query("run_register"),
         {
             "run_id": run_id,
-            "queues": list(queues),
+            "queues": queue_names(queues),
             "chain": chain,
             "remaining_seconds": remaining_seconds,
             "hold_seconds": hold_seconds,
@@ -156,9 +170,10 @@ def run_register(
 
 
 @one_statement
-def kick_hold(conn: Connection, queues: Sequence[str], hold_seconds: float) -> None:
-    """Renew this run's hold on its queues' kicks until now + hold_seconds."""
-    conn.execute(query("kick_hold"), {"queues": list(queues), "hold_seconds": hold_seconds})
+def kick_hold(conn: Connection, queues: Sequence[str] | None, hold_seconds: float) -> None:
+    """Renew this run's hold on its queues' kicks (None: every queue's) until now +
+    hold_seconds."""
+    conn.execute(query("kick_hold"), {"queues": queue_names(queues), "hold_seconds": hold_seconds})
 
 
 def run_gate_lock(conn: Connection) -> None:
@@ -168,7 +183,7 @@ def run_gate_lock(conn: Connection) -> None:
 
 def run_spawn(
     conn: Connection,
-    queues: Sequence[str],
+    queues: Sequence[str] | None,
     chain: int,
     runs_needed: int,
     max_runs: int,
@@ -181,7 +196,7 @@ def run_spawn(
         rows = conn.execute(
             query("run_spawn"),
             {
-                "queues": list(queues),
+                "queues": queue_names(queues),
                 "chain": chain,
                 "runs_needed": runs_needed,
                 "max_runs": max_runs,
@@ -235,7 +250,7 @@ class ExitCheck:
 def run_exit(
     conn: Connection,
     run_id: str,
-    queues: Sequence[str],
+    queues: Sequence[str] | None,
     *,
     may_stay: bool = False,
     linger_window_s: float = 0.0,
@@ -248,7 +263,7 @@ def run_exit(
         query("run_exit"),
         {
             "run_id": run_id,
-            "queues": list(queues),
+            "queues": queue_names(queues),
             "may_stay": may_stay,
             "linger_window_s": linger_window_s,
             "clear_kicks": clear_kicks,
@@ -271,14 +286,14 @@ QUEUE_LIMIT_CREATE_WAIT_MS = 2000
 
 @one_statement
 def queue_limit_sync(
-    conn: Connection, queues: Sequence[str], limits: Sequence[tuple[str, int]]
+    conn: Connection, queues: Sequence[str] | None, limits: Sequence[tuple[str, int]]
 ) -> None:
     """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max); a new
     row starts from an exact count of the queue's running jobs."""
     conn.execute(
         query("queue_limit_sync"),
         {
-            "queues": list(queues),
+            "queues": queue_names(queues),
             "limited": [q for q, _ in limits],
             "limits": [n for _, n in limits],
             "wait_ms": QUEUE_LIMIT_CREATE_WAIT_MS,

@@ -26,6 +26,7 @@ from pgdrain.db.store.common import (
     Statement,
     _fenced,
     one_statement,
+    queue_names,
 )
 
 
@@ -160,7 +161,7 @@ def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]
 
 def job_complete_and_claim_statement(
     finished: Sequence[Held],
-    queues: Sequence[str],
+    queues: Sequence[str] | None,
     limit: int,
     worker: str,
     lease_seconds: float,
@@ -176,7 +177,7 @@ def job_complete_and_claim_statement(
     params = {
         "done_ids": [h.id for h in finished],
         "done_tokens": [h.token for h in finished],
-        "queues": list(queues),
+        "queues": queue_names(queues),
         "limit": limit,
         "worker": worker,
         "lease_seconds": lease_seconds,
@@ -305,6 +306,7 @@ def job_reclaim_expired_statement(limit: int) -> Statement[list[Reclaimed]]:
 
 
 @one_statement
-def queue_has_ready(conn: Connection, queues: Sequence[str]) -> bool:
-    row = conn.execute(query("queue_has_ready"), {"queues": list(queues)}).fetchone()
+def queue_has_ready(conn: Connection, queues: Sequence[str] | None) -> bool:
+    """Is a job ready in these queues (None: in any queue)?"""
+    row = conn.execute(query("queue_has_ready"), {"queues": queue_names(queues)}).fetchone()
     return bool(row and row[0])
