@@ -37,23 +37,34 @@ def test_counters_work_without_an_observer() -> None:
     assert counters.values["retried"] == 2
 
 
-def test_a_lost_lease_is_counted_once_per_attempt_and_logged_each_time(
+def test_a_lost_lease_is_counted_and_said_once_per_attempt(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The heartbeat and the completion may both find the same attempt's lease gone; another
-    attempt of the same job is another loss."""
+    """The heartbeat and the completion may both find the same attempt's lease gone: one line
+    (not one per heartbeat); another attempt of the same job is another loss."""
     counters = Counters(None)
-    first = Held(7, uuid.uuid4())
-    counters.lease_lost(first, "found by the heartbeat", "w1")
-    counters.lease_lost(Held(7, first.token), "at its completion", "w1")
-    counters.lease_lost(Held(7, uuid.uuid4()), "at its completion", "w1")
+    first, second = Held(7, uuid.uuid4()), Held(7, uuid.uuid4())
+    counters.lease_lost(first, "found by the heartbeat")
+    counters.say_lost({}, "w1")
+    counters.lease_lost(Held(7, first.token), "found by the heartbeat")
+    counters.lease_lost(Held(7, first.token), "its result was not recorded")
+    counters.lease_lost(second, "its result was not recorded")
+    counters.say_lost({}, "w1")
     assert counters.values["lease_lost"] == 2
     assert [r.getMessage().rsplit("; ", 1)[1] for r in caplog.records] == [
         "found by the heartbeat",
-        "at its completion",
-        "at its completion",
+        "its result was not recorded",
     ]
     assert {getattr(r, "job_id", None) for r in caplog.records} == {7}
+
+
+def test_a_lease_lost_to_an_operators_cancel_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    counters = Counters(None)
+    counters.lease_lost(Held(7, uuid.uuid4()), "found by the heartbeat")
+    counters.say_lost({7: "cancelled"}, "w1")
+    assert [r.getMessage() for r in caplog.records] == [
+        "job 7 cancelled by an operator: this attempt's outcome will not be recorded"
+    ]
 
 
 def test_the_result_holds_the_counts_and_how_the_run_ended() -> None:

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
+from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.db.store import ClaimedJob, Held
 from pgdrain.runner.deadline import Deadline
@@ -43,8 +44,13 @@ class Attempts:
 
     def held(self) -> list[Held]:
         """Every attempt whose lease is ours to keep, finished ones waiting for their write
-        included."""
-        return [a.held for a in (*self.running.values(), *self.unstarted, *self.finished)]
+        included; not a running one whose lease was found gone (it is not ours any more)."""
+        lost = self.lost_tokens
+        return [
+            a.held
+            for a in (*self.running.values(), *self.unstarted, *self.finished)
+            if not lost or a.attempt_token not in lost
+        ]
 
     def leases_renewed(self, at: float) -> None:
         """A heartbeat sent at `at` extended every lease the run holds."""
@@ -148,6 +154,24 @@ class Attempts:
         for held in lost:
             if held in self.running:
                 self.lost_tokens.add(held.token)
+
+
+def leases_lost(run: RunState, lost: Collection[Held], how: str) -> None:
+    """Attempts whose lease is gone (a fenced statement matched nothing): counted now, said by
+    say_lost."""
+    for held in lost:
+        run.counters.lease_lost(held, how)
+
+
+def say_lost(run: RunState) -> None:
+    """Log the lost attempts not said yet, once each, with why when the job's status tells (an
+    operator cancelled it): read in a statement of its own, rarely needed. Called where the
+    run may send a statement (the heartbeat's turn, the run's end)."""
+    if not run.counters.unsaid:
+        return
+    run.session.settle()  # the replies sent ahead first: they may hold more
+    ids = sorted({held.id for held in run.counters.unsaid})
+    run.counters.say_lost(run.session.run(store.job_status_many, ids), run.worker_id)
 
 
 class RunState(NamedTuple):

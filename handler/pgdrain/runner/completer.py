@@ -16,7 +16,7 @@ from pgdrain.api import outcomes, retry
 from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.store import ClaimedJob
-from pgdrain.runner.attempts import Attempts, RunState
+from pgdrain.runner.attempts import Attempts, RunState, leases_lost, say_lost
 from pgdrain.runner.claim_statement import Result, after_a_lost_reply
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.worker_threads import Outcome
@@ -30,10 +30,10 @@ COMPLETION_FLUSH_SECONDS = 0.1
 
 class Completer:
     def __init__(self, run: RunState, *, controls: Controls = ALL_ON) -> None:
+        self._run = run
         self._session = run.session
         self._attempts = run.attempts
         self._counters = run.counters
-        self._worker_id = run.worker_id
         self._recover_lost_replies = controls.recover_lost_replies
 
     def completion_due(self) -> bool:
@@ -63,8 +63,7 @@ class Completer:
             return
         result = self._session.run(store.job_release_many, held)
         self._counters.add("released", len(result.applied_attempts))
-        for gone in result.lost_attempts:
-            self.lease_lost(gone, "while releasing it")
+        leases_lost(self._run, result.lost_attempts, "while releasing it")
 
     def record_failure(self, claimed: store.ClaimedJob, error: BaseException) -> None:
         """Write a failed attempt's outcome (outcomes.decide) in one fenced statement: retried,
@@ -87,7 +86,7 @@ class Completer:
             cancelled=decision.cancelled,
         )
         if isinstance(outcome, store.LeaseLost):
-            self.lease_lost(claimed.held, "its failure was not recorded")
+            leases_lost(self._run, [claimed.held], "its failure was not recorded")
             return
         final = outcome.status != "queued"  # failed, or cancelled by the job itself
         # A snooze counts as retried: the job is queued again (its attempt given back). A
@@ -95,13 +94,13 @@ class Completer:
         self._counters.add("failed" if final else "retried", 1)
         _log_failure(claimed, decision, final)
 
+    def say_lost(self) -> None:
+        """Log the lost attempts not said yet, with why (attempts.say_lost)."""
+        say_lost(self._run)
+
     def record_completions(self, result: store.Fenced) -> None:
         self._counters.add("done", len(result.applied_attempts))
-        for held in result.lost_attempts:
-            self.lease_lost(held, "its result was not recorded")
-
-    def lease_lost(self, held: store.Held, how: str) -> None:
-        self._counters.lease_lost(held, how, self._worker_id)
+        leases_lost(self._run, result.lost_attempts, "its result was not recorded")
 
 
 def record_outcomes(

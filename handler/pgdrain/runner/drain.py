@@ -300,6 +300,7 @@ class _Run:
     def ending(self, stop_reason: StopReason) -> Ending:
         """How the run ends, for a reason of its own (not an error); a restricted run says
         which other queues have jobs ready (nothing here serves them)."""
+        self.completer.say_lost()
         ready = stop_reason == "budget" and self.session.run(store.queue_has_ready, self.queues)
         unserved = _unserved(self.session, self.queues) if stop_reason != "stopped" else ()
         return Ending(stop_reason, more_ready=ready, unserved=unserved)
@@ -308,6 +309,7 @@ class _Run:
         """The run ends: nothing it holds will run after it."""
         self.attempts.take_back()  # never run after the run; their leases end
         self.threads.give_up(self.attempts.running, self.attempts.lost_tokens)
+        self.counters.say_lost({}, self.worker_id)  # an error ended it: why is not read
         pool.close()
         self.session.close()
 

@@ -10,7 +10,7 @@ import time
 
 from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
-from pgdrain.runner.attempts import RunState
+from pgdrain.runner.attempts import RunState, leases_lost, say_lost
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class Heartbeat:
         self.next_at = 0.0
 
     def beat_if_due(self) -> None:
+        say_lost(self._run)  # lost leases found since the last turn, said once each
         now = time.monotonic()
         if now >= self.next_at:
             self.beat()
@@ -58,8 +59,7 @@ class Heartbeat:
         if not result.lost_attempts:
             return
         run.attempts.forget_lost(result.lost_attempts)
-        for gone in result.lost_attempts:
-            run.counters.lease_lost(gone, "found by the heartbeat", run.worker_id)
+        leases_lost(run, result.lost_attempts, "found by the heartbeat")
 
     def end_running_leases(self) -> None:
         """The run stops with jobs still running (a stop request's grace is over): end their
@@ -74,5 +74,4 @@ class Heartbeat:
             "stopping: the leases of jobs still running end now; they are reclaimable",
             extra={"job_ids": sorted(h.id for h in result.applied_attempts)},
         )
-        for gone in result.lost_attempts:
-            run.counters.lease_lost(gone, "while ending its lease", run.worker_id)
+        leases_lost(run, result.lost_attempts, "while ending its lease")

@@ -4,7 +4,7 @@ process before a hard kill can lose it) and the DrainResult it returns at the en
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -84,6 +84,7 @@ class Counters:
         self.values: dict[Counter, int] = dict.fromkeys(COUNTERS, 0)
         self._observer = observer
         self._lost: set[Held] = set()
+        self._unsaid: list[tuple[Held, str]] = []  # lost attempts not logged yet, and how
 
     def add(self, name: Counter, n: int) -> None:
         if n:
@@ -91,16 +92,33 @@ class Counters:
             if self._observer is not None:
                 self._observer(name, n)
 
-    def lease_lost(self, held: Held, how: str, worker: str) -> None:
-        """Log a lost lease every time it is seen; count each attempt once."""
-        log.warning(
-            "lease lost: another attempt may own this job; %s",
-            how,
-            extra={"job_id": held.id, "attempt_token": str(held.token), "worker": worker},
-        )
+    def lease_lost(self, held: Held, how: str) -> None:
+        """Count an attempt whose lease is gone, once (a heartbeat and its completion may both
+        find it); it is said once too, by say_lost, at the run's next safe point: why may take
+        a statement, and this may be called while a pipelined reply is being read."""
         if held not in self._lost:
             self._lost.add(held)
             self.add("lease_lost", 1)
+            self._unsaid.append((held, how))
+
+    @property
+    def unsaid(self) -> list[Held]:
+        return [held for held, _ in self._unsaid]
+
+    def say_lost(self, statuses: Mapping[int, str], worker: str) -> None:
+        """Log each lost attempt not said yet, one line each: why, when the job's status now
+        tells (`statuses`: cancelled by an operator), else what the run knows."""
+        for held, how in self._unsaid:
+            extra = {"job_id": held.id, "attempt_token": str(held.token), "worker": worker}
+            if statuses.get(held.id) == "cancelled":
+                log.warning(
+                    "job %d cancelled by an operator: this attempt's outcome will not be recorded",
+                    held.id,
+                    extra=extra,
+                )
+            else:
+                log.warning("lease lost: another attempt may own this job; %s", how, extra=extra)
+        self._unsaid.clear()
 
     def result(
         self, ending: Ending, *, abandoned: int, stale_threads: int, elapsed_s: float

@@ -152,6 +152,12 @@ WHERE j.id = ANY(%(ids)b::bigint[])
   END END
 RETURNING j.id, j.attempt_token;
 
+-- name: job_status_many :many
+-- The status of these jobs now (a deleted job has no row): why a run lost the lease of an
+-- attempt (an operator's `pgdrain cancel`, or another attempt owns the job), and what
+-- `pgdrain cancel` found already finished. By primary key; only reads.
+SELECT id, status FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]);
+
 -- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
 -- %(limit)s ready jobs, the queues taking turns (round-robin, priority order within a turn)

@@ -159,6 +159,13 @@ def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]
     return [int(r[0]) for r in conn.execute(query("periodic_enqueue"), params).fetchall()]
 
 
+@one_statement
+def job_status_many(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
+    """Each job's status now; a job that no longer exists is absent."""
+    rows = conn.execute(query("job_status_many"), {"ids": list(ids)}).fetchall()
+    return {int(r[0]): str(r[1]) for r in rows}
+
+
 def job_complete_and_claim_statement(
     finished: Sequence[Held],
     queues: Sequence[str] | None,
