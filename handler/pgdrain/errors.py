@@ -39,5 +39,6 @@ class AuthenticationFailed(DatabaseMisconfigured):
     Not retried; the Lambda reads its secret again once, in case it was rotated."""
 
 
-class UnknownJobKind(PgdrainError):
-    """A claimed job's kind has no registered function."""
+class UnknownJobKind(BadInput):
+    """A job kind has no registered function: refused at enqueue (Registry.enqueue, `pgdrain
+    enqueue`); a claimed job of such a kind fails its attempt."""

@@ -318,11 +318,14 @@ def test_cli_a_nul_byte_cannot_be_an_argument(secret_url: str, conn: Conn) -> No
 
 
 def test_cli_sql_metacharacters_in_a_kind_or_key_are_only_text(secret_url: str, conn: Conn) -> None:
-    """A kind may be any text: it is stored as given (every value is a bound parameter), and
-    the drain retries it as an unknown kind, with a last_error naming it."""
+    """A kind may be any text: refused as unknown by the jobs module, and, enqueued anyway
+    (--unregistered), stored as given (every value is a bound parameter); the drain retries it
+    as an unknown kind, with a last_error naming it."""
     kind = "x'); DROP TABLE pgdrain.jobs; --"
     key = "k'; DELETE FROM pgdrain.jobs; --"
-    run = run_cli(secret_url, "enqueue", kind, "--key", key)
+    refused = run_cli(secret_url, "enqueue", kind, "--key", key)
+    assert refused.code == EXIT_BAD_INPUT and count_jobs(conn) == 0, refused
+    run = run_cli(secret_url, "enqueue", kind, "--key", key, "--unregistered")
     assert run.code == EXIT_OK, run
     [row] = conn.execute("SELECT id, kind, idempotency_key FROM pgdrain.jobs").fetchall()
     assert (row[1], row[2]) == (kind, key)

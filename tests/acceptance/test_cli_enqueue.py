@@ -28,11 +28,17 @@ from helpers.cli import (
 from helpers.fixtures import job_row
 
 Conn = psycopg.Connection[Any]
+HERE = Path(__file__).resolve().parent
 
 
 def pgdrain(url: str, *args: str | bytes, **env: str) -> Run:
-    """Run the command with DATABASE_URL=url and nothing else of ours set."""
-    return run_pgdrain(*args, env={"DATABASE_URL": url, "PYTHONPATH": str(ROOT / "handler"), **env})
+    """Run the command with DATABASE_URL=url and the kinds of enqueue_jobs, nothing else of
+    ours set."""
+    pythonpath = os.pathsep.join([str(ROOT / "handler"), str(HERE)])
+    return run_pgdrain(
+        *args,
+        env={"DATABASE_URL": url, "PYTHONPATH": pythonpath, "PGDRAIN_JOBS": "enqueue_jobs", **env},
+    )
 
 
 # The happy path, each on a fresh database.
@@ -132,8 +138,6 @@ def test_stats_json_on_an_empty_queue_is_an_empty_list(db_url: str) -> None:
 # The kind's decorator options (PGDRAIN_JOBS=operator_jobs: `shaped` sets all four) are the
 # defaults of `enqueue KIND`, as for jobs.enqueue() in code; a flag given wins.
 
-HERE = Path(__file__).resolve().parent
-
 
 def with_kinds(url: str, *args: str, jobs: str = "operator_jobs", path: str = "") -> Run:
     pythonpath = os.pathsep.join(p for p in (str(ROOT / "handler"), str(HERE), path) if p)
@@ -170,39 +174,42 @@ def test_enqueue_flags_win_over_the_kinds_options(conn: Conn, db_url: str) -> No
     assert _options(conn, some) == [("emails", -2, 3, "manual")]
 
 
-def test_enqueue_of_a_kind_the_module_does_not_register_uses_the_command_defaults(
-    conn: Conn, db_url: str
-) -> None:
-    assert _options(conn, with_kinds(db_url, "enqueue", "not_registered")) == [COMMAND_DEFAULTS]
+def test_enqueue_of_a_kind_the_module_does_not_register_is_refused(conn: Conn, db_url: str) -> None:
+    """A typo would be retried and then failed by every drain: exit 2, the nearest kind
+    named, nothing written. --unregistered enqueues it, with the command's defaults."""
+    run = with_kinds(db_url, "enqueue", "shapd")
+    assert (run.code, run.out) == (EXIT_BAD_INPUT, ""), run
+    assert "did you mean 'shaped'?" in only_line(run.err)
+    assert count_jobs(conn) == 0
+    unregistered = with_kinds(db_url, "enqueue", "not_registered", "--unregistered")
+    assert _options(conn, unregistered) == [COMMAND_DEFAULTS]
 
 
 def test_control_without_the_module_the_kinds_options_are_not_applied(
     conn: Conn, db_url: str
 ) -> None:
-    """The same kind, with a jobs module that does not register it (handler/jobs.py): the
-    command's defaults, so the options above came from operator_jobs."""
-    assert _options(conn, with_kinds(db_url, "enqueue", "shaped", jobs="jobs")) == [
-        COMMAND_DEFAULTS
-    ]
+    """The same kind, enqueued without the module (--unregistered): the command's defaults,
+    so the options above came from operator_jobs."""
+    unregistered = with_kinds(db_url, "enqueue", "shaped", "--unregistered")
+    assert _options(conn, unregistered) == [COMMAND_DEFAULTS]
 
 
-def test_enqueue_with_a_module_that_cannot_load_still_enqueues_and_says_so(
+def test_enqueue_with_a_module_that_cannot_load_is_refused_and_writes_nothing(
     conn: Conn, db_url: str, tmp_path: Path
 ) -> None:
+    """As `drain` does: the kinds cannot be checked, so nothing is written."""
     (tmp_path / "broken_enqueue_jobs.py").write_text('raise RuntimeError("no API key")\n')
+    (tmp_path / "syntax_enqueue_jobs.py").write_text("def broken(:\n")
     for jobs, fragment in [
         ("broken_enqueue_jobs", "failed to import: RuntimeError: no API key"),
+        ("syntax_enqueue_jobs", "failed to import: SyntaxError"),
         ("no_such_jobs_module", "was not found"),
     ]:
         run = with_kinds(db_url, "enqueue", "shaped", jobs=jobs, path=str(tmp_path))
-        assert run.code == EXIT_OK, run
+        assert (run.code, run.out) == (EXIT_BAD_INPUT, ""), run
         line = only_line(run.err)
-        assert line.startswith("pgdrain: WARNING PGDRAIN_JOBS:") and fragment in line, line
-        assert "without the kind's decorator options" in line
-        [job_id] = re.findall(r"\d+", run.out)
-        row = job_row(conn, int(job_id))
-        options = (row["queue"], row["priority"], row["max_attempts"], row["recovery_policy"])
-        assert options == COMMAND_DEFAULTS
+        assert line.startswith("pgdrain: error: PGDRAIN_JOBS:") and fragment in line, line
+    assert count_jobs(conn) == 0
 
 
 # Bad input: exit 2, exactly one line on stderr naming the problem, and no row written.

@@ -17,6 +17,7 @@ import pytest
 from helpers.fixtures import job_row
 from helpers.threads import started_threads
 from pgdrain import Budget, DrainResult, Job, Registry, RetryPolicy, Settings, drain, enqueue
+from pgdrain.errors import UnknownJobKind
 
 Conn = psycopg.Connection[Any]
 
@@ -260,8 +261,17 @@ def test_plain_enqueue_keeps_its_own_defaults(conn: Conn) -> None:
     assert (row["queue"], row["priority"], row["max_attempts"]) == ("default", 0, 5)
 
 
-def test_a_kind_not_registered_enqueues_with_enqueues_defaults(conn: Conn) -> None:
-    row = job_row(conn, jobs.enqueue(conn, "elsewhere"))
+def test_a_kind_the_registry_does_not_know_is_refused_naming_the_nearest(conn: Conn) -> None:
+    """A typo would be retried and then failed by every run: refused at once, nothing
+    written. pgdrain.enqueue, which knows no registry, takes any kind."""
+    known = next(iter(jobs.kinds()))
+    typo = known[:-1]
+    with pytest.raises(UnknownJobKind, match=f"did you mean {known!r}"):
+        jobs.enqueue(conn, typo)
+    with pytest.raises(UnknownJobKind, match="'elsewhere'"):
+        jobs.enqueue_statement("elsewhere")
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+    row = job_row(conn, enqueue(conn, "elsewhere"))
     assert (row["queue"], row["max_attempts"]) == ("default", 5)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import functools
 import importlib
 import inspect
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from pgdrain.api.enqueue import ParamStyle
 
 JobFunction = Callable[["Job"], object]
+MAX_KINDS_NAMED = 10  # an unknown kind's message lists at most this many of the known ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,21 @@ class Registry:
         except KeyError:
             raise UnknownJobKind(f"no function is registered for job kind {kind!r}") from None
 
+    def check_kind(self, kind: str, where: str = "") -> None:
+        """UnknownJobKind, naming the nearest registered kind, unless `kind` is registered
+        (`where`: what the message says after the kind, such as the module)."""
+        if kind in self._kinds:
+            return
+        message = f"no function is registered for job kind {kind[:80]!r}{where}"
+        nearest = difflib.get_close_matches(kind, self._kinds, n=1)
+        if nearest:
+            message += f" (did you mean {nearest[0]!r}?)"
+        elif self._kinds:
+            shown = sorted(self._kinds)[:MAX_KINDS_NAMED]
+            more = ", ..." if len(self._kinds) > MAX_KINDS_NAMED else ""
+            message += f"; the kinds are {', '.join(shown)}{more}"
+        raise UnknownJobKind(message)
+
     def options(self, kind: str) -> KindOptions:
         """The kind's options; all unset for a kind this registry does not know."""
         found = self._kinds.get(kind)
@@ -212,9 +229,11 @@ class Registry:
         idempotency_key: str | None = None,
     ) -> int:
         """pgdrain.enqueue with this kind's decorator options as the defaults (an argument
-        given here wins). The kind need not be registered: its defaults are then enqueue's."""
+        given here wins). A kind this registry does not know raises UnknownJobKind (a typo
+        would otherwise be retried and failed by every run): pgdrain.enqueue takes any kind."""
         from pgdrain.api.enqueue import enqueue  # enqueue does not know registries
 
+        self.check_kind(kind)
         return enqueue(
             conn,
             kind,
@@ -246,9 +265,11 @@ class Registry:
         idempotency_key: str | None = None,
     ) -> tuple[str, dict[str, Any] | list[Any]]:
         """pgdrain.enqueue_statement (the insert as (sql, params) for any driver) with this
-        kind's decorator options as the defaults (an argument given here wins)."""
+        kind's decorator options as the defaults (an argument given here wins). A kind this
+        registry does not know raises UnknownJobKind, as Registry.enqueue does."""
         from pgdrain.api.enqueue import enqueue_statement
 
+        self.check_kind(kind)
         return enqueue_statement(
             kind,
             payload,
@@ -351,12 +372,17 @@ def load_registry(module_name: str) -> Registry:
         # (sys.exit() included: a module that exits at import failed to import), in one line
         raise ConfigError(_import_failure(module_name, exc)) from None
     preferred = getattr(module, "jobs", None)
-    if isinstance(preferred, Registry):
-        return preferred
-    for value in vars(module).values():
-        if isinstance(value, Registry):
-            return value
-    raise ConfigError(f"PGDRAIN_JOBS: module {module_name!r} defines no pgdrain.Registry")
+    candidates = [preferred] if isinstance(preferred, Registry) else []
+    candidates += [v for v in vars(module).values() if isinstance(v, Registry)]
+    if not candidates:
+        raise ConfigError(f"PGDRAIN_JOBS: module {module_name!r} defines no pgdrain.Registry")
+    if not candidates[0].kinds():
+        # A drain would claim every job and fail it: refused before anything is claimed.
+        raise ConfigError(
+            f"PGDRAIN_JOBS: module {module_name!r} registers no job kinds "
+            '(decorate a function with @jobs.job("kind"))'
+        )
+    return candidates[0]
 
 
 def _import_failure(module_name: str, exc: BaseException) -> str:

@@ -36,13 +36,12 @@ from pgdrain.cli.report import (
 )
 from pgdrain.db import connection, store
 from pgdrain.db.migrate import migrate
-from pgdrain.errors import BadInput, ConfigError, JobsModuleNotFound, PgdrainError
+from pgdrain.errors import BadInput, JobsModuleNotFound, PgdrainError, UnknownJobKind
 from pgdrain.runner.drain import DrainResult, drain
 from pgdrain.runner.stop import STOP_GRACE_SECONDS, exit_code, stop_on_signals
 from pgdrain.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
-    DEFAULT_JOBS_MODULE,
     QUEUE_NAME,
     Settings,
     parse_queues,
@@ -200,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--key", help="idempotency key")
     p.add_argument("--count", type=_positive_int, default=1)
+    p.add_argument(
+        "--unregistered",
+        action="store_true",
+        help="enqueue a kind the jobs module does not register, or without the module "
+        "(its options then come from this command alone)",
+    )
 
     p = commands.add_parser("drain", help="drain ready jobs until none is left or time is up")
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
@@ -313,10 +318,13 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         "max_attempts": args.max_attempts,
         "recovery_policy": args.recovery_policy,
     }
-    fields = _enqueue_registry(settings, given).defaults(args.kind, **given)
+    registry = Registry() if args.unregistered else _enqueue_registry(settings)
+    fields = registry.defaults(args.kind, **given)
     if "queue" in fields:
         fields["queue_name"] = fields.pop("queue")
     job = build_job(args.kind, payload, delay=args.delay, idempotency_key=args.key, **fields)
+    if not args.unregistered:  # a kind that is well formed, and is it one of the module's?
+        _check_kind(registry, args.kind, settings.jobs_module)
     total = payload_size(payload) * args.count
     if total > MAX_ENQUEUE_TOTAL_BYTES:
         raise BadInput(
@@ -354,23 +362,24 @@ def _kick(conn: store.Connection, settings: Settings, queues: Sequence[str]) -> 
     return format_kick(outcome)
 
 
-def _enqueue_registry(settings: Settings, given: dict[str, Any]) -> Registry:
-    """The jobs module's registry, whose kind options fill in what the command line leaves
-    out (Registry.defaults), as `jobs.enqueue` does in code; an empty one when every option is
-    given (nothing is imported) or the module cannot be loaded: then the command's own
-    defaults apply, as for a kind the module does not register."""
-    if all(value is not None for value in given.values()):
-        return Registry()
-    unused = "%s; enqueueing without the kind's decorator options (the command's defaults)"
+def _enqueue_registry(settings: Settings) -> Registry:
+    """The jobs module's registry: it says which kinds exist, and their options fill in what
+    the command line leaves out (Registry.defaults), as `jobs.enqueue` does in code. A module
+    that cannot be found or fails to import is bad input, as for `drain`: nothing is written
+    (--unregistered enqueues without it)."""
     try:
         return load_registry(settings.jobs_module)
     except JobsModuleNotFound as exc:
-        # Enqueueing from where the job code is not: quiet unless PGDRAIN_JOBS named it.
-        if settings.jobs_module != DEFAULT_JOBS_MODULE:
-            log.warning(unused, exc)
-    except ConfigError as exc:  # the module fails to import: say so, and enqueue anyway
-        log.warning(unused, exc)
-    return Registry()
+        raise JobsModuleNotFound(f"{exc}; --unregistered enqueues without it") from None
+
+
+def _check_kind(registry: Registry, kind: str, module: str) -> None:
+    """A kind the jobs module does not register is refused (a typo would be retried and then
+    failed by every drain), naming the nearest registered kind."""
+    try:
+        registry.check_kind(kind, f" in PGDRAIN_JOBS module {module!r}")
+    except UnknownJobKind as exc:
+        raise UnknownJobKind(f"{exc}; --unregistered enqueues it anyway") from None
 
 
 def parse_payload(text: str) -> Any:
