@@ -355,8 +355,12 @@ def test_cli_control_characters_from_job_data_are_escaped(secret_url: str, conn:
     assert "\\x1b[2J\\rgotcha\\n\\u202eevil\\x07" in listed.out, listed.out
     assert "\\x1b]0;pwned\\x07" in listed.out, listed.out
     assert len(listed.out.splitlines()) == 2, listed.out
-    assert "kind=\\x1b]0;pwned\\x07 " in drained.err, drained.err
-    assert all(line.startswith("pgdrain: ") for line in drained.err.splitlines()), drained.err
+    assert "job failed: \\x1b]0;pwned\\x07 job " in drained.err, drained.err
+    # A record per line, its traceback (-v) on indented lines after it: no job text can make
+    # a line that reads as a record of its own.
+    lines = drained.err.splitlines()
+    assert all(line.startswith(("pgdrain: ", "    ")) for line in lines), drained.err
+    assert "    RuntimeError: \\x1b[2J" in lines, drained.err
 
 
 HOSTILE_STR_SOURCE = """\

@@ -119,7 +119,7 @@ def test_an_unresolvable_host_fails_at_once(server_url: str) -> None:
         ({"port": "abc"}, 'invalid integer value "abc"'),
         ({"port": "99999"}, "invalid port number"),
         ({"sslmode": "require"}, "server does not support SSL"),
-        ({"dbname": "no_such_database_xyz"}, 'database "no_such_database_xyz" does not exist'),
+        ({"dbname": "no_such_database_xyz"}, "database 'no_such_database_xyz' does not exist"),
         ({"user": "no_such_role_xyz"}, 'role "no_such_role_xyz" does not exist'),
     ],
     ids=["sslmode", "port-text", "port-range", "ssl-required", "database", "role"],
@@ -135,6 +135,17 @@ def test_settings_that_cannot_work_fail_at_once(
         connect(_with(server_url, **changes), fake)
     assert fake.sleeps == []
     assert "\n" not in str(raised.value)
+
+
+def test_a_database_that_does_not_exist_is_not_a_refusal_of_the_credentials(
+    server_url: str,
+) -> None:
+    """The credentials were fine: the message says what is missing and what to do."""
+    with pytest.raises(DatabaseMisconfigured) as raised:
+        connect(_with(server_url, dbname="no_such_database_xyz"), FakeTime())
+    assert not isinstance(raised.value, AuthenticationFailed)
+    assert "credentials" not in str(raised.value)
+    assert "create it" in str(raised.value)
 
 
 # -- a server that asks for a password, and one that is starting ---------------------------------

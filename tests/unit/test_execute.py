@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import traceback
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+import pgdrain
 from pgdrain import Discard, Job, Registry, RetryPolicy
 from pgdrain.api.outcomes import AttemptFailed
 from pgdrain.api.registry import Middleware
@@ -170,3 +173,37 @@ def test_middleware_wraps_the_job_outermost_first_and_sees_its_error() -> None:
         "inner saw the error",
         "outer saw the error",
     ]
+
+
+def _lookup(user: dict[str, int], key: str) -> int:
+    return user[key]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_failed_attempts_traceback_holds_the_jobs_frames_not_the_runs(is_async: bool) -> None:
+    """What `jobs show` and the Lambda log keep: where the job failed. The run's own frames
+    (execute.py calling the function, the event loop for an async job) say nothing about
+    it; the control is the same exception formatted whole."""
+    registry = Registry()
+    if is_async:
+
+        @registry.job("send")
+        async def send_async(job: Job) -> None:
+            _lookup({}, "user")
+
+    else:
+
+        @registry.job("send")
+        def send(job: Job) -> None:
+            _lookup({}, "user")
+
+    with pytest.raises(AttemptFailed) as raised:
+        _run(registry, "send")
+
+    kept = raised.value.decision.traceback
+    assert kept.startswith("Traceback (most recent call last):")
+    assert "in send" in kept and "in _lookup" in kept and kept.endswith("KeyError: 'user'\n")
+    package = os.path.dirname(pgdrain.__file__) + os.sep
+    assert package not in kept, kept
+    whole = "".join(traceback.format_exception(raised.value.__cause__))
+    assert f"{package}runner{os.sep}execute.py" in whole  # the control

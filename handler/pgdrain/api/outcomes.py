@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 from pgdrain.api import retry
@@ -178,15 +180,43 @@ def error_text(error: BaseException) -> str:
 
 
 def traceback_text(error: BaseException) -> str:
-    """The formatted traceback, sanitized, its end kept within MAX_TRACEBACK_LENGTH."""
+    """The formatted traceback, sanitized, its end kept within MAX_TRACEBACK_LENGTH; without
+    pgdrain's own frames (the run that called the job), which say nothing about the job."""
     try:
-        text = "".join(traceback.format_exception(error))
+        summary = traceback.TracebackException.from_exception(error)
+        _without_pgdrain_frames(summary)
+        text = "".join(summary.format())
     except Exception as exc:  # formatting runs user code (__str__, __notes__): never fatal
         return f"<traceback could not be formatted: {type(exc).__name__}>"
     text = sanitize(text)
     if len(text) > MAX_TRACEBACK_LENGTH:
         text = "…" + text[-(MAX_TRACEBACK_LENGTH - 1) :]
     return text
+
+
+# pgdrain's own files, as imported and as resolved (a frame names the file as it was imported).
+_PGDRAIN_FOLDERS = tuple(
+    {
+        str(folder) + os.sep
+        for folder in (Path(__file__).parents[1], Path(__file__).resolve().parents[1])
+    }
+)
+
+
+def _without_pgdrain_frames(summary: traceback.TracebackException) -> None:
+    """Drop the frames of pgdrain's own files from a traceback and those it was raised from
+    (all of them kept when nothing else is left: an error of pgdrain's own)."""
+    seen: set[int] = set()
+    pending: list[traceback.TracebackException | None] = [summary]
+    while pending:
+        part = pending.pop()
+        if part is None or id(part) in seen:
+            continue
+        seen.add(id(part))
+        theirs = [f for f in part.stack if not f.filename.startswith(_PGDRAIN_FOLDERS)]
+        if theirs:
+            part.stack = traceback.StackSummary.from_list(theirs)
+        pending += [part.__cause__, part.__context__, *(part.exceptions or [])]
 
 
 class AttemptFailed(Exception):

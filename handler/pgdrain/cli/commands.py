@@ -77,15 +77,41 @@ _STANDARD_RECORD_FIELDS = frozenset(vars(logging.makeLogRecord({}))) | {"message
 
 class _ReadableFormatter(logging.Formatter):
     """One line per record, with the structured fields (`extra=`) as key=value: the same
-    records the Lambda logs as JSON, readable in a terminal. Messages and fields carry job
-    data (kinds, errors): their control characters are escaped."""
+    records the Lambda logs as JSON, readable in a terminal. A job's failed attempt is one
+    short line (its kind, id, attempt and error); its traceback (in `jobs show ID`) follows,
+    indented, only with `verbose` (-v). Messages and fields carry job data (kinds, errors):
+    their control characters are escaped."""
+
+    def __init__(self, fmt: str, *, verbose: bool) -> None:
+        super().__init__(fmt)
+        self.verbose = verbose
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = printable(super().formatMessage(record))
         fields = {k: v for k, v in vars(record).items() if k not in _STANDARD_RECORD_FIELDS}
-        if fields:
+        traceback = fields.pop("traceback", None)
+        if _FAILURE_FIELDS <= fields.keys():
+            line += ": " + printable(_failure_line(fields))
+        elif fields:
             line += " " + " ".join(f"{k}={printable(v)}" for k, v in fields.items())
+        if traceback and self.verbose:
+            line += "".join(f"\n    {printable(t)}" for t in str(traceback).rstrip().splitlines())
         return line
+
+
+# The fields of a job's failed attempt as the completer logs them (runner/completer.py).
+_FAILURE_FIELDS = frozenset({"job_id", "kind", "attempt", "max_attempts", "error"})
+
+
+def _failure_line(fields: dict[str, Any]) -> str:
+    """ "send_email job 42, attempt 1/5: ValueError: no such user (next attempt in 2.0 s)"."""
+    text = (
+        f"{fields['kind']} job {fields['job_id']}, attempt {fields['attempt']}/"
+        f"{fields['max_attempts']}: {fields['error']}"
+    )
+    if fields.get("retry_in_s") is not None:
+        text += f" (next attempt in {fields['retry_in_s']} s)"
+    return text
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -253,7 +279,9 @@ def _kind_default(option: str, field: str | None = None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_ReadableFormatter("pgdrain: %(levelname)s %(message)s"))
+    handler.setFormatter(
+        _ReadableFormatter("pgdrain: %(levelname)s %(message)s", verbose=args.verbose)
+    )
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     # Job modules (PGDRAIN_JOBS) are found from the current directory, as `python -m` does.
     if os.getcwd() not in sys.path:
@@ -269,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
         return EXIT_FAILURE
     except psycopg.Error as exc:
+        if connection.is_schema_missing(exc):  # the database was never migrated
+            print(f"pgdrain: error: {printable(connection.describe(exc))}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(f"pgdrain: database error: {printable(connection.describe(exc))}", file=sys.stderr)
         return EXIT_FAILURE
 
@@ -437,8 +468,19 @@ def _run_drain(settings: Settings, budget_seconds: float, *, queues_given: bool)
     return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
 
 
+def _check_budget(budget: float, settings: Settings) -> None:
+    """A budget the reserve would swallow claims nothing: bad input, not an empty queue."""
+    if budget <= settings.reserve_seconds:
+        raise BadInput(
+            f"--budget {budget:g} is not above the reserve (PGDRAIN_RESERVE_SECONDS="
+            f"{settings.reserve_seconds:g}), the time a run keeps to finish: nothing would be "
+            f"claimed; give more than {settings.reserve_seconds:g} seconds"
+        )
+
+
 def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
     settings = _drain_settings(args, settings)
+    _check_budget(args.budget, settings)
     # SIGINT/SIGTERM: stop claiming, let running jobs finish for a short grace, end the leases
     # of the rest (reclaimable at once), print the summary and exit 130/143 (pgdrain.runner.stop).
     with stop_on_signals() as stop:
@@ -492,6 +534,7 @@ def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgdrain.cli import demo
 
+    _check_budget(args.budget, settings)
     registry = demo.load_jobs(settings)  # first: a missing jobs module writes nothing
     embedded_dir = (
         None if settings.database_url or settings.db_secret_arn else embedded.data_dir_in_use()

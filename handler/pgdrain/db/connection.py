@@ -38,10 +38,15 @@ FIRST_RETRY_DELAY_SECONDS = 0.25
 MAX_RETRY_DELAY_SECONDS = 4.0
 MIN_CONNECT_TIMEOUT_SECONDS = 2  # libpq treats 1 as 2 anyway
 
-# SQLSTATE class 28: invalid authorization; 3D000: the database does not exist.
-# Retrying these cannot help.
-_FATAL_SQLSTATES = ("28000", "28P01", "3D000")
-_MISSING_ROLE_OR_DATABASE = re.compile(r'FATAL:\s+(role|database) ".*" does not exist')
+# SQLSTATE class 28: invalid authorization (a wrong password, an unknown role). Retrying these
+# cannot help. 3D000 (the database does not exist) is no matter of credentials: said apart.
+_FATAL_SQLSTATES = ("28000", "28P01")
+_MISSING_ROLE = re.compile(r'FATAL:\s+role ".*" does not exist')
+_MISSING_DATABASE = re.compile(r'database "(.*)" does not exist')
+# A pgdrain relation or schema the server does not know: the database was never migrated (or
+# not since an upgrade). 42P01 undefined_table, 3F000 invalid_schema_name.
+_MISSING_SCHEMA_SQLSTATES = ("42P01", "3F000")
+RUN_MIGRATE = "run `pgdrain migrate`"
 # 57P03 cannot_connect_now ("the database system is starting up" / "is not yet accepting
 # connections" / "is shutting down" during a restart); 53300 too_many_connections; 53400
 # configuration_limit_exceeded (a role's CONNECTION LIMIT).
@@ -134,6 +139,11 @@ def connect(
             ) from None
         except psycopg.OperationalError as exc:
             reason = describe(exc)
+            if (missing := missing_database(exc)) is not None:
+                raise DatabaseMisconfigured(
+                    f"the database {missing!r} does not exist on that server: create it "
+                    "(createdb), or name an existing one in DATABASE_URL"
+                ) from None
             if is_authentication_failure(exc):
                 raise AuthenticationFailed(f"database refused the credentials: {reason}") from exc
             if is_misconfiguration(exc):
@@ -187,8 +197,24 @@ def is_authentication_failure(exc: psycopg.Error) -> bool:
     return (
         "password authentication failed" in text
         or "no password supplied" in text
-        or _MISSING_ROLE_OR_DATABASE.search(text) is not None  # 28000 / 3D000 by their text
+        or _MISSING_ROLE.search(text) is not None  # 28000 by its text
     )
+
+
+def missing_database(exc: psycopg.Error) -> str | None:
+    """The name of the database the server says does not exist (3D000), or None."""
+    if (exc.sqlstate or _sqlstate_from_diag(exc)) not in (None, "3D000"):
+        return None
+    match = _MISSING_DATABASE.search(str(exc))
+    return match.group(1) if match else None
+
+
+def is_schema_missing(exc: BaseException) -> bool:
+    """A pgdrain table or the schema itself is not in the database: never migrated."""
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate or _sqlstate_from_diag(exc)
+    return state in _MISSING_SCHEMA_SQLSTATES and "pgdrain" in str(exc)
 
 
 def _sqlstate_from_diag(exc: psycopg.Error) -> str | None:
@@ -199,11 +225,15 @@ def _sqlstate_from_diag(exc: psycopg.Error) -> str | None:
 
 
 def describe(exc: BaseException) -> str:
-    """The first line of a driver error, without libpq's multi-line detail."""
+    """The first line of a driver error, without libpq's multi-line detail; for a database
+    without pgdrain's schema, what to do about it."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
-    return lines[0].removeprefix("connection is bad: ")  # psycopg's wrapper adds nothing
+    first = lines[0].removeprefix("connection is bad: ")  # psycopg's wrapper adds nothing
+    if is_schema_missing(exc):
+        return f"this database has no pgdrain schema (or an older one): {RUN_MIGRATE} ({first})"
+    return first
 
 
 def one_line(exc: BaseException) -> str:

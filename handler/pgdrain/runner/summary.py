@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from pgdrain.db.connection import is_schema_missing
 from pgdrain.db.store import Held
 from pgdrain.errors import AuthenticationFailed, ConfigError, DatabaseUnavailable
 
@@ -139,7 +140,8 @@ class Counters:
 def error_kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, AuthenticationFailed):
         return "authentication"
-    if isinstance(exc, ConfigError):  # a setting that cannot work: retrying will not help
+    # A setting that cannot work, or a database never migrated: retrying will not help.
+    if isinstance(exc, ConfigError) or is_schema_missing(exc):
         return "configuration"
     if isinstance(exc, DatabaseUnavailable):
         return "unavailable"
