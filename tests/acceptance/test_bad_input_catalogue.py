@@ -354,7 +354,7 @@ def test_cli_control_characters_from_job_data_are_escaped(secret_url: str, conn:
         assert not any(c in text for c in RAW_CONTROLS), text
     assert "\\x1b[2J\\rgotcha\\n\\u202eevil\\x07" in listed.out, listed.out
     assert "\\x1b]0;pwned\\x07" in listed.out, listed.out
-    assert len(listed.out.splitlines()) == 2, listed.out
+    assert len(listed.out.splitlines()) == 3, listed.out  # a header, and a line per job
     assert "job failed: \\x1b]0;pwned\\x07 job " in drained.err, drained.err
     # A record per line, its traceback (-v) on indented lines after it: no job text can make
     # a line that reads as a record of its own.

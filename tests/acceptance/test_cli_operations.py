@@ -118,6 +118,7 @@ def test_jobs_json_has_the_documented_fields(conn: Conn, db_url: str) -> None:
         "updated_at",
         "finished_at",
         "last_error",
+        "state",
     }
     assert (job["queue"], job["kind"], job["status"], job["finished_at"]) == (
         "alpha",
@@ -304,7 +305,7 @@ def test_retry_since_takes_only_recent_failures(conn: Conn, db_url: str) -> None
     _finish(conn, recent, "failed")
     _finish(conn, old, "failed", days_ago=2)
     run = pgdrain(db_url, "retry", "--failed", "--since", "1d")
-    assert run.out.splitlines()[0] == "queued again: 1 jobs"
+    assert run.out.splitlines()[0] == "queued again: 1 job"
     assert (_status(conn, recent), _status(conn, old)) == ("queued", "failed")
 
 
@@ -344,7 +345,7 @@ def test_retry_parked_by_filter(conn: Conn, db_url: str) -> None:
     store.job_reclaim_expired(conn, 10)
     _finish(conn, failed, "failed")
     run = pgdrain(db_url, "retry", "--parked")
-    assert run.out.splitlines()[0] == "queued again: 1 jobs"
+    assert run.out.splitlines()[0] == "queued again: 1 job"
     assert (_status(conn, parked), _status(conn, failed)) == ("queued", "failed")
 
 
@@ -357,11 +358,17 @@ def test_cancel_a_queued_job_and_it_never_runs(conn: Conn, db_url: str) -> None:
     assert (_status(conn, cancelled), _status(conn, kept)) == ("cancelled", "done")
     assert job_row(conn, cancelled)["attempts"] == 0  # never claimed
 
-    twice = pgdrain(db_url, "cancel", str(cancelled), str(kept), "424242")
-    assert twice.code == EXIT_FAILURE
-    assert only_line(twice.err) == (
-        f"pgdrain: error: already finished (or unknown): {sorted([cancelled, kept, 424242])}"
-    )
+    # Safe to repeat (exit 0, said): a cancelled or finished job is left as it is. Only a job
+    # that does not exist is an error.
+    twice = pgdrain(db_url, "cancel", str(cancelled), str(kept))
+    assert (twice.code, twice.err) == (EXIT_OK, ""), twice
+    assert twice.out.splitlines() == [
+        f"job {cancelled} is already cancelled: nothing to cancel",
+        f"job {kept} is already finished (done): nothing to cancel",
+    ]
+    unknown = pgdrain(db_url, "cancel", str(cancelled), "424242")
+    assert unknown.code == EXIT_FAILURE
+    assert only_line(unknown.err) == "pgdrain: error: no job 424242"
 
 
 @pytest.mark.parametrize("cancel", [True, False], ids=["cancelled", "control: not cancelled"])
@@ -517,8 +524,18 @@ def _stop_a_server_left_running(data: Path) -> None:
 
     migrated = run_pgdrain("migrate", env=env, drop=drop)
     assert migrated.code == EXIT_OK, migrated
+    assert migrated.out.startswith("applied: 0001_init.sql, ")
     pid = int((data / "postmaster.pid").read_text().splitlines()[0])
     os.kill(pid, 0)  # still running after the command that started it exited
+
+    # `server status` says so, and gives the URL psql takes (it connects).
+    status = run_pgdrain("server", "status", env=env, drop=drop)
+    assert (status.code, status.err) == (EXIT_OK, ""), status
+    first, connect, *_ = status.out.splitlines()
+    assert first == f"the embedded PostgreSQL in {data} is running"
+    url = connect.removeprefix("connect: psql '").removesuffix("'")
+    with psycopg.connect(url) as psql:
+        assert psql.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
 
     stopped = run_pgdrain("server", "stop", env=env, drop=drop)
     assert (stopped.code, stopped.out.strip(), stopped.err) == (
@@ -533,6 +550,8 @@ def _stop_a_server_left_running(data: Path) -> None:
         EXIT_OK,
         f"the embedded PostgreSQL in {data} is not running",
     )
+    stopped_status = run_pgdrain("server", "status", env=env, drop=drop)
+    assert stopped_status.out.startswith(f"the embedded PostgreSQL in {data} is not running")
     # The next command starts it again, with the schema it had.
     restarted = run_pgdrain("migrate", env=env, drop=drop)
     assert restarted.out.strip() == "nothing to apply: the schema is up to date"
@@ -549,13 +568,14 @@ def test_the_demo_prints_only_commands_that_run_as_printed(db_url: str) -> None:
     demo = run_pgdrain("demo", "--count", "20", env=env)
     assert demo.code == EXIT_OK, demo
     lines = demo.out.splitlines()
+    # The demo's migration says what `pgdrain migrate` says, in its words.
+    assert lines[0] == run_pgdrain("migrate", env=env).out.strip()
     commands = [line.removeprefix("drain: ") for line in lines if " invoke -e " in line]
     commands += [line.strip() for line in lines if line.startswith("  ")]
     assert len(commands) == 6, demo.out
     explained = [line for line in lines if line.startswith("warnings: ")]
     assert explained == [
-        "warnings: 1, as the demo intends: 1 job(s) failed for good (the 'fail' kind; "
-        "'failed' below)"
+        "warnings: 1, as the demo intends: 1 job failed for good (the 'fail' kind; 'failed' below)"
     ], demo.out
 
     shell_env = {k: v for k, v in os.environ.items() if not k.startswith("PGDRAIN_")}

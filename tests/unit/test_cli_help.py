@@ -22,6 +22,9 @@ NO_DEFAULT = {
     "pgdrain retry --queue",
     "pgdrain retry --kind",
     "pgdrain retry --since",
+    "pgdrain cancel --queue",
+    "pgdrain cancel --kind",
+    "pgdrain cancel --since",
     "pgdrain invoke --env-vars",
 }
 

@@ -7,14 +7,14 @@ from pgdrain.cli.demo import demo_jobs, explain_warnings
 
 def test_each_warning_is_accounted_for() -> None:
     text = explain_warnings(3, retried=2, failed=1)
-    assert text.startswith("warnings: 3, as the demo intends: 2 flaky job(s) failed an attempt")
-    assert "1 job(s) failed for good" in text
+    assert text.startswith("warnings: 3, as the demo intends: 2 flaky jobs failed an attempt")
+    assert "1 job failed for good" in text
     assert "other" not in text
 
 
 def test_control_a_warning_the_demo_does_not_cause_is_not_explained_away() -> None:
     text = explain_warnings(4, retried=2, failed=1)
-    assert text.endswith("1 other(s): see the function's log (the invoke above)")
+    assert text.endswith("1 other: see the function's log (the invoke above)")
 
 
 def test_no_warning() -> None:

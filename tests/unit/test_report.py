@@ -9,9 +9,11 @@ from dataclasses import replace
 from pgdrain.cli.report import (
     format_job,
     format_job_line,
+    format_jobs,
     format_result,
     format_stats,
     job_as_dict,
+    plural,
     printable,
 )
 from pgdrain.db.store import STATS_HISTORY_BOUND, JobRow, QueueStats
@@ -110,15 +112,50 @@ FAILED_JOB = JobRow(
     updated_at=AT,
     finished_at=AT,
     last_error="ValueError: no such user",
+    due_in_s=-3600.0,
 )
 
 
 def test_a_listed_job_is_one_line_with_its_attempts_and_last_error() -> None:
     assert format_job_line(FAILED_JOB).split() == [
-        "7", "emails", "send_email", "failed", "attempt", "3/3", "reclaims", "1",
-        "ValueError:", "no", "such", "user",
+        "7", "emails", "send_email", "failed", "3/3", "1", "ValueError:", "no", "such", "user",
     ]  # fmt: skip
-    assert format_job_line(replace(FAILED_JOB, last_error=None)).endswith("reclaims 1")
+    assert format_job_line(replace(FAILED_JOB, last_error=None)).split()[-2:] == ["3/3", "1"]
+
+
+def test_the_job_list_has_a_header_and_tells_queued_jobs_apart() -> None:
+    """Ready (run_at has come), retrying (a failed attempt's backoff) and scheduled (enqueued
+    for later) are all `queued`: the list says which, and for how long."""
+    queued = replace(FAILED_JOB, status="queued", last_error=None, reclaim_count=0)
+    rows = [
+        replace(queued, id=1, attempts=0, due_in_s=-1.0),
+        replace(queued, id=2, attempts=1, due_in_s=12.4),
+        replace(queued, id=3, attempts=0, due_in_s=300.0),
+        replace(queued, id=4, status="running", attempts=1, due_in_s=-5.0),
+    ]
+    lines = format_jobs(rows).splitlines()
+    assert lines[0].split() == [
+        "id",
+        "queue",
+        "kind",
+        "state",
+        "attempt",
+        "reclaims",
+        "last",
+        "error",
+    ]
+    assert [line.split()[3:6] for line in lines[1:]] == [
+        ["ready", "0/3", "0"],
+        ["retrying", "in", "12s"],
+        ["scheduled", "in", "5m"],
+        ["running", "1/3", "0"],
+    ]
+    assert [job_as_dict(r)["state"] for r in rows] == ["ready", "retrying", "scheduled", "running"]
+    assert format_jobs([]).splitlines()[1:] == ["(no jobs)"]
+
+
+def test_one_job_is_one_job() -> None:
+    assert [plural(n, "job") for n in (0, 1, 2)] == ["0 jobs", "1 job", "2 jobs"]
 
 
 def test_job_data_in_a_listed_job_is_escaped() -> None:

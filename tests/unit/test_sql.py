@@ -167,7 +167,7 @@ def test_every_other_write_of_a_job_holds_no_lease() -> None:
 
 
 # Operator actions that revoke a running job's lease instead of writing under it.
-REVOCATIONS = {"job_cancel"}
+REVOCATIONS = {"job_cancel", "job_cancel_matching"}
 
 
 def test_control_the_fence_check_catches_a_missing_fence() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import difflib
 import importlib.metadata
 import inspect
 import itertools
@@ -16,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal, NoReturn, TypeVar
 
 import psycopg
@@ -29,9 +31,12 @@ from pgdrain.cli.report import (
     format_job,
     format_job_line,
     format_kick,
+    format_jobs,
+    format_migrated,
     format_result,
     format_stats,
     job_as_dict,
+    plural,
     printable,
 )
 from pgdrain.db import connection, store
@@ -60,6 +65,7 @@ MAX_PURGE_DAYS = 36_500.0
 STATUSES = store.STATUSES
 MAX_SINCE_DAYS = 36_500.0
 MAX_KIND_LENGTH = 200
+MAX_QUEUES_NAMED = 10  # a queue filter that names no queue lists at most this many
 # DrainResult.error_kind values that mean the settings are wrong (summary.error_kind).
 CONFIG_ERROR_KINDS = ("authentication", "configuration")
 # What `enqueue` uses for an option neither the command line nor the kind's decorator gives.
@@ -330,10 +336,7 @@ def _connect(settings: Settings) -> store.Connection:
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         result = migrate(conn)
-    if result.applied:
-        print("applied: " + ", ".join(result.applied))
-    else:
-        print("nothing to apply: the schema is up to date")
+    print(format_migrated(result.applied))
     return EXIT_OK
 
 
@@ -498,8 +501,6 @@ def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
-    from pathlib import Path
-
     from pgdrain.aws import local_invoke
 
     with stop_on_signals() as stop:  # the handler's drain obeys it: see cmd_drain
@@ -633,17 +634,32 @@ def _add_operator_commands(commands: Any) -> None:
     p.add_argument("--parked", action="store_true", help="every parked job matching the filters")
     _add_filters(p)
     p.add_argument("--dry-run", action="store_true", help="print what would change; change nothing")
+    p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
 
     p = commands.add_parser(
-        "cancel", help="cancel jobs: a queued one never runs, a running one loses its lease"
+        "cancel",
+        help="cancel jobs: a queued one never runs, a running one loses its lease; by id, or by "
+        "filter",
+        description="`cancel ID...`, or `cancel --queued|--running|--parked [--queue Q] "
+        "[--kind K] [--since T]`. A job already cancelled or finished is left as it is (exit "
+        "0): safe to repeat.",
     )
-    p.add_argument("ids", nargs="+", type=_positive_int, help="job ids")
+    p.add_argument("ids", nargs="*", type=_positive_int, help="job ids")
+    p.add_argument("--queued", action="store_true", help="every queued job matching the filters")
+    p.add_argument("--running", action="store_true", help="every running job matching them")
+    p.add_argument("--parked", action="store_true", help="every parked job matching them")
+    _add_filters(p)
+    p.add_argument("--dry-run", action="store_true", help="print what would change; change nothing")
+    p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
 
     p = commands.add_parser(
         "server", help="the embedded PostgreSQL the CLI starts when DATABASE_URL is unset"
     )
     actions = p.add_subparsers(
-        dest="server_command", metavar="stop", required=True, parser_class=_Parser
+        dest="server_command", metavar="{status,stop}", required=True, parser_class=_Parser
+    )
+    actions.add_parser(
+        "status", help="is it running, and the URL to connect to it (psql, DATABASE_URL)"
     )
     actions.add_parser(
         "stop",
@@ -657,6 +673,7 @@ def _add_operator_commands(commands: Any) -> None:
     p.add_argument("--older-than-days", type=_non_negative_float, default=7.0)
     p.add_argument("--queue", type=_queue_name, help="only this queue (default: every queue)")
     p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
+    p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
 
 
 def _add_filters(p: argparse.ArgumentParser) -> None:
@@ -774,12 +791,27 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
             kind=args.kind,
             since=args.since,
         )
+        if not rows:
+            _check_queue(conn, args.queue)
     if args.json:
         print(json.dumps([job_as_dict(r) for r in rows]))
     else:
-        for r in rows:
-            print(format_job_line(r))
+        print(format_jobs(rows))
     return EXIT_OK
+
+
+def _check_queue(conn: store.Connection, queue: str | None) -> None:
+    """A filter that matched nothing because its queue does not exist (a typo) says so: no job
+    was ever in it, or all were purged. Called only when nothing matched."""
+    if queue is None or store.job_list(conn, list(STATUSES), 1, queue=queue):
+        return
+    names = [r.queue for r in store.queue_stats(conn)]
+    nearest = difflib.get_close_matches(queue, names, n=1)
+    if nearest:
+        hint = f"did you mean {nearest[0]!r}?"
+    else:
+        hint = f"the queues: {', '.join(names[:MAX_QUEUES_NAMED])}" if names else "no jobs at all"
+    raise PgdrainError(f"no queue {queue!r}: no job is in it ({hint})")
 
 
 def _show_job(args: argparse.Namespace, settings: Settings) -> int:
@@ -821,58 +853,152 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
                 )
             if args.dry_run:  # the same statement, rolled back: exactly what a real run does
                 raise psycopg.Rollback(tx)
-        retried = [r for r in found if r.retried]
-        held = [r for r in found if r.held_by is not None]
+        retried = sorted((r for r in found if r.retried), key=lambda r: r.id)
+        held = sorted((r for r in found if r.held_by is not None), key=lambda r: r.id)
+        if not found and not args.ids:
+            _check_queue(conn, args.queue)
         kicked: list[str] = []
         if retried and not args.dry_run and settings.function_name:
             kicked = _kick(conn, settings, store.job_queues(conn, [r.id for r in retried]))
-    if args.ids:
+    missing = sorted(set(args.ids) - {r.id for r in (*retried, *held)})
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dry_run": args.dry_run,
+                    "queued_again": [r.id for r in retried],
+                    "key_held": {str(r.id): r.held_by for r in held},
+                    "not_queued_again": missing,
+                }
+            )
+        )
+    elif args.ids:
         print(f"{verb}: {[r.id for r in retried] or 'none'}")
         for r in held:
             print(f"not retried: {r.id} (key held by job {r.held_by})")
+    else:
+        print(f"{verb}: {plural(len(retried), 'job')}")
+        for r in retried:
+            print(f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind)}")
+        if held:
+            print(f"not retried: {plural(len(held), 'job')}")
+            for r in held:
+                print(
+                    f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind)}"
+                    f" (key held by job {r.held_by})"
+                )
+    if not args.json:
         for line in kicked:
             print(line)
-        missing = sorted(set(args.ids) - {r.id for r in (*retried, *held)})
-        if missing:
-            print(
-                f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}",
-                file=sys.stderr,
-            )
-            return EXIT_FAILURE
-        return EXIT_OK  # as enqueue with a held key: the job holding it does the work
-    print(f"{verb}: {len(retried)} jobs")
-    for r in retried:
-        print(f"{r.id:>8} {r.queue:<12} {r.kind}")
-    if held:
-        print(f"not retried: {len(held)} jobs")
-        for r in held:
-            print(f"{r.id:>8} {r.queue:<12} {r.kind} (key held by job {r.held_by})")
-    for line in kicked:
-        print(line)
-    return EXIT_OK
+    if missing:
+        print(
+            f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    return EXIT_OK  # a job whose key is held is not an error: the holder does the work
+
+
+CancelStatus = Literal["queued", "running", "parked"]
 
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    """Cancel by id or by filter. A job already cancelled or finished is said and left as it
+    is (exit 0: safe to repeat); only an unknown id is an error (exit 1)."""
+    statuses: list[CancelStatus] = [
+        status for status in ("queued", "running", "parked") if getattr(args, status)
+    ]
+    filtered = args.queue is not None or args.kind is not None or args.since is not None
+    if args.ids and (statuses or filtered):
+        raise BadInput("give job ids or a filter (--queued/--running/--parked ...), not both")
+    if not args.ids and not statuses:
+        raise BadInput("name the jobs: ids, or --queued, --running and/or --parked (with filters)")
     with _connect(settings) as conn:
-        cancelled = store.job_cancel(conn, args.ids)
-    for c in cancelled:
-        note = (
-            " (its run loses the lease; its outcome will be refused)" if c.was == "running" else ""
-        )
-        print(f"cancelled {c.id} (was {c.was}){note}")
-    missing = sorted(set(args.ids) - {c.id for c in cancelled})
-    if missing:
-        print(f"pgdrain: error: already finished (or unknown): {missing}", file=sys.stderr)
+        with conn.transaction() as tx:
+            if args.ids:
+                cancelled = [
+                    store.CancelledMatch(c.id, "", "", c.was)
+                    for c in store.job_cancel(conn, args.ids)
+                ]
+            else:
+                cancelled = store.job_cancel_matching(
+                    conn, statuses, queue=args.queue, kind=args.kind, since=args.since
+                )
+            if args.dry_run:  # the same statement, rolled back: exactly what a real run does
+                raise psycopg.Rollback(tx)
+        left = sorted(set(args.ids) - {c.id for c in cancelled})
+        found = store.job_status_many(conn, left) if left else {}
+        if not cancelled and not args.ids:
+            _check_queue(conn, args.queue)
+    unknown = [i for i in left if i not in found]
+    _print_cancelled(args, cancelled, {i: found[i] for i in left if i in found}, unknown)
+    if unknown:
+        print(f"pgdrain: error: no job {', '.join(map(str, unknown))}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
 
 
+def _print_cancelled(
+    args: argparse.Namespace,
+    cancelled: Sequence[store.CancelledMatch],
+    already: dict[int, str],
+    unknown: list[int],
+) -> None:
+    if args.json:
+        jobs: list[dict[str, Any]] = [{"id": c.id, "was": c.was} for c in cancelled]
+        if not args.ids:
+            jobs = [{"id": c.id, "queue": c.queue, "kind": c.kind, "was": c.was} for c in cancelled]
+        print(
+            json.dumps(
+                {
+                    "dry_run": args.dry_run,
+                    "cancelled": jobs,
+                    "already_finished": [{"id": i, "status": s} for i, s in already.items()],
+                    "unknown": unknown,
+                }
+            )
+        )
+        return
+    verb = "would cancel" if args.dry_run else "cancelled"
+    if not args.ids:
+        print(f"{verb}: {plural(len(cancelled), 'job')}")
+    for c in cancelled:
+        where = f" {printable(c.queue)} {printable(c.kind)}" if c.queue else ""
+        note = (
+            ": its run loses the lease, and its outcome will be refused"
+            if c.was == "running"
+            else ""
+        )
+        print(f"{verb} {c.id}{where} (was {c.was}){note}")
+    for job_id, status in already.items():
+        state = "already cancelled" if status == "cancelled" else f"already finished ({status})"
+        print(f"job {job_id} is {state}: nothing to cancel")
+
+
 def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     folder = embedded.data_dir_in_use()
+    if args.server_command == "status":
+        return _server_status(folder, settings)
     if embedded.stop(folder):
         print(f"stopped the embedded PostgreSQL in {folder}")
     else:
         print(f"the embedded PostgreSQL in {folder} is not running")
+    return EXIT_OK
+
+
+def _server_status(folder: Path, settings: Settings) -> int:
+    url = embedded.running_url(folder)
+    if url is None:
+        print(
+            f"the embedded PostgreSQL in {folder} is not running "
+            "(the next pgdrain command that needs it starts it)"
+        )
+    else:
+        print(f"the embedded PostgreSQL in {folder} is running")
+        print(f"connect: psql '{url}'")
+        print(f"or, for other tools: export DATABASE_URL='{url}'")
+    if settings.database_url or settings.db_secret_arn:
+        print("(DATABASE_URL or PGDRAIN_DB_SECRET_ARN is set: the CLI uses that database instead)")
     return EXIT_OK
 
 
@@ -885,18 +1011,32 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
     where = f" in queue {args.queue!r}" if args.queue else ""
     with _connect(settings) as conn:
         if args.dry_run:
-            count = store.job_count_finished(conn, args.older_than_days, queue=args.queue)
-            print(f"would delete {count} finished jobs{where}")
-            return EXIT_OK
-        deleted = 0
-        while True:  # batches, each its own short statement (autocommit)
-            batch = store.job_purge_finished(
-                conn, args.older_than_days, PURGE_BATCH, queue=args.queue
+            deleted = store.job_count_finished(conn, args.older_than_days, queue=args.queue)
+        else:
+            deleted = 0
+            while True:  # batches, each its own short statement (autocommit)
+                batch = store.job_purge_finished(
+                    conn, args.older_than_days, PURGE_BATCH, queue=args.queue
+                )
+                deleted += batch
+                if batch < PURGE_BATCH:
+                    break
+        if not deleted:
+            _check_queue(conn, args.queue)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dry_run": args.dry_run,
+                    "deleted": deleted,
+                    "older_than_days": args.older_than_days,
+                    "queue": args.queue,
+                }
             )
-            deleted += batch
-            if batch < PURGE_BATCH:
-                break
-    print(f"deleted {deleted} finished jobs{where}")
+        )
+        return EXIT_OK
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {plural(deleted, 'finished job')}{where}")
     return EXIT_OK
 
 

@@ -21,7 +21,7 @@ from pgdrain.api.enqueue import build_job
 from pgdrain.api.registry import Registry, load_registry, on_sys_path
 from pgdrain.budget import Budget
 from pgdrain.cli import embedded
-from pgdrain.cli.report import format_result, format_stats
+from pgdrain.cli.report import format_migrated, format_result, format_stats, plural
 from pgdrain.db import store
 from pgdrain.db.connection import connect
 from pgdrain.db.migrate import migrate
@@ -91,8 +91,7 @@ def run(
     keeps its data, when the demo uses it."""
     *jobs, failing = demo_jobs(count)
     with connect(conninfo, settings, Budget.seconds(settings.connect_timeout)) as conn:
-        applied = migrate(conn).applied
-        print(f"migrate: {', '.join(applied) or 'up to date'}")
+        print(format_migrated(migrate(conn).applied))  # as `pgdrain migrate` says it
         with conn.transaction():
             ids = store.job_insert_many(conn, jobs)
             failed_id, _ = store.job_insert(conn, failing)  # its own insert: its id, for sure
@@ -143,15 +142,17 @@ def explain_warnings(warnings: int, *, retried: int, failed: int) -> str:
     parts = []
     if retried:
         parts.append(
-            f"{retried} flaky job(s) failed an attempt and will be retried after a backoff "
-            "('delayed' below)"
+            f"{plural(retried, 'flaky job')} failed an attempt and will be retried after a "
+            "backoff ('delayed' below)"
         )
     if failed:
-        parts.append(f"{failed} job(s) failed for good (the 'fail' kind; 'failed' below)")
+        parts.append(f"{plural(failed, 'job')} failed for good (the 'fail' kind; 'failed' below)")
     expected = retried + failed
     text = f"warnings: {warnings}, as the demo intends: " + "; ".join(parts)
     if warnings > expected:
-        text += f"; {warnings - expected} other(s): see the function's log (the invoke above)"
+        others = warnings - expected
+        text += f"; {others} {'other' if others == 1 else 'others'}: see the function's log"
+        text += " (the invoke above)"
     return text
 
 

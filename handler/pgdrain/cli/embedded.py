@@ -44,6 +44,24 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
     return str(server.get_uri())
 
 
+def running_url(data_dir: Path | None = None) -> str | None:
+    """The URL of the embedded server running on `data_dir` (what to give psql, or another
+    tool as DATABASE_URL), or None when none runs there. Starts nothing."""
+    folder = data_dir or data_dir_in_use()
+    if not (folder / "postmaster.pid").is_file():
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as in start(): XDG_RUNTIME_DIR
+            from pgserver.utils import PostmasterInfo
+    except ImportError:
+        return None  # not installed: nothing of it can run
+    info = PostmasterInfo.read_from_pgdata(folder)
+    if info is None or not info.is_running():
+        return None
+    return str(info.get_uri())
+
+
 # pgserver runs PostgreSQL as this system user when started by root (PostgreSQL refuses root).
 PGSERVER_ROOT_USER = "pgserver"
 STOP_TIMEOUT_SECONDS = 60

@@ -102,24 +102,59 @@ def format_stats(rows: Sequence[store.QueueStats], served: tuple[str, ...] | Non
 
 def _history(count: int) -> str:
     """A count of finished jobs: queue_stats stops counting at its bound, shown as 10000+."""
-    return f"{count}+" if count >= store.STATS_HISTORY_BOUND else str(count)
+    return _bounded(count, store.STATS_HISTORY_BOUND)
+
+
+def format_migrated(applied: Sequence[str]) -> str:
+    """What a migration did, as `migrate` and `demo` both say it."""
+    if applied:
+        return "applied: " + ", ".join(applied)
+    return "nothing to apply: the schema is up to date"
 
 
 def job_as_dict(row: store.JobRow) -> dict[str, Any]:
-    """A listed job as `pgdrain jobs --json` prints it: timestamps as ISO 8601 text."""
-    return {
+    """A listed job as `pgdrain jobs --json` prints it: timestamps as ISO 8601 text, and its
+    state (the status, a queued job told apart: ready, retrying or scheduled) in place of
+    due_in_s (run_at says when)."""
+    job = {
         k: v.isoformat() if isinstance(v, dt.datetime) else v
         for k, v in dataclasses.asdict(row).items()
+        if k != "due_in_s"
     }
+    return job | {"state": row.state}
+
+
+def format_jobs(rows: Sequence[store.JobRow]) -> str:
+    """A header row, then one line per job."""
+    header = (
+        f"{'id':>8} {'queue':<12} {'kind':<14} {'state':<20} {'attempt':<8}{'reclaims':>8}  "
+        "last error"
+    )
+    lines = [format_job_line(r) for r in rows] or ["(no jobs)"]
+    return "\n".join([header, *lines])
 
 
 def format_job_line(r: store.JobRow) -> str:
-    """One listed job; kind, queue and error are job data, escaped for the terminal."""
+    """One listed job; kind, queue and error are job data, escaped for the terminal. A job
+    waiting for its run_at says how long: "retrying in 12s", "scheduled in 5m"."""
+    state = r.state
+    if state in ("retrying", "scheduled"):
+        state += f" in {_duration(r.due_in_s)}"
     error = f"  {printable(r.last_error)}" if r.last_error else ""
+    attempt = f"{r.attempts}/{r.max_attempts}"
     return (
-        f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind):<14} {r.status:<9} "
-        f"attempt {r.attempts}/{r.max_attempts} reclaims {r.reclaim_count}{error}"
+        f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind):<14} {state:<20} "
+        f"{attempt:<8}{r.reclaim_count:>8}{error}"
     )
+
+
+def _duration(seconds: float) -> str:
+    """A wait, short: 45s, 12m, 3h, 2d."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{round(seconds / size)}{unit}"
+    return f"{round(seconds)}s"
 
 
 # `pgdrain jobs show`: the columns in this order, then any others (a later migration's),

@@ -101,8 +101,10 @@ WHERE id IN (
 -- The newest jobs matching the filters; a NULL filter matches every job. --since compares
 -- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).
 -- %(before)s pages: only jobs older than that id (the dashboard's next page; NULL: the newest).
+-- due_in_s: seconds until run_at on the database's clock (a queued job waits while above 0).
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
-       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error
+       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error,
+       extract(epoch FROM run_at - now())::float8 AS due_in_s
 FROM pgdrain.jobs
 WHERE status = ANY(%(statuses)s::text[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -294,6 +296,30 @@ SET status = 'cancelled',
 FROM target
 WHERE j.id = target.id
 RETURNING j.id, target.status AS was;
+
+-- name: job_cancel_matching :many
+-- Operator action by filter: cancel the jobs in %(statuses)s (queued, running, parked)
+-- matching the filters (a NULL filter matches every job), as job_cancel does. `--dry-run`
+-- runs it in a transaction that is rolled back. Safe to run twice: a cancelled job no longer
+-- matches.
+WITH target AS (
+    SELECT id, status
+    FROM pgdrain.jobs
+    WHERE status IN ('queued', 'running', 'parked')
+      AND status = ANY(%(statuses)s::text[])
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+      AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
+    FOR UPDATE
+)
+UPDATE pgdrain.jobs AS j
+SET status = 'cancelled',
+    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM target
+WHERE j.id = target.id
+RETURNING j.id, j.queue, j.kind, target.status AS was;
 
 -- name: job_count_finished :one
 -- What job_purge_finished would delete, counted (purge --dry-run): the same conditions.

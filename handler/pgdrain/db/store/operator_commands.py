@@ -61,6 +61,17 @@ class JobRow:
     updated_at: dt.datetime
     finished_at: dt.datetime | None
     last_error: str | None
+    due_in_s: float  # until run_at, on the database's clock
+
+    @property
+    def state(self) -> str:
+        """The status, with a queued job told apart: ready (run_at has come), retrying
+        (waiting out a backoff after a failed attempt) or scheduled (enqueued for later)."""
+        if self.status != "queued":
+            return self.status
+        if self.due_in_s <= 0:
+            return "ready"
+        return "retrying" if self.attempts > 0 else "scheduled"
 
 
 @dataclass(frozen=True)
@@ -273,6 +284,33 @@ def job_cancel(conn: Connection, ids: Sequence[int]) -> list[Cancelled]:
     """Cancel these jobs; those already finished (or unknown) are not returned."""
     rows = conn.execute(query("job_cancel"), {"ids": list(ids)}).fetchall()
     return sorted((Cancelled(int(r[0]), r[1]) for r in rows), key=lambda c: c.id)
+
+
+@dataclass(frozen=True)
+class CancelledMatch:
+    """A job an operator action by filter cancelled (or, in a dry run, would), and the status
+    it had."""
+
+    id: int
+    queue: str
+    kind: str
+    was: Literal["queued", "running", "parked"]
+
+
+def job_cancel_matching(
+    conn: Connection,
+    statuses: Sequence[Literal["queued", "running", "parked"]],
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+) -> list[CancelledMatch]:
+    """Cancel every job in `statuses` matching the filters (None matches all)."""
+    params = {"statuses": list(statuses), "queue": queue, "kind": kind, "since": since}
+    rows = conn.execute(query("job_cancel_matching"), params).fetchall()
+    return sorted(
+        (CancelledMatch(int(r[0]), str(r[1]), str(r[2]), r[3]) for r in rows), key=lambda c: c.id
+    )
 
 
 def job_count_finished(
