@@ -86,12 +86,6 @@ def check_queue_name(name: str, source: str = "queue") -> str:
     return name
 
 
-def drains_queue(queues: Sequence[str], queue: str) -> bool:
-    """Whether a function or a run configured to drain `queues` (PGDRAIN_QUEUES, a trigger's
-    queues) takes the jobs of `queue`: the one place that says so."""
-    return queue in queues
-
-
 def parse_queues(raw: str, source: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in raw.split(",") if part.strip())
     if not names:
@@ -104,8 +98,9 @@ def describe_queues(queues: tuple[str, ...] | None) -> str:
     return "every queue" if queues is None else ",".join(queues)
 
 
-def serves(queues: tuple[str, ...] | None, queue: str) -> bool:
-    """Does a run of `queues` (None: every queue) serve `queue`?"""
+def serves(queues: Sequence[str] | None, queue: str) -> bool:
+    """Does a run of `queues` (None: every queue) serve `queue`? (PGDRAIN_QUEUES, a trigger's
+    queues): the one place that says so."""
     return queues is None or queue in queues
 
 

@@ -26,6 +26,8 @@ def _from_judged(statement: str) -> str:
 
 def test_a_retry_by_filter_keeps_keys_exactly_as_a_retry_by_id() -> None:
     assert _from_judged(query("job_retry_matching")) == _from_judged(query("job_retry"))
+
+
 def _walks(statement: str) -> list[str]:
     """Each walk through every queue in a statement (from WITH RECURSIVE walk to its last
     SELECT), whitespace aside."""

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
-from pgdrain.settings import drains_queue
+from pgdrain.settings import describe_queues, serves
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +163,14 @@ class Periodic(NamedTuple):
         )
 
 
-def of_queues(periodics: Iterable[Periodic], queues: Sequence[str]) -> tuple[Periodic, ...]:
+def of_queues(periodics: Iterable[Periodic], queues: Sequence[str] | None) -> tuple[Periodic, ...]:
     """The periodic kinds whose jobs go to one of `queues`: those a run draining them enqueues
     and wakes up for."""
-    return tuple(p for p in periodics if drains_queue(queues, p.queue))
+    return tuple(p for p in periodics if serves(queues, p.queue))
 
 
 def warn_of_undrained(
-    periodics: Iterable[Periodic], queues: Sequence[str], variable: str = "PGDRAIN_QUEUES"
+    periodics: Iterable[Periodic], queues: Sequence[str] | None, variable: str = "PGDRAIN_QUEUES"
 ) -> list[str]:
     """Log, once per kind, each periodic kind whose queue is not among `queues` (what a
     function drains): its runs neither enqueue its slots nor wake up for them. A deployment
@@ -179,7 +179,7 @@ def warn_of_undrained(
     kinds."""
     kinds = []
     for p in periodics:
-        if not drains_queue(queues, p.queue):
+        if not serves(queues, p.queue):
             kinds.append(p.kind)
             log.warning(
                 "periodic kind %r goes to queue %r, which is not drained here (%s=%s): its "
@@ -188,7 +188,7 @@ def warn_of_undrained(
                 p.kind,
                 p.queue,
                 variable,
-                ",".join(queues),
+                describe_queues(None if queues is None else tuple(queues)),
                 variable,
             )
     return kinds

@@ -29,9 +29,8 @@ from pgdrain.budget import Budget
 from pgdrain.cli import embedded
 from pgdrain.cli.report import (
     format_job,
-    format_job_line,
-    format_kick,
     format_jobs,
+    format_kick,
     format_migrated,
     format_result,
     format_stats,
@@ -566,7 +565,7 @@ def _add_worker_command(commands: Any) -> None:
     )
     p.add_argument(
         "--queues",
-        help=f"comma-separated (default: PGDRAIN_QUEUES, else {','.join(DEFAULT_QUEUES)})",
+        help="comma-separated: only these queues (default: PGDRAIN_QUEUES, else every queue)",
     )
     p.add_argument(
         "--concurrency",

@@ -14,7 +14,7 @@ from pgdrain.errors import BadInput
 from pgdrain.runner.stop import StopRequest, stop_on_signals
 from pgdrain.runner.summary import DrainResult
 from pgdrain.runner.worker import Worker, WorkerSummary
-from pgdrain.settings import Settings
+from pgdrain.settings import Settings, describe_queues
 
 
 def check(settings: Settings) -> None:
@@ -37,7 +37,7 @@ def run(
             print(f"{reason}: {format_result(result)}")
         sys.stdout.flush()
 
-    queues = ",".join(settings.queues)
+    queues = describe_queues(settings.queues)
     print(
         f"pgdrain worker: draining {queues} when kicked (LISTEN {CHANNEL}) and when work "
         "falls due; Ctrl-C stops",

@@ -219,7 +219,7 @@ def _claims(
 
 
 def _periodics(
-    registry: Registry, queues: tuple[str, ...], controls: Controls
+    registry: Registry, queues: tuple[str, ...] | None, controls: Controls
 ) -> tuple[periodic.Periodic, ...]:
     """The periodic kinds a run enqueues: those of the queues it drains. A slot of a queue it
     does not drain would wait for a run that never comes (or another deployment's run, which

@@ -22,10 +22,14 @@ log = logging.getLogger(__name__)
 
 class LimitRecount:
     def __init__(
-        self, session: Session, queues: Sequence[str], *, controls: Controls = ALL_ON
+        self,
+        session: Session,
+        queues: Sequence[str] | None,  # None: every queue
+        *,
+        controls: Controls = ALL_ON,
     ) -> None:
         self._session = session
-        self._queues = tuple(queues)
+        self._queues = None if queues is None else tuple(queues)
         self._on = controls.recount_full_limits
         self._recounted: Later[list[store.Recounted]] | None = None
 

@@ -229,7 +229,7 @@ class NextDue:
     when work is next due in its queues. The worker is no Lambda run: it registers nothing
     and clears no kick window (pgdrain.kicks belongs to the function's kicks)."""
 
-    def __init__(self, worker_id: str, queues: tuple[str, ...]) -> None:
+    def __init__(self, worker_id: str, queues: tuple[str, ...] | None) -> None:
         self._worker_id = worker_id
         self._queues = queues
         self.due_at: dt.datetime | None = None
@@ -264,13 +264,13 @@ class Listener:
         stop: StopRequest,
         *,
         listen: bool,
-        queues: tuple[str, ...],
+        queues: tuple[str, ...] | None,  # None: every queue
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
         self._stop = stop
         self._listen = listen
-        self._queues = frozenset(queues)
+        self._queues = None if queues is None else frozenset(queues)
         self._conn: psycopg.Connection[Any] | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -322,7 +322,10 @@ class Listener:
         except BaseException:
             conn.close()
             raise
-        log.info("worker: listening for kicks", extra={"queues": sorted(self._queues)})
+        log.info(
+            "worker: listening for kicks",
+            extra={"queues": "*" if self._queues is None else sorted(self._queues)},
+        )
         return conn
 
     def wait(self, timeout: float) -> Waited:
@@ -353,7 +356,7 @@ class Listener:
         kicked = False
         for notify in conn.notifies(timeout=0):
             queues = kicked_queues(notify.payload)
-            kicked = kicked or queues is None or bool(queues & self._queues)
+            kicked = kicked or queues is None or self._queues is None or bool(queues & self._queues)
         if conn.broken:
             raise psycopg.OperationalError("the connection is broken")
         return kicked

@@ -68,7 +68,7 @@ def queue_depth(conn: Connection, queues: Sequence[str] | None) -> QueueDepth:
     return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
 
 
-def queue_depth_held_statement(queues: Sequence[str]) -> Statement[QueueDepth]:
+def queue_depth_held_statement(queues: Sequence[str] | None) -> Statement[QueueDepth]:
     """How many jobs are ready in those of these queues that are at their concurrency limit,
     and how long the oldest has waited (sent with a run's exit check)."""
 
@@ -77,7 +77,7 @@ def queue_depth_held_statement(queues: Sequence[str]) -> Statement[QueueDepth]:
         assert row is not None  # an aggregate: one row
         return QueueDepth(ready=int(row[0]), oldest_ready_age_s=float(row[1]))
 
-    return Statement(query("queue_depth_held"), {"queues": list(queues)}, depth)
+    return Statement(query("queue_depth_held"), {"queues": queue_names(queues)}, depth)
 
 
 @dataclass(frozen=True)
@@ -310,14 +310,16 @@ class Recounted:
     running: int  # the queue's running jobs, counted
 
 
-def queue_limit_recount_statement(queues: Sequence[str]) -> Statement[list[Recounted]]:
+def queue_limit_recount_statement(
+    queues: Sequence[str] | None,
+) -> Statement[list[Recounted]]:
     """Recount the limits of those of `queues` that are full while a job of theirs is ready;
     reads the rows it corrected (sent with a run's first claim and its exit check)."""
 
     def corrected(cur: psycopg.Cursor[Any]) -> list[Recounted]:
         return [Recounted(str(r[0]), int(r[1]), int(r[2])) for r in cur.fetchall()]
 
-    return Statement(query("queue_limit_recount"), {"queues": list(queues)}, corrected)
+    return Statement(query("queue_limit_recount"), {"queues": queue_names(queues)}, corrected)
 
 
 @one_statement
