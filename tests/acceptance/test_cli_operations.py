@@ -281,9 +281,9 @@ def test_retry_names_a_job_whose_key_is_held_and_retries_the_others(
     dry = pgdrain(db_url, "retry", "--failed", "--dry-run")
     assert (dry.code, dry.err) == (EXIT_OK, "")
     assert dry.out.splitlines() == [
-        "would queue again: 1 jobs",
+        "would queue again: 1 job",
         f"{unrelated:>8} default      wait",
-        "not retried: 1 jobs",
+        "not retried: 1 job",
         held_line,
     ]
     by_id = pgdrain(db_url, "retry", str(first), "--dry-run")

@@ -270,11 +270,9 @@ class _Run:
             ending = _OnOneThread(self).execute()
         else:
             ending = _on_worker_threads(self)
+        running, elapsed_s = len(self.attempts.running), time.monotonic() - self.started
         result = self.counters.result(
-            ending,
-            abandoned=len(self.attempts.running),
-            stale_threads=stale,
-            elapsed_s=time.monotonic() - self.started,
+            ending, abandoned=running, stale_threads=stale, elapsed_s=elapsed_s
         )
         log.info("drain finished", extra={"summary": result.as_dict()})
         return result
@@ -298,11 +296,10 @@ class _Run:
             return _failed(exc, self.worker_id)
 
     def ending(self, stop_reason: StopReason) -> Ending:
-        """How the run ends, for a reason of its own (not an error); a restricted run says
-        which other queues have jobs ready (nothing here serves them)."""
+        """How the run ends (not an error); a restricted run names the queues it leaves."""
         self.completer.say_lost()
         ready = stop_reason == "budget" and self.session.run(store.queue_has_ready, self.queues)
-        unserved = _unserved(self.session, self.queues) if stop_reason != "stopped" else ()
+        unserved = () if stop_reason == "stopped" else _unserved(self.session, self.queues)
         return Ending(stop_reason, more_ready=ready, unserved=unserved)
 
     def let_go(self, pool: _Pool) -> None:

@@ -137,7 +137,8 @@ WITH RECURSIVE finished_queue AS (
     WHERE f.queue IS NOT NULL
 )
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
-       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error
+       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error,
+       extract(epoch FROM run_at - now())::float8 AS due_in_s
 FROM pgdrain.jobs
 WHERE id = ANY(ARRAY(
     SELECT page.id
