@@ -278,6 +278,30 @@ def _check_conninfo(url: str) -> None:
             "DATABASE_URL is malformed: expected a postgresql:// URL or key=value pairs "
             "(its text is not shown: it may hold a password)"
         ) from None
+    if credentials_ambiguous(url):
+        # libpq would take the rest of the password for the host, and name it in its errors.
+        raise ConfigError(
+            "DATABASE_URL is malformed: its user name or password holds an unencoded '@' or "
+            "'/' (percent-encode them: %40, %2F; its text is not shown: it holds a password)"
+        )
+
+
+_URL_PREFIXES = ("postgresql://", "postgres://")
+
+
+def credentials_ambiguous(url: str) -> bool:
+    """A postgresql:// URL whose user name or password holds an unencoded '@' or '/': libpq
+    ends them at the first '@' or '/', so the rest of the password becomes the host (or the
+    database name), which its connection errors then quote."""
+    prefix = next((p for p in _URL_PREFIXES if url[: len(p)].lower() == p), None)
+    if prefix is None:
+        return False
+    rest = url[len(prefix) :].split("?", 1)[0]  # the query may hold an '@' of its own
+    at = rest.find("@")
+    if at == -1:
+        return False
+    slash = rest.find("/")
+    return (slash != -1 and slash < at) or "@" in rest[at + 1 :]
 
 
 def _require(ok: bool, variable: str, expected: str) -> None:

@@ -13,6 +13,7 @@ An error of neither kind is not retried either: DatabaseUnavailable at once, wit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from pgdrain.budget import Budget
 from pgdrain.errors import (
@@ -138,14 +140,14 @@ def connect(
                 "postgresql:// URL or key=value pairs (not shown: it may hold a password)"
             ) from None
         except psycopg.OperationalError as exc:
-            reason = describe(exc)
+            reason = redact(describe(exc), conninfo)
             if (missing := missing_database(exc)) is not None:
                 raise DatabaseMisconfigured(
                     f"the database {missing!r} does not exist on that server: create it "
                     "(createdb), or name an existing one in DATABASE_URL"
                 ) from None
             if is_authentication_failure(exc):
-                raise AuthenticationFailed(f"database refused the credentials: {reason}") from exc
+                raise AuthenticationFailed(f"database refused the credentials: {reason}") from None
             if is_misconfiguration(exc):
                 raise DatabaseMisconfigured(
                     f"the database connection settings cannot work: {reason}"
@@ -169,6 +171,34 @@ def connect(
 
 
 T = TypeVar("T")
+
+REDACTED = "[redacted]"
+# Shorter pieces of a password are left: they would hide ordinary words of the message.
+MIN_REDACTED_LENGTH = 3
+
+
+def redact(text: str, conninfo: str) -> str:
+    """`text` (a driver error) without the connection string's password: neither as libpq
+    read it nor any piece of what the string holds before its host, which libpq takes for the
+    host or the database when the password holds an unencoded '@' or '/' and then quotes
+    ("failed to resolve host 'tail@db.example'")."""
+    secrets: set[str] = set()
+    with contextlib.suppress(psycopg.Error):
+        password = conninfo_to_dict(conninfo).get("password")
+        if isinstance(password, str):
+            secrets.add(password)
+    prefix = next((p for p in ("postgresql://", "postgres://") if conninfo.startswith(p)), None)
+    if prefix is not None:
+        rest = conninfo[len(prefix) :]
+        credentials = rest[: rest.rfind("@")] if "@" in rest else ""
+        _user, _, password_text = credentials.partition(":")
+        secrets.add(password_text)
+        secrets.update(re.split(r"[@/:]", password_text))
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= MIN_REDACTED_LENGTH:
+            text = text.replace(secret, REDACTED)
+    return text
+
 
 
 def is_not_up_yet(exc: psycopg.Error) -> bool:
