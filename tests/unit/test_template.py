@@ -217,6 +217,16 @@ def test_the_rate_schedule_is_an_hourly_safety_net(template: dict[str, Any]) -> 
     assert parse_duration("ScheduleRate", "1 hour") == 3600
 
 
+def test_tls_is_required_by_default_and_never_falls_back(template: dict[str, Any]) -> None:
+    """PGSSLMODE comes from DatabaseSslMode, `require` unless chosen otherwise, and no value
+    that falls back to plaintext silently (`prefer`, the default before, and `allow`)."""
+    parameter = template["Parameters"]["DatabaseSslMode"]
+    assert parameter["Default"] == "require"
+    assert set(parameter["AllowedValues"]) == {"require", "verify-ca", "verify-full", "disable"}
+    variables = template["Resources"]["DrainFunction"]["Properties"]["Environment"]["Variables"]
+    assert variables["PGSSLMODE"] == {"Ref": "DatabaseSslMode"}
+
+
 def test_the_vpc_is_optional(template: dict[str, Any]) -> None:
     vpc = template["Resources"]["DrainFunction"]["Properties"]["VpcConfig"]
     condition, _with_vpc, without = vpc["Fn::If"]

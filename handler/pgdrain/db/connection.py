@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import re
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import psycopg
@@ -91,6 +93,42 @@ _MISCONFIGURED_TEXTS = (
 )
 
 
+# Where the system's trusted CA roots are, by distribution: libpq's own default for
+# verify-ca/verify-full is ~/.postgresql/root.crt, which a Lambda function does not have.
+SYSTEM_ROOTS = (
+    "/etc/pki/tls/certs/ca-bundle.crt",  # Amazon Linux (Lambda's python3.12), RHEL, Fedora
+    "/etc/ssl/certs/ca-certificates.crt",  # Debian, Ubuntu, Alpine
+    "/etc/ssl/cert.pem",  # macOS, the BSDs
+)
+VERIFYING_SSLMODES = ("verify-ca", "verify-full")
+
+
+def system_roots(env: Mapping[str, str] = os.environ) -> str:
+    """The file of the system's trusted CA roots: SSL_CERT_FILE (OpenSSL's own override), the
+    Python ssl module's default, or a distribution's usual place; else libpq's `system`
+    (libpq 16 or later asks OpenSSL for its default roots)."""
+    candidates = (env.get("SSL_CERT_FILE"), ssl.get_default_verify_paths().cafile, *SYSTEM_ROOTS)
+    for path in candidates:
+        if path and os.path.isfile(path):
+            return path
+    return "system"
+
+
+def tls_kwargs(conninfo: str, env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What a verifying sslmode needs and the connection string does not say: the system's
+    roots as sslrootcert. The sslmode is the string's, else PGSSLMODE (template.yaml's
+    DatabaseSslMode), for a DATABASE_URL and a secret's connection alike."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return {}  # malformed: connect() says so
+    mode = params.get("sslmode") or env.get("PGSSLMODE")
+    root = params.get("sslrootcert") or env.get("PGSSLROOTCERT")
+    if mode in VERIFYING_SSLMODES and root in (None, "", "system"):
+        return {"sslrootcert": system_roots(env)}
+    return {}
+
+
 def connection_kwargs(settings: Settings, timeout: float) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "autocommit": True,  # no statement may leave a transaction open while a job runs
@@ -131,7 +169,11 @@ def connect(
         attempt += 1
         timeout = min(settings.connect_timeout, budget.remaining())
         try:
-            kwargs = connection_kwargs(settings, timeout) | {"application_name": application_name}
+            kwargs = (
+                connection_kwargs(settings, timeout)
+                | tls_kwargs(conninfo)
+                | {"application_name": application_name}
+            )
             return psycopg.Connection.connect(conninfo, **kwargs)
         except psycopg.ProgrammingError:
             # libpq quotes a malformed connection string in its message, password included.
