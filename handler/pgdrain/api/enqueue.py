@@ -201,6 +201,8 @@ def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], 
         if job.payload is not last_payload:  # the same payload repeated is encoded once
             last_payload, last_text = job.payload, store.payload_json(job.payload)
             last_size = len(last_text.encode())
+            _check_encoded_payload(last_text, last_size)
+        _check_fields(job)
         if chunk and (len(chunk) >= CHUNK_ROWS or chunk_bytes + last_size > CHUNK_BYTES):
             yield chunk, texts
             chunk, texts, chunk_bytes = [], [], 0
@@ -209,6 +211,30 @@ def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], 
         chunk_bytes += last_size
     if chunk:
         yield chunk, texts
+
+
+def _check_encoded_payload(text: str, size: int) -> None:
+    """build_job's payload limits, for a NewJob made without it (enqueue_many takes any)."""
+    if size > MAX_PAYLOAD_BYTES:
+        raise BadInput(
+            f"payload is {size} bytes; the limit is {MAX_PAYLOAD_BYTES} "
+            "(store the data in a table and pass its id)"
+        )
+    if "\\u0000" in text:
+        raise BadInput("payload contains a NUL character, which PostgreSQL jsonb cannot store")
+
+
+def _check_fields(job: store.NewJob) -> None:
+    """build_job's checks of the short fields, for a NewJob made without it: the table holds
+    rows to the same limits (migration 0015), and a one-line BadInput here beats the
+    database's CheckViolation after earlier chunks went out."""
+    kind, queue, key = job.kind, job.queue, job.idempotency_key
+    if not isinstance(kind, str) or not kind.strip() or len(kind) > MAX_KIND_LENGTH:
+        raise BadInput(f"job kind must be 1 to {MAX_KIND_LENGTH} characters (got {kind!r:.60})")
+    if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
+        raise BadInput(f"queue {queue!r:.80} is not a plain queue name")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
+        raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters")
 
 
 def payload_size(payload: Any) -> int:

@@ -220,10 +220,11 @@ WITH completed AS (
                %(limit)s))) AS n
     FROM unnest((SELECT names FROM served)::text[]) AS q(name)
     LEFT JOIN limits AS lim ON lim.queue = q.name
-), ready AS (
+), candidates AS (
     -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
     -- (`queue = ANY(...)` would sort every ready row first).
-    SELECT candidate.id
+    SELECT candidate.id, candidate.priority, candidate.run_at, candidate.bytes,
+           row_number() OVER turns AS turn
     FROM slots AS q
     -- A queue with nothing ready is passed over after one probe of jobs_queued_run_at_idx;
     -- without it the scan below walks every delayed row of the queue before finding nothing
@@ -237,7 +238,7 @@ WITH completed AS (
         LIMIT 1
     ) AS has_ready
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at
+        SELECT id, priority, run_at, octet_length(payload::text) AS bytes
         FROM pgdrain.jobs
         WHERE status = 'queued'
           AND queue = q.name
@@ -246,6 +247,7 @@ WITH completed AS (
         LIMIT q.n
         FOR UPDATE SKIP LOCKED
     ) AS candidate
+    WINDOW turns AS (PARTITION BY q.name ORDER BY candidate.priority, candidate.run_at, candidate.id)
     -- Fair across queues (round-robin): every queue's first candidate comes before any queue's
     -- second, so a backlog in one queue cannot make a new job in another wait behind all of it;
     -- priority orders the jobs within a turn.
@@ -253,6 +255,15 @@ WITH completed AS (
         row_number() OVER (PARTITION BY q.name ORDER BY candidate.priority, candidate.run_at, candidate.id),
         candidate.priority, candidate.run_at, candidate.id
     LIMIT %(limit)s
+), ready AS (
+    -- One claim brings at most 4 MiB of payload text (as stored) into the run, and always its
+    -- first job: a queue of large payloads cannot make a batch exhaust the function's memory
+    -- (store.MAX_CLAIM_PAYLOAD_BYTES; a row holds at most 1 MiB, jobs_payload_size_chk). A
+    -- claim cut short makes the run claim again as its jobs finish.
+    SELECT c.id
+    FROM (SELECT c.id, sum(c.bytes) OVER (ORDER BY c.turn, c.priority, c.run_at, c.id) - c.bytes AS before
+          FROM candidates AS c) AS c
+    WHERE c.before < 4194304  -- the claim's payload bound
 ), claimed AS (
     UPDATE pgdrain.jobs AS j
     SET status = 'running',

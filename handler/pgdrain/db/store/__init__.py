@@ -50,6 +50,8 @@ from pgdrain.db.store.control_plane import (
     wake_reserve,
 )
 from pgdrain.db.store.hot_path import (
+    MAX_CLAIM_PAYLOAD_BYTES,
+    MAX_STORED_PAYLOAD_BYTES,
     complete_and_claim_result,
     job_claim_recover,
     job_complete_and_claim_statement,
@@ -119,6 +121,8 @@ from pgdrain.db.store.worker import kick_listen, kick_notify
 __all__ = [
     "CONTROL_PLANE_ROWS",
     "FINISHED",
+    "MAX_CLAIM_PAYLOAD_BYTES",
+    "MAX_STORED_PAYLOAD_BYTES",
     "STATS_HISTORY_BOUND",
     "STATUSES",
     "THROUGHPUT_BOUND",

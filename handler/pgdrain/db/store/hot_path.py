@@ -29,6 +29,14 @@ from pgdrain.db.store.common import (
     queue_names,
 )
 
+# What the table holds at most (migration 0015's CHECK constraints): the limits build_job()
+# enforces, for rows written by any driver. A payload's size is its text as stored (jsonb's
+# output); build_job() allows a quarter of it, measured as json.dumps writes it.
+MAX_STORED_PAYLOAD_BYTES = 1024 * 1024
+# At most this much payload text in one claim, and always its first job (hot_path.sql's
+# job_complete_and_claim).
+MAX_CLAIM_PAYLOAD_BYTES = 4 * 1024 * 1024
+
 
 def transaction_begin(conn: Connection) -> None:
     """BEGIN ISOLATION LEVEL READ COMMITTED, as a statement of its own: sent in a pipeline with
