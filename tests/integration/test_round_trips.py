@@ -379,7 +379,7 @@ def test_an_error_in_work_done_while_a_statement_is_out_leaves_the_connection_us
 
     @store.one_statement
     def mark(c: Conn) -> int:
-        return len(c.execute("INSERT INTO marks VALUES (1) RETURNING n").fetchall())
+        return len(c.execute("INSERT INTO public.marks VALUES (1) RETURNING n").fetchall())
 
     try:
         with pytest.raises(RuntimeError, match="can't start new thread"):

@@ -133,6 +133,8 @@ def connection_kwargs(settings: Settings, timeout: float) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "autocommit": True,  # no statement may leave a transaction open while a job runs
         "application_name": APPLICATION_NAME,
+        # In the startup packet, it wins over a role's own client_encoding.
+        "client_encoding": "UTF8",
         "connect_timeout": max(MIN_CONNECT_TIMEOUT_SECONDS, int(timeout)),
         "keepalives": 1,
         "keepalives_idle": 30,

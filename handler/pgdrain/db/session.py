@@ -410,7 +410,9 @@ class Session:
         self._pipeline = Pipeline(conn, prepare=conn.prepare_threshold is not None)
         if self._read_committed:
             # Sent with each BEGIN, not as session state: safe behind a transaction pooler.
+            # READ WRITE too: a role may make its own transactions read-only by default.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            conn.read_only = False
         return conn
 
 

@@ -11,8 +11,10 @@
 
 -- name: transaction_begin :exec
 -- A drain transaction sent in one round trip with its statement (session.py): READ COMMITTED
--- whatever the server's default (the claim and the fenced updates rely on it).
-BEGIN ISOLATION LEVEL READ COMMITTED;
+-- whatever the server's default (the claim and the fenced updates rely on it), and READ WRITE
+-- whatever the role's (a role may set its own default_transaction_read_only).
+BEGIN ISOLATION LEVEL READ COMMITTED
+      READ WRITE  -- a role's own default
 
 -- name: transaction_commit :exec
 COMMIT;
@@ -44,23 +46,45 @@ ROLLBACK;
 -- jobs_queued_run_at_idx, reading and sorting every ready job of the queue at every claim,
 -- instead of walking jobs_ready_idx, which gives the claim's order
 -- (tests/integration/test_claim_plan.py).
-SELECT set_config('statement_timeout', %(timeout_ms)s::text, true),
-       set_config('lock_timeout', %(timeout_ms)s::text, true),
-       set_config('jit', 'off', true),
-       set_config('enable_sort', 'off', true),
-       set_config('plan_cache_mode', 'force_generic_plan', true);
+-- The role's own defaults cannot change what the drain relies on either: a role may ALTER ROLE
+-- itself (PostgreSQL cannot deny it), and its settings apply to every session it opens. So the
+-- names here are schema-qualified (a search_path of the role's own could shadow them), and
+-- each line marked `a role's own default` sets what the drain relies on: the statements resolve
+-- in pg_catalog (every table is named with its schema), a transaction idle between its round
+-- trips is not ended, psycopg reads timestamps in the ISO style, PostgreSQL 17's
+-- transaction_timeout ends no transaction (where it exists).
+SELECT pg_catalog.set_config('statement_timeout', CAST(%(timeout_ms)s AS pg_catalog.text), true),
+       pg_catalog.set_config('lock_timeout', CAST(%(timeout_ms)s AS pg_catalog.text), true),
+       pg_catalog.set_config('jit', 'off', true),
+       pg_catalog.set_config('enable_sort', 'off', true),
+       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true)
+       , pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)  -- a role's own default
+       , pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true)  -- a role's own default
+       , pg_catalog.set_config('DateStyle', 'ISO', true)  -- a role's own default
+       , CASE WHEN pg_catalog.current_setting('transaction_timeout', true) IS NOT NULL THEN pg_catalog.set_config('transaction_timeout', '0', true) END  -- a role's own default
+;
 
 -- name: session_limits :exec
 -- The same limits and planner settings, and READ COMMITTED, kept by the connection (`false`:
 -- past this transaction) until the run sends them again. Only on a connection of its own (not
 -- behind a transaction pooler): its one-statement operations then go without BEGIN and COMMIT,
 -- each its own implicit transaction (session.py says when they are sent again).
-SELECT set_config('statement_timeout', %(timeout_ms)s::text, false),
-       set_config('lock_timeout', %(timeout_ms)s::text, false),
-       set_config('jit', 'off', false),
-       set_config('enable_sort', 'off', false),
-       set_config('plan_cache_mode', 'force_generic_plan', false),
-       set_config('default_transaction_isolation', 'read committed', false);
+-- The role's own defaults are overridden as in transaction_limits, for the session: also its
+-- default_transaction_read_only (a statement alone is its own transaction) and
+-- idle_session_timeout (the connection idles while jobs run).
+SELECT pg_catalog.set_config('statement_timeout', CAST(%(timeout_ms)s AS pg_catalog.text), false),
+       pg_catalog.set_config('lock_timeout', CAST(%(timeout_ms)s AS pg_catalog.text), false),
+       pg_catalog.set_config('jit', 'off', false),
+       pg_catalog.set_config('enable_sort', 'off', false),
+       pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', false),
+       pg_catalog.set_config('default_transaction_isolation', 'read committed', false)
+       , pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)  -- a role's own default
+       , pg_catalog.set_config('default_transaction_read_only', 'off', false)  -- a role's own default
+       , pg_catalog.set_config('idle_in_transaction_session_timeout', '0', false)  -- a role's own default
+       , pg_catalog.set_config('DateStyle', 'ISO', false)  -- a role's own default
+       , CASE WHEN pg_catalog.current_setting('idle_session_timeout', true) IS NOT NULL THEN pg_catalog.set_config('idle_session_timeout', '0', false) END  -- a role's own default
+       , CASE WHEN pg_catalog.current_setting('transaction_timeout', true) IS NOT NULL THEN pg_catalog.set_config('transaction_timeout', '0', false) END  -- a role's own default
+;
 
 -- name: job_insert :one
 -- One job. A key held by a queued, running or parked job of the same queue inserts nothing, no
