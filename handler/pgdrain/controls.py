@@ -50,6 +50,11 @@ class Controls(NamedTuple):
     # A run that claimed nothing reports the ready jobs it leaves (held back by a full limit)
     # as QueueDepth and OldestReadyAgeSeconds, counted with its exit check (aws/control.py).
     count_ready_at_exit: bool = True
+    # A wake-up request ({"reason": "later"}) creates a schedule only for a wake-up the database
+    # records under the kick's id, due within the horizon (aws/wake_request.py).
+    check_wake_requests: bool = True
+    # A Waker (one per invocation) creates at most one schedule (aws/wake.py).
+    cap_wake_schedules: bool = True
 
     # Optimisations: a benchmark measures each against its absence (docs/decisions/).
     prefetch: bool = True  # claim for slots about to free (runner/prefetch.py)

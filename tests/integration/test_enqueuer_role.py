@@ -119,8 +119,16 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
         ("wakes", "UPDATE"),
     ]
     inserted = sorted(
-        ["queue", "kind", "payload", "priority", "run_at", "max_attempts", "recovery_policy",
-         "idempotency_key"]  # fmt: skip
+        [
+            "queue",
+            "kind",
+            "payload",
+            "priority",
+            "run_at",
+            "max_attempts",
+            "recovery_policy",
+            "idempotency_key",
+        ]
     )
     read = sorted(["id", "queue", "status", "run_at", "idempotency_key"])
     assert columns == [("INSERT", c) for c in inserted] + [("SELECT", c) for c in read]

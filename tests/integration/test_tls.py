@@ -2,9 +2,10 @@
 never falls back to plaintext, and `verify-full` checks the server's certificate against the
 system's trusted roots, for a DATABASE_URL and a secret's connection string alike.
 
-A server of this module's own with ssl on (the machine's PostgreSQL binaries), its certificate signed by a CA made here; the
-"system roots" are that CA's file through SSL_CERT_FILE (OpenSSL's own override, read first by
-connection.system_roots), or the machine's real bundle, which does not trust it."""
+A server of this module's own with ssl on (the machine's PostgreSQL binaries), its certificate
+signed by a CA made here; the "system roots" are that CA's file through SSL_CERT_FILE (OpenSSL's
+own override, read first by connection.system_roots), or the machine's real bundle, which does
+not trust it."""
 
 from __future__ import annotations
 
@@ -109,8 +110,13 @@ def test_require_never_falls_back_to_plaintext(
     monkeypatch.setenv("PGSSLMODE", "require")
     params = psycopg.conninfo.conninfo_to_dict(db_url)
     secret = conninfo_from_value(
-        {"host": params["host"], "port": params.get("port", 5432), "username": params["user"],
-         "password": "unused", "dbname": params["dbname"]}  # fmt: skip
+        {
+            "host": params["host"],
+            "port": params.get("port", 5432),
+            "username": params["user"],
+            "password": "unused",
+            "dbname": params["dbname"],
+        }
     )
     for url in (db_url, secret):
         with pytest.raises(DatabaseMisconfigured, match="server does not support SSL"):
@@ -143,8 +149,13 @@ def test_verify_full_checks_the_certificate_against_the_system_roots(
     url, ca = tls_server
     params = psycopg.conninfo.conninfo_to_dict(url)
     secret = conninfo_from_value(
-        {"host": "127.0.0.1", "port": int(params["port"]), "username": "postgres",
-         "password": "unused", "dbname": "postgres"}  # fmt: skip
+        {
+            "host": "127.0.0.1",
+            "port": int(params["port"]),
+            "username": "postgres",
+            "password": "unused",
+            "dbname": "postgres",
+        }
     )
     monkeypatch.setenv("PGSSLMODE", "verify-full")
     monkeypatch.delenv("PGSSLROOTCERT", raising=False)

@@ -335,8 +335,9 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
     db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A kicked delayed job is started by a wake-up at its run_at, not by a run now that finds
-    nothing: the kick records the wake-up and sends a wake-up request, which creates the
-    schedule without a database (here: DATABASE_URL points at a closed port)."""
+    nothing: the kick records the wake-up and sends a wake-up request, which checks that
+    record and creates the schedule, without a run (tests/integration/test_wake_requests.py
+    shows what it refuses)."""
     from pgdrain.aws.kick import kick
 
     spy, client, settings = _kicker(monkeypatch, db_url)
@@ -353,7 +354,6 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
     )
     row = conn.execute("SELECT queue_set, wake_at, state FROM pgdrain.wakes").fetchone()
     assert row == ("emails", wake_at, "created")
-    monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
     answered = invoke_handler(request)
     again = invoke_handler(request)  # a duplicate delivery: the same schedule, which exists
 
@@ -369,7 +369,6 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
     # For every queue of the function, as a kicked run's wake-up: a run that ends with the
     # same job due names the same schedule, and nothing runs twice at that minute.
     assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])
-    monkeypatch.setenv("DATABASE_URL", db_url)
     assert invoke_handler(ENQUEUE_EMAILS)["wake"] == "exists"
     assert len(_schedules(scheduler)) == 1
 

@@ -194,7 +194,9 @@ def _parse_pgdrain(event: dict[str, Any], settings: Settings) -> Trigger:
         _only_keys(body, ("reason", "queues", "at", "reserved_by"))
         queues = _queues(body, settings)
         reserved_by = _run_id(body, "reserved_by")
-        return Trigger(LATER, queues, wake_at=_moment(body), reserved_by=reserved_by)
+        wake_at = _moment(body)
+        _on_the_precision(wake_at, settings.wake_precision_seconds)
+        return Trigger(LATER, queues, wake_at=wake_at, reserved_by=reserved_by)
     if not isinstance(reason, str):
         raise BadEvent(f"pgdrain event: 'reason' is {_kind(reason)}; expected {EXPECTED_REASONS}")
     raise BadEvent(f"pgdrain event: unknown reason {reason[:40]!r}; expected {EXPECTED_REASONS}")
@@ -271,6 +273,17 @@ def _moment(body: dict[str, Any]) -> dt.datetime:
     if moment.tzinfo is None:
         raise BadEvent(f"{where}: 'at' has no UTC offset: {raw!r}")
     return moment.astimezone(dt.UTC)
+
+
+def _on_the_precision(moment: dt.datetime, precision_seconds: float) -> None:
+    """A kick asks for a wake-up at a moment rounded up to the precision (wake.wake_time): any
+    other moment was not sent by a kick."""
+    steps = moment.timestamp() / precision_seconds
+    if abs(steps - round(steps)) > 1e-6:
+        raise BadEvent(
+            f"pgdrain later event: 'at' is not a wake-up moment (a whole multiple of "
+            f"{precision_seconds:g} s since the epoch)"
+        )
 
 
 def _size(event: dict[str, Any]) -> int:

@@ -44,7 +44,7 @@ from psycopg import pq
 from pgdrain.api.kick_target import kick_target, notify_worker
 from pgdrain.aws.events import enqueue_event, later_event
 from pgdrain.aws.lambda_api import invoke_async
-from pgdrain.aws.wake import WAKE_HOLD_SECONDS, queue_set, wake_time
+from pgdrain.aws.wake import WAKE_HOLD_SECONDS, queue_set, wake_moment
 from pgdrain.db import store
 from pgdrain.errors import BadInput
 from pgdrain.settings import Settings, check_queue_name, describe_queues, serves
@@ -174,7 +174,7 @@ def _record_wakes(
     cannot create the schedule."""
     by_moment: dict[dt.datetime, list[str]] = {}
     for queue, due_at in sorted(later.items()):
-        moment = wake_time(due_at, settings.wake_precision_seconds)
+        moment = wake_moment(due_at, settings.wake_precision_seconds)
         by_moment.setdefault(moment, []).append(queue)
     wakes = []
     for moment, queues in sorted(by_moment.items()):

@@ -116,7 +116,7 @@ def handle(
     if run.trigger.reason == events.LATER:
         with ProgressMetrics(metrics) as progress:
             waker = Waker(run.settings, _target(context), count=progress.count)
-            answered = wake_request.answer(run.trigger, waker, run.settings.queues)
+            answered = wake_request.answer(run.trigger, waker, run.settings.queues, run.budget)
         if answered is not None:
             return answered
         wake_request.forget(run.trigger, run.settings, run.budget)

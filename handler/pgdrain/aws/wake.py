@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pgdrain.aws.events import wake_event
 from pgdrain.aws.lambda_api import region_from_arn
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.settings import Settings
@@ -42,6 +43,12 @@ log = logging.getLogger(__name__)
 
 # A reservation not marked created within this long stops suppressing other runs' wake-ups.
 WAKE_HOLD_SECONDS = 30.0
+# No wake-up is made further ahead than this: work due later is woken for at the horizon, and
+# the run then finds it still due and wakes for it again. A schedule outlives the run (and
+# whoever sent the event) that made it; this bounds for how long.
+WAKE_HORIZON_SECONDS = 86400.0
+# What one Waker (one per invocation) may create: a run ends once, with one wake-up.
+MAX_SCHEDULES_PER_WAKER = 1
 SCHEDULE_PREFIX = "pgdrain-wake-"
 WAKE_FAILED_METRIC = "WakeFailed"
 WAKE_CREATED_METRIC = "WakeCreated"
@@ -51,14 +58,15 @@ TARGET_MAX_EVENT_AGE_SECONDS = 600
 CONNECT_TIMEOUT_SECONDS = 2
 READ_TIMEOUT_SECONDS = 5
 
-WakeAction = Literal["none", "reported", "pending", "created", "exists", "failed"]
+WakeAction = Literal["none", "reported", "pending", "created", "exists", "failed", "refused"]
 
 
 class WakeOutcome(NamedTuple):
     """What a run did about its next due moment: `none` (nothing due), `reported` (no
     schedule can be made here: local runs; the time is in the summary and the log), `pending`
     (an earlier or equal wake-up exists), `created`, `exists` (another run made the same
-    schedule), `failed` (logged and counted; the safety net covers it)."""
+    schedule), `failed` (logged and counted; the safety net covers it), `refused` (a wake-up
+    request the database does not hold: pgdrain.aws.wake_request)."""
 
     wake_at: dt.datetime | None
     action: WakeAction
@@ -82,6 +90,15 @@ def wake_time(due: dt.datetime, precision_seconds: float) -> dt.datetime:
 
 # The queue set of a run of every queue: no queue name holds a '*' (settings.QUEUE_NAME).
 EVERY_QUEUE_SET = "*"
+
+
+def wake_moment(
+    due: dt.datetime, precision_seconds: float, now: dt.datetime | None = None
+) -> dt.datetime:
+    """When to wake for work `due`: at most WAKE_HORIZON_SECONDS ahead of `now`, rounded up
+    to the precision (wake_time)."""
+    now = now or dt.datetime.now(dt.UTC)
+    return wake_time(min(due, now + dt.timedelta(seconds=WAKE_HORIZON_SECONDS)), precision_seconds)
 
 
 def queue_set(queues: Sequence[str] | None) -> str:
@@ -139,11 +156,18 @@ class Scheduling:
         *,
         client: EventBridgeSchedulerClient | None = None,
         count: Callable[[str, int], None] | None = None,
+        controls: Controls = ALL_ON,
     ) -> None:
         self._settings = settings
         self._target = target_arn
         self._client = client
         self._count = count or (lambda _name, _n: None)
+        self._controls = controls
+        self._creations = 0
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
 
     @property
     def can_schedule(self) -> bool:
@@ -169,8 +193,9 @@ class Waker(Scheduling):
             return WakeOutcome(None, "none")
         # Work already due (a lease that expired while this run found nothing to claim) is
         # woken for at the next step: a schedule cannot fire in the past.
-        due_at = max(due_at, dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1))
-        wake_at = wake_time(due_at, self._settings.wake_precision_seconds)
+        now = dt.datetime.now(dt.UTC)
+        due_at = max(due_at, now + dt.timedelta(seconds=1))
+        wake_at = wake_moment(due_at, self._settings.wake_precision_seconds, now)
         if not self.can_schedule:
             log.info("work due later; no schedule here", extra={"wake_at": wake_at.isoformat()})
             return WakeOutcome(wake_at, "reported")
@@ -200,6 +225,14 @@ class Waker(Scheduling):
     def _try_create(
         self, name: str, queues: Sequence[str] | None, wake_at: dt.datetime
     ) -> WakeAction:
+        if self._controls.cap_wake_schedules and self._creations >= MAX_SCHEDULES_PER_WAKER:
+            log.error(
+                "a second wake-up schedule in one invocation refused",
+                extra={"schedule": name, "wake_at": wake_at.isoformat()},
+            )
+            self._count(WAKE_FAILED_METRIC, 1)
+            return "failed"
+        self._creations += 1  # an attempt counts: it may have been made before a failure
         try:
             self._create(name, queues, wake_at)
         except Exception as exc:  # any AWS failure: logged and counted, never fails the run

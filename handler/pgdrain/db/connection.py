@@ -244,7 +244,6 @@ def redact(text: str, conninfo: str) -> str:
     return text
 
 
-
 def is_not_up_yet(exc: psycopg.Error) -> bool:
     """The server (or its proxy) exists but does not take connections yet: worth a retry."""
     if (exc.sqlstate or _sqlstate_from_diag(exc)) in _NOT_UP_YET_SQLSTATES:

@@ -385,6 +385,17 @@ WHERE w.wake_at <= now()
        AND w.wake_at = excluded.wake_at)
 RETURNING w.wake_at;
 
+-- name: wake_recorded :one
+-- Whether a kick recorded this wake-up, as a wake-up request ({"reason": "later"}) says: the
+-- request creates a schedule only for one the database holds, created, under the kick's own
+-- id, due after now and within %(horizon_seconds)s. Only reads.
+SELECT true
+FROM pgdrain.wakes
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
+  AND state = 'created'
+  AND wake_at > now()
+  AND wake_at <= now() + make_interval(secs => %(horizon_seconds)s::float8);
+
 -- name: wake_created :exec
 -- The schedule exists: the reservation becomes a pending wake-up until its time.
 UPDATE pgdrain.wakes SET state = 'created'

@@ -46,6 +46,7 @@ from pgdrain.db.store.control_plane import (
     run_spawn,
     run_unregister,
     wake_created,
+    wake_recorded,
     wake_release,
     wake_reserve,
 )
@@ -221,6 +222,7 @@ __all__ = [
     "transaction_rollback",
     "wake_created",
     "wake_list",
+    "wake_recorded",
     "wake_release",
     "wake_reserve",
 ]

@@ -341,6 +341,24 @@ def wake_reserve(
 
 
 @one_statement
+def wake_recorded(
+    conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str, horizon_seconds: float
+) -> bool:
+    """Whether the database holds this wake-up, created by `run_id` and due within
+    horizon_seconds (a wake-up request's check)."""
+    row = conn.execute(
+        query("wake_recorded"),
+        {
+            "queue_set": queue_set,
+            "wake_at": wake_at,
+            "run_id": run_id,
+            "horizon_seconds": horizon_seconds,
+        },
+    ).fetchone()
+    return row is not None
+
+
+@one_statement
 def wake_created(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
     conn.execute(
         query("wake_created"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}
