@@ -221,9 +221,7 @@ def test_one_waker_creates_one_schedule(settings: Settings, scheduler: Any) -> N
     assert _schedules(scheduler) == MAX_SCHEDULES_PER_WAKER == 1
 
 
-def test_control_without_the_cap_one_waker_creates_many(
-    settings: Settings, scheduler: Any
-) -> None:
+def test_control_without_the_cap_one_waker_creates_many(settings: Settings, scheduler: Any) -> None:
     waker = Waker(settings, FUNCTION_ARN, controls=Controls(cap_wake_schedules=False))
     for n in range(5):
         moment = _forged(n).wake_at
