@@ -19,14 +19,39 @@ Conn = psycopg.Connection[Any]
 
 
 def invoke(url: str, *args: str, stdin: str | None = None) -> Run:
-    """`pgdrain invoke ...` in the repository, with DATABASE_URL=url and no PGDRAIN_* set."""
+    """`pgdrain invoke ...` in the repository, with DATABASE_URL=url and no PGDRAIN_* set.
+    The URL says sslmode=prefer: the template's PGSSLMODE requires TLS, which the test server
+    does not have (a sslmode in the URL wins, as it would in the function)."""
     return run_pgdrain(
         "invoke",
         *args,
-        env={"DATABASE_URL": url},
+        env={"DATABASE_URL": _with_sslmode(url, "prefer")},
         stdin=(stdin or "").encode(),
         drop=("PGDRAIN_", "POWERTOOLS_"),
     )
+
+
+def _with_sslmode(url: str, mode: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    params["sslmode"] = mode
+    return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def test_the_templates_tls_is_what_invoke_runs_with(db_url: str) -> None:
+    """The template requires TLS (DatabaseSslMode): `pgdrain invoke` runs with it, and a
+    server without it is refused at once, in one line; a sslmode in the URL wins."""
+    run = run_pgdrain(
+        "invoke",
+        "-e",
+        "infra/events/schedule.json",
+        env={"DATABASE_URL": db_url},
+        drop=("PGDRAIN_", "POWERTOOLS_", "PGSSLMODE"),
+    )
+    if "host=/" in db_url or "@/" in db_url:  # a Unix socket: libpq uses no TLS there
+        assert run.code == 0, run.err
+        return
+    assert run.code == 1
+    assert "server does not support SSL, but SSL was required" in run.result()["error"]
 
 
 def _enqueue(conn: Conn, queue: str, count: int) -> None:

@@ -47,6 +47,8 @@ def start(command: str, url: str, tmp_path: Path) -> subprocess.Popen[str]:
                     "DrainFunction": {
                         "PGDRAIN_JOBS": "helpers.ledger_jobs",
                         "PGDRAIN_CONCURRENCY": "1",
+                        # The template requires TLS; the test server has none.
+                        "PGSSLMODE": "prefer",
                     }
                 }
             )

@@ -11,7 +11,7 @@ import datetime as dt
 import uuid
 from collections.abc import Iterator
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -159,7 +159,7 @@ def test_every_way_to_enqueue_and_kick_works_as_the_enqueuer(app_url: str, grant
         # The kick: the debounce, then (the delayed job) a wake-up request and its record.
         client = _Lambda()
         settings = Settings(function_name="pgdrain-drain", kick_debounce_seconds=0)
-        assert kick(app, ["default"], settings=settings, client=client) == ("default",)
+        assert kick(app, ["default"], settings=settings, client=cast(Any, client)) == ("default",)
         assert len(client.events) == 1
         store.kick_clear(app, ["default"])
         at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)

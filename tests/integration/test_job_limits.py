@@ -50,7 +50,12 @@ def test_the_table_refuses_a_row_past_a_limit(conn: Conn, constraint: str) -> No
 
 
 def test_an_empty_key_and_other_drivers_text_are_refused(conn: Conn) -> None:
-    for row in [("default", "k", {}, ""), ("-dash", "k", {}, None), ("q" * 64, "k", {}, None)]:
+    rows: list[tuple[str, str, Any, str | None]] = [
+        ("default", "k", {}, ""),
+        ("-dash", "k", {}, None),
+        ("q" * 64, "k", {}, None),
+    ]
+    for row in rows:
         with pytest.raises(pg_errors.CheckViolation):
             _insert(conn, row)
     assert _count(conn) == 0
@@ -104,7 +109,7 @@ def _claim(conn: Conn, statement: str) -> list[tuple[int, int]]:
     params = store.job_complete_and_claim_statement(
         [], ["default"], 10, "w", 30.0, None, None
     ).params
-    rows = conn.execute(statement, params).fetchall()  # type: ignore[call-overload]
+    rows = conn.execute(statement, params).fetchall()
     return [(int(r[1]), len(r[4].encode())) for r in rows if not r[0]]
 
 

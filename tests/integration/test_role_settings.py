@@ -82,7 +82,7 @@ def _set_own_default(worker_url: str, name: str, value: str) -> None:
         me.execute(
             sql.SQL("ALTER ROLE CURRENT_USER SET {} = {}").format(
                 sql.Identifier(name.lower()),
-                sql.SQL(value),  # type: ignore[arg-type]
+                sql.SQL(value),
             )
         )
     with psycopg.connect(worker_url, autocommit=True) as fresh:  # a new session has it

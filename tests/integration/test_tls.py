@@ -151,7 +151,7 @@ def test_verify_full_checks_the_certificate_against_the_system_roots(
     secret = conninfo_from_value(
         {
             "host": "127.0.0.1",
-            "port": int(params["port"]),
+            "port": int(str(params["port"])),
             "username": "postgres",
             "password": "unused",
             "dbname": "postgres",

@@ -103,10 +103,16 @@ def test_a_failed_run_is_retried_once_and_failures_are_kept(template: dict[str, 
 
 
 def _statements(node: Any) -> Iterator[dict[str, Any]]:
+    """Every policy statement written in the template; a conditional one (`!If [C, S,
+    !Ref AWS::NoValue]`) as S."""
     if isinstance(node, dict):
         statement = node.get("Statement")
         if isinstance(statement, list):
-            yield from (s for s in statement if isinstance(s, dict))
+            for item in statement:
+                if isinstance(item, dict) and set(item) == {"Fn::If"}:
+                    item = item["Fn::If"][1]
+                if isinstance(item, dict):
+                    yield item
         for value in node.values():
             yield from _statements(value)
     elif isinstance(node, list):
@@ -125,12 +131,18 @@ def _strings(node: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-# The one wildcard: the names of the wake-up schedules in the stack's own group, which runs
-# choose (a deterministic name per minute).
+# The wildcards: the names of the wake-up schedules pgdrain makes in the stack's own group (a
+# deterministic name per minute), the function's log streams in its own log group, and "*" for
+# the actions that take no resource, each only when its setting asks
+# (tests/unit/test_template_expanded.py checks them as SAM expands the template).
 WAKE_SCHEDULES = (
     "arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:"
-    "schedule/${AWS::StackName}-wake/*"
+    "schedule/${AWS::StackName}-wake/pgdrain-wake-*"
 )
+OWN_LOG_STREAMS = (
+    "arn:${AWS::Partition}:logs:${AWS::Region}:${AWS::AccountId}:log-group:${DrainLogGroup}:*"
+)
+ON_ANY_RESOURCE = ("ManageVpcNetworkInterfaces", "WriteTraces")
 FUNCTION_ARN_SUB = (
     "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-drain"
 )
@@ -142,20 +154,32 @@ def test_no_policy_has_a_wildcard_action_or_resource(template: dict[str, Any]) -
     for statement in statements:
         for key in ("Action", "Resource", "NotAction", "NotResource"):
             for text in _strings(statement.get(key)):
-                if key == "Resource" and text == WAKE_SCHEDULES:
+                if key == "Resource" and text in (WAKE_SCHEDULES, OWN_LOG_STREAMS):
+                    continue
+                if key == "Resource" and text == "*" and statement["Sid"] in ON_ANY_RESOURCE:
                     continue
                 assert "*" not in text, f"{key} {text!r} in {statement.get('Sid')}"
     actions = {a for s in statements for a in _strings(s["Action"])}
     assert actions == {
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
         "lambda:InvokeFunction",
         "secretsmanager:GetSecretValue",
         "scheduler:CreateSchedule",
-        "scheduler:DeleteSchedule",
         "scheduler:GetSchedule",  # the safety-net schedule only
         "scheduler:UpdateSchedule",
         "iam:PassRole",
+        "sqs:SendMessage",
         "sts:AssumeRole",
         "lambda:InvokeFunctionUrl",  # the dashboard's, for the people who may open it
+        "ec2:CreateNetworkInterface",  # with SubnetIds only
+        "ec2:DescribeNetworkInterfaces",
+        "ec2:DescribeSubnets",
+        "ec2:DeleteNetworkInterface",
+        "ec2:AssignPrivateIpAddresses",
+        "ec2:UnassignPrivateIpAddresses",
+        "xray:PutTraceSegments",  # with Tracing Active only
+        "xray:PutTelemetryRecords",
     }
 
 
@@ -184,6 +208,9 @@ def test_wake_ups_go_through_a_role_that_may_only_invoke_this_function(
     (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
     assert trust["Principal"] == {"Service": "scheduler.amazonaws.com"}
     assert trust["Action"] == "sts:AssumeRole"
+    assert trust["Condition"]["StringEquals"]["aws:SourceArn"] == {
+        "Fn::GetAtt": ["WakeScheduleGroup", "Arn"]
+    }
     (policy,) = role["Policies"]
     (allowed,) = policy["PolicyDocument"]["Statement"]
     assert allowed == {
@@ -196,12 +223,15 @@ def test_wake_ups_go_through_a_role_that_may_only_invoke_this_function(
     assert group["Properties"]["Name"] == {"Fn::Sub": "${AWS::StackName}-wake"}
     by_sid = {s.get("Sid"): s for s in _statements(template)}
     schedule = by_sid["ScheduleWakeUps"]
-    assert schedule["Resource"] == {"Fn::Sub": WAKE_SCHEDULES}
+    assert schedule["Resource"] == [
+        {"Fn::Sub": WAKE_SCHEDULES},
+        {"Fn::Sub": WAKE_SCHEDULES.replace("pgdrain-wake-*", SAFETY_SCHEDULE)},
+    ]
     assert by_sid["PassWakeRole"]["Resource"] == {"Fn::GetAtt": ["WakeSchedulerRole", "Arn"]}
     # The sliding safety net: read and moved, that one schedule only.
     net = by_sid["MoveSafetyNet"]
     assert sorted(net["Action"]) == ["scheduler:GetSchedule", "scheduler:UpdateSchedule"]
-    assert net["Resource"] == {"Fn::Sub": WAKE_SCHEDULES.replace("/*", f"/{SAFETY_SCHEDULE}")}
+    assert net["Resource"] == {"Fn::Sub": WAKE_SCHEDULES.replace("pgdrain-wake-*", SAFETY_SCHEDULE)}
     env = resources["DrainFunction"]["Properties"]["Environment"]["Variables"]
     assert env["PGDRAIN_SCHEDULE_GROUP"] == {"Ref": "WakeScheduleGroup"}
     assert env["PGDRAIN_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": ["WakeSchedulerRole", "Arn"]}
