@@ -9,7 +9,8 @@
 ## make simulate         the control-plane simulator, about 40 minutes; writes docs/simulate.md
 ## make simulate-smoke   the simulator's small form, under 2 minutes
 ## make simulate-test    the simulator's tests (tests/sim)
-## make sam              sam validate --lint and sam build, offline, with the build's bytecode
+## make sam              sam validate --lint and sam build of the locked dependencies, with bytecode
+## make lock             pin handler/requirements.in into handler/requirements.txt, with hashes
 ## make clean            remove the virtualenvs, .aws-sam and the tools' caches
 
 # `make demo` and `make test` work from a fresh clone with Python 3.11 or 3.12 and make:
@@ -20,11 +21,14 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 export PYTHONPATH := handler
 
-.PHONY: help demo test simulate-test lint format sam bench soak clean
+.PHONY: help demo test simulate-test lint format sam lock bench soak clean
 
-$(INSTALLED): pyproject.toml
+# The function's locked dependencies first, their hashes checked: the suite runs what the
+# function runs (tests/unit/test_locked_dependencies.py fails if the two drift apart).
+$(INSTALLED): pyproject.toml handler/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --require-hashes -r handler/requirements.txt
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(INSTALLED)
 
@@ -74,10 +78,33 @@ $(SAM_INSTALLED):
 # a function cannot cache bytecode (/var/task is read-only), so each cold start compiled every
 # module it imports (`import app` 2x slower: docs/benchmarks.md). unchecked-hash: the zip
 # does not keep the sources' timestamps, which the default check compares.
+#
+# sam build installs handler/requirements.txt, but fetches the runtime's (arm64) wheels by name
+# and version, unchecked. So the wheels are fetched first, each checked against the lock's
+# hashes, for the runtime and for the python3.12 sam runs here, and sam build may use those
+# files only (PIP_NO_INDEX, PIP_FIND_LINKS).
+SAM_WHEELS := .aws-sam/locked-wheels
+RUNTIME_WHEELS := --only-binary=:all: --implementation cp --python-version 3.12 --abi cp312 \
+	--abi abi3 --abi none --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64
+
 sam: $(SAM_INSTALLED)
 	$(SAM_ENV) $(SAM_VENV)/bin/sam validate --lint --region us-east-1
-	$(SAM_ENV) $(SAM_VENV)/bin/sam build
+	rm -rf $(SAM_WHEELS)
+	env -u PYTHONPATH $(SAM_VENV)/bin/python -m pip download --quiet --require-hashes --no-deps \
+		-r handler/requirements.txt --dest $(SAM_WHEELS) $(RUNTIME_WHEELS)
+	$(SAM_ENV) python3.12 -m pip download --quiet --require-hashes --no-deps --only-binary=:all: \
+		-r handler/requirements.txt --dest $(SAM_WHEELS)
+	$(SAM_ENV) PIP_NO_INDEX=1 PIP_FIND_LINKS=$(abspath $(SAM_WHEELS)) $(SAM_VENV)/bin/sam build
 	$(SAM_ENV) python3.12 -m compileall -q -j 0 --invalidation-mode unchecked-hash .aws-sam/build
+
+# handler/requirements.txt from handler/requirements.in: every package pinned, with the hashes
+# of all its files (the runtime's arm64 wheels among them), resolved for the function's Python
+# and platform. Run the tests after: the suite installs the new lock.
+lock: $(INSTALLED)
+	$(BIN)/python -m pip install --quiet uv
+	$(BIN)/uv pip compile handler/requirements.in --generate-hashes --python-version 3.12 \
+		--python-platform aarch64-manylinux_2_28 --custom-compile-command "make lock" \
+		--output-file handler/requirements.txt
 
 # `make bench` writes docs/benchmarks.md (+ .png). The peers it compares with (PgQueuer,
 # Procrastinate) and matplotlib live in their own virtualenv, never in pgdrain's dependencies.

@@ -76,11 +76,14 @@ def test_the_function_is_what_sam_builds(
     assert spec.handler == "app.lambda_handler"
     assert (spec.code_dir / "app.py").is_file()
     assert (spec.code_dir / "pgdrain" / "__init__.py").is_file()
-    text = (spec.code_dir / "requirements.txt").read_text()
+    # What sam build installs: the lock (tests/unit/test_locked_dependencies.py), made from
+    # these ranges; boto3 comes with the runtime.
+    text = (spec.code_dir / "requirements.in").read_text()
     requirements = [line.strip() for line in text.splitlines() if not line.startswith("#")]
     names = {line.split(">")[0].split("=")[0].split("[")[0] for line in requirements if line}
-    assert names == {"psycopg", "aws-lambda-powertools"}  # boto3 comes with the runtime
+    assert names == {"psycopg", "aws-lambda-powertools"}
     assert any(line.startswith("psycopg[binary]") for line in requirements)
+    assert (spec.code_dir / "requirements.txt").is_file()
     for name in ("Timeout", "MemorySize"):
         assert props[name] == {"Ref": name}
     (event,) = props["Events"].values()

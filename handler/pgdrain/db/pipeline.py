@@ -7,7 +7,8 @@ hands its jobs over; their replies come back in order. psycopg's own pipeline re
 it is owed whenever one is asked for (it would wait for the second claim's before returning
 the first's), so this module drives libpq's pipeline itself, with psycopg's parts for the
 rest: its conversion of a statement's %(name)s parameters (PostgresQuery, from a private
-module: docs/decisions/0002 says which test fails if it changes), its dumpers and loaders
+module: docs/decisions/0002 says which test fails if it changes; check_psycopg tries it at
+import and fails the import, in one line, if it changed), its dumpers and loaders
 (Transformer), its generators and its wait. The rows are psycopg's, value for value, as its
 cursor returns them.
 
@@ -26,11 +27,58 @@ from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import errors, generators
-from psycopg._queries import PostgresQuery
 from psycopg.adapt import Transformer
 from psycopg.pq import ExecStatus, PipelineStatus
 
 from pgdrain.db import sql
+
+# The psycopg releases whose private parts this module was tested with (handler/requirements.in
+# caps psycopg there; docs/decisions/0002).
+TESTED_PSYCOPG = ">=3.2,<3.4"
+
+
+class PsycopgChanged(ImportError):
+    """psycopg no longer has the private parts this module drives: raised at import, so that a
+    cold start fails at once, naming the cause, not at a run's first statement."""
+
+
+def _changed(what: str) -> PsycopgChanged:
+    return PsycopgChanged(
+        f"pgdrain drives psycopg's private parts, tested with psycopg {TESTED_PSYCOPG}; psycopg "
+        f"{psycopg.__version__} changed them ({what}): install a tested one (pip install "
+        f"'psycopg[binary]{TESTED_PSYCOPG}', as handler/requirements.txt pins it)"
+    )
+
+
+try:
+    from psycopg._queries import PostgresQuery
+except ImportError as exc:
+    raise _changed(f"psycopg._queries.PostgresQuery cannot be imported: {exc}") from None
+
+
+def check_psycopg() -> None:
+    """What this module relies on and psycopg does not promise, tried once: a statement's
+    %(name)s parameters converted as its cursor converts them, the generators and the wait it
+    drives, the error of a failed result. PsycopgChanged names the first part that differs."""
+    try:
+        query = PostgresQuery(Transformer())
+        query.convert("SELECT %(a)s, %(b)s, %(a)s", {"a": 1, "b": "x"})
+        converted = (query.query, len(query.params or ()), len(query.types), len(query.formats))
+    except Exception as exc:  # any change of shape: named, not raised as is
+        raise _changed(f"PostgresQuery.convert: {type(exc).__name__}: {exc}") from None
+    if converted != (b"SELECT $1, $2, $1", 2, 2, 2):
+        raise _changed(f"PostgresQuery.convert made {converted!r}")
+    for owner, name in (
+        (generators, "send"),
+        (generators, "fetch_many"),
+        (psycopg.Connection, "wait"),
+        (errors, "error_from_result"),
+    ):
+        if not callable(getattr(owner, name, None)):
+            raise _changed(f"{owner.__name__}.{name} is gone")
+
+
+check_psycopg()
 
 Row = tuple[Any, ...]
 Statement = tuple[str, Mapping[str, Any] | None]  # text, and its parameters if any
