@@ -109,3 +109,19 @@ def test_the_guide_invokes_events_that_exist() -> None:
     assert events
     for event in events:
         assert (ROOT / event).is_file(), event
+
+
+def test_the_guide_sets_the_one_cap_on_direct_invocations(template: dict[str, Any]) -> None:
+    """Every invocation opens a connection; MaxRuns bounds fan-out only. pgdrain refuses no
+    run of its own (it would have connected to be counted): the guide recommends reserved
+    concurrency, at least MaxRuns, and says why."""
+    guide = GUIDE.read_text()
+    deploy_section = guide.split("## 6. `sam deploy --guided`", 1)[1].split("\n## ", 1)[0]
+    (row,) = [line for line in deploy_section.splitlines() if line.startswith("| `Reserved")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    max_runs = template["Parameters"]["MaxRuns"]["Default"]
+    for recommended in cells[1:3]:  # Neon, Aurora
+        assert re.fullmatch(r"`\d+`", recommended), row
+        assert int(recommended.strip("`")) >= max_runs
+    assert "before a run connects" in deploy_section
+    assert template["Parameters"]["ReservedConcurrentExecutions"]["Default"] == ""  # new accounts
