@@ -18,7 +18,7 @@ A queue with nothing ready gets no run now: a kicked delayed job is started by a
 run_at, not by a run now that finds nothing (and keeps a sleeping database awake for minutes).
 If no wake-up pending for the queue comes early enough, the kick records one in pgdrain.wakes,
 in the same transaction as its debounce, and invokes the function with a wake-up request
-({"reason": "later"}) that creates the one-shot schedule without connecting to the database.
+({"reason": "later"}) that checks that record and creates the one-shot schedule, without a run.
 
     with conn.transaction():
         pgdrain.enqueue(conn, "send_email", {"user_id": 42}, queue="emails")

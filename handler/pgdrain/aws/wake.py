@@ -215,7 +215,8 @@ class Waker(Scheduling):
         self, queues: Sequence[str] | None, wake_at: dt.datetime
     ) -> WakeOutcome:
         """Create the schedule a kick reserved (pgdrain.aws.kick: the kick recorded it in
-        pgdrain.wakes already), touching no database: the run it saves would find nothing.
+        pgdrain.wakes already, and wake_request checked that record), without a run: the run
+        it saves would find nothing.
         Safe to repeat (a retried event): the name is deterministic, and a second creation is a
         ConflictException, which is success."""
         name = schedule_name(queues, wake_at)
