@@ -461,7 +461,12 @@ def test_retry_and_purge_speak_json(project: Project, conn: Conn) -> None:
         (job_id,),
     )
     dry = json.loads(project.run("retry", "--failed", "--dry-run", "--json").out)
-    assert dry == {"dry_run": True, "queued_again": [job_id], "not_queued_again": []}
+    assert dry == {
+        "dry_run": True,
+        "queued_again": [job_id],
+        "key_held": {},
+        "not_queued_again": [],
+    }
     purge = json.loads(project.run("purge", "--dry-run", "--json").out)
     assert purge == {"dry_run": True, "deleted": 1, "older_than_days": 7.0, "queue": None}
     assert project.run("purge").out.strip() == "deleted 1 finished job"

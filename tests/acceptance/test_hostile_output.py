@@ -73,7 +73,7 @@ def test_no_command_prints_job_data_raw(db_url: str, conn: Conn) -> None:
     for args in [("jobs",), ("jobs", "show", str(job_id)), ("retry", "--failed")]:
         assert ESCAPED_KIND in shown[args].out, (args, shown[args].out)
     dry = shown[("retry", "--failed", "--dry-run")].out.splitlines()
-    assert dry == ["would queue again: 1 jobs", f"{job_id:>8} default      {ESCAPED_KIND}"]
+    assert dry == ["would queue again: 1 job", f"{job_id:>8} default      {ESCAPED_KIND}"]
 
 
 def test_control_the_data_is_hostile_as_stored(db_url: str, conn: Conn) -> None:

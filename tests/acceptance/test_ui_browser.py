@@ -398,15 +398,14 @@ def test_job_data_renders_as_text_and_runs_no_script(
         conn, "hostile", {"note": HOSTILE_SCRIPT, "attr": HOSTILE_ATTRIBUTE}, max_attempts=1
     )
     run_drain(db_url)
-    # What the database can hold that the job API refuses: markup in kind and queue, and a
-    # megabyte-long error with markup at its start.
+    # What the database can hold that the job API refuses: markup in the kind, and a
+    # megabyte-long error with markup at its start (a queue name is checked by the table).
     planted = enqueue(conn, "ok", {"big": "x"})
     conn.execute(
-        "UPDATE pgdrain.jobs SET kind = %s, queue = %s, status = 'failed', last_error = %s, "
+        "UPDATE pgdrain.jobs SET kind = %s, status = 'failed', last_error = %s, "
         "errors = %s, finished_at = now() WHERE id = %s",
         (
             HOSTILE_SCRIPT,
-            HOSTILE_ATTRIBUTE,
             HOSTILE_SCRIPT + "y" * MEGABYTE,
             Jsonb([{"attempt": 1, "type": HOSTILE_ATTRIBUTE, "message": HOSTILE_SCRIPT,
                     "traceback": HOSTILE_SCRIPT * 3, "at": dt.datetime.now(dt.UTC).isoformat()}]),

@@ -199,7 +199,7 @@ def test_cli_drain_with_a_wrong_password_exits_2_with_one_line(
 
 def test_cli_enqueue_to_an_unresolvable_host_exits_2_at_once() -> None:
     url = "postgresql://app:pw@no-such-host.invalid:5432/app"
-    run = run_pgdrain("enqueue", "ok", env={"DATABASE_URL": url})
+    run = run_pgdrain("enqueue", "noop", env={"DATABASE_URL": url})
     assert run.code == EXIT_BAD_INPUT, run
     line = only_line(run.err)
     assert "cannot work: failed to resolve host" in line and "retrying" not in run.err
