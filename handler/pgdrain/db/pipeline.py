@@ -63,7 +63,8 @@ def check_psycopg() -> None:
     try:
         query = PostgresQuery(Transformer())
         query.convert("SELECT %(a)s, %(b)s, %(a)s", {"a": 1, "b": "x"})
-        converted = (query.query, len(query.params or ()), len(query.types), len(query.formats or ()))
+        params, formats = query.params or (), query.formats or ()
+        converted = (query.query, len(params), len(query.types), len(formats))
     except Exception as exc:  # any change of shape: named, not raised as is
         raise _changed(f"PostgresQuery.convert: {type(exc).__name__}: {exc}") from None
     if converted != (b"SELECT $1, $2, $1", 2, 2, 2):
