@@ -89,6 +89,9 @@ class SoakConfig:
     warm_share: float = 0.0  # of the drains: several drains in one process
     warm_runs: int = 3
     serializable: bool = False  # the server's default_transaction_isolation
+    # Each drain starts with a limit of its own on the busy queue (none, 8, 16 or 32), so its
+    # start creates, changes or drops the limit row while other drains claim and complete.
+    limit_changes: bool = False
 
 
 # The soak with all of the drain loop's faults on.
@@ -98,6 +101,7 @@ FAULTS = {
     "sigterm_share": 0.3,
     "warm_share": 0.25,
     "serializable": True,
+    "limit_changes": True,
 }
 
 
@@ -226,6 +230,10 @@ class Soak:
         )
         if self.config.concurrency is not None:
             env["PGDRAIN_CONCURRENCY"] = str(self.config.concurrency)
+        if self.config.limit_changes:
+            limit = self.random.choice((None, 8, 16, 32))
+            if limit is not None:
+                env["PGDRAIN_QUEUE_LIMITS"] = f"default={limit}"
         return env
 
     def start_drain(self, phase: str, budget: float | None = None) -> DrainRun:
@@ -429,6 +437,14 @@ class Soak:
         for status in ("queued", "running"):
             if statuses[status]:
                 violations.append(f"{statuses[status]} jobs left {status}")
+        # A limit's running count must be exact (issue 47): a count left too high stops its
+        # queue for good.
+        for queue, counted, running in conn.execute(
+            "SELECT l.queue, l.running, (SELECT count(*) FROM pgdrain.jobs AS j"
+            " WHERE j.status = 'running' AND j.queue = l.queue) FROM pgdrain.queue_limits AS l"
+        ).fetchall():
+            if counted != running:
+                violations.append(f"queue {queue}'s limit counts {counted} running, not {running}")
 
         stale_by_pid: Counter[int] = Counter()
         for job_id, status, attempts, max_attempts, completed, _reclaims in jobs:
