@@ -67,8 +67,8 @@ def test_a_jobs_module_without_the_demo_kinds_writes_nothing(
     assert run.code == EXIT_BAD_INPUT, run
     assert only_line(run.err) == (
         "pgdrain: error: PGDRAIN_JOBS: module 'few_jobs' does not register 'fail', 'flaky', "
-        "'greet': the demo enqueues the kinds fail, flaky, greet, noop (handler/jobs.py in the "
-        "repository registers them)"
+        "'greet': the demo enqueues the kinds fail, flaky, greet, noop (unset PGDRAIN_JOBS: the "
+        "demo brings its own)"
     )
     assert run.out == ""
     assert count_jobs(conn) == 0

@@ -141,7 +141,8 @@ def test_a_bad_event_fails_with_the_reason_and_drains_nothing(
     [
         (
             ("-t", "nothing.yaml"),
-            "cannot read the template nothing.yaml: No such file or directory",
+            "no template nothing.yaml: run `pgdrain invoke` in the folder of a SAM project "
+            "(`pgdrain init` writes one), or name its template with --template",
         ),
         (
             ("Nope",),

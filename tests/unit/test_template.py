@@ -588,8 +588,10 @@ def test_a_template_that_is_not_one_is_bad_input(tmp_path: Path) -> None:
     path.write_text("just: words\n")
     with pytest.raises(BadInput, match="has no Resources"):
         local_invoke.read_function(path)
-    with pytest.raises(BadInput, match="cannot read the template"):
+    with pytest.raises(BadInput, match=r"no template .*missing\.yaml: run `pgdrain invoke` in"):
         local_invoke.read_function(tmp_path / "missing.yaml")
+    with pytest.raises(BadInput, match="cannot read the template"):
+        local_invoke.read_function(tmp_path)  # a folder
 
 
 def test_the_context_counts_down_from_the_timeout(small: Path) -> None:

@@ -91,7 +91,7 @@ def load_template(path: Path) -> dict[str, Any]:
     except ImportError:
         raise BadInput(
             "`pgdrain invoke` reads template.yaml with PyYAML, which is not installed: "
-            "pip install 'pgdrain[invoke]'"
+            "pip install PyYAML (pgdrain's [invoke] extra)"
         ) from None
 
     class CloudFormationLoader(yaml.SafeLoader):
@@ -113,6 +113,11 @@ def load_template(path: Path) -> dict[str, Any]:
     CloudFormationLoader.add_multi_constructor("!", intrinsic)
     try:
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(
+            f"no template {path}: run `pgdrain invoke` in the folder of a SAM project "
+            "(`pgdrain init` writes one), or name its template with --template"
+        ) from None
     except OSError as exc:
         raise BadInput(f"cannot read the template {path}: {exc.strerror}") from None
     try:

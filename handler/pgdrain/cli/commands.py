@@ -535,7 +535,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from pgdrain.cli import demo
 
     _check_budget(args.budget, settings)
-    registry = demo.load_jobs(settings)  # first: a missing jobs module writes nothing
+    registry = demo.load_jobs(settings, os.environ)  # first: a bad jobs module writes nothing
     embedded_dir = (
         None if settings.database_url or settings.db_secret_arn else embedded.data_dir_in_use()
     )

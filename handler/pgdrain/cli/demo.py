@@ -14,7 +14,7 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pgdrain.api.enqueue import build_job
@@ -55,25 +55,30 @@ def through_invoke() -> bool:
     return TEMPLATE.is_file() and SCHEDULE_EVENT.is_file() and DEMO_ENV.is_file()
 
 
-def load_jobs(settings: Settings) -> Registry:
+def load_jobs(settings: Settings, environ: Mapping[str, str]) -> Registry:
     """The registry that will run the demo's jobs, checked for their kinds: the function's
-    (the template's PGDRAIN_JOBS under its code directory) in the repository, else
-    PGDRAIN_JOBS. Called before anything is migrated or enqueued, so that a missing or broken
-    module is one line and exit 2 with nothing written."""
+    (the template's PGDRAIN_JOBS under its code directory) in the repository, else the module
+    PGDRAIN_JOBS names, else the demo's own (pgdrain.cli.demo_kinds). Called before anything is
+    migrated or enqueued, so that a missing or broken module is one line and exit 2 with
+    nothing written."""
     if through_invoke():
         module_name, code_dir = _function_jobs_module()
         with on_sys_path(code_dir):
             registry = load_registry(module_name)
-    else:
+    elif environ.get("PGDRAIN_JOBS"):
         module_name = settings.jobs_module
         registry = load_registry(module_name)
+    else:
+        from pgdrain.cli import demo_kinds
+
+        return demo_kinds.jobs
     kinds = sorted({job.kind for job in demo_jobs(DEMO_KINDS_COUNT)})
     missing = [kind for kind in kinds if kind not in registry]
     if missing:
         raise ConfigError(
             f"PGDRAIN_JOBS: module {module_name!r} does not register "
             f"{', '.join(map(repr, missing))}: the demo enqueues the kinds {', '.join(kinds)} "
-            "(handler/jobs.py in the repository registers them)"
+            "(unset PGDRAIN_JOBS: the demo brings its own)"
         )
     return registry
 

@@ -34,7 +34,8 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
     except ImportError:
         raise ConfigError(
             "DATABASE_URL is not set and the embedded PostgreSQL (pgserver, CPython 3.9-3.12) "
-            "is not installed: set DATABASE_URL or `pip install pgdrain[embedded]`"
+            "is not installed: set DATABASE_URL or `pip install pgserver` (pgdrain's [embedded] "
+            "extra)"
         ) from None
     folder = data_dir or data_dir_in_use()
     folder.mkdir(parents=True, exist_ok=True)
