@@ -46,6 +46,7 @@ from pgdrain.runner.stop import STOP_GRACE_SECONDS, exit_code, stop_on_signals
 from pgdrain.settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
+    DEFAULT_JOBS_MODULE,
     QUEUE_NAME,
     Settings,
     parse_queues,
@@ -266,6 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--env-vars", help="env.json overriding the template's variables")
     p.add_argument("-t", "--template", default="template.yaml")
 
+    p = commands.add_parser(
+        "init",
+        help="write a deployable project (SAM template, function code, events) into DIR",
+        description="Write a deployable project into DIR: template.yaml, handler/ (the "
+        "function's code: app.py, jobs.py, requirements.txt), infra/ (events, env.json), a "
+        "README, and wheels/ (pgdrain's wheel, for sam build). Existing files are not "
+        "overwritten without --force.",
+    )
+    p.add_argument("dir", nargs="?", default=".", help="the project's folder (default: here)")
+    p.add_argument("--force", action="store_true", help="overwrite files that exist")
+
     p = commands.add_parser("ui", help="the web dashboard, on 127.0.0.1 (docs/ui.md)")
     p.add_argument("--port", type=_int_between(0, 65535), default=8080, help="0: any free port")
     p.add_argument("--read-only", action="store_true", help="offer no action (retry, cancel)")
@@ -296,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = Settings.from_env(os.environ)
         return command(args, settings)
     except BadInput as exc:  # printable: the text may hold a job module's control characters
-        print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
+        print(f"pgdrain: error: {printable(exc)}{_code_folder_hint(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except PgdrainError as exc:
         print(f"pgdrain: error: {printable(exc)}", file=sys.stderr)
@@ -307,6 +319,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_BAD_INPUT
         print(f"pgdrain: database error: {printable(connection.describe(exc))}", file=sys.stderr)
         return EXIT_FAILURE
+
+
+def _code_folder_hint(exc: BadInput) -> str:
+    """In a project's folder (`pgdrain init`), a jobs module not found here is in handler/, the
+    function's code: say so."""
+    if not isinstance(exc, JobsModuleNotFound):
+        return ""
+    module = os.environ.get("PGDRAIN_JOBS") or DEFAULT_JOBS_MODULE
+    found = Path("handler", *module.split(".")).with_suffix(".py")
+    if not found.is_file() or str(Path("handler").resolve()) in map(_resolved, sys.path):
+        return ""
+    return f"; {found} is here: export PYTHONPATH=handler"
+
+
+def _resolved(entry: str) -> str:
+    return str(Path(entry or ".").resolve())
 
 
 def conninfo_or_embedded(settings: Settings) -> str:
@@ -522,6 +550,13 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
     if isinstance(result.payload, dict) and result.payload.get("error_kind") == "configuration":
         return EXIT_BAD_INPUT  # the function's settings or job module: nothing was run
     return EXIT_FAILURE if result.failed else EXIT_OK
+
+
+def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
+    from pgdrain.cli import init
+
+    print(init.report(init.write(Path(args.dir), force=args.force)))
+    return EXIT_OK
 
 
 def cmd_ui(args: argparse.Namespace, settings: Settings) -> int:
@@ -1051,6 +1086,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "server": cmd_server,
     "demo": cmd_demo,
     "invoke": cmd_invoke,
+    "init": cmd_init,
     "worker": cmd_worker,
     "ui": cmd_ui,
 }
