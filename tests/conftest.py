@@ -30,7 +30,7 @@ from psycopg import sql
 from helpers.lossy_proxy import LossyProxy
 from pgdrain.db.migrate import migrate
 
-pytest_plugins = ["helpers.fixtures", "helpers.aws_fixtures"]
+pytest_plugins = ["helpers.fixtures", "helpers.aws_fixtures", "helpers.wheel"]
 
 
 def _with_dbname(url: str, dbname: str) -> str:

@@ -1,19 +1,16 @@
-"""The package as a user gets it: the wheel holds the library and nothing else, and once
-installed (without extras) into a fresh virtualenv outside the repository, the README's quick
-start works there: `pgdrain --version`, `pgdrain migrate`, and a drain of one job from a jobs
-module in the current directory."""
+"""The package as a user gets it: the wheel holds the library (and the project `pgdrain init`
+writes) and nothing else, and installed by the README's own install line into a fresh
+virtualenv outside the repository (without extras), the README's quick start works there:
+`pgdrain --version`, `pgdrain migrate`, and a drain of one job from a jobs module in the
+current directory."""
 
 from __future__ import annotations
 
 import email.parser
-import os
+import json
 import re
 import shlex
-import shutil
-import subprocess
-import sys
 import tomllib
-import venv
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,57 +19,25 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from helpers.wheel import (
+    ROOT,
+    Installed,
+    copy_of_the_sources,
+    fresh_virtualenv,
+    outside_the_repository,
+    run_checked,
+    user_environment,
+)
+
 pytestmark = pytest.mark.packaging
 
-ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ROOT / "handler" / "pgdrain"
-PIP_TIMEOUT_SECONDS = 600.0
-COMMAND_TIMEOUT_SECONDS = 120.0
+SCAFFOLD = SOURCES / "scaffold"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
-def _outside_the_repository(path: Path) -> Path:
-    assert not path.resolve().is_relative_to(ROOT), f"{path} is inside the repository"
-    return path
-
-
-def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        args,
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_SECONDS,
-        check=False,
-    )
-    assert done.returncode == 0, f"{args} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from a copy of what pyproject.toml packages (so that building writes
-    nothing into the working tree: build/ and *.egg-info land in the copy)."""
-    source = _outside_the_repository(tmp_path_factory.mktemp("source"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(ROOT / name, source / name)
-    shutil.copytree(
-        ROOT / "handler",
-        source / "handler",
-        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
-    )
-    out = tmp_path_factory.mktemp("dist")
-    _run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), "."],
-        cwd=source,
-    )
-    (built,) = out.glob("pgdrain-*.whl")
-    return built
-
-
-def test_the_wheel_holds_the_library_and_nothing_else(wheel: Path) -> None:
-    with zipfile.ZipFile(wheel) as archive:
+def test_the_wheel_holds_the_library_and_nothing_else(pgdrain_wheel: Path) -> None:
+    with zipfile.ZipFile(pgdrain_wheel) as archive:
         names = set(archive.namelist())
         dist_info = f"pgdrain-{VERSION}.dist-info"
         metadata = email.parser.Parser().parsestr(
@@ -80,12 +45,14 @@ def test_the_wheel_holds_the_library_and_nothing_else(wheel: Path) -> None:
         )
         entry_points = archive.read(f"{dist_info}/entry_points.txt").decode("utf-8")
     library = {n for n in names if not n.startswith(f"{dist_info}/")}
-    # Every module and SQL file of the package, and nothing more: no tests, no example jobs
-    # (handler/jobs.py), no Lambda entry point (handler/app.py).
+    # Every module and SQL file of the package, every file of the scaffold, and nothing more:
+    # no tests, no example jobs (handler/jobs.py), no Lambda entry point but the scaffold's.
     expected = {
         "pgdrain/" + path.relative_to(SOURCES).as_posix()
         for path in SOURCES.rglob("*")
-        if path.is_file() and path.suffix in (".py", ".sql", ".typed")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and (path.suffix in (".py", ".sql", ".typed") or path.is_relative_to(SCAFFOLD))
     }
     assert library == expected
     assert {
@@ -96,6 +63,12 @@ def test_the_wheel_holds_the_library_and_nothing_else(wheel: Path) -> None:
         "pgdrain/py.typed",
     } <= library
     assert any(n.startswith("pgdrain/db/sql/migrations/0001_") for n in library)
+    assert {
+        "pgdrain/scaffold/template.yaml",
+        "pgdrain/scaffold/handler/app.py",
+        "pgdrain/scaffold/handler/requirements.txt",
+        "pgdrain/scaffold/infra/events/schedule.json",
+    } <= library
 
     assert metadata["Version"] == VERSION
     requires = metadata.get_all("Requires-Dist") or []
@@ -103,7 +76,7 @@ def test_the_wheel_holds_the_library_and_nothing_else(wheel: Path) -> None:
     assert yaml and all('extra == "invoke"' in r for r in yaml), requires
     core = {re.split(r"[\[<>=; ]", r)[0].lower() for r in requires if "extra ==" not in r}
     assert core == {"psycopg", "aws-lambda-powertools"}
-    assert {"aws", "embedded", "invoke"} <= set(metadata.get_all("Provides-Extra") or [])
+    assert {"aws", "embedded", "invoke", "tracer"} <= set(metadata.get_all("Provides-Extra") or [])
     classifiers = metadata.get_all("Classifier") or []
     assert "Programming Language :: Python :: 3.11" in classifiers
     assert "Typing :: Typed" in classifiers
@@ -111,80 +84,65 @@ def test_the_wheel_holds_the_library_and_nothing_else(wheel: Path) -> None:
 
 
 @dataclass(frozen=True)
-class Installed:
-    bin: Path
-    workdir: Path  # where the user runs pgdrain: outside the repository
-
-    def run(self, *args: str, env: dict[str, str], cwd: Path | None = None) -> Finished:
-        done = subprocess.run(
-            [str(self.bin / "pgdrain"), *args],
-            cwd=cwd or self.workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_SECONDS,
-            check=False,
-        )
-        return Finished(done.returncode, done.stdout, done.stderr)
-
-
-@dataclass(frozen=True)
-class Finished:
-    code: int
-    out: str
-    err: str
-
-
-@pytest.fixture(scope="module")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """A fresh virtualenv with the wheel installed, no extras (pip may use its cache)."""
-    home = _outside_the_repository(tmp_path_factory.mktemp("user"))
-    venv.create(home / "venv", with_pip=True)
-    bin_dir = home / "venv" / "bin"
-    _run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet", str(wheel)], cwd=home)
-    workdir = home / "project"
-    workdir.mkdir()
-    return Installed(bin_dir, workdir)
-
-
-def _user_environment(installed: Installed, database_url: str) -> dict[str, str]:
-    """A shell in the virtualenv: nothing of this repository's on the path, no pgdrain
-    settings but the database."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PGDRAIN_", "PYTHON", "VIRTUAL_ENV", "POWERTOOLS_"))
-    }
-    env["PATH"] = f"{installed.bin}{os.pathsep}{env.get('PATH', '')}"
-    env["DATABASE_URL"] = database_url
-    return env
-
-
-@dataclass(frozen=True)
 class QuickStart:
+    install: list[str]  # the install line: pip install ...
     jobs_module: str  # the content of jobs.py
     commands: list[list[str]]
 
 
 def readme_quick_start() -> QuickStart:
-    """The README's quick start: its jobs.py and the commands run after it (the install and
-    export lines are what this test does itself)."""
+    """The README's quick start: its install line, its jobs.py and the commands run after it
+    (the export line is what this test does itself)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, flags=re.DOTALL)
+    (install,) = [
+        shlex.split(line, comments=True)
+        for lang, body in blocks
+        if lang == "sh"
+        for line in body.splitlines()
+        if line.startswith("pip install")
+    ]
     (jobs_index,) = [i for i, (lang, body) in enumerate(blocks) if lang == "python"]
     jobs_module = blocks[jobs_index][1]
     assert jobs_module.startswith("# jobs.py")
     lang, body = blocks[jobs_index + 1]
     assert lang == "sh"
     commands = [shlex.split(line, comments=True) for line in body.splitlines()]
-    return QuickStart(jobs_module, [c for c in commands if c])
+    return QuickStart(install, jobs_module, [c for c in commands if c])
 
 
-def test_the_readme_quick_start_works_from_the_installed_wheel(
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """A fresh virtualenv, and pgdrain installed into it by the README's install line, run as
+    written from the folder that holds the clone (here, a copy of what pip builds from, in the
+    folder the line names). No extras: the line asks for none."""
+    home = outside_the_repository(tmp_path_factory.mktemp("user"))
+    install = readme_quick_start().install
+    assert install[:2] == ["pip", "install"] and len(install) == 3, install
+    clone = home / install[2]
+    assert clone.parent == home, f"{install[2]}: the README installs from a clone beside it"
+    copy_of_the_sources(clone)
+    bin_dir = fresh_virtualenv(home)
+    run_checked([bin_dir / "pip", *install[1:]], cwd=home, env=user_environment())
+    workdir = home / "project"
+    workdir.mkdir()
+    return Installed(bin_dir, workdir)
+
+
+def test_the_readme_installs_from_a_clone_of_the_repository(installed: Installed) -> None:
+    """The line installs this repository's pgdrain, not a package of that name from an
+    index: pip records the folder it was built from."""
+    site = next((installed.bin.parent / "lib").glob("python3.*/site-packages"))
+    (direct_url,) = site.glob("pgdrain-*.dist-info/direct_url.json")
+    origin = json.loads(direct_url.read_text())
+    assert "dir_info" in origin and origin["url"].endswith("/pgdrain"), origin
+
+
+def test_the_readme_quick_start_works_where_the_readme_installed_it(
     installed: Installed, empty_db_url: str
 ) -> None:
-    env = _user_environment(installed, empty_db_url)
+    env = installed.environment(empty_db_url)
     version = installed.run("--version", env=env)
     assert (version.code, version.out) == (0, f"pgdrain {VERSION}\n")
 
@@ -210,13 +168,13 @@ def test_the_jobs_module_is_found_in_the_current_directory_only(
     """The console script finds jobs.py because the command puts the current directory on the
     path (a console script alone would not); from another directory it is not found, which is
     bad input: one line, exit code 2."""
-    env = _user_environment(installed, empty_db_url)
+    env = installed.environment(empty_db_url)
     (installed.workdir / "jobs.py").write_text(readme_quick_start().jobs_module)
     assert installed.run("migrate", env=env).code == 0
     found = installed.run("drain", "--budget", "10", env=env)
     assert found.code == 0, found.err
 
-    elsewhere = _outside_the_repository(tmp_path_factory.mktemp("elsewhere"))
+    elsewhere = outside_the_repository(tmp_path_factory.mktemp("elsewhere"))
     missing = installed.run("drain", "--budget", "10", env=env, cwd=elsewhere)
     assert missing.code == 2
     assert missing.err.splitlines() == [
@@ -228,14 +186,33 @@ def test_the_jobs_module_is_found_in_the_current_directory_only(
 def test_invoke_without_its_extra_says_how_to_install_it(
     installed: Installed, empty_db_url: str
 ) -> None:
-    env = _user_environment(installed, empty_db_url)
+    env = installed.environment(empty_db_url)
     done = installed.run("invoke", env=env)
     assert done.code == 2
     assert done.err.splitlines() == [
         "pgdrain: error: `pgdrain invoke` reads template.yaml with PyYAML, which is not "
-        "installed: pip install 'pgdrain[invoke]'"
+        "installed: pip install PyYAML (pgdrain's [invoke] extra)"
     ]
     assert done.out == ""
+
+
+def test_the_demo_runs_outside_a_project_with_its_own_jobs(
+    installed: Installed, empty_db_url: str
+) -> None:
+    """No template.yaml to invoke and no PGDRAIN_JOBS: the demo drains its own kinds (the
+    repository's example jobs module is not in the package)."""
+    env = installed.environment(empty_db_url)
+    done = installed.run("demo", "--count", "20", env=env)
+    assert done.code == 0, done.err
+    lines = done.out.splitlines()
+    assert lines[0].startswith("applied: 0001_")
+    assert "drain: pgdrain drain --queues demo --budget 60" in lines
+    assert any(
+        line.startswith("drain: claimed 21, done 20, retried 0, failed 1,") for line in lines
+    )
+    with psycopg.connect(empty_db_url) as conn:
+        greeted = conn.execute("SELECT count(*) FROM public.pgdrain_demo_greetings").fetchone()
+    assert greeted == (2,)  # the greet jobs ran: jobs 0 and 10 of 20
 
 
 @pytest.fixture(autouse=True)
