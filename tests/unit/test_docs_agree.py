@@ -463,11 +463,7 @@ def quoting_pages() -> list[Any]:
     for page in pages():
         if page in MEASURED or "decisions" in page.parts:
             continue
-        marks = []
-        if page == DOCS / "deploy.md":
-            # Issue 42 item 5 rewrites this page; its cost section still quotes earlier runs.
-            marks.append(pytest.mark.xfail(strict=True, reason="figures from earlier runs"))
-        found.append(pytest.param(page, marks=marks, id=str(page.relative_to(ROOT))))
+        found.append(pytest.param(page, id=str(page.relative_to(ROOT))))
     return found
 
 
