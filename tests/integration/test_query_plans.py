@@ -121,6 +121,10 @@ def _claim_params(queues: list[str] | None, done_ids: list[int] | None = None) -
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "position_queue": [],
+        "position_priority": [],
+        "position_run_at": [],
+        "position_id": [],
     }
 
 
