@@ -54,7 +54,9 @@ class Claims:
             controls=controls,
         )
         self.pipelined = PipelinedClaims(self, self._statements, run.session, controls=controls)
-        self.positions = self._statements.positions
+        # A reply lost with the connection is asked for again (claim_statement.py): what the
+        # claims were sent with is not trusted after it.
+        run.session.on_reconnect(self._statements.positions.reconnected)
 
     def complete_and_claim(self, limit: int, while_sent: Callable[[], None] | None = None) -> int:
         """One round trip: record the finished jobs, claim up to `limit` more. Returns how

@@ -256,17 +256,13 @@ class _Run:
         self.deadline = Deadline(budget, settings.reserve_seconds, controls=controls)
         self.stopping = Stopping(stop, self.deadline, worker_id)
         self.session = _session(conninfo, settings, budget, controls, self.attempts)
-        self.session.on_reconnect(self._after_reconnect)
+        self.session.on_reconnect(lambda: self.heartbeat.due_now())
         state = RunState(self.session, self.attempts, self.deadline, self.counters, worker_id)
         self.completer = Completer(state, controls=controls)
         self.claims = _claims(state, settings, controls, queues, self.completer)
         self.heartbeat = Heartbeat(state, lease_seconds=settings.lease_seconds, controls=controls)
         self.limits = LimitRecount(self.session, queues, controls=controls)
         self.threads = ThreadWatch(controls=controls)
-
-    def _after_reconnect(self) -> None:
-        self.heartbeat.due_now()
-        self.claims.positions.reconnected()
 
     def execute(self) -> DrainResult:
         stale = warn_of_stale_threads(self.worker_id)

@@ -252,7 +252,11 @@ WITH completed AS (
 ), positioned AS MATERIALIZED (
     -- A queue with a position: the rest of that priority's ready jobs after it, a range of
     -- jobs_ready_idx bounded on both sides. The entries of the jobs the run claimed before it
-    -- (dead, but kept while any snapshot may see them) are not walked again.
+    -- (dead, but kept while any snapshot may see them) are not walked again. Written as a
+    -- bound on the index's last three columns, the scan starts at the position (with
+    -- `priority = p` the scan would start at the priority's first entry) and no other index
+    -- can take it (jobs_queued_run_at_idx would start at the position's run_at and walk every
+    -- entry that shares it: a batch enqueued in one transaction shares one).
     SELECT q.name, c.id, c.priority, c.run_at, c.bytes
     FROM slots AS q
     CROSS JOIN LATERAL (
@@ -260,8 +264,8 @@ WITH completed AS (
         FROM pgdrain.jobs
         WHERE status = 'queued'
           AND queue = q.name
-          AND priority = q.after_priority
-          AND (run_at, id) > (q.after_run_at, q.after_id)
+          AND (priority, run_at, id) > (q.after_priority, q.after_run_at, q.after_id)
+          AND priority <= q.after_priority
           AND run_at <= now()
         ORDER BY priority, run_at, id
         LIMIT q.n
