@@ -40,10 +40,12 @@ help:
 demo: $(INSTALLED)
 	$(BIN)/pgdrain demo
 
-# TEST_MARKERS narrows a second pass (.ci/run: the machine's server) to what depends on it.
+# TEST_MARKERS and TEST_PATHS narrow a second pass (.ci/run: the machine's server) to what
+# depends on the server.
 TEST_MARKERS ?= not slow and not sim
+TEST_PATHS ?=
 test: $(INSTALLED)
-	$(BIN)/python -m pytest -m "$(TEST_MARKERS)"
+	$(BIN)/python -m pytest -m "$(TEST_MARKERS)" $(TEST_PATHS)
 
 # The simulator's smoke form end to end (tests/sim; the full measurement is `make simulate`).
 simulate-test: $(INSTALLED)
