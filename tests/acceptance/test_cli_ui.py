@@ -40,6 +40,9 @@ def test_it_serves_on_127_0_0_1_and_stops_on_ctrl_c(db_url: str) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Started with SIGINT ignored, as a script's background job is: Ctrl-C must still stop
+        # it (without its own handler it ignored the signal and this wait timed out).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     ) as process:
         assert process.stdout is not None and process.stderr is not None
         try:

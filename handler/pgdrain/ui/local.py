@@ -10,6 +10,7 @@ import datetime as dt
 import http.server
 import logging
 import secrets
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any, cast
@@ -142,6 +143,10 @@ def run(conninfo: str, settings: Settings, port: int, *, actions: bool) -> int:
         httpd = Server(build(connect, config), port)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {HOST}:{port}: {exc.strerror}") from None
+    # Ctrl-C stops it even when it was started with SIGINT ignored (a script's background job
+    # is), and so does SIGTERM.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"pgdrain ui: http://{HOST}:{httpd.server_address[1]}/  (Ctrl-C stops)", flush=True)
     try:
         httpd.serve_forever()
