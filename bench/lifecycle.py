@@ -1,23 +1,29 @@
 """Rounds of enqueue-then-drain, as an operator's queue lives: throughput, WAL and storage per
 round, with vacuum keeping up or with a snapshot held open for the whole run.
 
-`python -m bench.lifecycle [--held] [--rounds 6] [--jobs 50000]`: each round enqueues `--jobs`
-no-op jobs, drains them at the defaults (batch 10, concurrency 10, one process), then VACUUMs the
-database (standing in for autovacuum, which is off on the machine's server). With `--held`, a
-REPEATABLE READ transaction on another connection takes its snapshot before the first round
-and keeps it to the end (a report, a pg_dump, a forgotten session): nothing a drain writes
-after it can be vacuumed away. A round that has not finished within `--round-seconds` is cut
-there; its throughput is what it drained.
+`python -m bench.lifecycle [--held] [--rounds 6] [--jobs 50000] [--batch 10] [--concurrency 10]`:
+each round enqueues `--jobs` no-op jobs, drains them (by default at the defaults: batch 10,
+concurrency 10, one process), then VACUUMs the database (standing in for autovacuum, which is off
+on the machine's server). With `--held`, a REPEATABLE READ transaction on another connection takes
+its snapshot before the first round and keeps it to the end (a report, a pg_dump, a forgotten
+session): nothing a drain writes after it can be vacuumed away. A round that has not finished
+within `--round-seconds` is cut there; its throughput is what it drained.
 
 Per round: jobs/s, WAL bytes per job drained (pg_current_wal_lsn() around the drain: claim and
 complete; the enqueue and the vacuum are outside), and the size of every table and index of the
-pgdrain schema after the vacuum. Uses DATABASE_URL if set, else the embedded server."""
+pgdrain schema after the vacuum, with the schema's bytes per million finished jobs. With
+`--wal-dir` (the server's pg_wal, readable here), the WAL of this database alone, by record type
+and relation (pg_waldump): the server may be shared. Uses DATABASE_URL if set, else the embedded
+server."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import time
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
@@ -37,6 +43,17 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = 'pgdrain' AND c.relkind IN ('r', 'p')
 """
 
+# Each relation of the queue's tables (heap or index; a partitioned table's partitions each),
+# by name: where the bytes of a round sit.
+RELATION_BYTES = """
+SELECT c.relname, pg_relation_size(c.oid)::bigint
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'pgdrain' AND c.relkind IN ('r', 'i')
+  AND (c.relname LIKE 'jobs%' OR c.relname LIKE 'active_jobs%' OR c.relname LIKE 'finished_jobs%')
+  AND pg_relation_size(c.oid) > 0
+ORDER BY 2 DESC
+"""
+
 
 def wal_lsn(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
@@ -44,8 +61,67 @@ def wal_lsn(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
+def lsn_text(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+_RECORD = re.compile(
+    r"^rmgr: (\S+)\s+len \(rec/tot\):\s+\d+/\s*(\d+), tx:\s+(\d+), .*?desc: (\S+)(.*)$"
+)
+_BLOCK = re.compile(r"blkref #0: rel \d+/(\d+)/(\d+)")
+
+
+def wal_of_database(
+    conn: psycopg.Connection[Any], waldump: str, wal_dir: str, start: int, end: int
+) -> tuple[int, Counter[str]]:
+    """The WAL bytes of this database's records between two LSNs, and where they went (record
+    type and relation): pg_current_wal_lsn() counts every database's writes, and the server may
+    be shared. A commit record counts when its transaction wrote a block of this database."""
+    row = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()
+    assert row is not None
+    db = str(row[0])
+    names = {
+        str(node): name
+        for node, name in conn.execute(
+            "SELECT pg_relation_filenode(oid), relname FROM pg_class "
+            "WHERE pg_relation_filenode(oid) IS NOT NULL"
+        )
+    }
+    dump = subprocess.run(
+        [waldump, "-p", wal_dir, "-s", lsn_text(start), "-e", lsn_text(end)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    ours: set[str] = set()
+    where: Counter[str] = Counter()
+    commits: list[tuple[str, str, int]] = []
+    for line in dump.splitlines():
+        match = _RECORD.match(line)
+        if match is None:
+            continue
+        rmgr, total, tx, kind, rest = match.groups()
+        block = _BLOCK.search(rest)
+        if block is not None and block.group(1) == db:
+            ours.add(tx)
+            fpw = " FPW" if "FPW" in rest else ""
+            where[f"{rmgr} {kind}{fpw} {names.get(block.group(2), block.group(2))}"] += int(total)
+        elif rmgr == "Transaction":
+            commits.append((tx, kind, int(total)))
+    for tx, kind, total in commits:
+        if tx in ours:
+            where[f"Transaction {kind}"] += total
+    return sum(where.values()), where
+
+
 def one_round(
-    url: str, admin: psycopg.Connection[Any], jobs: int, round_seconds: float
+    url: str,
+    admin: psycopg.Connection[Any],
+    jobs: int,
+    round_seconds: float,
+    settings: Settings,
+    wal_dir: str,
+    waldump: str,
 ) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.transaction():
@@ -53,16 +129,21 @@ def one_round(
     lsn_before = wal_lsn(admin)
     start = time.perf_counter()
     result = drain(
-        Settings(batch_size=10, concurrency=10),
+        settings,
         Budget.seconds(round_seconds),
         load_registry("jobs"),
         url,
     )
     seconds = time.perf_counter() - start
-    wal = wal_lsn(admin) - lsn_before
+    lsn_after = wal_lsn(admin)
+    wal = lsn_after - lsn_before
+    ours: tuple[int, Counter[str]] | None = None
+    if wal_dir:
+        ours = wal_of_database(admin, waldump, wal_dir, lsn_before, lsn_after)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM")
         row = conn.execute(SCHEMA_BYTES).fetchone()
+        relations = {name: int(size) for name, size in conn.execute(RELATION_BYTES)}
     assert row is not None
     return {
         "jobs_per_s": result.done / seconds,
@@ -70,13 +151,27 @@ def one_round(
         "stop_reason": result.stop_reason,
         "wal_bytes_per_job": wal / max(result.done, 1),
         "schema_mib": int(row[0]) / 2**20,
+        "relations": relations,
+        "wal_bytes_per_job_this_database": None if ours is None else ours[0] / max(result.done, 1),
+        "wal_by_record": {} if ours is None else dict(ours[1].most_common(12)),
     }
 
 
-def run(rounds: int, jobs: int, held: bool, round_seconds: float) -> list[dict[str, Any]]:
+def run(
+    rounds: int,
+    jobs: int,
+    held: bool,
+    round_seconds: float,
+    settings: Settings,
+    wal_dir: str = "",
+    waldump: str = "pg_waldump",
+) -> list[dict[str, Any]]:
     admin_url, source = resolve_server()
     server = Server(admin_url)
-    log(f"server: {source}, {server.version()}; held snapshot: {held}")
+    log(
+        f"server: {source}, {server.version()}; held snapshot: {held}; "
+        f"batch {settings.batch_size}, concurrency {settings.concurrency}"
+    )
     name = server.create()
     url = server.url(name)
     figures: list[dict[str, Any]] = []
@@ -90,14 +185,35 @@ def run(rounds: int, jobs: int, held: bool, round_seconds: float) -> list[dict[s
                 holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 holder.execute("SELECT count(*) FROM pg_class")  # takes the snapshot
             for number in range(1, rounds + 1):
-                figure = one_round(url, admin, jobs, round_seconds)
+                figure = one_round(url, admin, jobs, round_seconds, settings, wal_dir, waldump)
+                finished = sum(f["done"] for f in figures) + figure["done"]
+                figure["schema_mib_per_million"] = figure["schema_mib"] * 1e6 / max(finished, 1)
                 figures.append(figure)
                 log(
                     f"round {number}: {figure['jobs_per_s']:,.0f} jobs/s "
                     f"({figure['done']:,} done, {figure['stop_reason']}), "
                     f"WAL {figure['wal_bytes_per_job']:,.0f} B/job, "
-                    f"schema {figure['schema_mib']:,.1f} MiB"
+                    f"schema {figure['schema_mib']:,.1f} MiB "
+                    f"({figure['schema_mib_per_million']:,.0f} MiB per million finished)"
                 )
+                log(
+                    "  "
+                    + ", ".join(
+                        f"{name} {size / 2**20:,.1f}"
+                        for name, size in figure["relations"].items()
+                        if size >= 2**16
+                    )
+                    + " (MiB)"
+                )
+                if figure["wal_bytes_per_job_this_database"] is not None:
+                    log(
+                        f"  WAL of this database: "
+                        f"{figure['wal_bytes_per_job_this_database']:,.0f} B/job; "
+                        + ", ".join(
+                            f"{what} {size / max(figure['done'], 1):,.0f}"
+                            for what, size in figure["wal_by_record"].items()
+                        )
+                    )
     finally:
         server.drop_all()
     return figures
@@ -109,12 +225,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=50_000, help="jobs enqueued per round")
     parser.add_argument("--held", action="store_true", help="hold a snapshot for the whole run")
     parser.add_argument("--round-seconds", type=float, default=120.0)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument(
+        "--wal-dir",
+        default="",
+        help="the server's pg_wal directory, readable here: count this database's WAL alone",
+    )
+    parser.add_argument("--pg-waldump", default="pg_waldump")
     parser.add_argument("--json", default="", help="also write the figures here")
     args = parser.parse_args(argv)
-    figures = run(args.rounds, args.jobs, args.held, args.round_seconds)
+    settings = Settings(batch_size=args.batch, concurrency=args.concurrency)
+    figures = run(
+        args.rounds,
+        args.jobs,
+        args.held,
+        args.round_seconds,
+        settings,
+        args.wal_dir,
+        args.pg_waldump,
+    )
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"held": args.held, "jobs": args.jobs, "rounds": figures}, out, indent=1)
+            json.dump(
+                {"held": args.held, "jobs": args.jobs, "batch": args.batch, "rounds": figures},
+                out,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

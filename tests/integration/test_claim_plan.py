@@ -28,23 +28,25 @@ LIMIT = 10
 
 @pytest.fixture
 def burst(db_url: str) -> Iterator[Conn]:
-    """A table analysed with a short history of finished jobs, then READY ready jobs."""
+    """A table analysed with a short history of finished jobs (now in finished_jobs: the table
+    the claim reads was analysed empty), then READY ready jobs."""
     with psycopg.connect(db_url, autocommit=True, prepare_threshold=None) as conn:
-        conn.execute("ALTER TABLE pgdrain.jobs SET (autovacuum_enabled = false)")
+        conn.execute("ALTER TABLE pgdrain.active_jobs SET (autovacuum_enabled = false)")
         conn.execute(
             "INSERT INTO pgdrain.jobs (kind, status, attempts, finished_at)"
             " SELECT 'noop', 'done', 1, now() FROM generate_series(1, 1000)"
         )
-        conn.execute("ANALYZE pgdrain.jobs")
+        conn.execute("ANALYZE pgdrain.active_jobs, pgdrain.finished_jobs")
         conn.execute(
-            "INSERT INTO pgdrain.jobs (kind) SELECT 'noop' FROM generate_series(1, %s)", (READY,)
+            "INSERT INTO pgdrain.active_jobs (kind) SELECT 'noop' FROM generate_series(1, %s)",
+            (READY,),
         )
         yield conn
 
 
 def _claim_scan(conn: Conn, *, sorts_allowed: bool) -> tuple[set[str], int]:
     """Under the drain connection's settings: the indexes the claim's plan uses and the rows
-    its scans of pgdrain.jobs returned (EXPLAIN ANALYZE, rolled back)."""
+    its scans of pgdrain.active_jobs returned (EXPLAIN ANALYZE, rolled back)."""
     params = {
         "done_ids": [],
         "done_tokens": [],
@@ -66,7 +68,7 @@ def _claim_scan(conn: Conn, *, sorts_allowed: bool) -> tuple[set[str], int]:
     scans = [
         n
         for n in plan_nodes(row[0])
-        if n.get("Relation Name") == "jobs" and "Index" in n["Node Type"]
+        if n.get("Relation Name") == "active_jobs" and "Index" in n["Node Type"]
     ]
     return {n["Index Name"] for n in scans}, sum(n["Actual Rows"] for n in scans)
 

@@ -235,12 +235,16 @@ def operator(admin_url: str) -> Iterator[str]:
 
 REFUSED = (
     "INSERT INTO pgdrain.jobs (kind) VALUES ('x')",
+    "INSERT INTO pgdrain.active_jobs (kind) VALUES ('x')",
     "DELETE FROM pgdrain.jobs",
+    "DELETE FROM pgdrain.active_jobs",
+    "DELETE FROM pgdrain.finished_jobs",
     "UPDATE pgdrain.kicks SET run_until = NULL",
     "DELETE FROM pgdrain.runs",
     "SELECT * FROM pgdrain.migrations",
     "CREATE TABLE pgdrain.intruder (id int)",
-    "TRUNCATE pgdrain.jobs",
+    "TRUNCATE pgdrain.active_jobs",
+    "TRUNCATE pgdrain.finished_jobs",
 )
 
 

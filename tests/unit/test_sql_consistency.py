@@ -4,12 +4,17 @@ from pgdrain.db.sql import query
 
 
 def _set_and_fence(statement: str) -> list[str]:
-    """From `SET status = 'done'` up to RETURNING, comments left out: what a completion writes
-    and which attempts it admits."""
+    """From the DELETE of the finished jobs from active_jobs up to the RETURNING of their INSERT
+    into finished_jobs, comments and the CTEs' own lines left out: which attempts a completion
+    admits and what it writes."""
     lines = [line.strip() for line in statement.splitlines()]
-    start = lines.index("SET status = 'done',")
-    end = next(i for i in range(start, len(lines)) if lines[i].startswith("RETURNING"))
-    return [line for line in lines[start:end] if not line.startswith("--")]
+    start = lines.index("DELETE FROM pgdrain.active_jobs AS j")
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("RETURNING id,"))
+    return [
+        line
+        for line in lines[start:end]
+        if not line.startswith("--") and line not in ("), completed AS (", ")")
+    ]
 
 
 def test_the_drain_completes_jobs_exactly_as_complete_many_does() -> None:

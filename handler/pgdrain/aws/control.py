@@ -103,7 +103,7 @@ class RunControl:
         clock: Callable[[], float] = time.monotonic,
         before_exit_check: Callable[[], None] | None = None,
         periodics: Sequence[periodic.Periodic] = (),
-        retention_batch: Callable[[], store.Statement[tuple[int, int]] | None] = lambda: None,
+        retention_batch: Callable[[], store.Statement[store.RetentionBatch] | None] = lambda: None,
         retention_limit_ms: int | None = None,
         controls: Controls = ALL_ON,
     ) -> None:
@@ -135,7 +135,7 @@ class RunControl:
         self._periodics = tuple(periodics)
         self._retention_batch = retention_batch
         self._retention_limit_ms = retention_limit_ms
-        self._retention: Later[tuple[int, int]] | None = None
+        self._retention: Later[store.RetentionBatch] | None = None
         self._controls = controls
         self._exit_depth: Later[store.QueueDepth] | None = None
         self.wake = WakeOutcome(None, "none")
@@ -246,8 +246,9 @@ class RunControl:
         return later.value() if later is not None and later.received else None
 
     @property
-    def retention_deleted(self) -> tuple[int, int] | None:
-        """What the retention batch sent with the exit deleted (done, failed), if it was sent."""
+    def retention_deleted(self) -> store.RetentionBatch | None:
+        """What the retention batch sent with the exit did (done and failed deleted, housekeeping
+        due), if it was sent."""
         later = self._retention
         return later.value() if later is not None and later.received else None
 

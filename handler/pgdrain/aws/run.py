@@ -262,12 +262,12 @@ def _retention_due(settings: Settings) -> bool:
 
 def _retention_with_exit(
     settings: Settings, trigger: events.Trigger
-) -> Callable[[], store.Statement[tuple[int, int]] | None]:
+) -> Callable[[], store.Statement[store.RetentionBatch] | None]:
     """The retention batch a run sends with its exit (RunControl.before_exit), asked for when
     the run is about to exit on an empty claim: in a scheduled run, and in a run that stands in
     for the safety net (it covers every queue of the function) when retention is due."""
 
-    def batch() -> store.Statement[tuple[int, int]] | None:
+    def batch() -> store.Statement[store.RetentionBatch] | None:
         every_queue = _covers_the_function(settings, trigger)
         if trigger.housekeeping or (every_queue and _retention_due(settings)):
             return retention.first_batch(settings.retain_done_days, settings.retain_failed_days)

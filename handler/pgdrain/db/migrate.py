@@ -24,10 +24,16 @@ class MigrationLocked(PgdrainError):
     """Another session holds a lock the migration needs; nothing was applied. (Exit code 1.)"""
 
 
+# Finished rows moved per transaction after the migrations (migration 0018 leaves them in
+# active_jobs rather than hold its locks while it copies them).
+MOVE_BATCH = 10_000
+
+
 @dataclass(frozen=True)
 class MigrateResult:
     applied: tuple[str, ...]
     already: tuple[str, ...]
+    moved: int = 0  # finished rows moved from active_jobs to finished_jobs, batch by batch
 
 
 def migrate(
@@ -59,4 +65,22 @@ def migrate(
                 else "a session holds a table the migration changes"
             )
         ) from None
-    return MigrateResult(applied=tuple(pending_names), already=tuple(sorted(done)))
+    moved = _after_migrations(conn, lock_timeout_s)
+    return MigrateResult(applied=tuple(pending_names), already=tuple(sorted(done)), moved=moved)
+
+
+def _after_migrations(conn: psycopg.Connection[Any], lock_timeout_s: float | None) -> int:
+    """Each its own short transaction, once the migrations have committed: the day partitions
+    of done jobs ahead (today and the next two days), then the finished rows migration 0018
+    left in active_jobs, moved to finished_jobs batch by batch (row locks only: a live queue
+    goes on). Safe to run twice and beside a run's retention, which does the same."""
+    with conn.transaction():
+        if lock_timeout_s is not None:
+            store.migration_lock_timeout(conn, max(1, int(lock_timeout_s * 1000)))
+        store.finished_jobs_partition_keep(conn, done_days=None)
+    moved, total = MOVE_BATCH, 0
+    while moved >= MOVE_BATCH:
+        with conn.transaction():
+            moved = store.job_history_move(conn, MOVE_BATCH)
+        total += moved
+    return total

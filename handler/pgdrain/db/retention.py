@@ -1,12 +1,18 @@
-"""Retention without a cron: delete finished jobs past their age, in bounded batches.
+"""Retention without a cron: drop the history past its age, and keep the partitions ahead.
 
 A scheduled run calls run_once() (pgdrain.aws.run; so does a run that moves the safety net,
-once per ScheduleRate per execution environment), so the table stays bounded with no extra AWS
-resource. Done jobs are kept `retain_done_days`, failed and cancelled ones
+once per ScheduleRate per execution environment), so the history stays bounded with no extra
+AWS resource. Done jobs are kept `retain_done_days`, failed and cancelled ones
 `retain_failed_days` (longer: someone may still want to read why they failed). Parked jobs
-are never deleted: they wait for a person. Each batch is one short statement (a DELETE of
-each kind) in its own transaction, so a run killed mid-way loses nothing but the batch in
-flight, and the next scheduled run carries on. Safe to run twice: a deleted row matches nothing.
+are never deleted: they wait for a person. Done jobs live in one partition a day
+(pgdrain.finished_jobs, migration 0018): a day past its age goes whole (DETACH and DROP), with
+no row deleted; the same step makes the partitions of today and the next two days. Failed and
+cancelled jobs (rare), done jobs of a day whose partition was missing (the default partition),
+and the finished rows migration 0018 left in active_jobs go by rows, in batches. The rows that
+migration left and that are still within their age move to finished_jobs, in batches too.
+Each batch is one short statement in its own transaction, so a run killed mid-way loses nothing
+but the batch in flight, and the next scheduled run carries on. Safe to run twice, and beside
+another run: a deleted row matches nothing, and the partitions' functions serialise on a lock.
 
 Each batch's transaction first sets statement_timeout and lock_timeout to the budget left less
 the final margin, local to it (set_config(..., true), as the drain's Session does): a DELETE
@@ -32,27 +38,40 @@ log = logging.getLogger(__name__)
 DEFAULT_RETAIN_DONE_DAYS = 7.0
 DEFAULT_RETAIN_FAILED_DAYS = 30.0
 DEFAULT_BATCH = 1000
+# Rows that migration 0018 left in active_jobs, moved per statement.
+MOVE_BATCH = 10_000
 # Stop starting batches when less than this is left of the run's budget: a batch is one
 # indexed DELETE of at most DEFAULT_BATCH rows, well under a second.
 MIN_REMAINING_SECONDS = 2.0
+# The longest the partition step waits for its locks: dropping a partition takes ACCESS
+# EXCLUSIVE on the done jobs' table for an instant, and while it waits for a reader (a long
+# dashboard query), completions queue behind it. Past this it gives up; the next run tries again.
+PARTITION_LOCK_MS = 2000
 
 
 class RetentionResult(NamedTuple):
-    done: int  # done jobs deleted
+    done: int  # done jobs deleted by rows (a dropped partition's are not counted)
     failed: int  # failed and cancelled jobs deleted
     complete: bool  # False: stopped for time with more to delete (the next run continues)
     # Set when a batch was cancelled at its statement or lock limit (e.g. the table was locked):
     # why the run stopped. None when every batch it started finished.
     stopped: str | None = None
+    partitions_dropped: int = 0  # day partitions of done jobs dropped
+    moved: int = 0  # finished rows moved out of active_jobs (left there by migration 0018)
 
     def as_dict(self) -> dict[str, int | bool]:
         """The run summary's `retention` (docs/operations.md); `stopped` is in its log line."""
-        return {"done": self.done, "failed": self.failed, "complete": self.complete}
+        return {
+            "done": self.done,
+            "failed": self.failed,
+            "complete": self.complete,
+            "partitions_dropped": self.partitions_dropped,
+        }
 
 
 def first_batch(
     retain_done_days: float, retain_failed_days: float
-) -> store.Statement[tuple[int, int]]:
+) -> store.Statement[store.RetentionBatch]:
     """The first batch alone, for a run to send with its exit (pgdrain.aws.control): on a
     quiet table it is all there is to delete."""
     return store.job_retention_batch_statement(
@@ -60,10 +79,12 @@ def first_batch(
     )
 
 
-def after_first_batch(done: int, failed: int, batch: int = DEFAULT_BATCH) -> RetentionResult:
+def after_first_batch(
+    done: int, failed: int, due: bool = False, batch: int = DEFAULT_BATCH
+) -> RetentionResult:
     """What the first batch did: `complete` unless either kind came back full (more to
-    delete: run_once carries on)."""
-    return RetentionResult(done, failed, done < batch and failed < batch)
+    delete) or partition housekeeping is due: run_once carries on."""
+    return RetentionResult(done, failed, done < batch and failed < batch and not due)
 
 
 def run_once(
@@ -95,19 +116,52 @@ def run_once(
             failed_limit=batch if more_failed else 0,
         )
         try:
-            # One round trip: BEGIN, the limits, the batch's two DELETEs and COMMIT together.
-            deleted_done, deleted_failed = session.run_one_statement(
+            # One round trip: BEGIN, the limits, the batch's DELETEs and COMMIT together.
+            deleted_done, deleted_failed, _ = session.run_one_statement(
                 conn, limit_ms if controls.limit_statements_to_budget else None, batch_of
             )
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
-            stopped = f"a batch was cancelled at its limit of {limit_ms} ms: {one_line(exc)}"
-            log.warning(
-                "retention stopped; the next scheduled run carries on",
-                extra={"reason": stopped, "deleted": done + failed},
-            )
-            return RetentionResult(done, failed, False, stopped)
+            return _stopped(exc, limit_ms, RetentionResult(done, failed, False))
         done += deleted_done
         failed += deleted_failed
         more_done = more_done and deleted_done >= batch
         more_failed = more_failed and deleted_failed >= batch
-    return RetentionResult(done, failed, True)
+    result = RetentionResult(done, failed, False)
+    # The partitions: made ahead, dropped past their age (a catalog change each).
+    remaining = budget.remaining()
+    if remaining < min_remaining:
+        return result
+    limit_ms = min(session.statement_limit_ms(remaining), PARTITION_LOCK_MS)
+    keep = functools.partial(store.finished_jobs_partition_keep, done_days=retain_done_days)
+    try:
+        _, dropped = session.run_one_statement(
+            conn, limit_ms if controls.limit_statements_to_budget else None, keep
+        )
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+        return _stopped(exc, limit_ms, result)
+    result = result._replace(partitions_dropped=dropped)
+    # What migration 0018 left in active_jobs, batch by batch, until none is left.
+    moved = MOVE_BATCH
+    while moved >= MOVE_BATCH:
+        remaining = budget.remaining()
+        if remaining < min_remaining:
+            return result
+        limit_ms = session.statement_limit_ms(remaining)
+        move = functools.partial(store.job_history_move, limit=MOVE_BATCH)
+        try:
+            moved = session.run_one_statement(
+                conn, limit_ms if controls.limit_statements_to_budget else None, move
+            )
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+            return _stopped(exc, limit_ms, result)
+        result = result._replace(moved=result.moved + moved)
+    return result._replace(complete=True)
+
+
+def _stopped(exc: psycopg.Error, limit_ms: int, result: RetentionResult) -> RetentionResult:
+    stopped = f"a batch was cancelled at its limit of {limit_ms} ms: {one_line(exc)}"
+    log.warning(
+        "retention stopped; the next scheduled run carries on",
+        extra={"reason": stopped, "deleted": result.done + result.failed},
+    )
+    return result._replace(complete=False, stopped=stopped)

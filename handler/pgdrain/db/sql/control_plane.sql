@@ -10,33 +10,96 @@
 -- a line of its own so that tests can derive the unfenced control from the real statement.
 
 -- name: job_retention_batch :one
--- One retention batch, in one statement: at most %(done_limit)s done jobs finished more than
--- %(done_days)s days ago, and at most %(failed_limit)s failed or cancelled ones finished more
--- than %(failed_days)s days ago (parked jobs wait for a person: never). Returns how many of
--- each went; a count short of its limit means that kind is done. Safe to run twice: a deleted
--- row matches nothing. The rows go by primary key (an array of ids, as the claim's), whatever
--- the generic plan guesses of the cutoff (`id IN (...)` may be planned as a sequential scan).
-WITH done AS (
-    DELETE FROM pgdrain.jobs
+-- One retention batch of rows, in one statement: at most %(done_limit)s done jobs finished more
+-- than %(done_days)s days ago, and at most %(failed_limit)s failed or cancelled ones finished
+-- more than %(failed_days)s days ago (parked jobs wait for a person: never), each from where it
+-- is: finished_jobs_failed, the default partition of done jobs (a day whose partition was
+-- missing), and the finished rows migration 0018 left in active_jobs until they move. Done jobs
+-- in their day's partition go with the partition (finished_jobs_partition_drop), not here.
+-- Returns how many of each went (a count short of its limit means that kind is done), and
+-- `due`: whether partitions are to be made or dropped, or history to be moved
+-- (retention.run_once then carries on). Safe to run twice: a deleted row matches nothing. The
+-- rows go by id (an array of ids, as the claim's), whatever the generic plan guesses of the
+-- cutoff (`id IN (...)` may be planned as a sequential scan).
+WITH done_left AS (
+    DELETE FROM pgdrain.active_jobs
     WHERE id = ANY(ARRAY(
-        SELECT id FROM pgdrain.jobs
+        SELECT id FROM pgdrain.active_jobs
         WHERE status IN ('done', 'failed', 'cancelled')  -- finished rows only, whatever follows
           AND status = 'done' AND finished_at < now() - %(done_days)s * interval '1 day'
         LIMIT %(done_limit)s
     ))
+      AND status = 'done'
     RETURNING 1
-), failed AS (
-    DELETE FROM pgdrain.jobs
+), done_default AS (
+    DELETE FROM pgdrain.finished_jobs_done_default
     WHERE id = ANY(ARRAY(
-        SELECT id FROM pgdrain.jobs
+        SELECT id FROM pgdrain.finished_jobs_done_default
+        WHERE finished_at < now() - %(done_days)s * interval '1 day'
+        LIMIT %(done_limit)s
+    ))
+      AND finished_at < now() - %(done_days)s * interval '1 day'
+    RETURNING 1
+), failed_left AS (
+    DELETE FROM pgdrain.active_jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM pgdrain.active_jobs
         WHERE status IN ('done', 'failed', 'cancelled')
           AND status IN ('failed', 'cancelled')
           AND finished_at < now() - %(failed_days)s * interval '1 day'
         LIMIT %(failed_limit)s
     ))
+      AND status IN ('failed', 'cancelled')
+    RETURNING 1
+), failed AS (
+    DELETE FROM pgdrain.finished_jobs_failed
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM pgdrain.finished_jobs_failed
+        WHERE finished_at < now() - %(failed_days)s * interval '1 day'
+        LIMIT %(failed_limit)s
+    ))
+      AND finished_at < now() - %(failed_days)s * interval '1 day'
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM done) AS done, (SELECT count(*) FROM failed) AS failed;
+SELECT (SELECT count(*) FROM done_left) + (SELECT count(*) FROM done_default) AS done,
+       (SELECT count(*) FROM failed_left) + (SELECT count(*) FROM failed) AS failed,
+       pgdrain.finished_jobs_partition_due(%(done_days)s::float8) AS due;
+
+-- name: finished_jobs_partition_keep :one
+-- Partition housekeeping: make the day partitions of done jobs from today to the day after
+-- tomorrow (UTC) that are missing, and drop those whose every job finished more than
+-- %(done_days)s days ago (NULL: drop none; `pgdrain migrate`). Safe to run twice and concurrently (the functions serialise on one
+-- advisory lock, and find made what is made, gone what is gone). Returns how many of each.
+SELECT pgdrain.finished_jobs_partition_ensure((now() AT TIME ZONE 'UTC')::date,
+                                              (now() AT TIME ZONE 'UTC')::date + 2) AS made,
+       CASE WHEN %(done_days)s::float8 IS NULL THEN 0
+            ELSE pgdrain.finished_jobs_partition_drop(%(done_days)s::float8) END AS dropped;
+
+-- name: job_history_move :one
+-- Move one batch of the finished rows migration 0018 left in active_jobs to finished_jobs,
+-- each in one statement (the view shows each row once, before and after). Returns how many:
+-- fewer than %(limit)s means none is left. Safe to run twice: a moved row matches nothing.
+WITH ended AS (
+    DELETE FROM pgdrain.active_jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM pgdrain.active_jobs
+        WHERE status IN ('done', 'failed', 'cancelled')
+        LIMIT %(limit)s
+    ))
+      AND status IN ('done', 'failed', 'cancelled')
+    RETURNING *
+), moved AS (
+    INSERT INTO pgdrain.finished_jobs
+        (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+         recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+         finished_at, completed_token, errors)
+    SELECT id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+           recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+           coalesce(finished_at, updated_at), completed_token, errors
+    FROM ended
+    RETURNING 1
+)
+SELECT count(*) AS moved FROM moved;
 
 -- name: kick_debounce :many
 -- Record a kick for each queue (requested_at, always) and invoke for each queue that needs a
@@ -56,7 +119,7 @@ WITH pending AS (
            (SELECT min(w.wake_at) FROM pgdrain.wakes AS w
             WHERE (q.name = ANY(string_to_array(w.queue_set, ',')) OR w.queue_set = '*')
               AND w.state = 'created' AND w.wake_at > now()) AS wake_at,
-           (SELECT min(j.run_at) FROM pgdrain.jobs AS j
+           (SELECT min(j.run_at) FROM pgdrain.active_jobs AS j
             WHERE j.status = 'queued' AND j.queue = q.name) AS next_at
     FROM unnest(%(queues)s::text[]) AS q(name)
 ), wanted AS (
@@ -113,15 +176,15 @@ WHERE queue IN (
 -- visited.
 SELECT count(*) AS ready,
        coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
-FROM pgdrain.jobs
+FROM pgdrain.active_jobs
 WHERE status = 'queued' AND run_at <= now()
   AND queue = ANY(coalesce(%(queues)s::text[], ARRAY(
         WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
              ORDER BY j.queue LIMIT 1)
             UNION ALL
             SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.jobs AS j
+                SELECT j.queue FROM pgdrain.active_jobs AS j
                 WHERE j.status = 'queued' AND j.queue > walk.queue
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk)));
@@ -133,7 +196,7 @@ WHERE status = 'queued' AND run_at <= now()
 -- With no limit full, one probe of pgdrain.queue_limits: no job is read.
 SELECT count(*) AS ready,
        coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
-FROM pgdrain.jobs
+FROM pgdrain.active_jobs
 WHERE status = 'queued'
   AND queue = ANY(ARRAY(
       SELECT l.queue FROM pgdrain.queue_limits AS l
@@ -145,15 +208,15 @@ WHERE status = 'queued'
 -- Ready jobs in these queues (NULL: every queue), counted up to %(limit)s (the fan-out
 -- decision only needs to know whether the backlog exceeds what the runs can finish).
 SELECT count(*) AS ready FROM (
-    SELECT 1 FROM pgdrain.jobs
+    SELECT 1 FROM pgdrain.active_jobs
     WHERE status = 'queued' AND run_at <= now()
       AND queue = ANY(coalesce(%(queues)s::text[], ARRAY(
         WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
              ORDER BY j.queue LIMIT 1)
             UNION ALL
             SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.jobs AS j
+                SELECT j.queue FROM pgdrain.active_jobs AS j
                 WHERE j.status = 'queued' AND j.queue > walk.queue
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk)))
@@ -167,17 +230,17 @@ SELECT count(*) AS ready FROM (
 SELECT q.name AS queue, ready.n AS ready
 FROM unnest(ARRAY(
     WITH RECURSIVE walk AS (
-        (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+        (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
          ORDER BY j.queue LIMIT 1)
         UNION ALL
         SELECT next.queue FROM walk CROSS JOIN LATERAL (
-            SELECT j.queue FROM pgdrain.jobs AS j
+            SELECT j.queue FROM pgdrain.active_jobs AS j
             WHERE j.status = 'queued' AND j.queue > walk.queue
             ORDER BY j.queue LIMIT 1) AS next)
     SELECT walk.queue FROM walk)) AS q(name)
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
-        SELECT 1 FROM pgdrain.jobs AS j
+        SELECT 1 FROM pgdrain.active_jobs AS j
         WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at <= now()
         LIMIT %(limit)s::int
     ) AS bounded
@@ -299,11 +362,11 @@ WITH kick AS MATERIALIZED (
 ), served AS MATERIALIZED (
     SELECT coalesce(%(queues)s::text[], ARRAY(
         WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
              ORDER BY j.queue LIMIT 1)
             UNION ALL
             SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.jobs AS j
+                SELECT j.queue FROM pgdrain.active_jobs AS j
                 WHERE j.status = 'queued' AND j.queue > walk.queue
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk)) AS names
@@ -325,7 +388,7 @@ WITH kick AS MATERIALIZED (
             SELECT 1
             FROM unnest((SELECT names FROM served)::text[]) AS q(name)
             CROSS JOIN LATERAL (
-                SELECT 1 FROM pgdrain.jobs AS j
+                SELECT 1 FROM pgdrain.active_jobs AS j
                 WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at <= now()
                 ORDER BY j.run_at
                 LIMIT 1
@@ -342,12 +405,12 @@ WITH kick AS MATERIALIZED (
             (SELECT min(next.run_at)
              FROM unnest((SELECT names FROM served)::text[]) AS q(name)
              CROSS JOIN LATERAL (
-                 SELECT j.run_at FROM pgdrain.jobs AS j
+                 SELECT j.run_at FROM pgdrain.active_jobs AS j
                  WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at > now()
                  ORDER BY j.run_at
                  LIMIT 1
              ) AS next),
-            (SELECT min(lease_expires_at) FROM pgdrain.jobs
+            (SELECT min(lease_expires_at) FROM pgdrain.active_jobs
              WHERE status = 'running'
                AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])))
         ) AS due_at
@@ -432,7 +495,7 @@ FROM (SELECT ARRAY(
         SELECT l.queue FROM pgdrain.queue_limits AS l
         WHERE (%(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[]))
           AND l.running >= l.max_running
-          AND EXISTS (SELECT 1 FROM pgdrain.jobs AS j
+          AND EXISTS (SELECT 1 FROM pgdrain.active_jobs AS j
                       WHERE j.status = 'queued' AND j.queue = l.queue AND j.run_at <= now())
         ORDER BY l.queue
      ) AS full_queues) AS f

@@ -2,13 +2,16 @@
 -- Dashboard function of template.yaml), apart from the drain's pgdrain_worker.
 --
 -- pgdrain_dashboard (NOLOGIN) reads: CONNECT to this database; USAGE on schema pgdrain;
--- SELECT on pgdrain.jobs and the control plane's tables (runs, wakes, kicks, queue_limits).
+-- SELECT on pgdrain.jobs (the view), the tables it reads (active_jobs, finished_jobs) and the
+-- control plane's tables (runs, wakes, kicks, queue_limits).
 -- It writes nothing, so a dashboard that connects with it cannot change a job, whatever it is
 -- asked (the function's PGDRAIN_UI_ACTIONS=false hides the buttons; this is what holds).
 --
 -- pgdrain_dashboard_actions (NOLOGIN, a member of pgdrain_dashboard) may also retry and cancel:
--- UPDATE on pgdrain.jobs, and SELECT, UPDATE on pgdrain.queue_limits (a trigger on jobs keeps
--- its running counts, as the invoker). No INSERT, no DELETE (it cannot enqueue or purge), no
+-- UPDATE on pgdrain.jobs (the view: its trigger moves a retried or cancelled job between
+-- active_jobs and finished_jobs as the schema's owner), UPDATE on pgdrain.active_jobs (a cancel
+-- locks the jobs it cancels there first), and SELECT, UPDATE on pgdrain.queue_limits (a trigger
+-- on active_jobs keeps its running counts). No INSERT, no DELETE (it cannot enqueue or purge), no
 -- DDL, no access to pgdrain.migrations.
 --
 -- PUBLIC's TEMPORARY and large-object functions: see worker_role.sql, which takes them away
@@ -43,10 +46,11 @@ END
 $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_dashboard;
-GRANT SELECT ON pgdrain.jobs, pgdrain.runs, pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits
+GRANT SELECT ON pgdrain.jobs, pgdrain.active_jobs, pgdrain.finished_jobs, pgdrain.runs,
+                pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits
     TO pgdrain_dashboard;
 
-GRANT UPDATE ON pgdrain.jobs TO pgdrain_dashboard_actions;
+GRANT UPDATE ON pgdrain.jobs, pgdrain.active_jobs TO pgdrain_dashboard_actions;
 GRANT SELECT, UPDATE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;
 
 DO $$

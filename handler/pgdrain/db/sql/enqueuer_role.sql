@@ -3,12 +3,13 @@
 -- and every control table; the application needs none of that.
 --
 -- A NOLOGIN group role: CONNECT to this database; USAGE on schema pgdrain;
---   * INSERT on pgdrain.jobs, of the columns an enqueue writes only (queue, kind, payload,
---     priority, run_at, max_attempts, recovery_policy, idempotency_key): a new job is queued,
---     with no attempt, lease or token of its own making; USAGE on the jobs id sequence;
---   * SELECT on pgdrain.jobs, of the columns an enqueue and a kick read only (id, queue,
---     status, run_at, idempotency_key): the job an idempotency key names, whether a queue has
---     a job ready; never a payload, a kind, an error or a lease;
+--   * INSERT on pgdrain.active_jobs (where an enqueue writes) and on the view pgdrain.jobs (where
+--     an application's own SQL may), of the columns an enqueue writes only (queue, kind,
+--     payload, priority, run_at, max_attempts, recovery_policy, idempotency_key): a new job is
+--     queued, with no attempt, lease or token of its own making; USAGE on the jobs id sequence;
+--   * SELECT on pgdrain.active_jobs and the view pgdrain.jobs, of the columns an enqueue and a
+--     kick read only (id, queue, status, run_at, idempotency_key): the job an idempotency key
+--     names, whether a queue has a job ready; never a payload, a kind, an error or a lease;
 --   * SELECT, INSERT, UPDATE on pgdrain.kicks (kick's debounce) and SELECT, INSERT, UPDATE,
 --     DELETE on pgdrain.wakes (the wake-up a kick of a delayed job records).
 -- No UPDATE or DELETE of a job, no runs, queue limits or periodic slots, no DDL.
@@ -36,8 +37,9 @@ $$;
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_enqueuer;
 GRANT INSERT (queue, kind, payload, priority, run_at, max_attempts, recovery_policy,
               idempotency_key)
-    ON pgdrain.jobs TO pgdrain_enqueuer;
-GRANT SELECT (id, queue, status, run_at, idempotency_key) ON pgdrain.jobs TO pgdrain_enqueuer;
+    ON pgdrain.active_jobs, pgdrain.jobs TO pgdrain_enqueuer;
+GRANT SELECT (id, queue, status, run_at, idempotency_key)
+    ON pgdrain.active_jobs, pgdrain.jobs TO pgdrain_enqueuer;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_enqueuer;
 GRANT SELECT, INSERT, UPDATE ON pgdrain.kicks TO pgdrain_enqueuer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.wakes TO pgdrain_enqueuer;

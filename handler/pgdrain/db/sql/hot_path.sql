@@ -93,7 +93,7 @@ SELECT pg_catalog.set_config('statement_timeout', CAST(%(timeout_ms)s AS pg_cata
 -- parameter carries its type (CAST, not `::`, which SQLAlchemy's `:name` binds would misread),
 -- so any driver can run this statement with plain values, the payload as JSON text:
 -- pgdrain.enqueue_statement hands it to applications on other drivers.
-INSERT INTO pgdrain.jobs
+INSERT INTO pgdrain.active_jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
 VALUES
     (CAST(%(queue)s AS text), CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),
@@ -125,7 +125,7 @@ WITH due AS (
     WHERE p.slot < excluded.slot
     RETURNING p.kind
 )
-INSERT INTO pgdrain.jobs (queue, kind, payload, priority, max_attempts, recovery_policy)
+INSERT INTO pgdrain.active_jobs (queue, kind, payload, priority, max_attempts, recovery_policy)
 SELECT due.queue, due.kind, due.payload, due.priority, due.max_attempts, due.recovery_policy
 FROM due
 JOIN taken ON taken.kind = due.kind
@@ -134,7 +134,7 @@ RETURNING id;
 -- name: job_find_by_key :one
 -- The job of this queue that holds the key: queued, running or parked (at most one:
 -- jobs_active_key_idx).
-SELECT id FROM pgdrain.jobs
+SELECT id FROM pgdrain.active_jobs
 WHERE queue = %(queue)s
   AND idempotency_key = %(idempotency_key)s
   AND status IN ('queued', 'running', 'parked');
@@ -145,7 +145,7 @@ WHERE queue = %(queue)s
 -- Binary arrays: in text format psycopg quotes and escapes every element (a regular
 -- expression each), which took most of enqueue_many's client time. Payloads come as JSON
 -- text, encoded once by the caller (it sizes its chunks by them).
-INSERT INTO pgdrain.jobs
+INSERT INTO pgdrain.active_jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
 SELECT t.queue, t.kind, t.payload::jsonb, t.priority,
        coalesce(t.run_at, now() + make_interval(secs => t.delay_seconds)),
@@ -163,7 +163,7 @@ RETURNING id;
 
 -- name: job_extend_leases :many
 -- Heartbeat for every job a run holds, in one statement. A job not returned has lost its lease.
-UPDATE pgdrain.jobs AS j
+UPDATE pgdrain.active_jobs AS j
 SET lease_expires_at = now() + least(make_interval(secs => %(lease_seconds)s),
                                      make_interval(secs => %(cap_seconds)s)),
     heartbeat_at = now(),
@@ -191,14 +191,9 @@ SELECT id, status FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]);
 -- completed_token keeps the token of the attempt whose result was. A claimed lease never
 -- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
 -- clock. One statement, so one commit, for both.
-WITH completed AS (
-    UPDATE pgdrain.jobs AS j
-    SET status = 'done',
-        completed_token = j.attempt_token,
-        lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
-        last_error = NULL,
-        finished_at = now(),
-        updated_at = now()
+WITH ended AS (
+    -- A finished job leaves active_jobs for finished_jobs in this statement (the INSERT below).
+    DELETE FROM pgdrain.active_jobs AS j
     -- The fence: only the attempt whose token this run holds (each attempt's token is a
     -- random UUID of its own, so matching the id and the token each against the lists is
     -- matching the pair). A short list is compared in turn; from 100 pairs on they are hashed,
@@ -210,7 +205,17 @@ WITH completed AS (
           WHEN cardinality(%(done_tokens)b::uuid[]) < 100 THEN j.attempt_token = ANY(%(done_tokens)b::uuid[])
           ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]))
       END END
-    RETURNING j.id, j.queue, j.completed_token AS token
+    RETURNING j.*
+), completed AS (
+    INSERT INTO pgdrain.finished_jobs
+        (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+         recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+         finished_at, completed_token, errors)
+    SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
+           j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
+           j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors
+    FROM ended AS j
+    RETURNING id, queue, completed_token AS token
 ), served AS MATERIALIZED (
     -- The queues this claim serves: %(queues)s, or when it is NULL (the run serves every
     -- queue) each queue that has a queued job, found by skipping through the partial index of
@@ -218,11 +223,11 @@ WITH completed AS (
     -- every queue (a unit test keeps them in step). With the queues given, it never runs.
     SELECT coalesce(%(queues)s::text[], ARRAY(
         WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
              ORDER BY j.queue LIMIT 1)
             UNION ALL
             SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.jobs AS j
+                SELECT j.queue FROM pgdrain.active_jobs AS j
                 WHERE j.status = 'queued' AND j.queue > walk.queue
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk)) AS names
@@ -254,7 +259,7 @@ WITH completed AS (
     -- without it the scan below walks every delayed row of the queue before finding nothing
     -- (the run's last, empty claim).
     CROSS JOIN LATERAL (
-        SELECT 1 FROM pgdrain.jobs
+        SELECT 1 FROM pgdrain.active_jobs
         WHERE status = 'queued'
           AND queue = q.name
           AND run_at <= now()
@@ -263,7 +268,7 @@ WITH completed AS (
     ) AS has_ready
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at, octet_length(payload::text) AS bytes
-        FROM pgdrain.jobs
+        FROM pgdrain.active_jobs
         WHERE status = 'queued'
           AND queue = q.name
           AND run_at <= now()
@@ -289,7 +294,7 @@ WITH completed AS (
           FROM candidates AS c) AS c
     WHERE c.before < 4194304  -- the claim's payload bound
 ), claimed AS (
-    UPDATE pgdrain.jobs AS j
+    UPDATE pgdrain.active_jobs AS j
     SET status = 'running',
         attempts = j.attempts + 1,
         attempt_token = gen_random_uuid(),
@@ -334,27 +339,33 @@ WHERE j.id = ANY(%(done_ids)b::bigint[])
   AND CASE WHEN j.status = 'done' THEN j.completed_token END = held.token
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
- FROM pgdrain.jobs
+ FROM pgdrain.active_jobs
  WHERE claim_id = %(claim_id)s
    AND status = 'running'
  ORDER BY priority, run_at, id);
 
 -- name: job_complete_many :many
--- Mark finished jobs done without claiming (the run's last flush). The same update as the
--- `completed` part of job_complete_and_claim; a unit test keeps the two in step.
-UPDATE pgdrain.jobs AS j
-SET status = 'done',
-    completed_token = j.attempt_token,
-    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
-    last_error = NULL,
-    finished_at = now(),
-    updated_at = now()
-WHERE j.id = ANY(%(ids)b::bigint[])
-  AND CASE WHEN j.status = 'running' THEN CASE
-      WHEN cardinality(%(tokens)b::uuid[]) < 100 THEN j.attempt_token = ANY(%(tokens)b::uuid[])
-      ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]))
-  END END
-RETURNING j.id, j.completed_token AS token;
+-- Mark finished jobs done without claiming (the run's last flush), moving them to finished_jobs.
+-- The same statement as the `ended` and `completed` parts of job_complete_and_claim; a unit test
+-- keeps the two in step.
+WITH ended AS (
+    DELETE FROM pgdrain.active_jobs AS j
+    WHERE j.id = ANY(%(ids)b::bigint[])
+      AND CASE WHEN j.status = 'running' THEN CASE
+          WHEN cardinality(%(tokens)b::uuid[]) < 100 THEN j.attempt_token = ANY(%(tokens)b::uuid[])
+          ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]))
+      END END
+    RETURNING j.*
+)
+INSERT INTO pgdrain.finished_jobs
+    (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+     recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+     finished_at, completed_token, errors)
+SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
+       j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
+       j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors
+FROM ended AS j
+RETURNING id, completed_token AS token;
 
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts
@@ -364,35 +375,65 @@ RETURNING j.id, j.completed_token AS token;
 -- a snooze is none) and is queued whatever attempts are left. %(error_record)s (a JSON
 -- object, or NULL for a snooze) is appended to the job's error history with the attempt
 -- number and the database's time, in this same fenced statement; the history keeps the
--- latest 50.
-UPDATE pgdrain.jobs AS j
-SET status = CASE WHEN %(cancelled)s THEN 'cancelled'
-                  WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
-                  THEN 'failed' ELSE 'queued' END,
-    run_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
-                  THEN j.run_at
-                  ELSE now() + make_interval(secs => %(delay_seconds)s) END,
-    finished_at = CASE WHEN %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts)
-                       THEN now() END,
-    attempts = CASE WHEN %(spend_attempt)s THEN j.attempts ELSE j.attempts - 1 END,
-    last_error = CASE WHEN %(spend_attempt)s THEN %(error)s ELSE j.last_error END,
-    errors = CASE WHEN %(error_record)s::jsonb IS NULL THEN j.errors
-                  ELSE (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0
-                             ELSE j.errors END)
-                       || jsonb_build_array(%(error_record)s::jsonb
-                                            || jsonb_build_object('attempt', j.attempts,
-                                                                  'at', now()))
-             END,
-    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
-    updated_at = now()
--- Fenced, and found by primary key, as job_complete_and_claim's completions are.
-WHERE j.id = %(id)s
-  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = %(token)s
-RETURNING j.id, j.status, j.attempts, j.run_at;
+-- latest 50. A failed or cancelled job moves to finished_jobs in this statement.
+WITH retried AS (
+    -- Queued again (or snoozed): the job stays in active_jobs.
+    UPDATE pgdrain.active_jobs AS j
+    SET status = 'queued',
+        run_at = now() + make_interval(secs => %(delay_seconds)s),
+        finished_at = NULL,
+        attempts = CASE WHEN %(spend_attempt)s THEN j.attempts ELSE j.attempts - 1 END,
+        last_error = CASE WHEN %(spend_attempt)s THEN %(error)s ELSE j.last_error END,
+        errors = CASE WHEN %(error_record)s::jsonb IS NULL THEN j.errors
+                      ELSE (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0
+                                 ELSE j.errors END)
+                           || jsonb_build_array(%(error_record)s::jsonb
+                                                || jsonb_build_object('attempt', j.attempts,
+                                                                      'at', now()))
+                 END,
+        lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+        updated_at = now()
+    -- Fenced, and found by primary key, as job_complete_and_claim's completions are.
+    WHERE j.id = %(id)s
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token END = %(token)s
+      AND NOT (%(cancelled)s OR %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts))
+    RETURNING j.id, j.status, j.attempts, j.run_at
+), ended AS (
+    -- Failed or cancelled: the job leaves active_jobs for finished_jobs in this statement.
+    DELETE FROM pgdrain.active_jobs AS j
+    WHERE j.id = %(id)s
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token END = %(token)s
+      AND (%(cancelled)s OR %(final)s OR (%(spend_attempt)s AND j.attempts >= j.max_attempts))
+    RETURNING j.*
+), finished AS (
+    INSERT INTO pgdrain.finished_jobs
+        (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+         recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+         finished_at, completed_token, errors)
+    SELECT j.id, j.queue, j.kind, j.payload,
+           CASE WHEN %(cancelled)s THEN 'cancelled' ELSE 'failed' END,
+           j.priority, j.run_at,
+           CASE WHEN %(spend_attempt)s THEN j.attempts ELSE j.attempts - 1 END,
+           j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key,
+           CASE WHEN %(spend_attempt)s THEN %(error)s ELSE j.last_error END,
+           j.created_at, now(), now(), j.completed_token,
+           CASE WHEN %(error_record)s::jsonb IS NULL THEN j.errors
+                ELSE (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0
+                           ELSE j.errors END)
+                     || jsonb_build_array(%(error_record)s::jsonb
+                                          || jsonb_build_object('attempt', j.attempts,
+                                                                'at', now()))
+           END
+    FROM ended AS j
+    RETURNING id, status, attempts, run_at
+)
+SELECT id, status, attempts, run_at FROM retried
+UNION ALL
+SELECT id, status, attempts, run_at FROM finished;
 
 -- name: job_release_many :many
 -- Give back claimed jobs that never started: queued again, the attempt not spent.
-UPDATE pgdrain.jobs AS j
+UPDATE pgdrain.active_jobs AS j
 SET status = 'queued',
     attempts = j.attempts - 1,
     lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
@@ -410,31 +451,55 @@ RETURNING j.id, held.token;
 -- end), parked when the policy is manual (a person decides: `pgdrain retry ID`).
 WITH expired AS (
     SELECT id, attempt_token
-    FROM pgdrain.jobs
+    FROM pgdrain.active_jobs
     WHERE status = 'running'
       AND lease_expires_at < now()
     ORDER BY lease_expires_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), requeued AS (
+    -- Queued again or parked: the job stays in active_jobs.
+    UPDATE pgdrain.active_jobs AS j
+    SET status = CASE WHEN j.recovery_policy = 'manual' THEN 'parked' ELSE 'queued' END,
+        run_at = CASE WHEN j.recovery_policy = 'auto' THEN now() ELSE j.run_at END,
+        -- A parked job is not finished: retention never deletes it.
+        finished_at = NULL,
+        reclaim_count = j.reclaim_count + 1,
+        last_error = 'lease expired before completion (attempt ' || j.attempts || ' of '
+                     || j.max_attempts || ', held by ' || j.leased_by || ')',
+        lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+        updated_at = now()
+    FROM expired
+    WHERE j.id = expired.id
+      AND j.status = 'running'
+      AND j.attempt_token = expired.attempt_token
+      AND (j.recovery_policy = 'manual' OR j.attempts < j.max_attempts)
+    RETURNING j.id, j.status, j.reclaim_count
+), ended AS (
+    -- Attempts spent: failed, and moved to finished_jobs in this statement.
+    DELETE FROM pgdrain.active_jobs AS j
+    USING expired
+    WHERE j.id = expired.id
+      AND j.status = 'running'
+      AND j.attempt_token = expired.attempt_token
+      AND j.recovery_policy = 'auto' AND j.attempts >= j.max_attempts
+    RETURNING j.*
+), failed AS (
+    INSERT INTO pgdrain.finished_jobs
+        (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+         recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+         finished_at, completed_token, errors)
+    SELECT j.id, j.queue, j.kind, j.payload, 'failed', j.priority, j.run_at, j.attempts,
+           j.max_attempts, j.recovery_policy, j.reclaim_count + 1, j.idempotency_key,
+           'lease expired before completion (attempt ' || j.attempts || ' of '
+           || j.max_attempts || ', held by ' || j.leased_by || ')',
+           j.created_at, now(), now(), j.completed_token, j.errors
+    FROM ended AS j
+    RETURNING id, status, reclaim_count
 )
-UPDATE pgdrain.jobs AS j
-SET status = CASE WHEN j.recovery_policy = 'manual' THEN 'parked'
-                  WHEN j.attempts < j.max_attempts THEN 'queued' ELSE 'failed' END,
-    run_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts < j.max_attempts
-                  THEN now() ELSE j.run_at END,
-    -- A parked job is not finished: retention never deletes it.
-    finished_at = CASE WHEN j.recovery_policy = 'auto' AND j.attempts >= j.max_attempts
-                       THEN now() END,
-    reclaim_count = j.reclaim_count + 1,
-    last_error = 'lease expired before completion (attempt ' || j.attempts || ' of '
-                 || j.max_attempts || ', held by ' || j.leased_by || ')',
-    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
-    updated_at = now()
-FROM expired
-WHERE j.id = expired.id
-  AND j.status = 'running'
-  AND j.attempt_token = expired.attempt_token
-RETURNING j.id, j.status, j.reclaim_count;
+SELECT id, status, reclaim_count FROM requeued
+UNION ALL
+SELECT id, status, reclaim_count FROM failed;
 
 -- name: queue_has_ready :one
 -- Is anything ready in these queues (NULL: in any queue)? Decides whether a run out of budget
@@ -445,16 +510,16 @@ SELECT EXISTS (
     SELECT 1
     FROM unnest(coalesce(%(queues)s::text[], ARRAY(
         WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.jobs AS j WHERE j.status = 'queued'
+            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
              ORDER BY j.queue LIMIT 1)
             UNION ALL
             SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.jobs AS j
+                SELECT j.queue FROM pgdrain.active_jobs AS j
                 WHERE j.status = 'queued' AND j.queue > walk.queue
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk))) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT 1 FROM pgdrain.jobs
+        SELECT 1 FROM pgdrain.active_jobs
         WHERE status = 'queued'
           AND queue = q.name
           AND run_at <= now()

@@ -83,19 +83,37 @@ SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS ret
 FROM judged AS r
 ORDER BY r.id;
 
--- name: job_purge_finished :rowcount
+-- name: job_purge_finished :one
 -- Delete one batch of finished jobs (%(statuses)s: done, failed, cancelled) that finished
--- more than %(days)s days ago, in one queue or all (%(queue)s NULL). Purge and retention
--- both run it batch by batch; safe to run twice: a deleted row matches nothing.
-DELETE FROM pgdrain.jobs
-WHERE id IN (
-    SELECT id FROM pgdrain.jobs
-    WHERE status IN ('done', 'failed', 'cancelled')
+-- more than %(days)s days ago, in one queue or all (%(queue)s NULL), from finished_jobs and from
+-- the finished rows migration 0018 left in active_jobs. Returns how many went. Purge runs it
+-- batch by batch; safe to run twice: a deleted row matches nothing.
+WITH left_behind AS (
+    DELETE FROM pgdrain.active_jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM pgdrain.active_jobs
+        WHERE status IN ('done', 'failed', 'cancelled')
+          AND status = ANY(%(statuses)s::text[])
+          AND finished_at < now() - %(days)s * interval '1 day'
+          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+        LIMIT %(limit)s
+    ))
+      AND status IN ('done', 'failed', 'cancelled')
+    RETURNING 1
+), finished AS (
+    DELETE FROM pgdrain.finished_jobs
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM pgdrain.finished_jobs
+        WHERE status = ANY(%(statuses)s::text[])
+          AND finished_at < now() - %(days)s * interval '1 day'
+          AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+        LIMIT %(limit)s
+    ))
       AND status = ANY(%(statuses)s::text[])
       AND finished_at < now() - %(days)s * interval '1 day'
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-    LIMIT %(limit)s
-);
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM left_behind) + (SELECT count(*) FROM finished) AS deleted;
 
 -- name: job_list :many
 -- The newest jobs matching the filters; a NULL filter matches every job. --since compares
@@ -284,7 +302,7 @@ ORDER BY r.id;
 -- the status it had. Safe to run twice: a cancelled job no longer matches.
 WITH target AS (
     SELECT id, status
-    FROM pgdrain.jobs
+    FROM pgdrain.active_jobs
     WHERE id = ANY(%(ids)s::bigint[])
       AND status IN ('queued', 'running', 'parked')
     FOR UPDATE
@@ -305,7 +323,7 @@ RETURNING j.id, target.status AS was;
 -- matches.
 WITH target AS (
     SELECT id, status
-    FROM pgdrain.jobs
+    FROM pgdrain.active_jobs
     WHERE status IN ('queued', 'running', 'parked')
       AND status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -343,15 +361,17 @@ SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 
 -- name: job_finished_per_minute :many
 -- Done, failed and cancelled jobs per minute and queue, since %(since)s, counted from the newest
--- %(limit)s finished jobs at most: a backward walk of jobs_finished_idx that stops at the
--- bound, however busy the queues were. When the bound is reached, the minutes before the
--- oldest one counted are not (the caller says so, from the total).
+-- %(limit)s finished jobs at most (newest by id: the history keeps no b-tree by finished_at, one
+-- entry more for every job to write): a backward walk of the id indexes that stops at the bound,
+-- however busy the queues were, through the day partitions that hold %(since)s and later only.
+-- When the bound is reached, the minutes before the oldest one counted are not (the caller says
+-- so, from the total).
 WITH recent AS (
     SELECT queue, status, finished_at
     FROM pgdrain.jobs
     WHERE status IN ('done', 'failed', 'cancelled')
       AND finished_at >= %(since)s::timestamptz
-    ORDER BY finished_at DESC
+    ORDER BY id DESC
     LIMIT %(limit)s
 )
 SELECT date_trunc('minute', finished_at) AS minute, queue,

@@ -1,8 +1,11 @@
 -- pgdrain_worker: the privileges the drain function needs, and nothing more.
 --
 -- A NOLOGIN group role: CONNECT to this database; USAGE on schema pgdrain; SELECT, INSERT,
--- UPDATE, DELETE on pgdrain.jobs and pgdrain.kicks and the control plane's tables (runs,
--- wakes, queue_limits); SELECT, UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT,
+-- UPDATE, DELETE on pgdrain.active_jobs, pgdrain.finished_jobs, the view pgdrain.jobs,
+-- pgdrain.kicks and the control plane's tables (runs, wakes, queue_limits); SELECT, DELETE on
+-- the history partitions retention deletes rows from (finished_jobs_failed,
+-- finished_jobs_done_default); EXECUTE on the functions that make and drop the day partitions
+-- (they run as the schema's owner: the worker creates and drops no table itself); SELECT, UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT,
 -- UPDATE on pgdrain.periodic_slots; USAGE on the jobs id sequence (an enqueue from a job).
 -- No DDL (it owns nothing and may create nothing), no access to pgdrain.migrations.
 --
@@ -47,7 +50,14 @@ END
 $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_worker;
-GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.jobs, pgdrain.kicks TO pgdrain_worker;
+GRANT SELECT, INSERT, UPDATE, DELETE
+    ON pgdrain.jobs, pgdrain.active_jobs, pgdrain.finished_jobs, pgdrain.kicks TO pgdrain_worker;
+-- Retention deletes the rows of these partitions by name (migration 0018).
+GRANT SELECT, DELETE ON pgdrain.finished_jobs_failed, pgdrain.finished_jobs_done_default
+    TO pgdrain_worker;
+GRANT EXECUTE ON FUNCTION pgdrain.finished_jobs_partition_ensure(date, date),
+                          pgdrain.finished_jobs_partition_drop(float8)
+    TO pgdrain_worker;
 -- Periodic jobs: a run records each slot it enqueued, once (migration 0008).
 GRANT SELECT, INSERT, UPDATE ON pgdrain.periodic_slots TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.runs, pgdrain.wakes, pgdrain.queue_limits

@@ -18,6 +18,10 @@ from pgdrain.db.store.common import (
     queue_names,
 )
 
+# What a retention batch did: done jobs deleted, failed and cancelled ones deleted, and whether
+# partition housekeeping (or moving history) is due.
+RetentionBatch = tuple[int, int, bool]
+
 
 @one_statement
 def job_retention_batch(
@@ -26,15 +30,34 @@ def job_retention_batch(
     failed_days: float,
     done_limit: int,
     failed_limit: int,
-) -> tuple[int, int]:
+) -> RetentionBatch:
     """Delete one batch of done jobs older than done_days and one of failed and cancelled jobs
-    older than failed_days, in one statement; returns how many of each (pgdrain.db.retention)."""
+    older than failed_days, in one statement; returns how many of each, and whether partition
+    housekeeping is due (pgdrain.db.retention)."""
     return job_retention_batch_statement(done_days, failed_days, done_limit, failed_limit).run(conn)
+
+
+@one_statement
+def finished_jobs_partition_keep(conn: Connection, done_days: float | None) -> tuple[int, int]:
+    """Make the day partitions of done jobs ahead (today and the next two days) and drop those
+    past done_days (None: none); returns how many were made and dropped."""
+    row = conn.execute(query("finished_jobs_partition_keep"), {"done_days": done_days}).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@one_statement
+def job_history_move(conn: Connection, limit: int) -> int:
+    """Move up to `limit` finished rows left in active_jobs (by migration 0018) to
+    finished_jobs; returns how many."""
+    row = conn.execute(query("job_history_move"), {"limit": limit}).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def job_retention_batch_statement(
     done_days: float, failed_days: float, done_limit: int, failed_limit: int
-) -> Statement[tuple[int, int]]:
+) -> Statement[RetentionBatch]:
     params = {
         "done_days": done_days,
         "failed_days": failed_days,
@@ -42,10 +65,10 @@ def job_retention_batch_statement(
         "failed_limit": failed_limit,
     }
 
-    def deleted_counts(cur: psycopg.Cursor[Any]) -> tuple[int, int]:
+    def deleted_counts(cur: psycopg.Cursor[Any]) -> RetentionBatch:
         row = cur.fetchone()
-        assert row is not None  # one row of two counts
-        return int(row[0]), int(row[1])
+        assert row is not None  # one row: two counts and a flag
+        return int(row[0]), int(row[1]), bool(row[2])
 
     return Statement(query("job_retention_batch"), params, deleted_counts)
 

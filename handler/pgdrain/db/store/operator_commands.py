@@ -144,7 +144,9 @@ def job_purge_finished(
         query("job_purge_finished"),
         {"days": older_than_days, "limit": batch, "statuses": list(statuses), "queue": queue},
     )
-    return cur.rowcount
+    row = cur.fetchone()
+    assert row is not None  # one row: the count
+    return int(row[0])
 
 
 def queue_stats(conn: Connection) -> list[QueueStats]:
