@@ -87,12 +87,15 @@ def wal_of_database(
             "WHERE pg_relation_filenode(oid) IS NOT NULL"
         )
     }
-    dump = subprocess.run(
+    done = subprocess.run(
         [waldump, "-p", wal_dir, "-s", lsn_text(start), "-e", lsn_text(end)],
         capture_output=True,
         text=True,
         check=False,
-    ).stdout
+    )
+    dump = done.stdout
+    if done.returncode != 0:
+        log(f"pg_waldump: {done.stderr.strip()[:300]}")
     ours: set[str] = set()
     where: Counter[str] = Counter()
     commits: list[tuple[str, str, int]] = []
@@ -180,6 +183,13 @@ def run(
             with psycopg.connect(url, autocommit=True) as conn:
                 migrate(conn)
             admin = stack.enter_context(psycopg.connect(url, autocommit=True))
+            if wal_dir:
+                # A temporary slot (dropped with this session) keeps the server from recycling
+                # the segments of a round before pg_waldump reads them.
+                admin.execute(
+                    "SELECT pg_create_physical_replication_slot(%s, true, true)",
+                    (f"bench_lifecycle_{name}",),
+                )
             if held:
                 holder = stack.enter_context(psycopg.connect(url))
                 holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")

@@ -172,7 +172,7 @@ def _the_0004_index(conn: Conn) -> None:
     """The control: the key index as migration 0004 made it, which a parked job is not in."""
     conn.execute("DROP INDEX pgdrain.jobs_active_key_idx")
     conn.execute(
-        "CREATE UNIQUE INDEX jobs_active_key_idx ON pgdrain.jobs (queue, idempotency_key)"
+        "CREATE UNIQUE INDEX jobs_active_key_idx ON pgdrain.active_jobs (queue, idempotency_key)"
         " WHERE idempotency_key IS NOT NULL AND status IN ('queued', 'running')"
     )
 
