@@ -565,6 +565,14 @@ def profile_section(prof: dict[str, Any] | None) -> list[str]:
     return [str(line) for line in prof["markdown"]] + [""]
 
 
+def history_section(history: dict[str, Any] | None) -> list[str]:
+    """`## Hot table and history`: bench/lifecycle.py and bench/ui_pages.py before and after
+    migration 0018, stored as written (docs/decisions/0012)."""
+    if not history:
+        return []
+    return [str(line) for line in history["markdown"]] + [""]
+
+
 def markdown(res: Results, png_name: str) -> str:
     cfg = res.config
     env = res.info["env"]
@@ -913,6 +921,7 @@ def markdown(res: Results, png_name: str) -> str:
     lines += cost_section(res, cost_png(Path(png_name)).name)
     lines += bigtable_section(res.info.get("bigtable"))
     lines += profile_section(res.info.get("profile"))
+    lines += history_section(res.info.get("history"))
     add("## How the ceiling is measured")
     add("")
     shape = res.info.get("ceiling_shape", "")

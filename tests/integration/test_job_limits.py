@@ -65,7 +65,7 @@ def test_an_empty_key_and_other_drivers_text_are_refused(conn: Conn) -> None:
 def test_control_without_the_constraint_the_row_goes_in(conn: Conn, constraint: str) -> None:
     """The control: with the constraint dropped (this test's own database), the same INSERT
     succeeds, as every one did before migration 0015."""
-    conn.execute(f"ALTER TABLE pgdrain.jobs DROP CONSTRAINT {constraint}")
+    conn.execute(f"ALTER TABLE pgdrain.active_jobs DROP CONSTRAINT {constraint}")
     _insert(conn, BAD_ROWS[constraint])
     assert _count(conn) == 1
 

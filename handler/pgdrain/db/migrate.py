@@ -65,11 +65,11 @@ def migrate(
                 else "a session holds a table the migration changes"
             )
         ) from None
-    moved = _after_migrations(conn, lock_timeout_s)
+    moved = after_migrations(conn, lock_timeout_s)
     return MigrateResult(applied=tuple(pending_names), already=tuple(sorted(done)), moved=moved)
 
 
-def _after_migrations(conn: psycopg.Connection[Any], lock_timeout_s: float | None) -> int:
+def after_migrations(conn: psycopg.Connection[Any], lock_timeout_s: float | None) -> int:
     """Each its own short transaction, once the migrations have committed: the day partitions
     of done jobs ahead (today and the next two days), then the finished rows migration 0018
     left in active_jobs, moved to finished_jobs batch by batch (row locks only: a live queue

@@ -231,9 +231,16 @@ BEGIN
         RETURN OLD;
     END IF;
     IF NEW.status IN ('done', 'failed', 'cancelled') THEN
+        -- finished_jobs has no lease columns: a finished row with a lease is refused as the
+        -- table's CHECK refused it (0001).
+        IF NEW.lease_expires_at IS NOT NULL OR NEW.leased_by IS NOT NULL
+           OR NEW.attempt_token IS NOT NULL OR NEW.heartbeat_at IS NOT NULL THEN
+            RAISE EXCEPTION 'new row for relation "jobs" violates check constraint "jobs_lease_chk"'
+                USING ERRCODE = 'check_violation', CONSTRAINT = 'jobs_lease_chk',
+                      TABLE = 'jobs', SCHEMA = 'pgdrain';
+        END IF;
         NEW.finished_at := coalesce(NEW.finished_at, now());
-        NEW.lease_expires_at := NULL; NEW.leased_by := NULL; NEW.attempt_token := NULL;
-        NEW.heartbeat_at := NULL; NEW.claim_id := NULL;
+        NEW.claim_id := NULL;
         IF TG_OP = 'UPDATE' THEN
             UPDATE pgdrain.finished_jobs SET
                 (queue, kind, payload, status, priority, run_at, attempts, max_attempts,
