@@ -303,8 +303,7 @@ def test_migration_0018_keeps_every_job_and_moves_the_history(old_schema: Conn) 
     assert old_schema.execute(COUNTS).fetchall() == before
     assert {r[0] for r in old_schema.execute("SELECT id FROM pgdrain.jobs")} == ids
     row = old_schema.execute(
-        "SELECT count(*) FROM pgdrain.active_jobs"
-        " WHERE status IN ('done', 'failed', 'cancelled')"
+        "SELECT count(*) FROM pgdrain.active_jobs WHERE status IN ('done', 'failed', 'cancelled')"
     ).fetchone()
     assert row == (0,)
     # Lost-reply recovery still finds the accepted attempt of a moved job.
@@ -324,9 +323,7 @@ def test_jobs_in_flight_across_the_migration_all_finish_once(old_schema: Conn) -
     registry = Registry()
     ran: list[int] = []
     registry.job("noop")(lambda job: ran.append(job.id))
-    result = drain(
-        Settings(batch_size=10, concurrency=2), Budget.seconds(120), registry, url
-    )
+    result = drain(Settings(batch_size=10, concurrency=2), Budget.seconds(120), registry, url)
     assert result.stop_reason == "empty"
     counts = dict(old_schema.execute(COUNTS).fetchall())
     assert counts == {"cancelled": 60, "done": 60 + 60 + 20, "failed": 60, "parked": 60}
