@@ -90,13 +90,15 @@ def _waits_on_a_lock(observer: Conn, pid: int) -> bool:
 
 
 def _function(name: str) -> str:
-    """A function of migration 0012, as CREATE OR REPLACE."""
-    [migration] = [m for m in migrations() if m.version == "0012"]
-    found = re.search(
-        rf"CREATE (?:OR REPLACE )?FUNCTION pgdrain\.{name}\(.*?\n\$\$;", migration.sql, re.S
-    )
-    assert found is not None, name
-    return re.sub(r"^CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", found.group(0))
+    """A function as the latest migration that defines it left it (0012, or 0018 for the
+    count trigger, which counts deleted rows too), as CREATE OR REPLACE."""
+    for migration in reversed(migrations()):
+        found = re.search(
+            rf"CREATE (?:OR REPLACE )?FUNCTION pgdrain\.{name}\(.*?\n\$\$;", migration.sql, re.S
+        )
+        if found is not None:
+            return re.sub(r"^CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", found.group(0))
+    raise AssertionError(name)
 
 
 def switch_off_the_creation_lock(conn: Conn) -> None:
