@@ -167,7 +167,7 @@ def test_a_ready_job_another_run_is_claiming_does_not_keep_a_run_draining(
     with conn.transaction():
         job_id = enqueue(conn, "noop", {}, queue="emails")
     with psycopg.connect(db_url) as other:  # a claim in progress elsewhere holds the row
-        other.execute("SELECT id FROM pgdrain.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        other.execute("SELECT id FROM pgdrain.active_jobs WHERE id = %s FOR UPDATE", (job_id,))
         budget = Budget.seconds(TIMEOUT)
         control = _control(
             "run-a",
