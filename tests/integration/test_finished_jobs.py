@@ -328,3 +328,42 @@ def test_jobs_in_flight_across_the_migration_all_finish_once(old_schema: Conn) -
     counts = dict(old_schema.execute(COUNTS).fetchall())
     assert counts == {"cancelled": 60, "done": 60 + 60 + 20, "failed": 60, "parked": 60}
     assert len(ran) == len(set(ran)) == 80
+
+
+def test_a_drain_while_the_history_moves_loses_and_repeats_nothing(
+    old_schema: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 0018's own transaction, then a run draining the queue while the finished rows
+    it left in active_jobs move out in small batches beside it."""
+    old_schema.execute(
+        "INSERT INTO pgdrain.jobs (kind, status, attempts, finished_at)"
+        " SELECT 'noop', 'done', 1, now() - g * interval '1 minute'"
+        " FROM generate_series(1, 3000) AS g"
+    )
+    old_schema.execute("INSERT INTO pgdrain.jobs (kind) SELECT 'noop' FROM generate_series(1, 300)")
+    [m18] = [m for m in migrations() if m.version == "0018"]
+    with old_schema.transaction():
+        old_schema.execute(m18.sql)
+        old_schema.execute("INSERT INTO pgdrain.migrations (version) VALUES ('0018')")
+    url = old_schema.info.dsn
+    monkeypatch.setattr("pgdrain.db.migrate.MOVE_BATCH", 50)
+    moved: list[int] = []
+
+    def move() -> None:
+        from pgdrain.db.migrate import after_migrations
+
+        with psycopg.connect(url, autocommit=True) as own:
+            moved.append(after_migrations(own, None))
+
+    mover = threading.Thread(target=move)
+    registry = Registry()
+    ran: list[int] = []
+    registry.job("noop")(lambda job: ran.append(job.id))
+    mover.start()
+    result = drain(Settings(batch_size=10, concurrency=2), Budget.seconds(120), registry, url)
+    mover.join()
+    assert result.stop_reason == "empty" and moved == [3000]
+    assert len(ran) == len(set(ran)) == 300
+    assert dict(old_schema.execute(COUNTS).fetchall()) == {"done": 3300}
+    row = old_schema.execute("SELECT count(*) FROM pgdrain.active_jobs").fetchone()
+    assert row == (0,)

@@ -177,6 +177,31 @@ def test_a_drain_of_real_jobs_succeeds_as_the_worker(worker_url: str, granted: s
         assert store.job_purge_finished(worker, 0) == 23
 
 
+def test_retention_makes_and_drops_partitions_as_the_worker(worker_url: str, granted: str) -> None:
+    """The worker creates and drops no table itself: the partition functions do it as the
+    schema's owner, and retention's row deletes name the partitions it was granted."""
+    import datetime as dt
+
+    from pgdrain.db import retention
+
+    old = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=10)
+    with psycopg.connect(granted, autocommit=True) as owner:
+        owner.execute("SELECT pgdrain.finished_jobs_partition_ensure(%s, %s)", (old, old))
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        job_id = enqueue(worker, "noop")
+        worker.execute(
+            "UPDATE pgdrain.jobs SET status = 'failed', finished_at = now() - interval '40 days'"
+            " WHERE id = %s",
+            (job_id,),
+        )
+        result = retention.run_once(
+            worker, retain_done_days=7, retain_failed_days=30, budget=Budget.seconds(60)
+        )
+        assert (result.complete, result.failed, result.partitions_dropped) == (True, 1, 1)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            worker.execute(f"DROP TABLE pgdrain.finished_jobs_{dt.datetime.now(dt.UTC):%Y%m%d}")
+
+
 def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
     """Registration, the fan-out gate, queue limits, the exit check and a wake-up reservation:
     every statement a run's control plane makes, under the worker's grants."""
