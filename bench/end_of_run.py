@@ -96,7 +96,7 @@ def main() -> None:
         migrate(conn)
         arn = _function_arn()
         for _ in range(args.runs):
-            conn.execute("DELETE FROM pgdrain.jobs")
+            conn.execute("DELETE FROM pgdrain.active_jobs")
             for _ in range(6):
                 enqueue(conn, "long")
             context = FakeContext(args.budget, arn, log_stream="bench")

@@ -5,7 +5,7 @@ named `pgdrain` (the drain's own; the sim's ledger, driver and sampler connectio
 names). The figures, in simulated units:
 - awake_minutes: a database is awake from any activity of the drain until 5 minutes after it
   (the suspend rule), so awake time is the union of [t, t + 5 min] over the samples showing a
-  drain connection and the statements the drain ran on pgdrain.jobs (INSTRUMENT_DDL);
+  drain connection and the statements the drain ran on pgdrain.active_jobs (INSTRUMENT_DDL);
 - ideal_awake_minutes: the same union over the moments work became due (every attempt's due);
 - delays: for every attempt in the ledger, from the moment it became due to its start. An
   attempt's due moment is its job's run_at when it started (the enqueue's moment plus any
@@ -35,9 +35,10 @@ SUSPEND_AFTER_S = 300.0  # simulated: Neon's 5 minutes, Aurora's 300 s
 SAMPLER_APPLICATION_NAME = "pgdrain-sim-sampler"
 
 # A statement log kept by the database: every statement of a drain connection that updates
-# pgdrain.jobs (every run reclaims and claims, even when nothing matches) leaves its moment, so
-# that a run too short for the 100 ms samples (an empty scheduled run takes a few ms) still
-# counts as activity. Instrumentation of the sim's own database; pgdrain's schema is unchanged.
+# pgdrain.active_jobs (every run reclaims and claims, even when nothing matches) leaves its
+# moment, so that a run too short for the 100 ms samples (an empty scheduled run takes a few
+# ms) still counts as activity. Instrumentation of the sim's own database; pgdrain's schema is
+# unchanged.
 INSTRUMENT_DDL = (
     "CREATE TABLE IF NOT EXISTS pgdrain_sim.activity"
     " (at timestamptz NOT NULL DEFAULT clock_timestamp())",
@@ -49,7 +50,7 @@ INSTRUMENT_DDL = (
         END IF;
         RETURN NULL;
     END $$""",
-    "CREATE OR REPLACE TRIGGER pgdrain_sim_activity AFTER UPDATE ON pgdrain.jobs"
+    "CREATE OR REPLACE TRIGGER pgdrain_sim_activity AFTER UPDATE ON pgdrain.active_jobs"
     " FOR EACH STATEMENT EXECUTE FUNCTION pgdrain_sim.note_activity()",
 )
 
