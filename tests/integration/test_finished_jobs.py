@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.fixtures import claim_batch, wait_for
+from helpers.fixtures import claim_batch, wait_for, without_line
 from pgdrain import Settings, enqueue
 from pgdrain.api.registry import Registry
 from pgdrain.budget import Budget
@@ -367,3 +367,62 @@ def test_a_drain_while_the_history_moves_loses_and_repeats_nothing(
     assert dict(old_schema.execute(COUNTS).fetchall()) == {"done": 3300}
     row = old_schema.execute("SELECT count(*) FROM pgdrain.active_jobs").fetchone()
     assert row == (0,)
+
+
+# A claim as an older pgdrain writes it, through the view: the view's rows are not locked when
+# read, so two such claims may read the same queued job.
+CLAIM_THROUGH_THE_VIEW = """UPDATE pgdrain.jobs
+SET status = 'running', attempts = attempts + 1, attempt_token = gen_random_uuid(),
+    leased_by = %(worker)s, heartbeat_at = now(), lease_expires_at = now() + interval '1 hour'
+WHERE id = %(id)s AND status = 'queued'
+RETURNING id"""
+
+
+def _guard_off(conn: Conn) -> None:
+    """The control: the view's trigger without its check that the row is as the statement read
+    it (this test's database only)."""
+    [m18] = [m for m in migrations() if m.version == "0018"]
+    start = m18.sql.index("CREATE FUNCTION pgdrain.jobs_view_write()")
+    end = m18.sql.index("$$;", start) + 3
+    function = m18.sql[start:end].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    conn.execute(without_line(function, "-- as the statement read it"))
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "control-unguarded"])
+def test_two_claims_through_the_view_take_a_job_once(
+    conn: Conn, db_url: str, guarded: bool
+) -> None:
+    if not guarded:
+        _guard_off(conn)
+    job_id = enqueue(conn, "noop")
+    second: list[list[Any]] = []
+    with psycopg.connect(db_url) as first, psycopg.connect(db_url) as other:
+        taken = first.execute(CLAIM_THROUGH_THE_VIEW, {"worker": "a", "id": job_id}).fetchall()
+        assert taken == [(job_id,)]
+        other_pid = other.info.backend_pid
+
+        def claim() -> None:
+            second.append(
+                other.execute(CLAIM_THROUGH_THE_VIEW, {"worker": "b", "id": job_id}).fetchall()
+            )
+            other.commit()
+
+        thread = threading.Thread(target=claim)
+        thread.start()
+        wait_for(
+            lambda: bool(
+                conn.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    (other_pid,),
+                ).fetchone()[0]  # type: ignore[index]
+            ),
+            60.0,
+            "the second claim to wait for the first's row lock",
+        )
+        first.commit()
+        thread.join()
+    row = conn.execute("SELECT leased_by FROM pgdrain.jobs WHERE id = %s", (job_id,)).fetchone()
+    if guarded:
+        assert second == [[]] and row == ("a",)
+    else:  # both are told they took it: the job would run twice
+        assert second == [[(job_id,)]] and row == ("b",)

@@ -230,6 +230,11 @@ BEGIN
         END IF;
         RETURN OLD;
     END IF;
+    -- An UPDATE writes the row only as the statement read it (its status and token unchanged):
+    -- the view's rows are not locked when read (not even by FOR UPDATE), so two statements that
+    -- read the same queued job (two claims of an older pgdrain) must not both take it. The one
+    -- that comes second waits for the first's row lock, finds the row changed, and writes
+    -- nothing for it (RETURN NULL: the row is not reported as updated).
     IF NEW.status IN ('done', 'failed', 'cancelled') THEN
         -- finished_jobs has no lease columns: a finished row with a lease is refused as the
         -- table's CHECK refused it (0001).
@@ -250,11 +255,20 @@ BEGIN
                  NEW.attempts, NEW.max_attempts, NEW.recovery_policy, NEW.reclaim_count,
                  NEW.idempotency_key, NEW.last_error, NEW.created_at, NEW.updated_at,
                  NEW.finished_at, NEW.completed_token, NEW.errors)
-            WHERE id = OLD.id;
+            WHERE id = OLD.id
+              AND status = OLD.status  -- as the statement read it
+            ;
             IF FOUND THEN
                 RETURN NEW;
             END IF;
-            DELETE FROM pgdrain.active_jobs WHERE id = OLD.id;
+            DELETE FROM pgdrain.active_jobs
+            WHERE id = OLD.id
+              AND status = OLD.status  -- as the statement read it
+              AND attempt_token IS NOT DISTINCT FROM OLD.attempt_token  -- as the statement read it
+            ;
+            IF NOT FOUND THEN
+                RETURN NULL;
+            END IF;
         END IF;
         INSERT INTO pgdrain.finished_jobs
             (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
@@ -277,18 +291,28 @@ BEGIN
              NEW.lease_expires_at, NEW.leased_by, NEW.attempt_token, NEW.heartbeat_at,
              NEW.idempotency_key, NEW.last_error, NEW.created_at, NEW.updated_at,
              NEW.finished_at, NEW.completed_token, NEW.errors, NEW.claim_id)
-        WHERE id = OLD.id;
+        WHERE id = OLD.id
+          AND status = OLD.status  -- as the statement read it
+          AND attempt_token IS NOT DISTINCT FROM OLD.attempt_token  -- as the statement read it
+        ;
         IF FOUND THEN
             RETURN NEW;
         END IF;
-        DELETE FROM pgdrain.finished_jobs WHERE id = OLD.id;
+        DELETE FROM pgdrain.finished_jobs
+        WHERE id = OLD.id
+          AND status = OLD.status  -- as the statement read it
+        ;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
     END IF;
     INSERT INTO pgdrain.active_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, lease_expires_at, leased_by, attempt_token,
          heartbeat_at, idempotency_key, last_error, created_at, updated_at, finished_at,
          completed_token, errors, claim_id)
-    OVERRIDING SYSTEM VALUE VALUES (NEW.id, NEW.queue, NEW.kind, NEW.payload, NEW.status, NEW.priority, NEW.run_at,
+    OVERRIDING SYSTEM VALUE VALUES
+           (NEW.id, NEW.queue, NEW.kind, NEW.payload, NEW.status, NEW.priority, NEW.run_at,
             NEW.attempts, NEW.max_attempts, NEW.recovery_policy, NEW.reclaim_count,
             NEW.lease_expires_at, NEW.leased_by, NEW.attempt_token, NEW.heartbeat_at,
             NEW.idempotency_key, NEW.last_error, NEW.created_at, NEW.updated_at,
