@@ -118,6 +118,10 @@ def _claim(queues: list[str]) -> dict[str, Any]:
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "position_queue": [],
+        "position_priority": [],
+        "position_run_at": [],
+        "position_id": [],
     }
 
 

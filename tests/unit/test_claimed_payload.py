@@ -3,6 +3,7 @@ json.loads does: the same value, or the same error."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 
@@ -10,9 +11,11 @@ import pytest
 
 from pgdrain.db.store import ClaimedJob
 
+RUN_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)  # a claimed job's run_at
+
 
 def claimed(payload_json: str) -> ClaimedJob:
-    return ClaimedJob(1, "default", "k", payload_json, 1, 5, uuid.uuid4())
+    return ClaimedJob(1, "default", "k", payload_json, 1, 5, uuid.uuid4(), 0, RUN_AT)
 
 
 @pytest.mark.parametrize(

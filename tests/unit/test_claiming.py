@@ -5,6 +5,7 @@ sent ahead), and what a claim's reply does to the run's attempts and counters
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
 
@@ -18,10 +19,14 @@ from pgdrain.runner.claim_statement import Claim
 from pgdrain.runner.claiming import Claims, claim_size
 from pgdrain.runner.completer import Completer
 from pgdrain.runner.deadline import Deadline
+from pgdrain.runner.positions import ClaimStart
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.summary import Counters
 
+RUN_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)  # a claimed job's run_at
+
 TEN_SLOTS = Settings(batch_size=10, concurrency=10)
+FROM_THE_START = ClaimStart({}, None, 0.0, 0)  # no position, nothing named
 
 
 def _claims(prefetch: Prefetch, run: RunState | None = None) -> Claims:
@@ -51,7 +56,7 @@ def _measured(job_s: float, trip_s: float, settings: Settings = TEN_SLOTS) -> Pr
 
 
 def _claimed(job_id: int) -> ClaimedJob:
-    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4())
+    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT)
 
 
 def _with(running: int, unstarted: int = 0) -> Attempts:
@@ -116,7 +121,7 @@ def test_a_reply_makes_its_jobs_unstarted_attempts_and_counts_its_completions() 
     claims = _claims(Prefetch(10, 10), run)
     done, refused = Held(1, uuid.uuid4()), Held(2, uuid.uuid4())
     taken = [_claimed(n) for n in (3, 4, 5)]
-    claim = Claim(uuid.uuid4(), [], [done, refused], limit=3, sent_at=time.monotonic())
+    claim = Claim(uuid.uuid4(), [], [done, refused], 3, time.monotonic(), FROM_THE_START)
 
     assert claims.received(claim, Fenced(frozenset({done}), frozenset({refused})), taken) == 3
     assert list(run.attempts.unstarted) == taken

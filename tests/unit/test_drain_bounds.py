@@ -3,6 +3,7 @@ long the leases a run holds still last, and how many jobs it claims at once (att
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
 
@@ -12,6 +13,8 @@ from pgdrain import Budget, Settings
 from pgdrain.db.session import MIN_TIMEOUT_MS, Session
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
+
+RUN_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)  # a claimed job's run_at
 
 
 class Clock:
@@ -41,7 +44,7 @@ def test_a_statement_may_take_the_budget_left_less_the_final_margin(
 
 
 def _claimed(job_id: int) -> ClaimedJob:
-    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4())
+    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT)
 
 
 def test_the_oldest_lease_held_counts_from_its_last_renewal() -> None:

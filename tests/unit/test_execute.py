@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import traceback
 import uuid
@@ -21,11 +22,13 @@ from pgdrain.db.store import ClaimedJob
 from pgdrain.errors import UnknownJobKind
 from pgdrain.runner.execute import JobTimeout, NotAwaited, run_job
 
+RUN_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)  # a claimed job's run_at
+
 TOKEN = uuid.uuid4()
 
 
 def _claimed(kind: str, attempt: int = 2) -> ClaimedJob:
-    return ClaimedJob(41, "emails", kind, '{"user_id": 42}', attempt, 5, TOKEN)
+    return ClaimedJob(41, "emails", kind, '{"user_id": 42}', attempt, 5, TOKEN, 0, RUN_AT)
 
 
 def _run(registry: Registry, kind: str, lost: set[uuid.UUID] | None = None) -> None:
