@@ -120,7 +120,7 @@ def _claim(queues: list[str]) -> dict[str, Any]:
         "claim_id": None,
         "position_queue": [],
         "position_priority": [],
-        "position_run_at": [],
+        "position_run_at_us": [],
         "position_id": [],
     }
 

@@ -39,7 +39,7 @@ PARAMS = {
     # No position: every claim reads each queue from its start (a run's first claim).
     "position_queue": "NULL",
     "position_priority": "NULL",
-    "position_run_at": "NULL",
+    "position_run_at_us": "NULL",
     "position_id": "NULL",
     "ids": ":ids",
     "tokens": ":tokens",

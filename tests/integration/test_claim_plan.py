@@ -56,7 +56,7 @@ def _claim_scan(conn: Conn, *, sorts_allowed: bool) -> tuple[set[str], int]:
         "claim_id": None,
         "position_queue": [],
         "position_priority": [],
-        "position_run_at": [],
+        "position_run_at_us": [],
         "position_id": [],
     }
     with conn.transaction(force_rollback=True):

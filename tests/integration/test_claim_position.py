@@ -269,4 +269,6 @@ def test_the_reply_carries_each_jobs_place_in_the_claims_order(conn: Conn) -> No
     with conn.transaction():
         (job_id,) = enqueue_many(conn, [build_job("k", priority=3, run_at=when)])
     (job,) = Run(conn).claim(1)
-    assert (job.id, job.priority, job.run_at) == (job_id, 3, when)
+    # run_at as exact microseconds since the epoch (a bigint: no session setting reads it)
+    since_epoch = (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+    assert (job.id, job.priority, job.run_at_us) == (job_id, 3, since_epoch)

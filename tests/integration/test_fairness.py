@@ -35,7 +35,7 @@ def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:
             "claim_id": None,
             "position_queue": [],
             "position_priority": [],
-            "position_run_at": [],
+            "position_run_at_us": [],
             "position_id": [],
         },
     ).fetchall()

@@ -89,7 +89,7 @@ def _complete_and_claim_params(held: store.Held) -> dict[str, Any]:
         "claim_id": None,
         "position_queue": [],
         "position_priority": [],
-        "position_run_at": [],
+        "position_run_at_us": [],
         "position_id": [],
     }
 

@@ -128,14 +128,15 @@ def _claim_params(
         "claim_id": None,
         "position_queue": list(at),
         "position_priority": [p.priority for p in at.values()],
-        "position_run_at": [p.run_at for p in at.values()],
+        "position_run_at_us": [p.run_at_us for p in at.values()],
         "position_id": [p.id for p in at.values()],
     }
 
 
 # A position in each queue before all its ready jobs of priority 0 (the run's positions are
 # the keys of jobs it claimed; any key bounds the range the same way).
-BEFORE_READY = store.ClaimPosition(0, dt.datetime(2000, 1, 1, tzinfo=dt.UTC), 0)
+BEFORE_READY = store.ClaimPosition(0, 946_684_800_000_000, 0)  # 2000-01-01
+PAST_EVERY_JOB = 253_370_764_800_000_000  # 9999-01-01, microseconds since the epoch
 
 
 # Ten of the running rows (the seed's last 200) and tokens that are not theirs: a fenced write
@@ -530,11 +531,9 @@ def _two_claims(conn: Conn, queues: list[str] | None, positions: str) -> list[in
             conn
         )[1]
         after = {
-            "kept": {j.queue: store.ClaimPosition(j.priority, j.run_at, j.id) for j in first},
+            "kept": {j.queue: store.ClaimPosition(j.priority, j.run_at_us, j.id) for j in first},
             "none": {},
-            "past": dict.fromkeys(
-                QUEUES, store.ClaimPosition(0, dt.datetime(9999, 1, 1, tzinfo=dt.UTC), 0)
-            ),
+            "past": dict.fromkeys(QUEUES, store.ClaimPosition(0, PAST_EVERY_JOB, 0)),
         }[positions]
         second = store.job_complete_and_claim_statement(
             [], queues, 10, "w", 30.0, None, None, positions=after

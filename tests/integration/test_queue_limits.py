@@ -54,7 +54,7 @@ def _params(worker: str) -> dict[str, Any]:
         "claim_id": None,
         "position_queue": [],
         "position_priority": [],
-        "position_run_at": [],
+        "position_run_at_us": [],
         "position_id": [],
     }
 

@@ -238,7 +238,7 @@ def test_the_claim_uses_the_ready_index(conn: Conn) -> None:
             "claim_id": None,
             "position_queue": [],
             "position_priority": [],
-            "position_run_at": [],
+            "position_run_at_us": [],
             "position_id": [],
         },
     )

@@ -5,7 +5,6 @@ sent ahead), and what a claim's reply does to the run's attempts and counters
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 import uuid
 
@@ -23,7 +22,7 @@ from pgdrain.runner.positions import ClaimStart
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.summary import Counters
 
-RUN_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)  # a claimed job's run_at
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
 
 TEN_SLOTS = Settings(batch_size=10, concurrency=10)
 FROM_THE_START = ClaimStart({}, None, 0.0, 0)  # no position, nothing named
@@ -56,7 +55,7 @@ def _measured(job_s: float, trip_s: float, settings: Settings = TEN_SLOTS) -> Pr
 
 
 def _claimed(job_id: int) -> ClaimedJob:
-    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT)
+    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT_US)
 
 
 def _with(running: int, unstarted: int = 0) -> Attempts:

@@ -3,7 +3,6 @@ long the leases a run holds still last, and how many jobs it claims at once (att
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 import uuid
 
@@ -14,7 +13,7 @@ from pgdrain.db.session import MIN_TIMEOUT_MS, Session
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
 
-RUN_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)  # a claimed job's run_at
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
 
 
 class Clock:
@@ -44,7 +43,7 @@ def test_a_statement_may_take_the_budget_left_less_the_final_margin(
 
 
 def _claimed(job_id: int) -> ClaimedJob:
-    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT)
+    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT_US)
 
 
 def test_the_oldest_lease_held_counts_from_its_last_renewal() -> None:

@@ -4,13 +4,12 @@ The statement that reads from them is tested in tests/integration/test_claim_pos
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 
 from pgdrain.db.store import ClaimedJob, ClaimPosition
 from pgdrain.runner.positions import POSITION_MAX_AGE, Positions
 
-RUN_AT = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
 
 
 class Clock:
@@ -22,7 +21,7 @@ class Clock:
 
 
 def _job(job_id: int, queue: str = "default", priority: int = 0) -> ClaimedJob:
-    return ClaimedJob(job_id, queue, "k", "{}", 1, 5, uuid.uuid4(), priority, RUN_AT)
+    return ClaimedJob(job_id, queue, "k", "{}", 1, 5, uuid.uuid4(), priority, RUN_AT_US)
 
 
 def _full_claim(positions: Positions, jobs: list[ClaimedJob]) -> None:
@@ -42,8 +41,8 @@ def test_each_queue_starts_after_the_last_job_the_run_claimed_there() -> None:
 
     start = positions.start()
     assert start.positions == {
-        "a": ClaimPosition(1, RUN_AT, 3),
-        "b": ClaimPosition(2, RUN_AT, 4),
+        "a": ClaimPosition(1, RUN_AT_US, 3),
+        "b": ClaimPosition(2, RUN_AT_US, 4),
     }  # none for c: it gave nothing, so its next claim reads it from the start
     assert start.served == ("a", "b", "c")  # the queues that claim found, named by the next
 
@@ -66,7 +65,7 @@ def test_positions_last_at_most_their_max_age() -> None:
     clock.now += POSITION_MAX_AGE / 2
     _full_claim(positions, [_job(3), _job(4)])  # from the positions: their age goes on
     clock.now += POSITION_MAX_AGE / 2 - 0.001
-    assert positions.start().positions == {"default": ClaimPosition(0, RUN_AT, 4)}
+    assert positions.start().positions == {"default": ClaimPosition(0, RUN_AT_US, 4)}
 
     clock.now += 0.001
     start = positions.start()

@@ -77,7 +77,9 @@ class Positions:
         if len(claimed) < limit:
             self.drop()
             return
-        self._at = {job.queue: ClaimPosition(job.priority, job.run_at, job.id) for job in claimed}
+        self._at = {
+            job.queue: ClaimPosition(job.priority, job.run_at_us, job.id) for job in claimed
+        }
         self._served = start.served if served is None else served
         self._since = start.since
 

@@ -243,12 +243,18 @@ WITH completed AS (
            least(%(limit)s, greatest(0, coalesce(
                lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
                %(limit)s))) AS n,
-           pos.priority AS after_priority, pos.run_at AS after_run_at, pos.id AS after_id
+           pos.priority AS after_priority,
+           -- The position's run_at as the claim's reply gave it, microseconds since the epoch
+           -- (no session setting reads a bigint), made a timestamptz again exactly: whole
+           -- seconds, then the rest (interval * float8 is exact for both parts).
+           'epoch'::timestamptz + (pos.run_at_us / 1000000) * interval '1 second'
+               + mod(pos.run_at_us, 1000000) * interval '1 microsecond' AS after_run_at,
+           pos.id AS after_id
     FROM unnest((SELECT names FROM served)::text[]) AS q(name)
     LEFT JOIN limits AS lim ON lim.queue = q.name
     LEFT JOIN unnest(%(position_queue)s::text[], %(position_priority)s::int[],
-                     %(position_run_at)s::timestamptz[], %(position_id)s::bigint[])
-         AS pos(queue, priority, run_at, id) ON pos.queue = q.name
+                     %(position_run_at_us)s::bigint[], %(position_id)s::bigint[])
+         AS pos(queue, priority, run_at_us, id) ON pos.queue = q.name
 ), positioned AS MATERIALIZED (
     -- A queue with a position: the rest of that priority's ready jobs after it, a range of
     -- jobs_ready_idx bounded on both sides. The entries of the jobs the run claimed before it
@@ -350,12 +356,15 @@ WITH completed AS (
 -- it, off that thread.
 SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
        NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token,
-       NULL::int AS priority, NULL::timestamptz AS run_at
+       NULL::int AS priority, NULL::bigint AS run_at_us
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 WHERE NOT EXISTS (SELECT 1 FROM completed AS c WHERE c.id = held.id AND c.token = held.token)
 UNION ALL
+-- run_at, the claim's position (runner/positions.py), as exact microseconds since the epoch
+-- (extract's epoch is numeric): a timestamptz is read in the session's DateStyle, which a
+-- role's own default can make one the reply's reader cannot parse.
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token,
-        priority, run_at
+        priority, (extract(epoch FROM run_at) * 1000000)::bigint AS run_at_us
  FROM claimed
  ORDER BY priority, run_at, id)
 UNION ALL
@@ -374,7 +383,7 @@ WHERE %(queues)s::text[] IS NULL;
 -- 0011). Only reads: safe to repeat. A NULL claim id asks about completions alone.
 SELECT true AS completed, j.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
        NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token,
-       NULL::int AS priority, NULL::timestamptz AS run_at
+       NULL::int AS priority, NULL::bigint AS run_at_us
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 JOIN pgdrain.jobs AS j ON j.id = held.id
 -- By primary key, as the completions are: no partial index of finished rows.
@@ -382,7 +391,7 @@ WHERE j.id = ANY(%(done_ids)b::bigint[])
   AND CASE WHEN j.status = 'done' THEN j.completed_token END = held.token
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token,
-        priority, run_at
+        priority, (extract(epoch FROM run_at) * 1000000)::bigint AS run_at_us  -- as the claim's
  FROM pgdrain.jobs
  WHERE claim_id = %(claim_id)s
    AND status = 'running'

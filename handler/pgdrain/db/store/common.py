@@ -87,8 +87,10 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     attempt_token: uuid.UUID
-    priority: int  # with run_at and id, its place in the claim's order (ClaimPosition)
-    run_at: dt.datetime
+    priority: int  # with run_at_us and id, its place in the claim's order (ClaimPosition)
+    # run_at as exact microseconds since the epoch: no session setting changes how it is read
+    # (a timestamptz is read in the session's DateStyle, which a role may set for itself).
+    run_at_us: int
     # Made once per attempt: the run keys its bookkeeping by it at every stage, and the same
     # object found again is found by identity, without comparing tokens.
     held: Held = field(init=False, repr=False, compare=False)
@@ -117,7 +119,7 @@ class ClaimPosition(NamedTuple):
     in the claim's order."""
 
     priority: int
-    run_at: dt.datetime
+    run_at_us: int  # microseconds since the epoch, as the claim's reply gives run_at
     id: int
 
 

@@ -200,7 +200,7 @@ def job_complete_and_claim_statement(
         "queues": queue_names(queues),
         "position_queue": list(at),
         "position_priority": [p.priority for p in at.values()],
-        "position_run_at": [p.run_at for p in at.values()],
+        "position_run_at_us": [p.run_at_us for p in at.values()],
         "position_id": [p.id for p in at.values()],
         "limit": limit,
         "worker": worker,
