@@ -1,7 +1,8 @@
 """Rounds of enqueue-then-drain, as an operator's queue lives: throughput, WAL and storage per
 round, with vacuum keeping up or with a snapshot held open for the whole run.
 
-`python -m bench.lifecycle [--held] [--no-position] [--rounds 6] [--jobs 50000]`: each round
+`python -m bench.lifecycle [--held] [--no-position] [--rounds 6] [--jobs 50000] [--json F]`
+(then `--record HELD.json KEEPS_UP.json`: into docs/benchmarks.md): each round
 enqueues `--jobs` no-op jobs, drains them at the defaults (batch 10, concurrency 10, one
 process), then VACUUMs the database (standing in for autovacuum, which is off on the machine's
 server). With `--held`, a REPEATABLE READ transaction on another connection takes its snapshot
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -26,7 +28,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Server, log, resolve_server
+from bench.common import REPO, Server, load_average, log, resolve_server
 from pgdrain import Budget, Settings
 from pgdrain.api.enqueue import build_job, enqueue_many
 from pgdrain.api.registry import load_registry
@@ -126,13 +128,62 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="claim every queue from its start (Controls(claim_from_position=False))",
     )
     parser.add_argument("--json", default="", help="also write the figures here")
+    parser.add_argument(
+        "--record",
+        nargs=2,
+        metavar=("HELD_JSON", "KEEPS_UP_JSON"),
+        help="put two runs' --json (with --held, without) in docs/benchmarks.md and stop",
+    )
+    parser.add_argument("--note", default="", help="with --record: said under the table")
     args = parser.parse_args(argv)
+    if args.record:
+        record(args.record[0], args.record[1], note=args.note)
+        return
     controls = Controls(claim_from_position=not args.no_position)
     figures = run(args.rounds, args.jobs, args.held, args.round_seconds, controls)
     if args.json:
         with open(args.json, "w") as out:
             figure = {"held": args.held, "position": not args.no_position, "jobs": args.jobs}
-            json.dump({**figure, "rounds": figures}, out, indent=1)
+            json.dump({**figure, **environment(), "rounds": figures}, out, indent=1)
+
+
+def environment() -> dict[str, str]:
+    """What --record names: the commit measured, the server, the date and the load."""
+    admin_url, source = resolve_server()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "commit": commit,
+        "server": f"PostgreSQL {Server(admin_url).version()} ({source})",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": load_average(),
+    }
+
+
+def record(held_json: str, free_json: str, note: str) -> None:
+    """Two runs' figures (a snapshot held, vacuum keeping up) into docs/benchmarks.json's
+    lifecycle section, and docs/benchmarks.md rewritten from it."""
+    from bench import report, run
+
+    with open(held_json) as f:
+        held = json.load(f)
+    with open(free_json) as f:
+        free = json.load(f)
+    assert held["held"] and not free["held"], "--record HELD_JSON KEEPS_UP_JSON"
+    assert held["commit"] == free["commit"], "both runs of one commit"
+    path = REPO / "docs" / "benchmarks.json"
+    res = run.load(path)
+    res.info["lifecycle"] = {
+        **{k: held[k] for k in ("commit", "server", "date", "load")},
+        "note": note,
+        "held": held,
+        "free": free,
+    }
+    run.save(res, path)
+    # The markdown alone: the plots are make bench's, and unchanged.
+    (REPO / "docs" / "benchmarks.md").write_text(report.markdown(res, "benchmarks.png"))
+    log(f"wrote docs/benchmarks.md (its lifecycle section; the rest from {path})")
 
 
 if __name__ == "__main__":

@@ -565,6 +565,46 @@ def profile_section(prof: dict[str, Any] | None) -> list[str]:
     return [str(line) for line in prof["markdown"]] + [""]
 
 
+def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
+    """`## A snapshot held open`: recorded by `python -m bench.lifecycle --record`."""
+    if not life:
+        return []
+    held, free = life["held"], life["free"]
+    rows = [
+        "| round | vacuum keeps up | snapshot held | held / keeps up "
+        "| WAL B/job: keeps up, held | schema MiB: keeps up, held |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, (h, f) in enumerate(zip(held["rounds"], free["rounds"], strict=True), start=1):
+        ratio = h["jobs_per_s"] / f["jobs_per_s"]
+        rows.append(
+            f"| {n} | {f['jobs_per_s']:,.0f} | {h['jobs_per_s']:,.0f} | {ratio:.2f} "
+            f"| {f['wal_bytes_per_job']:,.0f}, {h['wal_bytes_per_job']:,.0f} "
+            f"| {f['schema_mib']:,.1f}, {h['schema_mib']:,.1f} |"
+        )
+    jobs = held["jobs"]
+    return [
+        "## A snapshot held open: rounds of enqueue, then drain",
+        "",
+        f"Measured at {life['commit']} on {life['date']} ({life['server']}; load "
+        f"{life['load']}) by `python -m bench.lifecycle --held --rounds {len(held['rounds'])} "
+        f"--jobs {jobs}` and the same without `--held`, one run each, recorded by "
+        "`python -m bench.lifecycle --record` (the command and what it measures: the top of "
+        f"`bench/lifecycle.py`). Each round enqueues {jobs:,} no-op jobs, drains them at the "
+        "defaults (batch 10, concurrency 10, one process), then VACUUMs (autovacuum is off on "
+        "this server). *Snapshot held*: a REPEATABLE READ transaction on another connection "
+        "takes its snapshot before the first round and keeps it to the end (a report, a "
+        "`pg_dump`, a forgotten session), so nothing drained after it can be vacuumed away; "
+        "each claim starts each queue after the last job the run claimed there "
+        "(docs/decisions/0011-claim-from-a-keyset-position.md). jobs/s per round; WAL per job "
+        "drained (claim and complete); the pgdrain schema's tables and indexes after the "
+        f"round's vacuum. {life['note']}",
+        "",
+        *rows,
+        "",
+    ]
+
+
 def markdown(res: Results, png_name: str) -> str:
     cfg = res.config
     env = res.info["env"]
@@ -913,6 +953,7 @@ def markdown(res: Results, png_name: str) -> str:
     lines += cost_section(res, cost_png(Path(png_name)).name)
     lines += bigtable_section(res.info.get("bigtable"))
     lines += profile_section(res.info.get("profile"))
+    lines += lifecycle_section(res.info.get("lifecycle"))
     add("## How the ceiling is measured")
     add("")
     shape = res.info.get("ceiling_shape", "")

@@ -653,12 +653,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     admin_url, source = resolve_server()
     server = Server(admin_url)
     res = Results(cfg)
-    # `python -m bench.profile --write` measures its section apart, with its own date and
-    # commit: a whole run keeps it rather than dropping it.
+    # `python -m bench.profile --write` and `bench.lifecycle --record` measure their sections
+    # apart, with their own date and commit: a whole run keeps them rather than dropping them.
     if args.json and args.json.exists():
-        profile = json.loads(args.json.read_text()).get("info", {}).get("profile")
-        if profile:
-            res.info["profile"] = profile
+        kept = json.loads(args.json.read_text()).get("info", {})
+        for section in ("profile", "lifecycle"):  # bench.lifecycle --record's too
+            if kept.get(section):
+                res.info[section] = kept[section]
     res.info["env"] = environment(server, source)
     res.info["lambda"] = dataclasses.asdict(cost.template_function(REPO / "template.yaml"))
     log(f"server: {res.info['env']['server']}; load {load_average()}")
