@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, LiteralString
 
 import psycopg
 import pytest
@@ -202,13 +202,59 @@ def test_a_position_round_trips_exactly_under_a_roles_odd_settings(
             assert [j.id for j in after] == [f, h]
 
 
+def test_control_a_timestamptz_in_a_reply_cannot_be_read_under_the_roles_datestyle(
+    worker_url: str, conn: Conn
+) -> None:
+    """Why the claim's reply gives a position's run_at as a bigint: the same run_at as a
+    timestamptz, read on a connection that keeps the role's own DateStyle, fails."""
+    _set_own_default(worker_url, "DateStyle", "'SQL, DMY'")
+    _jobs(conn)
+    with psycopg.connect(worker_url, autocommit=True) as plain:
+        with pytest.raises(NotImplementedError, match="DateStyle"):  # psycopg's loader
+            plain.execute("SELECT run_at FROM pgdrain.jobs LIMIT 1").fetchone()
+        row = plain.execute(
+            "SELECT (extract(epoch FROM run_at) * 1000000)::bigint FROM pgdrain.jobs LIMIT 1"
+        ).fetchone()
+        assert row is not None and isinstance(row[0], int)
+
+
+# How the claim makes a position's run_at a timestamptz again, and the control's one product
+# (as first proposed): a float8 holds every microsecond only within 2^53 of the epoch.
+EXACT_RUN_AT = """'epoch'::timestamptz + (pos.run_at_us / 1000000) * interval '1 second'
+               + mod(pos.run_at_us, 1000000) * interval '1 microsecond' AS after_run_at"""
+ONE_PRODUCT = "'epoch'::timestamptz + pos.run_at_us * interval '1 microsecond' AS after_run_at"
+
+
+def test_control_one_product_of_microseconds_misses_by_one_past_2_53(
+    worker_url: str, conn: Conn
+) -> None:
+    """The same position, 2^53 microseconds and more before the epoch, made a timestamptz by
+    one product: a microsecond off, so the claim from it takes E again, or misses F."""
+    at = dt.datetime(1600, 3, 1, 12, 0, 0, 123_457, tzinfo=dt.UTC)
+    with conn.transaction():
+        _, e, f, h = enqueue_many(
+            conn, [build_job("noop", run_at=at + n * US) for n in (-1, 0, 0, 1)]
+        )
+    position = store.ClaimPosition(0, (at - EPOCH) // US, e)
+    with psycopg.connect(worker_url, autocommit=True) as plain:
+        for decode, right in ((EXACT_RUN_AT, True), (ONE_PRODUCT, False)):
+            with plain.transaction(force_rollback=True):
+                after = _claim(plain, 2, {"default": position}, decode)
+                assert ([j.id for j in after] == [f, h]) is right, (decode, after, e, f, h)
+
+
 def _claim(
-    odd: Conn, limit: int, positions: Mapping[str, store.ClaimPosition]
+    odd: Conn,
+    limit: int,
+    positions: Mapping[str, store.ClaimPosition],
+    decode: LiteralString = EXACT_RUN_AT,
 ) -> list[store.ClaimedJob]:
     statement = store.job_complete_and_claim_statement(
         [], ("default",), limit, "w", 30.0, None, None, positions=positions
     )
-    return statement.run(odd)[1]
+    assert statement.text.count(EXACT_RUN_AT) == 1
+    text = statement.text.replace(EXACT_RUN_AT, decode)
+    return store.Statement(text, statement.params, statement.read).run(odd)[1]
 
 
 @pytest.mark.parametrize("pooler", ["session", "transaction"])
