@@ -123,6 +123,8 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
             *(("periodic_slots", privilege) for privilege in ("INSERT", "SELECT", "UPDATE")),
             ("run_gate", "SELECT"),  # its row lock, nothing more
             ("run_gate", "UPDATE"),
+            # a run's exit writes its history line, retention deletes old ones; none changes
+            *(("run_history", privilege) for privilege in ("DELETE", "INSERT", "SELECT")),
         ]
     )
     assert grants == expected
@@ -181,6 +183,12 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
         enqueue(worker, "noop")
         result = drain(SETTINGS, budget, example_jobs.jobs, worker_url, hooks=control)
         assert (result.stop_reason, result.done) == ("empty", 1), result.error
+        # Its exit wrote its history line; retention deletes the line once it is old.
+        [line] = store.run_history_list(worker)
+        assert (line.run_id, line.stop_reason) == (control.run_id, "empty")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            worker.execute("UPDATE pgdrain.run_history SET done = 0")
+        assert store.job_retention_batch(worker, 0, 0, 0, 0, 10).runs == 1
         assert store.run_spawn(worker, ["default"], 1, 3, 3, 60) != []
         at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
         assert store.wake_reserve(worker, "default", at, "worker-run", 30) is True

@@ -145,7 +145,14 @@ RUNNING_IDS = list(range(FINISHED + 1000 + QUEUED + 5000 + 191, FINISHED + 1000 
 OTHER_TOKENS = [uuid.UUID(int=n) for n in range(1, 11)]
 HELD = {"ids": RUNNING_IDS, "tokens": OTHER_TOKENS}
 
-EXIT = {"run_id": "r", "clear_kicks": False, "linger_window_s": 1.0, "may_stay": False}
+EXIT = {
+    "run_id": "r",
+    "clear_kicks": False,
+    "linger_window_s": 1.0,
+    "may_stay": False,
+    # The exit writes a history line (checked by tests/integration/test_run_history.py).
+    **store.RunRecord("schedule", 0, 1.0, "empty", {}).params(),
+}
 
 # (case id, statement name, parameters, the indexes its plan must use)
 CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
@@ -243,7 +250,13 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     (
         "retention",
         "job_retention_batch",
-        {"done_days": 7, "done_limit": 1000, "failed_days": 30, "failed_limit": 1000},
+        {
+            "done_days": 7,
+            "done_limit": 1000,
+            "failed_days": 30,
+            "failed_limit": 1000,
+            "runs_limit": 1000,
+        },
         {"jobs_finished_idx", "jobs_pkey"},
     ),
     # The fenced writes of the jobs a run holds, by primary key.
