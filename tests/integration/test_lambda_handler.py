@@ -490,6 +490,10 @@ def test_a_run_out_of_time_with_work_left_continues_itself_once(
     assert ready > 0
     assert result["queue_depth"] == ready
     assert metric_totals(emf_records(capsys.readouterr().out))["QueueDepth"] == ready
+    # Its exit, on the short connection after the drain, wrote its line in the run history.
+    [line] = store.run_history_list(conn)
+    seen = (line.trigger, line.chain, line.stop_reason, line.continued, line.done)
+    assert seen == ("continue", 3, "budget", True, result["result"]["done"])
 
 
 def test_a_scheduled_run_continues_with_chain_one(
