@@ -126,7 +126,7 @@ def test_a_run_that_stays_to_drain_again_writes_no_line_yet(conn: Conn) -> None:
 
 
 def _ended_days_ago(conn: Conn, days: float, count: int) -> set[str]:
-    ids = set()
+    ids: set[str] = set()
     for _ in range(count):
         run_id = f"run-{len(ids)}-{days}"
         store.run_exit(conn, run_id, ["default"], record=RECORD)
