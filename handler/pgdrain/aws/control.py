@@ -10,6 +10,10 @@ its event, or a run that started after its reservation lapsed, drains only while
 PGDRAIN_MAX_RUNS runs are live, and otherwise ends at once (stop reason "at_cap"). So neither
 copy ends the other's registration, and the cap holds however often an event is delivered.
 
+History. The statement that ends a run's registration (store.run_exit) also writes its line in
+pgdrain.run_history: trigger, duration, counts (the drain's observer, wrapped by counting()),
+stop reason. Keyed by run_id, so an exit sent again after a lost reply writes nothing more.
+
 Trailing-edge kicks. The invariant: every enqueue followed by kick() is followed by a run that
 claims after that enqueue committed. kick() invokes at most once per debounce window and
 records every request (pgdrain.kicks.requested_at). A run about to exit locks its queues' kick
