@@ -202,6 +202,31 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
         assert (recounted.was, recounted.running) == (2, 0)
 
 
+@pytest.mark.parametrize("regranted", [True, False], ids=["by-0019", "control: not granted"])
+def test_a_role_granted_before_the_run_history_still_exits(
+    worker_url: str, granted: str, regranted: bool
+) -> None:
+    """A database whose worker role was granted before migration 0019: the migration grants
+    the new table to it, so the worker's exit (which now writes its line there) does not fail
+    before worker_role.sql is run again. The control takes the grant back after migrating."""
+    with psycopg.connect(granted, autocommit=True) as owner:
+        # As it was before 0019: no table, no ledger entry; then `pgdrain migrate`.
+        owner.execute("DROP TABLE pgdrain.run_history")
+        owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0019'")
+        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0019"]
+        if not regranted:
+            owner.execute("REVOKE ALL ON pgdrain.run_history FROM pgdrain_worker")
+    record = store.RunRecord("schedule", 0, 1.0, "empty", {})
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        store.run_register(worker, "old-grant", ["default"], 0, 60.0)
+        if not regranted:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                store.run_exit(worker, "old-grant", ["default"], record=record)
+            return
+        assert store.run_exit(worker, "old-grant", ["default"], record=record).exited
+        assert [r.run_id for r in store.run_history_list(worker)] == ["old-grant"]
+
+
 @pytest.mark.parametrize("statement", DDL)
 def test_the_worker_cannot_change_the_schema(worker_url: str, granted: str, statement: str) -> None:
     with psycopg.connect(worker_url, autocommit=True) as worker:

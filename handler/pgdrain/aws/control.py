@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -147,16 +148,22 @@ class RunControl:
         self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
         # The run's counts as they grow (counting()), for the history line its exit writes.
         self.counts: dict[str, int] = {}
+        self._counts_lock = threading.Lock()
         self._started = clock()
 
     def counting(self, observer: Callable[[str, int], None]) -> Callable[[str, int], None]:
         """The drain's observer: counts for the run's history line, then `observer`."""
 
         def observe(name: str, n: int) -> None:
-            self.counts[name] = self.counts.get(name, 0) + n
+            with self._counts_lock:  # whatever thread a count comes from
+                self.counts[name] = self.counts.get(name, 0) + n
             observer(name, n)
 
         return observe
+
+    def _counted(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self.counts)
 
     def _record(self, stop_reason: str, continued: bool = False) -> store.RunRecord:
         """The line the run's exit writes to pgdrain.run_history."""
@@ -165,7 +172,7 @@ class RunControl:
             chain=self.trigger.chain,
             elapsed_s=self._clock() - self._started,
             stop_reason=stop_reason,
-            counts=dict(self.counts),
+            counts=self._counted(),
             drained_again=self.drained_again,
             lingered=self.lingered,
             continued=continued,

@@ -27,3 +27,17 @@ CREATE TABLE pgdrain.run_history (
 );
 -- Newest first for the page, oldest first for retention.
 CREATE INDEX run_history_finished_at_idx ON pgdrain.run_history (finished_at);
+
+-- A run's exit now writes here: a worker role granted before this migration (worker_role.sql)
+-- would fail every exit until the file is run again, so the grants it makes are made here too,
+-- to the roles that exist (the role files make them on a database that has none yet).
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgdrain_worker') THEN
+        GRANT SELECT, INSERT, DELETE ON pgdrain.run_history TO pgdrain_worker;
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgdrain_dashboard') THEN
+        GRANT SELECT ON pgdrain.run_history TO pgdrain_dashboard;
+    END IF;
+END
+$$;
