@@ -111,9 +111,12 @@ lock: $(INSTALLED)
 		--output-file handler/requirements.txt
 
 # `make bench` writes docs/benchmarks.md (+ .png). The peers it compares with (PgQueuer,
-# Procrastinate) and matplotlib live in their own virtualenv, never in pgdrain's dependencies.
+# Procrastinate) and matplotlib live in their own virtualenv, never in pgdrain's dependencies;
+# graphile-worker (npm) in bench/graphile/node_modules, from its package-lock.json (`npm ci`,
+# again only when the lock changed). Without npm the bench says so and leaves graphile out.
 BENCH_VENV ?= .venv-bench
 BENCH_INSTALLED := $(BENCH_VENV)/.installed
+GRAPHILE_INSTALLED := bench/graphile/node_modules/.installed
 
 $(BENCH_INSTALLED): pyproject.toml bench/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
@@ -121,7 +124,12 @@ $(BENCH_INSTALLED): pyproject.toml bench/requirements.txt
 	$(BENCH_VENV)/bin/python -m pip install --quiet -r bench/requirements.txt -e '.[aws,embedded]'
 	touch $(BENCH_INSTALLED)
 
-bench: $(BENCH_INSTALLED)
+$(GRAPHILE_INSTALLED): bench/graphile/package.json bench/graphile/package-lock.json
+	@if command -v npm >/dev/null; then \
+		cd bench/graphile && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "npm not found: make bench leaves graphile-worker out"; fi
+
+bench: $(BENCH_INSTALLED) $(GRAPHILE_INSTALLED)
 	$(BENCH_VENV)/bin/python -m bench.run
 
 clean:

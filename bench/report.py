@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # The issue's targets (goals for the figures, not test assertions).
 CEILING_RATIO = 0.8
 PEER_RATIO = 2.0
+GRAPHILE_RATIO = 1.5  # issue 43: pgdrain / graphile-worker, per process and best against best
 ROUND_TRIPS = 2
 IMPORT_MS = 150.0
 ENQUEUE_PER_S = 50_000.0
@@ -558,6 +559,145 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
     return out
 
 
+# -- graphile-worker -----------------------------------------------------------------------------
+
+GRAPHILE = "graphile"
+
+
+def _graphile_keys(res: Results, name: str) -> list[str]:
+    return [k for k in res.figures if k.startswith(f"{GRAPHILE}/{name}/")]
+
+
+def graphile_ratios(res: Results) -> dict[str, Any]:
+    """pgdrain / graphile-worker: one process each, at each batch size (the median of each
+    repetition's ratio: the two ran back to back), and best against best (each side's best
+    median over its settings and process counts), with the cells that were best."""
+    info = res.info.get("graphile") or {}
+    one = res.figures.get(f"{GRAPHILE}/graphile-worker/1")
+    per_process = {
+        int(b): paired_ratio(res.figures.get(f"{GRAPHILE}/pgdrain/{b}/1"), one)
+        for b in info.get("batches", [])
+    }
+    pg = max(_graphile_keys(res, "pgdrain"), key=lambda k: _value(res, k), default=None)
+    gw = max(_graphile_keys(res, "graphile-worker"), key=lambda k: _value(res, k), default=None)
+    pg_best = _value(res, pg) if pg else float("nan")
+    gw_best = _value(res, gw) if gw else float("nan")
+    return {
+        "per_process": per_process,
+        "best": _ratio(pg_best, gw_best),
+        "pgdrain_best": pg_best,
+        "graphile_best": gw_best,
+        "pgdrain_best_cell": res.figures[pg].params if pg else {},
+        "graphile_best_cell": res.figures[gw].params if gw else {},
+    }
+
+
+def graphile_targets(res: Results) -> list[tuple[str, str, str, bool | None]]:
+    if not _graphile_keys(res, "graphile-worker"):
+        return []
+    r = graphile_ratios(res)
+    out: list[tuple[str, str, str, bool | None]] = []
+    for batch, ratio in r["per_process"].items():
+        out.append(
+            (
+                f"per process: pgdrain (batch {batch}) / graphile-worker, one process each",
+                _n(ratio, 2),
+                f"≥ {GRAPHILE_RATIO}",
+                None if math.isnan(ratio) else ratio >= GRAPHILE_RATIO,
+            )
+        )
+    best = r["best"]
+    out.append(
+        (
+            "pgdrain best / graphile-worker best (jobs/s)",
+            f"{_n(best, 2)} ({_n(r['pgdrain_best'])} / {_n(r['graphile_best'])})",
+            f"≥ {GRAPHILE_RATIO}",
+            None if math.isnan(best) else best >= GRAPHILE_RATIO,
+        )
+    )
+    return out
+
+
+def graphile_section(res: Results) -> list[str]:
+    """`## graphile-worker, side by side`: its own run (`--only graphile`) or the whole run's."""
+    info = res.info.get("graphile")
+    if not info:
+        return []
+    lines = ["## graphile-worker, side by side", ""]
+    if "missing" in info:
+        return [*lines, f"Not measured in this run: {info['missing']}.", ""]
+    env = info["env"]
+    procs = info["processes"]
+    lines += [
+        f"Measured at pgdrain {env['pgdrain']} on {env['date']} ({env['server']}; load "
+        f"{env['load_start']} at the start, {env.get('load_end', '?')} at the end; the machine "
+        "was shared with other work): graphile-worker "
+        f"{info['version']} on Node {info['node']}, {info['jobs']:,} no-op jobs, medians of "
+        f"{info['reps']} repetitions, every cell once per repetition in turn, each on a fresh "
+        "copy of a template holding the pre-enqueued jobs (graphile-worker's added with its "
+        "`addJobs`; enqueueing is not timed).",
+        "",
+        "graphile-worker runs as its performance page tunes it "
+        f"({info['tuning']}), in one Node process per worker (`bench/graphile/drain.mjs`), "
+        "draining with `runOnce()`, which returns once the queue is empty; its pool is "
+        "connected before the clock starts. A repetition counts only if graphile-worker's "
+        "jobs table is empty afterwards (it deletes a job it completed and keeps one that "
+        "failed) and the task counted exactly as many executions, of as many distinct job "
+        "ids, as jobs were enqueued. pgdrain's are checked as in the rest of this page.",
+        "",
+        "| system | setting | " + " | ".join(f"{p} proc." for p in procs) + " |",
+        "|---|---|" + "---:|" * len(procs),
+    ]
+    gw = res.figures.get(f"{GRAPHILE}/graphile-worker/{procs[0]}")
+    cells = [_cell(res, f"{GRAPHILE}/graphile-worker/{p}") for p in procs]
+    lines.append(f"| graphile-worker {info['version']} | documented tuning | {' | '.join(cells)} |")
+    for b in info["batches"]:
+        fig = res.figures.get(f"{GRAPHILE}/pgdrain/{b}/{procs[0]}")
+        conc = fig.params.get("concurrency", "?") if fig else "?"
+        cells = [_cell(res, f"{GRAPHILE}/pgdrain/{b}/{p}") for p in procs]
+        lines.append(f"| pgdrain | batch {b}, concurrency {conc} | {' | '.join(cells)} |")
+    for b in info["batches"]:
+        ratios = [
+            _n(
+                paired_ratio(
+                    res.figures.get(f"{GRAPHILE}/pgdrain/{b}/{p}"),
+                    res.figures.get(f"{GRAPHILE}/graphile-worker/{p}"),
+                ),
+                2,
+            )
+            for p in procs
+        ]
+        lines.append(f"| **pgdrain / graphile-worker** | batch {b} | {' | '.join(ratios)} |")
+    lines.append("")
+    r = graphile_ratios(res)
+    pg_cell, gw_cell = r["pgdrain_best_cell"], r["graphile_best_cell"]
+    if pg_cell and gw_cell:
+        lines += [
+            f"Best against best: pgdrain's best, {_n(r['pgdrain_best'])} jobs/s (batch "
+            f"{pg_cell['batch']}, {pg_cell['processes']} process(es)), is **{_n(r['best'], 2)}x** "
+            f"graphile-worker's best, {_n(r['graphile_best'])} jobs/s "
+            f"({gw_cell['processes']} process(es)). The ratios per process count are the "
+            "medians of each repetition's ratio. The target (issue 43) is "
+            f"≥ {GRAPHILE_RATIO}x, process for process and best against best.",
+            "",
+        ]
+    if gw is not None and gw.values:
+        pg = res.figures.get(f"{GRAPHILE}/pgdrain/{info['batches'][0]}/1")
+        pg_rss = _n(pg.extra_median("rss_mb"), 1) if pg is not None and pg.values else "-"
+        lines += [
+            "One process each, drain process's CPU per 1,000 jobs and peak RSS: "
+            f"graphile-worker {_n(gw.extra_median('cpu_s_per_1000_jobs'), 3)} s, "
+            f"{_n(gw.extra_median('rss_mb'), 1)} MB (Node's maxRSS); pgdrain at batch "
+            f"{info['batches'][0]} "
+            f"{_n(pg.extra_median('cpu_s_per_1000_jobs'), 3) if pg is not None else '-'} s, "
+            f"{pg_rss} MB.",
+            "",
+        ]
+    for note in info.get("notes", []):
+        lines += [str(note), ""]
+    return lines
+
+
 def profile_section(prof: dict[str, Any] | None) -> list[str]:
     """`## Where a drain's time goes`: written by `python -m bench.profile --write`."""
     if not prof:
@@ -916,6 +1056,7 @@ def markdown(res: Results, png_name: str) -> str:
                 max(rss_each) <= RSS_MB,
             )
         )
+    targets += graphile_targets(res)
     for what, figure, target, ok in targets:
         add(f"| {what} | {figure} | {target} | {_met(ok) if target else ''} |")
     add("")
@@ -951,6 +1092,7 @@ def markdown(res: Results, png_name: str) -> str:
         )
         add("")
     lines += cost_section(res, cost_png(Path(png_name)).name)
+    lines += graphile_section(res)
     lines += bigtable_section(res.info.get("bigtable"))
     lines += profile_section(res.info.get("profile"))
     lines += lifecycle_section(res.info.get("lifecycle"))
@@ -1017,7 +1159,9 @@ def markdown(res: Results, png_name: str) -> str:
         "`make bench` (against `DATABASE_URL` if set, else an embedded PostgreSQL; it "
         "creates `.venv-bench` with the peers first). `.venv-bench/bin/python -m bench.run "
         "--help` for the options; `.venv-bench/bin/python -m bench.run --only bigtable` "
-        "runs the big-table section alone and merges it into this file; `--render "
+        "runs the big-table section alone and merges it into this file (`--only graphile` "
+        "likewise, graphile-worker beside pgdrain, with `--jobs` and `--reps`; its Node "
+        "packages: `npm ci` in `bench/graphile`, which `make bench` runs); `--render "
         "docs/benchmarks.json` rewrites this file and its plots from the saved figures "
         "without measuring. One tool that is not part of it: `.venv-bench/bin/python -m "
         "bench.profile --write` (where a drain's time goes, at the default settings or "
