@@ -618,6 +618,10 @@ def graphile_targets(res: Results) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count > 1 else ''}"
+
+
 def graphile_section(res: Results) -> list[str]:
     """`## graphile-worker, side by side`: its own run (`--only graphile`) or the whole run's."""
     info = res.info.get("graphile")
@@ -674,9 +678,9 @@ def graphile_section(res: Results) -> list[str]:
     if pg_cell and gw_cell:
         lines += [
             f"Best against best: pgdrain's best, {_n(r['pgdrain_best'])} jobs/s (batch "
-            f"{pg_cell['batch']}, {pg_cell['processes']} process(es)), is **{_n(r['best'], 2)}x** "
-            f"graphile-worker's best, {_n(r['graphile_best'])} jobs/s "
-            f"({gw_cell['processes']} process(es)). The ratios per process count are the "
+            f"{pg_cell['batch']}, {_processes(pg_cell['processes'])}), is "
+            f"**{_n(r['best'], 2)}x** graphile-worker's best, {_n(r['graphile_best'])} jobs/s "
+            f"({_processes(gw_cell['processes'])}). The ratios per process count are the "
             "medians of each repetition's ratio. The target (issue 43) is "
             f"≥ {GRAPHILE_RATIO}x, process for process and best against best.",
             "",

@@ -379,9 +379,11 @@ def graphile_side_by_side(server: Server, cfg: Config, res: Results, env: dict[s
         )
         return lambda: rep_pgdrain(server, pg_tpl, fig, cfg)
 
+    # pgdrain's best batch of stage 1 too (best against best), when it is another.
+    batches = sorted({*cfg.graphile_batches, res.info.get("best_batch", cfg.default_batch)})
     steps: list[Step] = []
     for procs in cfg.graphile_processes:
-        steps += [gw(procs)] + [pg(b, procs) for b in cfg.graphile_batches]
+        steps += [gw(procs)] + [pg(b, procs) for b in batches]
     interleaved(cfg.reps, steps)
     res.info["graphile"] = {
         "env": env,
@@ -390,7 +392,7 @@ def graphile_side_by_side(server: Server, cfg: Config, res: Results, env: dict[s
         "tuning": tuning.label(),
         "jobs": cfg.jobs,
         "reps": cfg.reps,
-        "batches": list(cfg.graphile_batches),
+        "batches": batches,
         "processes": list(cfg.graphile_processes),
     }
     server.drop(pg_tpl)

@@ -34,12 +34,21 @@ async function enqueue(url, count) {
 
 function nextLine() {
   const rl = createInterface({ input: process.stdin });
-  return new Promise((resolve) => rl.once("line", () => (rl.close(), resolve())));
+  // stdin destroyed once read: an open pipe would keep the process alive after the drain.
+  return new Promise((resolve) =>
+    rl.once("line", () => {
+      rl.close();
+      process.stdin.destroy();
+      resolve();
+    }),
+  );
 }
 
 async function drain(url, concurrency, localQueue, batchDelay, poolSize) {
   const pool = new pg.Pool({ connectionString: url, max: poolSize });
-  pool.on("error", (error) => process.stderr.write(`pool: ${error}\n`));
+  const report = (error) => process.stderr.write(`pool: ${error}\n`);
+  pool.on("error", report);
+  pool.on("connect", (client) => client.on("error", report));
   // Every client connected before the clock starts: the drain is timed, not the connects.
   const clients = await Promise.all(Array.from({ length: poolSize }, () => pool.connect()));
   clients.forEach((client) => client.release());
