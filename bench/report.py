@@ -643,7 +643,8 @@ def graphile_section(res: Results) -> list[str]:
         "",
         "graphile-worker runs as its performance page tunes it "
         f"({info['tuning']}), in one Node process per worker (`bench/graphile/drain.mjs`), "
-        "draining with `runOnce()`, which returns once the queue is empty; its pool is "
+        "draining with `runOnce()`, which returns once the queue is empty; its pool "
+        "(maxPoolSize connections in each process, where a pgdrain drain holds one) is "
         "connected before the clock starts. A repetition counts only if graphile-worker's "
         "jobs table is empty afterwards (it deletes a job it completed and keeps one that "
         "failed) and the task counted exactly as many executions, of as many distinct job "
