@@ -748,6 +748,101 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
         *rows,
         "",
     ]
+SCALE_TITLES = {"before": "Before the table split", "now": "Now"}
+
+
+def scale_section(scale: dict[str, Any] | None) -> list[str]:
+    """`## Flat at scale`: written by `python -m bench.scale --write --label LABEL`, one
+    subsection per label (the schema before the table split, and now)."""
+    if not scale:
+        return []
+    from bench.scale import GOAL, window_summary
+
+    out = ["## Flat at scale: a long run and a long history, autovacuum on", ""]
+    out.append(
+        "By `python -m bench.scale` (`make bench-scale`; what it does and why each setting: "
+        "the top of `bench/scale.py`), on a PostgreSQL server of its own started from the "
+        "machine's binaries with a production queue's settings: autovacuum on (naptime 10 s, "
+        "vacuum at 1% of a table changed, cost limit 2,000), shared_buffers 4 GiB, fsync and "
+        "synchronous_commit on. *Throughput*: per window, that many no-op jobs enqueued, then "
+        "drained at the defaults (batch 10, concurrency 10, one process) until none is left; "
+        "jobs/s is the drain's, and finished jobs stay wherever the schema keeps them. The "
+        f"goal (issue 43): every window within {100 - GOAL * 100:.0f}% of the first. *Claim "
+        "latency*: job_complete_and_claim at batch 10, one statement after another on one "
+        "connection (synchronous_commit off there alone: the flush is the disk's, the same "
+        "either way), timed from the client, with no finished job in the database and then "
+        "with a history of finished jobs added (one INSERT ... SELECT into the table that "
+        "holds finished jobs, then VACUUM ANALYZE); then a drain of as many jobs at the "
+        "defaults. The goal: the same latency with history as without. The machine is "
+        "shared (2 cores, other sessions' tests running): the load is given per window."
+    )
+    out.append("")
+    for label in sorted(scale, key=lambda k: (k != "before", k)):
+        result = scale[label]
+        latency = result.get("latency")
+        sizes = f"--jobs {result['jobs']} --window {result['window']}"
+        if latency:
+            sizes += f" --history {latency['history']['rows']} --claim-jobs {latency['claim_jobs']}"
+        out.append(f"### {SCALE_TITLES.get(label, label)} (at {result['commit']})")
+        out.append("")
+        out.append(
+            f"Measured at {result['commit']} on {result.get('date', '?')} "
+            f"(PostgreSQL {result['server']}; load {result['load_before']} at the start, "
+            f"{result['load_after']} at the end; {_n(result['seconds'] / 60, 1)} min in all) "
+            f"by `python -m bench.scale {sizes} --write --label {label}`."
+        )
+        out.append("")
+        if "throughput" in result:
+            windows = result["throughput"]["windows"]
+            rates = [w["jobs_per_s"] for w in windows]
+            summary = window_summary(rates)
+            out.append(
+                "| window | drained so far | jobs/s | vs the first | enqueued jobs/s "
+                "| dead rows after | autovacuums so far | pgdrain schema MiB | load (1 min) |"
+            )
+            out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for w in windows:
+                out.append(
+                    f"| {w['window']} | {w['drained_total']:,} | {_n(w['jobs_per_s'])} "
+                    f"| {_n(w['jobs_per_s'] / rates[0], 2)} | {_n(w['enqueue_per_s'])} "
+                    f"| {w['dead_rows']:,} | {w['autovacuums']} | {_n(w['schema_mib'])} "
+                    f"| {str(w.get('load', '?')).split(' / ')[0]} |"
+                )
+            out.append("")
+            verdict = "met" if summary["flat"] else "**not met**"
+            out.append(
+                f"Last window over the first: **{_n(summary['last_over_first'], 2)}**; slowest "
+                f"over the first: **{_n(summary['min_over_first'], 2)}** (goal >= {GOAL}: "
+                f"{verdict}); median of the last three windows over that of the first three "
+                f"(less at the mercy of one noisy window): {_n(summary['tail_over_head'], 2)}."
+            )
+            out.append("")
+        if latency:
+            history = latency["history"]
+            none, full = latency["none"], latency["with_history"]
+            out.append("| finished jobs in history | claim p50 ms | claim p99 ms | drain jobs/s |")
+            out.append("|---|---:|---:|---:|")
+            out.append(
+                f"| none | {_n(none['p50_ms'], 3)} | {_n(none['p99_ms'], 3)} "
+                f"| {_n(none['drain_jobs_per_s'])} |"
+            )
+            out.append(
+                f"| {history['rows']:,} in pgdrain.{history['table']} "
+                f"({_n(history['table_mib'])} MiB) | {_n(full['p50_ms'], 3)} "
+                f"| {_n(full['p99_ms'], 3)} | {_n(full['drain_jobs_per_s'])} |"
+            )
+            out.append(
+                f"| with history / none | **{_n(latency['p50_ratio'], 2)}** "
+                f"| {_n(latency['p99_ratio'], 2)} | **{_n(latency['drain_ratio'], 2)}** |"
+            )
+            out.append("")
+            out.append(
+                f"{latency['claim_jobs']:,} jobs claimed in each state ({none['claims']:,} "
+                f"statements timed); the history took {_n(history['insert_s'])} s to insert "
+                f"and {_n(history['vacuum_analyze_s'])} s to VACUUM ANALYZE."
+            )
+            out.append("")
+    return out
 
 
 def markdown(res: Results, png_name: str) -> str:
@@ -1101,6 +1196,7 @@ def markdown(res: Results, png_name: str) -> str:
     lines += bigtable_section(res.info.get("bigtable"))
     lines += profile_section(res.info.get("profile"))
     lines += lifecycle_section(res.info.get("lifecycle"))
+    lines += scale_section(res.info.get("scale"))
     add("## How the ceiling is measured")
     add("")
     shape = res.info.get("ceiling_shape", "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,6 +45,15 @@ def test_window_summary_against_the_first_window() -> None:
     assert dipped["last_over_first"] == pytest.approx(1.0)
     assert dipped["flat"] is False
     assert window_summary([500.0])["min_over_first"] == 1.0
+    assert window_summary([500.0])["tail_over_head"] == 1.0
+
+
+def test_tail_over_head_compares_medians_of_three_windows() -> None:
+    # One slow first window (another process took the CPU) does not make the run look faster.
+    rates = [500.0, 1000.0, 1000.0, 990.0, 900.0, 900.0, 900.0]
+    assert window_summary(rates)["last_over_first"] == pytest.approx(1.8)
+    assert window_summary(rates)["tail_over_head"] == pytest.approx(0.9)
+    assert window_summary([1000.0, 800.0])["tail_over_head"] == pytest.approx(0.8)
     with pytest.raises(ValueError):
         window_summary([])
 
@@ -100,3 +110,61 @@ def test_history_insert_refuses_a_required_column_it_cannot_fill() -> None:
     columns = [Column("kind", True, False), Column("archived_by", True, False)]
     with pytest.raises(RuntimeError, match="archived_by"):
         history_insert("finished_jobs", columns, None)
+
+
+def _result(rates: list[float]) -> dict[str, Any]:
+    windows = [
+        {
+            "window": n,
+            "drained_total": 100 * n,
+            "jobs_per_s": rate,
+            "enqueue_per_s": 9000.0,
+            "dead_rows": 10,
+            "autovacuums": n,
+            "schema_mib": 1.0,
+            "load": "1.50 / 1.00 / 0.50",
+        }
+        for n, rate in enumerate(rates, start=1)
+    ]
+    state = {"claims": 180, "p50_ms": 0.8, "p99_ms": 2.0, "mean_ms": 0.9}
+    return {
+        "commit": "abc1234",
+        "date": "2026-12-06 07:20 UTC",
+        "server": "15.20",
+        "load_before": "1 / 1 / 1",
+        "load_after": "2 / 2 / 2",
+        "seconds": 600.0,
+        "jobs": 100 * len(rates),
+        "window": 100,
+        "throughput": {"windows": windows},
+        "latency": {
+            "claim_jobs": 2000,
+            "history": {
+                "table": "jobs",
+                "rows": 50_000,
+                "table_mib": 15.0,
+                "insert_s": 1.0,
+                "vacuum_analyze_s": 0.5,
+            },
+            "none": {**state, "drain_jobs_per_s": 5000.0},
+            "with_history": {**state, "p50_ms": 1.6, "drain_jobs_per_s": 2500.0},
+            "p50_ratio": 2.0,
+            "p99_ratio": 1.0,
+            "drain_ratio": 0.5,
+        },
+    }
+
+
+def test_the_report_section_says_whether_each_goal_was_met() -> None:
+    from bench import report
+
+    text = "\n".join(
+        report.scale_section({"now": _result([1000.0, 950.0]), "before": _result([1000.0, 500.0])})
+    )
+    # The baseline first, then the schema measured now.
+    assert text.index("### Before the table split") < text.index("### Now")
+    assert "slowest over the first: **0.95** (goal >= 0.9: met)" in text
+    assert "slowest over the first: **0.50** (goal >= 0.9: **not met**)" in text
+    assert "| with history / none | **2.00** | 1.00 | **0.50** |" in text
+    assert "| 2 | 200 | 950 | 0.95 | 9,000 | 10 | 2 | 1 | 1.50 |" in text
+    assert report.scale_section(None) == []
