@@ -98,6 +98,8 @@ PRODUCTION: dict[str, str] = {
     "checkpoint_timeout": "15min",
     "checkpoint_completion_target": "0.9",
     "max_connections": "100",
+    # What managed services load by default: the benchmark reads each statement's blocks.
+    "shared_preload_libraries": "pg_stat_statements",
 }
 BATCH = 10
 CONCURRENCY = 10
@@ -288,6 +290,41 @@ FROM pg_stat_user_tables s WHERE s.schemaname = 'pgdrain'
 """
 
 
+# The claim statement among pg_stat_statements' entries (its text as hot_path.sql has it).
+CLAIM_TEXT = "%served AS MATERIALIZED%"
+
+
+class Blocks:
+    """Shared buffer blocks touched (hit or read) per statement, from pg_stat_statements:
+    the work a statement does, whatever else the shared machine is running."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.conn = psycopg.connect(admin_url, autocommit=True)
+        self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+    def reset(self) -> None:
+        self.conn.execute("SELECT pg_stat_statements_reset()")
+
+    def total(self, dbname: str, like: str = "%") -> tuple[int, int]:
+        """(blocks, calls) of `dbname`'s statements whose text is like `like`."""
+        row = self.conn.execute(
+            "SELECT coalesce(sum(s.shared_blks_hit + s.shared_blks_read), 0)::bigint,"
+            " coalesce(sum(s.calls), 0)::bigint"
+            " FROM pg_stat_statements AS s JOIN pg_database AS d ON d.oid = s.dbid"
+            " WHERE d.datname = %(db)s AND s.query LIKE %(like)s",
+            {"db": dbname, "like": like},
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    def per_call(self, dbname: str, like: str) -> float:
+        used, calls = self.total(dbname, like)
+        return ratio(used, calls)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def _table_stats(conn: psycopg.Connection[Any]) -> dict[str, float]:
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(TABLE_STATS).fetchone()
@@ -319,7 +356,9 @@ def _enqueue(url: str, n: int) -> float:
     return time.perf_counter() - start
 
 
-def throughput(server: Server, jobs: int, window: int, window_seconds: float) -> dict[str, Any]:
+def throughput(
+    server: Server, jobs: int, window: int, window_seconds: float, blocks: Blocks
+) -> dict[str, Any]:
     name = server.create()
     url = server.url(name)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -329,7 +368,9 @@ def throughput(server: Server, jobs: int, window: int, window_seconds: float) ->
     with psycopg.connect(url, autocommit=True) as stats:
         for number, size in enumerate(window_sizes(jobs, window), start=1):
             enqueue_s = _enqueue(url, size)
+            blocks.reset()
             done, seconds, reason = _drain(url, window_seconds)
+            used, _ = blocks.total(name)
             if done != size:
                 raise RuntimeError(f"window {number}: {done:,} of {size:,} jobs drained ({reason})")
             drained += done
@@ -340,13 +381,16 @@ def throughput(server: Server, jobs: int, window: int, window_seconds: float) ->
                 "jobs_per_s": done / seconds,
                 "drain_s": seconds,
                 "enqueue_per_s": size / enqueue_s,
+                "blocks_per_job": used / done,
+                "claim_blocks": blocks.per_call(name, CLAIM_TEXT),
                 "load": load_average(),  # the machine is shared: who else ran
                 **_table_stats(stats),
             }
             windows.append(figure)
             log(
                 f"window {number}: {figure['jobs_per_s']:,.0f} jobs/s "
-                f"(enqueue {figure['enqueue_per_s']:,.0f}/s), {drained:,} drained, "
+                f"(enqueue {figure['enqueue_per_s']:,.0f}/s), {figure['blocks_per_job']:.1f} "
+                f"blocks/job, {drained:,} drained, "
                 f"{figure['dead_rows']:,} dead rows, {figure['autovacuums']} autovacuums, "
                 f"schema {figure['schema_mib']:,.0f} MiB; load {figure['load']}"
             )
@@ -456,48 +500,89 @@ def claim_latencies(url: str, jobs: int) -> list[float]:
     return out[20:-1]  # the last, empty claim only completes
 
 
-def _latency_state(url: str, jobs: int, drain_seconds: float) -> dict[str, Any]:
+STATES = ("none", "with_history")
+
+
+def paired_median(a: Sequence[float], b: Sequence[float]) -> float:
+    """Median over rounds of a[i] / b[i]: the two ran next to each other in each round, so a
+    burst of load on the shared machine falls on both."""
+    ratios = [x / y for x, y in zip(a, b, strict=True) if y]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def _claim_round(url: str, dbname: str, jobs: int, blocks: Blocks) -> tuple[list[float], float]:
+    """Enqueue `jobs`, ANALYZE, claim them all: (ms per claim, blocks per claim)."""
     _enqueue(url, jobs)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ANALYZE pgdrain.jobs")
+    blocks.reset()
     ms = claim_latencies(url, jobs)
-    _enqueue(url, jobs)
-    done, seconds, reason = _drain(url, drain_seconds)
-    if done != jobs:
-        raise RuntimeError(f"{done:,} of {jobs:,} jobs drained ({reason})")
-    figure = {
-        "claims": len(ms),
-        "p50_ms": percentile(ms, 50),
-        "p99_ms": percentile(ms, 99),
-        "mean_ms": sum(ms) / len(ms),
-        "drain_jobs_per_s": done / seconds,
+    return ms, blocks.per_call(dbname, CLAIM_TEXT)
+
+
+def latency(
+    server: Server, history: int, jobs: int, rounds: int, drain_seconds: float, blocks: Blocks
+) -> dict[str, Any]:
+    """Two databases, one without finished jobs and one with `history` of them, measured in
+    turns: each round claims jobs // rounds jobs in each (the order alternating), then drains
+    as many in each at the defaults."""
+    names = {state: server.create() for state in STATES}
+    urls = {state: server.url(name) for state, name in names.items()}
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as conn:
+            migrate(conn)
+    added = add_history(urls["with_history"], history)
+    per_round = max(1, jobs // rounds)
+    ms: dict[str, list[float]] = {state: [] for state in STATES}
+    p50s: dict[str, list[float]] = {state: [] for state in STATES}
+    per_claim: dict[str, list[float]] = {state: [] for state in STATES}
+    rates: dict[str, list[float]] = {state: [] for state in STATES}
+    for number in range(rounds):
+        order = STATES if number % 2 == 0 else STATES[::-1]
+        for state in order:
+            times, used = _claim_round(urls[state], names[state], per_round, blocks)
+            ms[state] += times
+            p50s[state].append(percentile(times, 50))
+            per_claim[state].append(used)
+        for state in order:
+            _enqueue(urls[state], per_round)
+            done, seconds, reason = _drain(urls[state], drain_seconds)
+            if done != per_round:
+                raise RuntimeError(f"{done:,} of {per_round:,} jobs drained ({reason})")
+            rates[state].append(done / seconds)
+        log(
+            f"round {number + 1}: claim p50 {p50s['none'][-1]:.3f} / "
+            f"{p50s['with_history'][-1]:.3f} ms, {per_claim['none'][-1]:.0f} / "
+            f"{per_claim['with_history'][-1]:.0f} blocks; drain {rates['none'][-1]:,.0f} / "
+            f"{rates['with_history'][-1]:,.0f} jobs/s (none / with history)"
+        )
+    for name in names.values():
+        server.drop(name)
+    figures: dict[str, dict[str, Any]] = {
+        state: {
+            "claims": len(ms[state]),
+            "p50_ms": percentile(ms[state], 50),
+            "p99_ms": percentile(ms[state], 99),
+            "mean_ms": statistics.fmean(ms[state]),
+            "round_p50_ms": p50s[state],
+            "blocks_per_claim": statistics.fmean(per_claim[state]),
+            "drain_jobs_per_s": statistics.median(rates[state]),
+            "round_drain_jobs_per_s": rates[state],
+        }
+        for state in STATES
     }
-    log(
-        f"  claim p50 {figure['p50_ms']:.3f} ms, p99 {figure['p99_ms']:.3f} ms; "
-        f"drain {figure['drain_jobs_per_s']:,.0f} jobs/s"
-    )
-    return figure
-
-
-def latency(server: Server, history: int, jobs: int, drain_seconds: float) -> dict[str, Any]:
-    name = server.create()
-    url = server.url(name)
-    with psycopg.connect(url, autocommit=True) as conn:
-        migrate(conn)
-    log(f"claim latency, no history ({jobs:,} jobs)")
-    none = _latency_state(url, jobs, drain_seconds)
-    added = add_history(url, history)
-    log(f"claim latency, {history:,} finished jobs in history")
-    full = _latency_state(url, jobs, drain_seconds)
-    server.drop(name)
+    none, full = figures["none"], figures["with_history"]
     return {
-        "claim_jobs": jobs,
+        "claim_jobs": per_round * rounds,
+        "rounds": rounds,
         "history": added,
-        "none": none,
-        "with_history": full,
-        "p50_ratio": ratio(full["p50_ms"], none["p50_ms"]),
+        **figures,
+        "p50_ratio": paired_median(full["round_p50_ms"], none["round_p50_ms"]),
         "p99_ratio": ratio(full["p99_ms"], none["p99_ms"]),
-        "drain_ratio": ratio(full["drain_jobs_per_s"], none["drain_jobs_per_s"]),
+        "blocks_ratio": ratio(full["blocks_per_claim"], none["blocks_per_claim"]),
+        "drain_ratio": paired_median(
+            full["round_drain_jobs_per_s"], none["round_drain_jobs_per_s"]
+        ),
     }
 
 
@@ -508,12 +593,15 @@ def table(result: dict[str, Any]) -> str:
     lines: list[str] = []
     if "throughput" in result:
         t = result["throughput"]
-        lines += ["window   drained     jobs/s  vs first  dead rows  autovacuums  schema MiB"]
+        lines += [
+            "window   drained     jobs/s  vs first  blocks/job  dead rows  autovacuums  schema MiB"
+        ]
         first = t["windows"][0]["jobs_per_s"]
         for w in t["windows"]:
             lines.append(
                 f"{w['window']:>6} {w['drained_total']:>9,} {w['jobs_per_s']:>10,.0f} "
-                f"{w['jobs_per_s'] / first:>9.2f} {w['dead_rows']:>10,} {w['autovacuums']:>12} "
+                f"{w['jobs_per_s'] / first:>9.2f} {w['blocks_per_job']:>11.1f} "
+                f"{w['dead_rows']:>10,} {w['autovacuums']:>12} "
                 f"{w['schema_mib']:>11,.0f}"
             )
         s = t["summary"]
@@ -526,17 +614,17 @@ def table(result: dict[str, Any]) -> str:
         lines += [
             "",
             f"history: {c['history']['rows']:,} finished jobs in pgdrain.{c['history']['table']}",
-            "              claim p50 ms  claim p99 ms  drain jobs/s",
+            "              claim p50 ms  claim p99 ms  blocks/claim  drain jobs/s",
         ]
         for label, key in (("no history", "none"), ("with history", "with_history")):
             f = c[key]
             lines.append(
                 f"{label:<13} {f['p50_ms']:>12.3f} {f['p99_ms']:>13.3f} "
-                f"{f['drain_jobs_per_s']:>13,.0f}"
+                f"{f['blocks_per_claim']:>13.1f} {f['drain_jobs_per_s']:>13,.0f}"
             )
         lines.append(
             f"{'ratio':<13} {c['p50_ratio']:>12.2f} {c['p99_ratio']:>13.2f} "
-            f"{c['drain_ratio']:>13.2f}"
+            f"{c['blocks_ratio']:>13.2f} {c['drain_ratio']:>13.2f}"
         )
     return "\n".join(lines)
 
@@ -570,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=50_000, help="jobs per window")
     parser.add_argument("--history", type=int, default=10_000_000, help="finished jobs added")
     parser.add_argument("--claim-jobs", type=int, default=20_000, help="jobs claimed per state")
+    parser.add_argument("--rounds", type=int, default=4, help="turns of the two states")
     parser.add_argument("--window-seconds", type=float, default=600.0, help="a drain's budget")
     parser.add_argument("--skip", choices=["throughput", "latency"], default=None)
     parser.add_argument("--pg-bin", default=None, help="PostgreSQL's bin folder")
@@ -599,16 +688,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         server = Server(admin_url)
         result["server"] = server.version()
         log(f"own server {result['server']} ({bindir}), autovacuum on; commit {result['commit']}")
+        blocks = Blocks(admin_url)
         try:
             if args.skip != "throughput":
                 result["throughput"] = throughput(
-                    server, args.jobs, args.window, args.window_seconds
+                    server, args.jobs, args.window, args.window_seconds, blocks
                 )
             if args.skip != "latency":
                 result["latency"] = latency(
-                    server, args.history, args.claim_jobs, args.window_seconds
+                    server, args.history, args.claim_jobs, args.rounds, args.window_seconds, blocks
                 )
         finally:
+            blocks.close()
             server.drop_all()
     result["load_after"] = load_average()
     result["seconds"] = time.monotonic() - began
