@@ -6,7 +6,7 @@
 ## make format           ruff format, then ruff check --fix
 ## make soak             the chaos soak and its controls (PGDRAIN_SOAK_JOBS sets its size)
 ## make bench            benchmarks against the SQL ceiling and peers; writes docs/benchmarks.md
-## make bench-scale      1M jobs and 10M of history on a server of its own, autovacuum on (~40 min)
+## make bench-scale      1M jobs, 10M of history, a server of its own, autovacuum on (~15 min)
 ## make simulate         the control-plane simulator, about 40 minutes; writes docs/simulate.md
 ## make simulate-smoke   the simulator's small form, under 2 minutes
 ## make simulate-test    the simulator's tests (tests/sim)
@@ -136,11 +136,12 @@ bench: $(BENCH_INSTALLED) $(GRAPHILE_INSTALLED)
 # Flat at scale (bench/scale.py): throughput over 1,000,000 jobs in windows of 50,000 and claim
 # latency with 10,000,000 finished jobs in history, on a PostgreSQL server of its own started
 # from the machine's binaries with production settings (autovacuum on). Not part of `make
-# bench`: it takes long. SCALE_ARGS sizes it, e.g. SCALE_ARGS="--jobs 300000 --history 2000000".
-# Writes docs/scale.json.
+# bench`: about 15 minutes on a shared 2-core machine. SCALE_ARGS sizes it, e.g.
+# SCALE_ARGS="--jobs 300000 --history 2000000". Writes its section of docs/benchmarks.md (+ .json)
+# as `--label now`; the baseline before the table split is kept as `--label before`.
 SCALE_ARGS ?=
 bench-scale: $(BENCH_INSTALLED)
-	$(BENCH_VENV)/bin/python -m bench.scale $(SCALE_ARGS)
+	$(BENCH_VENV)/bin/python -m bench.scale --write $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) $(SIM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache

@@ -1,9 +1,12 @@
 """Flat at scale (issue 43, item 5): throughput over a long run and claim latency against a long
 history, on a server of the benchmark's own with autovacuum on, configured as production.
 
-`python -m bench.scale [--jobs 1000000] [--window 50000] [--history 10000000]`, or
-`make bench-scale` (SCALE_ARGS passes options). Prints a table and writes --json
-(docs/scale.json by default).
+`python -m bench.scale [--jobs 1000000] [--window 50000] [--history 10000000] [--write]`, or
+`make bench-scale` (with --write; SCALE_ARGS passes options). Prints a table; --json FILE
+writes the result there; --write stores it in docs/benchmarks.json as info.scale.<--label>
+("now" by default; "before" holds the baseline measured before the table split) and writes
+docs/benchmarks.md again. About 15 minutes at the defaults on a shared 2-core machine; 7 with
+--history 2000000.
 
 The server: the machine's PostgreSQL binaries (/usr/lib/postgresql/<newest>/bin, or --pg-bin),
 initdb into a temporary folder (as the `postgres` user when run as root: PostgreSQL refuses

@@ -18,6 +18,7 @@ from bench.scale import (  # noqa: E402
     Column,
     history_insert,
     history_table,
+    paired_median,
     percentile,
     ratio,
     window_sizes,
@@ -65,6 +66,12 @@ def test_percentile_is_a_measured_value_by_nearest_rank() -> None:
     assert percentile(values, 100) == 100.0
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert math.isnan(percentile([], 50))
+
+
+def test_paired_median_takes_each_round_against_its_pair() -> None:
+    # Round 2 ran under load: both halves slow, its ratio unchanged.
+    assert paired_median([2.0, 8.0, 2.2], [1.0, 4.0, 1.0]) == pytest.approx(2.0)
+    assert math.isnan(paired_median([1.0], [0.0]))
 
 
 def test_ratio_of_zero_is_not_a_number() -> None:
@@ -119,6 +126,8 @@ def _result(rates: list[float]) -> dict[str, Any]:
             "drained_total": 100 * n,
             "jobs_per_s": rate,
             "enqueue_per_s": 9000.0,
+            "blocks_per_job": 30.0,
+            "claim_blocks": 250.0,
             "dead_rows": 10,
             "autovacuums": n,
             "schema_mib": 1.0,
@@ -126,7 +135,7 @@ def _result(rates: list[float]) -> dict[str, Any]:
         }
         for n, rate in enumerate(rates, start=1)
     ]
-    state = {"claims": 180, "p50_ms": 0.8, "p99_ms": 2.0, "mean_ms": 0.9}
+    state = {"claims": 180, "p50_ms": 0.8, "p99_ms": 2.0, "mean_ms": 0.9, "blocks_per_claim": 250.0}
     return {
         "commit": "abc1234",
         "date": "2026-12-06 07:20 UTC",
@@ -139,6 +148,7 @@ def _result(rates: list[float]) -> dict[str, Any]:
         "throughput": {"windows": windows},
         "latency": {
             "claim_jobs": 2000,
+            "rounds": 4,
             "history": {
                 "table": "jobs",
                 "rows": 50_000,
@@ -150,6 +160,7 @@ def _result(rates: list[float]) -> dict[str, Any]:
             "with_history": {**state, "p50_ms": 1.6, "drain_jobs_per_s": 2500.0},
             "p50_ratio": 2.0,
             "p99_ratio": 1.0,
+            "blocks_ratio": 1.25,
             "drain_ratio": 0.5,
         },
     }
@@ -165,6 +176,6 @@ def test_the_report_section_says_whether_each_goal_was_met() -> None:
     assert text.index("### Before the table split") < text.index("### Now")
     assert "slowest over the first: **0.95** (goal >= 0.9: met)" in text
     assert "slowest over the first: **0.50** (goal >= 0.9: **not met**)" in text
-    assert "| with history / none | **2.00** | 1.00 | **0.50** |" in text
-    assert "| 2 | 200 | 950 | 0.95 | 9,000 | 10 | 2 | 1 | 1.50 |" in text
+    assert "| with history / none | **2.00** | 1.00 | **1.25** | **0.50** |" in text
+    assert "| 2 | 200 | 950 | 0.95 | 30.0 | 250.0 | 9,000 | 10 | 2 | 1 | 1.50 |" in text
     assert report.scale_section(None) == []
