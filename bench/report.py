@@ -795,20 +795,23 @@ def scale_section(scale: dict[str, Any] | None) -> list[str]:
             f"by `python -m bench.scale {sizes} --write --label {label}`."
         )
         out.append("")
+        if result.get("note"):
+            out.append(str(result["note"]))
+            out.append("")
         if "throughput" in result:
             windows = result["throughput"]["windows"]
             rates = [w["jobs_per_s"] for w in windows]
             summary = window_summary(rates)
             out.append(
-                "| window | drained so far | jobs/s | vs the first | blocks per job "
+                "| window | drained so far | jobs/s | blocks per job "
                 "| claim: blocks | enqueued jobs/s | dead rows after | autovacuums so far "
                 "| pgdrain schema MiB | load (1 min) |"
             )
-            out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for w in windows:
                 out.append(
                     f"| {w['window']} | {w['drained_total']:,} | {_n(w['jobs_per_s'])} "
-                    f"| {_n(w['jobs_per_s'] / rates[0], 2)} | {_n(w['blocks_per_job'], 1)} "
+                    f"| {_n(w['blocks_per_job'], 1)} "
                     f"| {_n(w['claim_blocks'], 1)} | {_n(w['enqueue_per_s'])} "
                     f"| {w['dead_rows']:,} | {w['autovacuums']} | {_n(w['schema_mib'])} "
                     f"| {str(w.get('load', '?')).split(' / ')[0]} |"

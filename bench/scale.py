@@ -672,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--label", default="now", help="the schema measured: 'before' (the table split) or 'now'"
     )
+    parser.add_argument("--note", default="", help="a sentence the report prints with it")
     parser.add_argument("--bench-json", type=Path, default=REPO / "docs" / "benchmarks.json")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = parser.parse_args(argv)
@@ -686,6 +687,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "jobs": args.jobs,
         "window": args.window,
         "load_before": load_average(),
+        "note": args.note,
     }
     with own_server(bindir, PRODUCTION) as (admin_url, _):
         server = Server(admin_url)
