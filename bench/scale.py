@@ -166,6 +166,12 @@ def history_table(tables: set[str]) -> str:
     raise RuntimeError("the pgdrain schema holds neither finished_jobs nor jobs")
 
 
+def active_table(tables: set[str]) -> str:
+    """Where queued and running jobs live: pgdrain.active_jobs once the table is split (then
+    pgdrain.jobs is a view, which ANALYZE skips), else pgdrain.jobs."""
+    return "active_jobs" if "active_jobs" in tables else "jobs"
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -436,17 +442,21 @@ def _id_sequence(conn: psycopg.Connection[Any]) -> str | None:
     return None
 
 
+def _tables(conn: psycopg.Connection[Any]) -> set[str]:
+    """The pgdrain schema's tables, plain or partitioned (not its views)."""
+    return {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace"
+            " WHERE s.nspname = 'pgdrain' AND c.relkind IN ('r', 'p')"
+        )
+    }
+
+
 def add_history(url: str, n: int) -> dict[str, Any]:
     """`n` finished jobs into the table that holds finished jobs, then VACUUM ANALYZE."""
     with psycopg.connect(url, autocommit=True) as conn:
-        tables = {
-            str(r[0])
-            for r in conn.execute(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace"
-                " WHERE s.nspname = 'pgdrain' AND c.relkind IN ('r', 'p')"
-            )
-        }
-        table = history_table(tables)
+        table = history_table(_tables(conn))
         statement = history_insert(table, _columns(conn, table), _id_sequence(conn))
         start = time.perf_counter()
         conn.execute(statement.encode(), {"n": n, "queues": HISTORY_QUEUES})
@@ -517,7 +527,8 @@ def _claim_round(url: str, dbname: str, jobs: int, blocks: Blocks) -> tuple[list
     """Enqueue `jobs`, ANALYZE, claim them all: (ms per claim, blocks per claim)."""
     _enqueue(url, jobs)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("ANALYZE pgdrain.jobs")
+        table = active_table(_tables(conn))
+        conn.execute(sql.SQL("ANALYZE pgdrain.{}").format(sql.Identifier(table)))
     blocks.reset()
     ms = claim_latencies(url, jobs)
     return ms, blocks.per_call(dbname, CLAIM_TEXT)

@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:
 
 from bench.scale import (  # noqa: E402
     Column,
+    active_table,
     history_insert,
     history_table,
     paired_median,
@@ -86,6 +87,8 @@ def test_history_goes_to_the_finished_table_once_the_schema_has_one() -> None:
     )
     with pytest.raises(RuntimeError):
         history_table({"kicks"})
+    assert active_table({"jobs", "kicks"}) == "jobs"
+    assert active_table({"active_jobs", "finished_jobs"}) == "active_jobs"
 
 
 def test_history_insert_sets_the_columns_the_table_has() -> None:
