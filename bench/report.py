@@ -748,6 +748,8 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
         *rows,
         "",
     ]
+
+
 SCALE_TITLES = {"before": "Before the table split", "now": "Now"}
 
 
