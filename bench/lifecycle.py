@@ -1,13 +1,16 @@
 """Rounds of enqueue-then-drain, as an operator's queue lives: throughput, WAL and storage per
 round, with vacuum keeping up or with a snapshot held open for the whole run.
 
-`python -m bench.lifecycle [--held] [--rounds 6] [--jobs 50000] [--batch 10] [--concurrency 10]`:
-each round enqueues `--jobs` no-op jobs, drains them (by default at the defaults: batch 10,
-concurrency 10, one process), then VACUUMs the database (standing in for autovacuum, which is off
-on the machine's server). With `--held`, a REPEATABLE READ transaction on another connection takes
-its snapshot before the first round and keeps it to the end (a report, a pg_dump, a forgotten
-session): nothing a drain writes after it can be vacuumed away. A round that has not finished
-within `--round-seconds` is cut there; its throughput is what it drained.
+`python -m bench.lifecycle [--held] [--no-position] [--rounds 6] [--jobs 50000] [--batch 10]
+[--concurrency 10] [--json F]` (then `--record HELD.json KEEPS_UP.json`: into
+docs/benchmarks.md): each round enqueues `--jobs` no-op jobs, drains them (by default at the
+defaults: batch 10, concurrency 10, one process), then VACUUMs the database (standing in for
+autovacuum, which is off on the machine's server). With `--held`, a REPEATABLE READ transaction
+on another connection takes its snapshot before the first round and keeps it to the end (a
+report, a pg_dump, a forgotten session): nothing a drain writes after it can be vacuumed away. A
+round that has not finished within `--round-seconds` is cut there; its throughput is what it
+drained. `--no-position`: every claim reads each queue from its start (runner/positions.py
+switched off), as before positions.
 
 Per round: jobs/s, WAL bytes per job drained (pg_current_wal_lsn() around the drain: claim and
 complete; the enqueue and the vacuum are outside), and the size of every table and index of the
@@ -30,12 +33,13 @@ from typing import Any
 
 import psycopg
 
-from bench.common import Server, log, resolve_server
+from bench.common import REPO, Server, load_average, log, resolve_server
 from pgdrain import Budget, Settings
 from pgdrain.api.enqueue import build_job, enqueue_many
 from pgdrain.api.registry import load_registry
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db.migrate import migrate
-from pgdrain.runner.drain import drain
+from pgdrain.runner.drain import drain_with
 
 SCHEMA_BYTES = """
 SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
@@ -125,13 +129,15 @@ def one_round(
     settings: Settings,
     wal_dir: str,
     waldump: str,
+    controls: Controls,
 ) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.transaction():
             enqueue_many(conn, (build_job("noop") for _ in range(jobs)))
     lsn_before = wal_lsn(admin)
     start = time.perf_counter()
-    result = drain(
+    result = drain_with(
+        controls,
         settings,
         Budget.seconds(round_seconds),
         load_registry("jobs"),
@@ -168,12 +174,14 @@ def run(
     settings: Settings,
     wal_dir: str = "",
     waldump: str = "pg_waldump",
+    controls: Controls = ALL_ON,
 ) -> list[dict[str, Any]]:
     admin_url, source = resolve_server()
     server = Server(admin_url)
     log(
         f"server: {source}, {server.version()}; held snapshot: {held}; "
-        f"batch {settings.batch_size}, concurrency {settings.concurrency}"
+        f"batch {settings.batch_size}, concurrency {settings.concurrency}; "
+        f"position: {controls.claim_from_position}"
     )
     name = server.create()
     url = server.url(name)
@@ -195,7 +203,9 @@ def run(
                 holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
                 holder.execute("SELECT count(*) FROM pg_class")  # takes the snapshot
             for number in range(1, rounds + 1):
-                figure = one_round(url, admin, jobs, round_seconds, settings, wal_dir, waldump)
+                figure = one_round(
+                    url, admin, jobs, round_seconds, settings, wal_dir, waldump, controls
+                )
                 finished = sum(f["done"] for f in figures) + figure["done"]
                 figure["schema_mib_per_million"] = figure["schema_mib"] * 1e6 / max(finished, 1)
                 figures.append(figure)
@@ -243,8 +253,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the server's pg_wal directory, readable here: count this database's WAL alone",
     )
     parser.add_argument("--pg-waldump", default="pg_waldump")
+    parser.add_argument(
+        "--no-position",
+        action="store_true",
+        help="claim every queue from its start (Controls(claim_from_position=False))",
+    )
     parser.add_argument("--json", default="", help="also write the figures here")
+    parser.add_argument(
+        "--record",
+        nargs=2,
+        metavar=("HELD_JSON", "KEEPS_UP_JSON"),
+        help="put two runs' --json (with --held, without) in docs/benchmarks.md and stop",
+    )
+    parser.add_argument("--note", default="", help="with --record: said under the table")
     args = parser.parse_args(argv)
+    if args.record:
+        record(args.record[0], args.record[1], note=args.note)
+        return
+    controls = Controls(claim_from_position=not args.no_position)
     settings = Settings(batch_size=args.batch, concurrency=args.concurrency)
     figures = run(
         args.rounds,
@@ -254,14 +280,56 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings,
         args.wal_dir,
         args.pg_waldump,
+        controls,
     )
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(
-                {"held": args.held, "jobs": args.jobs, "batch": args.batch, "rounds": figures},
-                out,
-                indent=1,
-            )
+            figure = {
+                "held": args.held,
+                "position": not args.no_position,
+                "jobs": args.jobs,
+                "batch": args.batch,
+            }
+            json.dump({**figure, **environment(), "rounds": figures}, out, indent=1)
+
+
+def environment() -> dict[str, str]:
+    """What --record names: the commit measured, the server, the date and the load."""
+    admin_url, source = resolve_server()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "commit": commit,
+        "server": f"PostgreSQL {Server(admin_url).version()} ({source})",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": load_average(),
+    }
+
+
+def record(held_json: str, free_json: str, note: str) -> None:
+    """Two runs' figures (a snapshot held, vacuum keeping up) into docs/benchmarks.json's
+    lifecycle section, and docs/benchmarks.md rewritten from it."""
+    from bench import report, run
+
+    with open(held_json) as f:
+        held = json.load(f)
+    with open(free_json) as f:
+        free = json.load(f)
+    assert held["held"] and not free["held"], "--record HELD_JSON KEEPS_UP_JSON"
+    assert held["commit"] == free["commit"], "both runs of one commit"
+    path = REPO / "docs" / "benchmarks.json"
+    res = run.load(path)
+    res.info["lifecycle"] = {
+        **{k: held[k] for k in ("commit", "server", "date", "load")},
+        "note": note,
+        "held": held,
+        "free": free,
+    }
+    run.save(res, path)
+    # The markdown alone: the plots are make bench's, and unchanged.
+    (REPO / "docs" / "benchmarks.md").write_text(report.markdown(res, "benchmarks.png"))
+    log(f"wrote docs/benchmarks.md (its lifecycle section; the rest from {path})")
 
 
 if __name__ == "__main__":

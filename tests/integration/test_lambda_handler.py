@@ -490,6 +490,10 @@ def test_a_run_out_of_time_with_work_left_continues_itself_once(
     assert ready > 0
     assert result["queue_depth"] == ready
     assert metric_totals(emf_records(capsys.readouterr().out))["QueueDepth"] == ready
+    # Its exit, on the short connection after the drain, wrote its line in the run history.
+    [line] = store.run_history_list(conn)
+    seen = (line.trigger, line.chain, line.stop_reason, line.continued, line.done)
+    assert seen == ("continue", 3, "budget", True, result["result"]["done"])
 
 
 def test_a_scheduled_run_continues_with_chain_one(
@@ -738,6 +742,7 @@ def test_the_scheduled_run_deletes_finished_jobs_past_their_retention(
     assert result["retention"] == {
         "done": 2,
         "failed": 2,
+        "runs": 0,
         "complete": True,
         "partitions_dropped": 0,
     }
@@ -764,6 +769,7 @@ def test_an_empty_scheduled_run_deletes_in_the_round_trip_of_its_exit(
     assert result["retention"] == {
         "done": 1,
         "failed": 0,
+        "runs": 0,
         "complete": True,
         "partitions_dropped": 0,
     }
@@ -793,6 +799,7 @@ def test_retention_past_one_batch_carries_on_after_the_exit(
     assert result["retention"] == {
         "done": retention.DEFAULT_BATCH + 5,
         "failed": 0,
+        "runs": 0,
         "complete": True,
         "partitions_dropped": 0,
     }

@@ -18,7 +18,10 @@ Each batch's transaction first sets statement_timeout and lock_timeout to the bu
 the final margin, local to it (set_config(..., true), as the drain's Session does): a DELETE
 blocked on a table lock (a migration, an operator's transaction) is cancelled there, and the
 run returns with what it deleted so far (`stopped` says why) instead of waiting past its
-deadline."""
+deadline.
+
+The same batches bound the run history (pgdrain.run_history, one line per run that exited):
+lines older than `retain_done_days` go with the done jobs, a run kept as long as its jobs."""
 
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ class RetentionResult(NamedTuple):
     # Set when a batch was cancelled at its statement or lock limit (e.g. the table was locked):
     # why the run stopped. None when every batch it started finished.
     stopped: str | None = None
+    runs: int = 0  # run history lines deleted
     partitions_dropped: int = 0  # day partitions of done jobs dropped
     moved: int = 0  # finished rows moved out of active_jobs (left there by migration 0018)
 
@@ -64,6 +68,7 @@ class RetentionResult(NamedTuple):
         return {
             "done": self.done,
             "failed": self.failed,
+            "runs": self.runs,
             "complete": self.complete,
             "partitions_dropped": self.partitions_dropped,
         }
@@ -75,16 +80,16 @@ def first_batch(
     """The first batch alone, for a run to send with its exit (pgdrain.aws.control): on a
     quiet table it is all there is to delete."""
     return store.job_retention_batch_statement(
-        retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH
+        retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH, DEFAULT_BATCH
     )
 
 
 def after_first_batch(
-    done: int, failed: int, due: bool = False, batch: int = DEFAULT_BATCH
+    done: int, failed: int, runs: int = 0, due: bool = False, batch: int = DEFAULT_BATCH
 ) -> RetentionResult:
-    """What the first batch did: `complete` unless either kind came back full (more to
-    delete) or partition housekeeping is due: run_once carries on."""
-    return RetentionResult(done, failed, done < batch and failed < batch and not due)
+    """What the first batch did: `complete` unless a kind came back full (more to delete) or
+    partition housekeeping is due: run_once carries on."""
+    return RetentionResult(done, failed, max(done, failed, runs) < batch and not due, runs=runs)
 
 
 def run_once(
@@ -101,12 +106,13 @@ def run_once(
     leaves at least `min_remaining` seconds. `conn` is in autocommit mode. A batch cancelled at
     its limit ends the run (`stopped`). With limit_statements_to_budget off (a control), the
     batches run with the server's limits: a lock wait may then outlast the budget."""
-    done = failed = 0
-    more_done = more_failed = True  # a batch that came back full may have left more
-    while more_done or more_failed:
+    done = failed = runs = 0
+    # A batch that came back full may have left more.
+    more_done = more_failed = more_runs = True
+    while more_done or more_failed or more_runs:
         remaining = budget.remaining()
         if remaining < min_remaining:
-            return RetentionResult(done, failed, False)
+            return RetentionResult(done, failed, False, runs=runs)
         limit_ms = session.statement_limit_ms(remaining)
         batch_of = functools.partial(
             store.job_retention_batch,
@@ -114,19 +120,22 @@ def run_once(
             failed_days=retain_failed_days,
             done_limit=batch if more_done else 0,
             failed_limit=batch if more_failed else 0,
+            runs_limit=batch if more_runs else 0,
         )
         try:
             # One round trip: BEGIN, the limits, the batch's DELETEs and COMMIT together.
-            deleted_done, deleted_failed, _ = session.run_one_statement(
+            deleted = session.run_one_statement(
                 conn, limit_ms if controls.limit_statements_to_budget else None, batch_of
             )
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
-            return _stopped(exc, limit_ms, RetentionResult(done, failed, False))
-        done += deleted_done
-        failed += deleted_failed
-        more_done = more_done and deleted_done >= batch
-        more_failed = more_failed and deleted_failed >= batch
-    result = RetentionResult(done, failed, False)
+            return _stopped(exc, limit_ms, RetentionResult(done, failed, False, runs=runs))
+        done += deleted.done
+        failed += deleted.failed
+        runs += deleted.runs
+        more_done = more_done and deleted.done >= batch
+        more_failed = more_failed and deleted.failed >= batch
+        more_runs = more_runs and deleted.runs >= batch
+    result = RetentionResult(done, failed, False, runs=runs)
     # The partitions: made ahead, dropped past their age (a catalog change each).
     remaining = budget.remaining()
     if remaining < min_remaining:

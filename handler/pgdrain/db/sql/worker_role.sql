@@ -5,8 +5,10 @@
 -- pgdrain.kicks and the control plane's tables (runs, wakes, queue_limits); SELECT, DELETE on
 -- the history partitions retention deletes rows from (finished_jobs_failed,
 -- finished_jobs_done_default); EXECUTE on the functions that make and drop the day partitions
--- (they run as the schema's owner: the worker creates and drops no table itself); SELECT, UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT,
--- UPDATE on pgdrain.periodic_slots; USAGE on the jobs id sequence (an enqueue from a job).
+-- (they run as the schema's owner: the worker creates and drops no table itself); SELECT,
+-- UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT, UPDATE on pgdrain.periodic_slots;
+-- SELECT, INSERT, DELETE on pgdrain.run_history; USAGE on the jobs id sequence (an enqueue from
+-- a job).
 -- No DDL (it owns nothing and may create nothing), no access to pgdrain.migrations.
 --
 -- PostgreSQL grants some privileges to PUBLIC (every role), and a role cannot be refused what
@@ -63,6 +65,9 @@ GRANT SELECT, INSERT, UPDATE ON pgdrain.periodic_slots TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.runs, pgdrain.wakes, pgdrain.queue_limits
     TO pgdrain_worker;
 GRANT SELECT, UPDATE ON pgdrain.run_gate TO pgdrain_worker;
+-- The run history (migration 0019): a run's exit writes its line (ON CONFLICT reads the key),
+-- retention deletes old ones. No UPDATE: a line is never changed.
+GRANT SELECT, INSERT, DELETE ON pgdrain.run_history TO pgdrain_worker;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_worker;
 
 DO $$
