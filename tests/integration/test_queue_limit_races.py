@@ -9,7 +9,8 @@ limit is exceeded). Each interleaving is set up with a transaction held open on 
 connection, the wait seen in pg_stat_activity: a completion or a claim in flight when the row
 is created, and one that comes while the creation is not committed. The control runs the same
 timeline with the two table locks taken out of the trigger and the sync (in the test's own
-database: the functions of migration 0012 less the LOCK line), which is 0006's behaviour."""
+database: the functions as the migrations define them, less the LOCK line), which is 0006's
+behaviour."""
 
 from __future__ import annotations
 
@@ -90,13 +91,14 @@ def _waits_on_a_lock(observer: Conn, pid: int) -> bool:
 
 
 def _function(name: str) -> str:
-    """A function of migration 0012, as CREATE OR REPLACE."""
-    [migration] = [m for m in migrations() if m.version == "0012"]
-    found = re.search(
-        rf"CREATE (?:OR REPLACE )?FUNCTION pgdrain\.{name}\(.*?\n\$\$;", migration.sql, re.S
-    )
-    assert found is not None, name
-    return re.sub(r"^CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", found.group(0))
+    """A function as the latest migration that defines it has it, as CREATE OR REPLACE."""
+    for migration in reversed(list(migrations())):
+        found = re.search(
+            rf"CREATE (?:OR REPLACE )?FUNCTION pgdrain\.{name}\(.*?\n\$\$;", migration.sql, re.S
+        )
+        if found is not None:
+            return re.sub(r"^CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", found.group(0))
+    raise AssertionError(name)
 
 
 def switch_off_the_creation_lock(conn: Conn) -> None:

@@ -185,8 +185,8 @@ SELECT id, status FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]);
 -- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
 -- %(limit)s ready jobs, the queues taking turns (round-robin, priority order within a turn)
--- and each limited queue (pgdrain.queue_limits) kept within its running limit across all
--- runs. SKIP LOCKED lets concurrent drains pass each other.
+-- and each limited queue (pgdrain.queue_limits) kept within its running limit and its rate
+-- across all runs; a paused queue's jobs are not claimed. SKIP LOCKED lets concurrent drains pass each other.
 -- A finished job returned as lost had lost its lease: its result is not recorded, and
 -- completed_token keeps the token of the attempt whose result was. A claimed lease never
 -- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
@@ -227,21 +227,27 @@ WITH completed AS (
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk)) AS names
 ), limits AS MATERIALIZED (
-    -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
-    -- none, and then nothing is locked). The row lock serialises the claims of a limited
-    -- queue, and reads the running count as the last claim committed it.
-    SELECT l.queue, l.max_running - l.running AS free
+    -- Per-queue settings across all runs (pgdrain.queue_limits; most queues have none, and
+    -- then nothing is locked): a concurrency limit (free: NULL when none), a rate limit
+    -- (starts_left in the current window: NULL when none) and a pause. The row lock serialises
+    -- the claims of such a queue, and reads the running count and the window's claims as the
+    -- last claim committed them (the count trigger moves both, migration 0020). A window the
+    -- row holds later than this claim's own counts as the current one.
+    SELECT l.queue, l.paused_at IS NOT NULL AS paused, l.max_running - l.running AS free,
+           l.rate_limit - CASE WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
+                               THEN l.window_started ELSE 0 END AS starts_left
     FROM pgdrain.queue_limits AS l
     WHERE l.queue = ANY((SELECT names FROM served)::text[])
     ORDER BY l.queue
     FOR UPDATE OF l
 ), slots AS (
     -- How many each queue may claim now: the batch, or its free slots (with the jobs this
-    -- statement completes, whose counts the trigger moves only at its end).
+    -- statement completes, whose counts the trigger moves only at its end), or the starts its
+    -- window has left; none while it is paused.
     SELECT q.name,
-           least(%(limit)s, greatest(0, coalesce(
+           CASE WHEN lim.paused THEN 0 ELSE least(%(limit)s, greatest(0, coalesce(
                lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
-               %(limit)s))) AS n
+               %(limit)s)), greatest(0, coalesce(lim.starts_left, %(limit)s))) END AS n
     FROM unnest((SELECT names FROM served)::text[]) AS q(name)
     LEFT JOIN limits AS lim ON lim.queue = q.name
 ), candidates AS (
@@ -313,6 +319,9 @@ SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::tex
        NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 WHERE NOT EXISTS (SELECT 1 FROM completed AS c WHERE c.id = held.id AND c.token = held.token)
+UNION ALL
+-- A paused queue, flagged (lost NULL): the run gives back what it holds of it unstarted.
+SELECT NULL, NULL, p.queue, NULL, NULL, NULL, NULL, NULL FROM limits AS p WHERE p.paused
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
  FROM claimed
@@ -437,8 +446,8 @@ WHERE j.id = expired.id
 RETURNING j.id, j.status, j.reclaim_count;
 
 -- name: queue_has_ready :one
--- Is anything ready in these queues (NULL: in any queue)? Decides whether a run out of budget
--- continues itself. One probe per queue of the range run_at <= now() in
+-- Is anything ready and claimable in these queues (NULL: in any queue)? Decides whether a run
+-- out of budget continues itself. One probe per queue of the range run_at <= now() in
 -- jobs_queued_run_at_idx (as `queue = ANY(...)` the planner may choose a sequential scan
 -- through the history); every queue is found as the claim finds them.
 SELECT EXISTS (
@@ -461,4 +470,12 @@ SELECT EXISTS (
         ORDER BY run_at
         LIMIT 1
     ) AS one
+    -- Nor in a queue no run may claim now: paused, or its rate window used up.
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pgdrain.queue_limits AS l
+        WHERE l.queue = q.name
+          AND (l.paused_at IS NOT NULL
+               OR (l.window_started >= l.rate_limit
+                   AND l.window_start >= pgdrain.rate_window(l.rate_seconds)))
+    )
 ) AS ready;

@@ -210,10 +210,12 @@ def complete_and_claim_result(
     rows: Sequence[Any], finished: Sequence[Held]
 ) -> tuple[Fenced, list[ClaimedJob]]:
     """job_complete_and_claim's rows read: the attempts of `finished` it recorded done (all but
-    those the fence refused: a row each, flagged) and the jobs it claimed."""
+    those the fence refused: a row each, flagged), the queues it found paused (lost NULL) and
+    the jobs it claimed."""
     lost = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
-    claimed = [ClaimedJob(*r[1:]) for r in rows if not r[0]]  # ClaimedJob's fields in order
-    return Fenced(frozenset(finished) - lost, lost), claimed
+    paused = frozenset(r[2] for r in rows if r[0] is None)
+    claimed = [ClaimedJob(*r[1:]) for r in rows if r[0] is False]  # ClaimedJob's fields in order
+    return Fenced(frozenset(finished) - lost, lost, paused), claimed
 
 
 @one_statement
