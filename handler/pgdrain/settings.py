@@ -256,9 +256,7 @@ class Settings:
             _require(1 <= limit <= 100000, "PGDRAIN_QUEUE_LIMITS", "limits from 1 to 100000")
         for name, starts, seconds in self.queue_rates:
             check_queue_name(name, "PGDRAIN_QUEUE_LIMITS")
-            _require(
-                1 <= starts <= 1000000, "PGDRAIN_QUEUE_LIMITS", "rates from 1 to 1000000 jobs"
-            )
+            _require(1 <= starts <= 1000000, "PGDRAIN_QUEUE_LIMITS", "rates from 1 to 1000000 jobs")
             _require(
                 1 <= seconds <= MAX_RATE_PERIOD_SECONDS,
                 "PGDRAIN_QUEUE_LIMITS",
