@@ -216,6 +216,11 @@ def format_kick(outcome: KickOutcome) -> list[str]:
             f"not kicked for {', '.join(queues)}: nothing is ready yet; {function} will wake "
             f"up at {wake_at.isoformat()}"
         )
+    if outcome.paused:
+        lines.append(
+            f"not kicked for {', '.join(outcome.paused)}: paused; the kick is recorded "
+            "(`pgdrain resume QUEUE` kicks it)"
+        )
     if outcome.covered:
         lines.append(
             f"not kicked for {', '.join(outcome.covered)}: a run of {function} started "

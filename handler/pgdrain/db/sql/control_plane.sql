@@ -96,7 +96,8 @@ SET requested_at = excluded.requested_at,
 -- for its delayed jobs when it exits.)
 RETURNING k.queue, k.kicked_at = now() AS invoke,
           CASE WHEN k.run_until IS NULL OR k.run_until <= now()
-               THEN (SELECT w.later_at FROM wanted AS w WHERE w.name = k.queue) END AS later_at;
+               THEN (SELECT w.later_at FROM wanted AS w WHERE w.name = k.queue) END AS later_at,
+          (SELECT p.paused FROM pending AS p WHERE p.name = k.queue) AS paused;
 
 -- name: kick_clear :exec
 -- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes (it

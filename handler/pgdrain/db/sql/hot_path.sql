@@ -320,8 +320,12 @@ SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::tex
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 WHERE NOT EXISTS (SELECT 1 FROM completed AS c WHERE c.id = held.id AND c.token = held.token)
 UNION ALL
--- A paused queue, flagged (lost NULL): the run gives back what it holds of it unstarted.
-SELECT NULL, NULL, p.queue, NULL, NULL, NULL, NULL, NULL FROM limits AS p WHERE p.paused
+-- Each paused queue of the run's, flagged (lost NULL): the run gives back what it holds of it
+-- unstarted (also when none of its jobs is left queued). No row unless a queue is paused.
+SELECT NULL, NULL, p.queue, NULL, NULL, NULL, NULL, NULL
+FROM pgdrain.queue_limits AS p
+WHERE p.paused_at IS NOT NULL
+  AND (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[]))
 UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
  FROM claimed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -88,6 +88,7 @@ class KickDecision:
 
     invoke: list[str]
     later: dict[str, dt.datetime]
+    paused: list[str] = field(default_factory=list)  # recorded; no run while they are paused
 
 
 def kick_debounce(
@@ -113,6 +114,7 @@ def kick_debounce(
     return KickDecision(
         invoke=sorted(str(r[0]) for r in rows if r[1]),
         later={str(r[0]): r[2] for r in rows if not r[1] and r[2] is not None},
+        paused=sorted(str(r[0]) for r in rows if r[3]),
     )
 
 
