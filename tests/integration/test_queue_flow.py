@@ -300,3 +300,21 @@ def test_the_exit_and_the_kick_pass_over_a_paused_queue(conn: Conn, paused: bool
     else:
         assert check.ready and check.due_at is not None
         assert (decision.invoke, decision.paused) == (["emails"], [])
+
+
+def test_the_example_of_docs_jobs_md_runs(db_url: str, conn: Conn) -> None:
+    from helpers.docs import DOCS, fences, section
+    from pgdrain import Registry
+
+    text = (DOCS / "jobs.md").read_text(encoding="utf-8")
+    assert "tests/integration/test_queue_flow.py" in section(
+        text, "Pausing a queue, and rate limits"
+    )
+    [example] = [
+        f for f in fences(text) if f.marker == "run by tests/integration/test_queue_flow.py"
+    ]
+    jobs = Registry()
+    jobs.job("send_email")(lambda job: None)
+    exec(example.body, {"DATABASE_URL": db_url, "jobs": jobs})
+    assert _count(conn, "queued") == 1  # resumed, not kicked here: it waits for a run
+    assert store.queue_stats(conn)[0].paused is False
