@@ -26,13 +26,39 @@ RETURN to_timestamp(floor(extract(epoch FROM now()) / seconds) * seconds);
 -- in their window. A window later than the claim's own (a claim whose transaction started
 -- before the boundary and committed after one made in the next window) takes its claims: the
 -- window a row holds only moves forward, and no window counts more claims than were allowed
--- in it.
+-- in it. Telling a claim from a heartbeat (running to running) takes the rows' old status: the
+-- transition tables are joined only while some queue has a rate; without one, the trigger
+-- does what 0012's did.
 CREATE OR REPLACE FUNCTION pgdrain.queue_limits_count() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     LOCK TABLE pgdrain.queue_limits IN ROW SHARE MODE;
     IF NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits) THEN
         RETURN NULL;  -- no queue configured: the common case costs one lookup
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l WHERE l.rate_limit IS NOT NULL) THEN
+        WITH d AS (
+            SELECT changes.queue, sum(changes.delta)::int AS delta
+            FROM (
+                SELECT n.queue, 1 AS delta FROM new_rows AS n WHERE n.status = 'running'
+                UNION ALL
+                SELECT o.queue, -1 FROM old_rows AS o WHERE o.status = 'running'
+            ) AS changes
+            GROUP BY changes.queue
+            HAVING sum(changes.delta) <> 0
+        ), locked AS (
+            -- In queue order, as the claim locks them: two statements never wait on each
+            -- other in opposite orders.
+            SELECT l.queue FROM pgdrain.queue_limits AS l
+            WHERE l.queue IN (SELECT d.queue FROM d)
+            ORDER BY l.queue
+            FOR UPDATE OF l
+        )
+        UPDATE pgdrain.queue_limits AS l
+        SET running = greatest(0, l.running + d.delta)
+        FROM d
+        WHERE l.queue = d.queue AND l.queue IN (SELECT locked.queue FROM locked);
+        RETURN NULL;
     END IF;
     WITH d AS (
         SELECT changes.queue, sum(changes.delta)::int AS delta,
@@ -47,8 +73,6 @@ BEGIN
         GROUP BY changes.queue
         HAVING sum(changes.delta) <> 0 OR sum(changes.started) > 0
     ), locked AS (
-        -- In queue order, as the claim locks them: two statements never wait on each other
-        -- in opposite orders.
         SELECT l.queue FROM pgdrain.queue_limits AS l
         WHERE l.queue IN (SELECT d.queue FROM d)
         ORDER BY l.queue
