@@ -230,9 +230,9 @@ WITH completed AS (
     -- Per-queue settings across all runs (pgdrain.queue_limits; most queues have none, and
     -- then nothing is locked): a concurrency limit (free: NULL when none), a rate limit
     -- (starts_left in the current window: NULL when none) and a pause. The row lock serialises
-    -- the claims of such a queue, and reads the running count and the window's claims as the
-    -- last claim committed them (the count trigger moves both, migration 0020). A window the
-    -- row holds later than this claim's own counts as the current one.
+    -- the claims of such a queue, and reads the running count (moved by the count trigger) and
+    -- the window's claims (counted below) as the last claim committed them. A window the row
+    -- holds later than this claim's own counts as the current one.
     SELECT l.queue, l.paused_at IS NOT NULL AS paused, l.max_running - l.running AS free,
            l.rate_limit - CASE WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
                                THEN l.window_started ELSE 0 END AS starts_left
@@ -310,6 +310,17 @@ WITH completed AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.attempt_token
+), counted AS (
+    -- The claims of each rate-limited queue, added to its window (moved forward to this
+    -- claim's, never back: a later window a concurrent claim committed keeps them), under the
+    -- row lock taken above. No row is read without a rate.
+    UPDATE pgdrain.queue_limits AS l
+    SET window_start = greatest(l.window_start, pgdrain.rate_window(l.rate_seconds)),
+        window_started = CASE WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
+                              THEN l.window_started ELSE 0 END
+                         + (SELECT count(*) FROM claimed AS c WHERE c.queue = l.queue)::int
+    WHERE l.queue = ANY(ARRAY(SELECT lim.queue FROM limits AS lim
+                              WHERE lim.starts_left IS NOT NULL))
 )
 -- Of the finished attempts only those the fence refused come back (rarely any), so the one
 -- thread that talks to the database decodes only the claim's rows. The payload comes back as

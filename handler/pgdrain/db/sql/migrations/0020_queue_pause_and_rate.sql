@@ -3,7 +3,7 @@
 -- windows aligned to the epoch: docs/decisions/0013), and a pause. A queue with none of them
 -- has no row, and the claim reads nothing for it. The table is small (a row per configured
 -- queue): the ALTERs lock it for no longer than their catalog change, and pgdrain.jobs is not
--- touched (only its trigger's function is replaced).
+-- touched. The claim counts a rate's claims in the window (job_complete_and_claim).
 ALTER TABLE pgdrain.queue_limits
     ALTER COLUMN max_running DROP NOT NULL,
     ADD COLUMN rate_limit integer,
@@ -21,76 +21,6 @@ ALTER TABLE pgdrain.queue_limits
 CREATE FUNCTION pgdrain.rate_window(seconds integer) RETURNS timestamptz
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN to_timestamp(floor(extract(epoch FROM now()) / seconds) * seconds);
-
--- The count trigger (0012) also counts the claims (queued to running) of rate-limited queues
--- in their window. A window later than the claim's own (a claim whose transaction started
--- before the boundary and committed after one made in the next window) takes its claims: the
--- window a row holds only moves forward, and no window counts more claims than were allowed
--- in it. Telling a claim from a heartbeat (running to running) takes the rows' old status: the
--- transition tables are joined only while some queue has a rate; without one, the trigger
--- does what 0012's did.
-CREATE OR REPLACE FUNCTION pgdrain.queue_limits_count() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    LOCK TABLE pgdrain.queue_limits IN ROW SHARE MODE;
-    IF NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits) THEN
-        RETURN NULL;  -- no queue configured: the common case costs one lookup
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l WHERE l.rate_limit IS NOT NULL) THEN
-        WITH d AS (
-            SELECT changes.queue, sum(changes.delta)::int AS delta
-            FROM (
-                SELECT n.queue, 1 AS delta FROM new_rows AS n WHERE n.status = 'running'
-                UNION ALL
-                SELECT o.queue, -1 FROM old_rows AS o WHERE o.status = 'running'
-            ) AS changes
-            GROUP BY changes.queue
-            HAVING sum(changes.delta) <> 0
-        ), locked AS (
-            -- In queue order, as the claim locks them: two statements never wait on each
-            -- other in opposite orders.
-            SELECT l.queue FROM pgdrain.queue_limits AS l
-            WHERE l.queue IN (SELECT d.queue FROM d)
-            ORDER BY l.queue
-            FOR UPDATE OF l
-        )
-        UPDATE pgdrain.queue_limits AS l
-        SET running = greatest(0, l.running + d.delta)
-        FROM d
-        WHERE l.queue = d.queue AND l.queue IN (SELECT locked.queue FROM locked);
-        RETURN NULL;
-    END IF;
-    WITH d AS (
-        SELECT changes.queue, sum(changes.delta)::int AS delta,
-               sum(changes.started)::int AS started
-        FROM (
-            SELECT n.queue, 1 AS delta, (o.status <> 'running')::int AS started
-            FROM new_rows AS n JOIN old_rows AS o ON o.id = n.id
-            WHERE n.status = 'running'
-            UNION ALL
-            SELECT o.queue, -1, 0 FROM old_rows AS o WHERE o.status = 'running'
-        ) AS changes
-        GROUP BY changes.queue
-        HAVING sum(changes.delta) <> 0 OR sum(changes.started) > 0
-    ), locked AS (
-        SELECT l.queue FROM pgdrain.queue_limits AS l
-        WHERE l.queue IN (SELECT d.queue FROM d)
-        ORDER BY l.queue
-        FOR UPDATE OF l
-    )
-    UPDATE pgdrain.queue_limits AS l
-    SET running = greatest(0, l.running + d.delta),
-        window_start = CASE WHEN l.rate_seconds IS NULL OR d.started = 0 THEN l.window_start
-                            ELSE greatest(l.window_start, pgdrain.rate_window(l.rate_seconds)) END,
-        window_started = CASE WHEN l.rate_seconds IS NULL OR d.started = 0 THEN l.window_started
-                              WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
-                              THEN l.window_started + d.started
-                              ELSE d.started END
-    FROM d
-    WHERE l.queue = d.queue AND l.queue IN (SELECT locked.queue FROM locked);
-    RETURN NULL;
-END
-$$;
 
 -- Make the limits of `queues` what `limited` says (PGDRAIN_QUEUE_LIMITS): per queue a
 -- concurrency limit (`limits`) and a rate (`rates` per `periods` seconds), either NULL. A queue
