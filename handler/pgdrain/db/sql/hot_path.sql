@@ -186,7 +186,8 @@ SELECT id, status FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]);
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
 -- %(limit)s ready jobs, the queues taking turns (round-robin, priority order within a turn)
 -- and each limited queue (pgdrain.queue_limits) kept within its running limit and its rate
--- across all runs; a paused queue's jobs are not claimed. SKIP LOCKED lets concurrent drains pass each other.
+-- across all runs; a paused queue's jobs are not claimed. SKIP LOCKED lets concurrent drains
+-- pass each other.
 -- A finished job returned as lost had lost its lease: its result is not recorded, and
 -- completed_token keeps the token of the attempt whose result was. A claimed lease never
 -- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
