@@ -8,7 +8,9 @@ and the window's count at every claim). Prints one JSON line: jobs/s.
 
 It uses only what both sides of a before/after comparison have (run it with PYTHONPATH naming
 another checkout's handler/ for the before side; `--case rate` needs migration 0020). Each call
-makes its own database from a template it builds once per schema (enqueueing is not timed)."""
+makes its own database from a template it builds once per schema (enqueueing is not timed).
+The runs of both sides are alternated by hand (ABBA); `--write-section FILE` records the
+section written from them (markdown) in docs/benchmarks.json and rewrites docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,6 +30,7 @@ from pgdrain.db import store
 from pgdrain.db.migrate import migrate
 from pgdrain.db.sql import migrations
 
+BENCHMARKS_JSON = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.json"
 registry = Registry()
 
 
@@ -84,6 +88,16 @@ def once(admin: str, jobs: int, batch: int, case: str) -> float:
             conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))
 
 
+def write_section(markdown: str) -> None:
+    """Store the section in docs/benchmarks.json and write docs/benchmarks.md from it."""
+    from bench import report, run
+
+    res = run.load(BENCHMARKS_JSON)
+    res.info["queue_flow"] = {"markdown": markdown.rstrip("\n").splitlines()}
+    run.save(res, BENCHMARKS_JSON)
+    BENCHMARKS_JSON.with_suffix(".md").write_text(report.markdown(res, "benchmarks.png"))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     import os
 
@@ -91,7 +105,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--case", choices=("plain", "limit", "rate"), default="plain")
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--write-section", type=Path, help="record this markdown; measure nothing")
     args = parser.parse_args(argv)
+    if args.write_section is not None:
+        write_section(args.write_section.read_text(encoding="utf-8"))
+        return
     admin = os.environ["DATABASE_URL"]
     rate = once(admin, args.jobs, args.batch, args.case)
     print(json.dumps({"case": args.case, "batch": args.batch, "jobs_per_s": round(rate)}))

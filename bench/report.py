@@ -558,6 +558,14 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def queue_flow_section(qf: dict[str, Any] | None) -> list[str]:
+    """`## Queue pause and rate limits`: recorded by `python -m bench.queue_flow
+    --write-section FILE` (its runs are paired by hand, before and after a commit)."""
+    if not qf:
+        return []
+    return [*qf["markdown"], ""]
+
+
 def profile_section(prof: dict[str, Any] | None) -> list[str]:
     """`## Where a drain's time goes`: written by `python -m bench.profile --write`."""
     if not prof:
@@ -913,6 +921,7 @@ def markdown(res: Results, png_name: str) -> str:
     lines += cost_section(res, cost_png(Path(png_name)).name)
     lines += bigtable_section(res.info.get("bigtable"))
     lines += profile_section(res.info.get("profile"))
+    lines += queue_flow_section(res.info.get("queue_flow"))
     add("## How the ceiling is measured")
     add("")
     shape = res.info.get("ceiling_shape", "")
