@@ -10,8 +10,10 @@
 -- UPDATE on pgdrain.jobs, and SELECT, UPDATE on pgdrain.queue_limits (a trigger on jobs keeps
 -- its running counts, as the invoker); and pause and resume a queue: INSERT and DELETE on
 -- pgdrain.queue_limits (a pause is a row there, made by pgdrain.queue_pause and dropped by
--- pgdrain.queue_resume when the queue has no limit). No INSERT or DELETE of a job (it cannot
--- enqueue or purge), no DDL, no access to pgdrain.migrations.
+-- pgdrain.queue_resume when the queue has no limit), and INSERT, UPDATE on pgdrain.kicks (a
+-- resume kicks the drain function when a job is ready, debounced there as every kick is). No
+-- INSERT or DELETE of a job (it cannot enqueue or purge), no DDL, no access to
+-- pgdrain.migrations.
 --
 -- PUBLIC's TEMPORARY and large-object functions: see worker_role.sql, which takes them away
 -- from PUBLIC in this database; run it first if the dashboard's login role must not have them.
@@ -50,6 +52,7 @@ GRANT SELECT ON pgdrain.jobs, pgdrain.runs, pgdrain.wakes, pgdrain.kicks, pgdrai
 
 GRANT UPDATE ON pgdrain.jobs TO pgdrain_dashboard_actions;
 GRANT SELECT, UPDATE, INSERT, DELETE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;
+GRANT INSERT, UPDATE ON pgdrain.kicks TO pgdrain_dashboard_actions;
 
 DO $$
 BEGIN
