@@ -318,3 +318,21 @@ def test_the_example_of_docs_jobs_md_runs(db_url: str, conn: Conn) -> None:
     exec(example.body, {"DATABASE_URL": db_url, "jobs": jobs})
     assert _count(conn, "queued") == 1  # resumed, not kicked here: it waits for a run
     assert store.queue_stats(conn)[0].paused is False
+
+
+@pytest.mark.parametrize("rated", [True, False], ids=["rate", "control-no-rate"])
+def test_a_kick_of_a_used_up_rate_asks_for_a_wake_up_at_the_next_window(
+    conn: Conn, rated: bool
+) -> None:
+    """Jobs ready, the window used up: a run now would find nothing, so the kick asks for a
+    wake-up when the next window opens instead of invoking (each kick would start a run)."""
+    store.queue_limit_sync(conn, ["emails"], [], [("emails", RATE, HOUR)] if rated else [])
+    _enqueue(conn, RATE + 1)
+    assert len(claim_batch(conn, ["emails"], 10, "w", 30, None)) == (RATE if rated else RATE + 1)
+    _enqueue(conn, 1)
+    decision = store.kick_debounce(conn, ["emails"], 10.0)
+    if rated:
+        row = conn.execute("SELECT window_start + interval '1 hour' FROM pgdrain.queue_limits")
+        assert (decision.invoke, decision.later) == ([], {"emails": row.fetchone()[0]})  # type: ignore[index]
+    else:
+        assert (decision.invoke, decision.later) == (["emails"], {})

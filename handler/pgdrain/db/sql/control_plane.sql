@@ -45,10 +45,11 @@ SELECT (SELECT count(*) FROM done) AS done, (SELECT count(*) FROM failed) AS fai
 -- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
 -- lost: a run about to exit sees its requested_at (run_exit) and drains again, and a run
 -- that exits clears kicked_at (run_exit too), so the next kick invokes.
--- A queue with nothing ready needs no run now. When its next job is due before any wake-up
--- pending for it (wake-ups are rounded up to %(precision_seconds)s) and no live run drains it,
--- `later_at` says when that job is due: the kick asks for a wake-up then, without a run now
--- that would only find nothing (and keep a sleeping database awake).
+-- A queue with nothing ready needs no run now, nor one whose rate window is used up. When its
+-- next job may start before any wake-up pending for it (wake-ups are rounded up to
+-- %(precision_seconds)s) and no live run drains it, `later_at` says when: the kick asks for a
+-- wake-up then, without a run now that would only find nothing (and keep a sleeping database
+-- awake).
 WITH pending AS (
     SELECT q.name,
            -- A wake-up of any set of queues that holds this one starts a run that drains it
@@ -59,20 +60,28 @@ WITH pending AS (
            (SELECT min(j.run_at) FROM pgdrain.jobs AS j
             WHERE j.status = 'queued' AND j.queue = q.name) AS next_at,
            EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l
-                   WHERE l.queue = q.name AND l.paused_at IS NOT NULL) AS paused
+                   WHERE l.queue = q.name AND l.paused_at IS NOT NULL) AS paused,
+           -- When the queue's rate window, used up, lets the next job start (NULL: it does now).
+           (SELECT l.window_start + make_interval(secs => l.rate_seconds)
+            FROM pgdrain.queue_limits AS l
+            WHERE l.queue = q.name AND l.window_started >= l.rate_limit
+              AND l.window_start >= pgdrain.rate_window(l.rate_seconds)) AS rate_open_at
     FROM unnest(%(queues)s::text[]) AS q(name)
+), due AS (
+    -- When the queue's next job may start: its run_at, or later the rate's next window. A
+    -- paused queue's never (NULL): its kick is recorded (requested_at), and resuming kicks it.
+    SELECT p.*, CASE WHEN NOT p.paused THEN greatest(p.next_at, p.rate_open_at) END AS due_at
+    FROM pending AS p
 ), wanted AS (
     SELECT p.name,
-           -- Ready now, or nothing queued and no wake-up pending (a run now finds what there is).
-           -- A paused queue needs no run: its kick is recorded (requested_at), and resuming
-           -- kicks it again.
-           NOT p.paused AND (p.next_at <= now() OR (p.next_at IS NULL AND p.wake_at IS NULL))
+           -- Due now, or nothing queued and no wake-up pending (a run now finds what there is).
+           NOT p.paused AND (p.due_at <= now() OR (p.next_at IS NULL AND p.wake_at IS NULL))
                AS needed,
-           CASE WHEN NOT p.paused AND p.next_at > now()
+           CASE WHEN p.next_at IS NOT NULL AND p.due_at > now()
                  AND (p.wake_at IS NULL
-                      OR p.next_at <= p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
-                THEN p.next_at END AS later_at
-    FROM pending AS p
+                      OR p.due_at <= p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
+                THEN p.due_at END AS later_at
+    FROM due AS p
 )
 -- The kick that invokes holds the queue's kicks for %(hold_seconds)s (run_until), until the run
 -- it starts has registered and holds them itself (run_register, kick_hold): the kicks in
