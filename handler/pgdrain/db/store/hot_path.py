@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from pgdrain.db.sql import query, statements
 from pgdrain.db.store.common import (
     ClaimedJob,
+    ClaimPosition,
     Connection,
     Failed,
     Fenced,
@@ -182,17 +183,25 @@ def job_complete_and_claim_statement(
     lease_seconds: float,
     cap_seconds: float | None,
     claim_id: uuid.UUID | None,
+    positions: Mapping[str, ClaimPosition] | None = None,
 ) -> Statement[tuple[Fenced, list[ClaimedJob]]]:
     """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit),
     run by the run's claims (pipelined or not) and read by complete_and_claim_result. The
     statement returns the claimed jobs and only those of `finished` the fence refused.
     cap_seconds bounds every new lease to the run's deadline (None: uncapped, the control
     that shows what the cap prevents). claim_id, chosen by the caller, is stored on the
-    claimed rows: job_claim_recover finds them by it after a lost reply."""
+    claimed rows: job_claim_recover finds them by it after a lost reply. `positions`: per
+    queue, the job after which its scan starts (runner/positions.py); a queue without one is
+    read from its start, and so is one whose jobs after the position run out."""
+    at = positions or {}
     params = {
         "done_ids": [h.id for h in finished],
         "done_tokens": [h.token for h in finished],
         "queues": queue_names(queues),
+        "position_queue": list(at),
+        "position_priority": [p.priority for p in at.values()],
+        "position_run_at_us": [p.run_at_us for p in at.values()],
+        "position_id": [p.id for p in at.values()],
         "limit": limit,
         "worker": worker,
         "lease_seconds": lease_seconds,
@@ -206,6 +215,10 @@ def job_complete_and_claim_statement(
     return Statement(query("job_complete_and_claim"), params, read)
 
 
+# The `kind` of the row job_complete_and_claim returns for each paused queue of the run's.
+PAUSED_FLAG = "paused"
+
+
 def complete_and_claim_result(
     rows: Sequence[Any], finished: Sequence[Held]
 ) -> tuple[Fenced, list[ClaimedJob]]:
@@ -213,9 +226,17 @@ def complete_and_claim_result(
     those the fence refused: a row each, flagged), the queues it found paused (lost NULL) and
     the jobs it claimed."""
     lost = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
-    paused = frozenset(r[2] for r in rows if r[0] is None)
+    # `lost` NULL flags the rows of a paused queue (kind 'paused') and of claim_served_queues.
+    paused = frozenset(r[2] for r in rows if r[0] is None and r[3] == PAUSED_FLAG)
     claimed = [ClaimedJob(*r[1:]) for r in rows if r[0] is False]  # ClaimedJob's fields in order
     return Fenced(frozenset(finished) - lost, lost, paused), claimed
+
+
+def claim_served_queues(rows: Sequence[Any]) -> tuple[str, ...] | None:
+    """The queues a job_complete_and_claim of every queue found (each that had a job queued),
+    from its rows; None from a claim of queues named."""
+    served = tuple(str(r[2]) for r in rows if r[0] is None and r[3] is None)
+    return served if served else None
 
 
 @one_statement
