@@ -559,6 +559,14 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def queue_flow_section(qf: dict[str, Any] | None) -> list[str]:
+    """`## Queue pause and rate limits`: recorded by `python -m bench.queue_flow
+    --write-section FILE` (its runs are paired by hand, before and after a commit)."""
+    if not qf:
+        return []
+    return [*qf["markdown"], ""]
+
+
 # -- graphile-worker -----------------------------------------------------------------------------
 
 GRAPHILE = "graphile"
@@ -1225,6 +1233,7 @@ def markdown(res: Results, png_name: str) -> str:
     lines += bigtable_section(res.info.get("bigtable"))
     lines += profile_section(res.info.get("profile"))
     lines += history_section(res.info.get("history"))
+    lines += queue_flow_section(res.info.get("queue_flow"))
     lines += lifecycle_section(res.info.get("lifecycle"))
     lines += scale_section(res.info.get("scale"))
     add("## How the ceiling is measured")

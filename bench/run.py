@@ -743,11 +743,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     admin_url, source = resolve_server()
     server = Server(admin_url)
     res = Results(cfg)
-    # `python -m bench.profile --write`, `bench.lifecycle --record` and `bench.scale --write`
-    # measure their sections apart, with their own date and commit: a whole run keeps them.
+    # `python -m bench.profile --write`, `bench.lifecycle --record`, `bench.scale --write` and
+    # `bench.queue_flow --write-section` measure their sections apart, with their own date and
+    # commit: a whole run keeps them.
     if args.json and args.json.exists():
         kept = json.loads(args.json.read_text()).get("info", {})
-        for section in ("profile", "history", "lifecycle", "scale"):
+        for section in ("profile", "history", "lifecycle", "scale", "queue_flow"):
             if kept.get(section):
                 res.info[section] = kept[section]
     res.info["env"] = environment(server, source)

@@ -6,6 +6,7 @@ from pgdrain import _moved
 from pgdrain.api.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
 from pgdrain.api.outcomes import Cancel, Discard, JobOutcome, RetryIn, Snooze
 from pgdrain.api.periodic import next_periodic_slot
+from pgdrain.api.queues import pause_queue, resume_queue
 from pgdrain.api.registry import Job, Registry
 from pgdrain.api.retry import RetryPolicy
 from pgdrain.budget import Budget
@@ -41,6 +42,8 @@ __all__ = [
     "enqueue_statement",
     "kick",
     "next_periodic_slot",
+    "pause_queue",
+    "resume_queue",
 ]
 
 

@@ -105,17 +105,61 @@ def serves(queues: Sequence[str] | None, queue: str) -> bool:
 
 
 def parse_queue_limits(raw: str) -> tuple[tuple[str, int], ...]:
-    """ "emails=2,sms=5" -> (("emails", 2), ("sms", 5))."""
-    limits: dict[str, int] = {}
+    """The concurrency limits: "emails=2,api=10+100/1m" -> (("api", 10), ("emails", 2))."""
+    return tuple(
+        (name, running)
+        for name, (running, _) in sorted(_queue_limit_entries(raw).items())
+        if running is not None
+    )
+
+
+def parse_queue_rates(raw: str) -> tuple[tuple[str, int, int], ...]:
+    """The rate limits, (queue, starts, period in seconds): "api=10+100/1m" ->
+    (("api", 100, 60),)."""
+    return tuple(
+        (name, *rate)
+        for name, (_, rate) in sorted(_queue_limit_entries(raw).items())
+        if rate is not None
+    )
+
+
+# A rate's period: a whole number of seconds, minutes, hours or days ("60s", "1m", "m").
+RATE_PERIOD = re.compile(r"^([0-9]*)(s|m|h|d)$")
+PERIOD_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_RATE_PERIOD_SECONDS = 86400
+
+
+def _queue_limit_entries(raw: str) -> dict[str, tuple[int | None, tuple[int, int] | None]]:
+    """PGDRAIN_QUEUE_LIMITS: QUEUE=SPEC, comma-separated; SPEC is a concurrency limit (N), a
+    rate (N/PERIOD: at most N jobs started per PERIOD), or both joined by "+"."""
+    entries: dict[str, tuple[int | None, tuple[int, int] | None]] = {}
     for part in (p.strip() for p in raw.split(",")):
         if not part:
             continue
-        name, sep, number = part.partition("=")
-        if not sep:
-            raise ConfigError(f"PGDRAIN_QUEUE_LIMITS: {part!r} is not QUEUE=LIMIT")
+        name, sep, spec = part.partition("=")
+        if not sep or not spec.strip():
+            raise ConfigError(
+                f"PGDRAIN_QUEUE_LIMITS: {part!r} is not QUEUE=LIMIT, QUEUE=N/PERIOD "
+                "or QUEUE=LIMIT+N/PERIOD"
+            )
         name = check_queue_name(name.strip(), "PGDRAIN_QUEUE_LIMITS")
-        limits[name] = _integer("PGDRAIN_QUEUE_LIMITS", number.strip())
-    return tuple(sorted(limits.items()))
+        running: int | None = None
+        rate: tuple[int, int] | None = None
+        for piece in (x.strip() for x in spec.split("+")):
+            number, slash, period = piece.partition("/")
+            if not slash:
+                running = _integer("PGDRAIN_QUEUE_LIMITS", number.strip())
+                continue
+            match = RATE_PERIOD.match(period.strip().lower())
+            if match is None:
+                raise ConfigError(
+                    f"PGDRAIN_QUEUE_LIMITS: {piece!r}: the period is a whole number of "
+                    "s, m, h or d, as in 100/1m"
+                )
+            seconds = int(match.group(1) or 1) * PERIOD_SECONDS[match.group(2)]
+            rate = (_integer("PGDRAIN_QUEUE_LIMITS", number.strip()), seconds)
+        entries[name] = (running, rate)
+    return entries
 
 
 @dataclass(frozen=True)
@@ -150,6 +194,8 @@ class Settings:
     wake_precision_seconds: float = DEFAULT_WAKE_PRECISION_SECONDS
     # At most this many running jobs per queue across all runs: (("emails", 2),).
     queue_limits: tuple[tuple[str, int], ...] = ()
+    # At most this many jobs started per period (seconds) per queue: (("api", 100, 60),).
+    queue_rates: tuple[tuple[str, int, int], ...] = ()
     # The safety net's interval (the template's ScheduleRate). Given, a run that ends having
     # found every queue empty moves the next safety-net run to this long after it, and the rate
     # schedule's ticks before then touch no database (pgdrain.aws.safety_net). None: the rate
@@ -208,6 +254,14 @@ class Settings:
         for name, limit in self.queue_limits:
             check_queue_name(name, "PGDRAIN_QUEUE_LIMITS")
             _require(1 <= limit <= 100000, "PGDRAIN_QUEUE_LIMITS", "limits from 1 to 100000")
+        for name, starts, seconds in self.queue_rates:
+            check_queue_name(name, "PGDRAIN_QUEUE_LIMITS")
+            _require(1 <= starts <= 1000000, "PGDRAIN_QUEUE_LIMITS", "rates from 1 to 1000000 jobs")
+            _require(
+                1 <= seconds <= MAX_RATE_PERIOD_SECONDS,
+                "PGDRAIN_QUEUE_LIMITS",
+                "rate periods from 1 second to 1 day",
+            )
         if self.queues is not None:
             if not self.queues:
                 raise ConfigError("PGDRAIN_QUEUES names no queue")
@@ -235,6 +289,7 @@ class Settings:
             kwargs["jobs_module"] = raw
         if (raw := text("PGDRAIN_QUEUE_LIMITS")) is not None:
             kwargs["queue_limits"] = parse_queue_limits(raw)
+            kwargs["queue_rates"] = parse_queue_rates(raw)
         if (raw := text("PGDRAIN_POOLER")) is not None:
             kwargs["pooler"] = raw.lower()
         if (raw := text("PGDRAIN_KICK")) is not None:

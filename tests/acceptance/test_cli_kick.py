@@ -230,3 +230,47 @@ def test_a_delayed_job_asks_for_a_wake_up_instead_of_a_run(
     ), said
     assert [c["event"]["pgdrain"]["reason"] for c in calls] == ["later"]
     assert calls[0]["function"] == arn
+
+
+@pytest.mark.parametrize("kick", [True, False], ids=["kicks", "control-no-kick"])
+def test_resume_kicks_a_paused_queue_whose_jobs_are_ready(
+    conn: Conn, db_url: str, tmp_path: Path, function: None, kick: bool
+) -> None:
+    """`pgdrain pause`, an enqueue whose kick is recorded and starts no run, `pgdrain resume`
+    that kicks (each command a process of its own); the control resumes without the kick."""
+    paused, calls = pgdrain(db_url, tmp_path, "pause", "emails")
+    assert (paused.code, paused.err, calls) == (EXIT_OK, "", [])
+    assert re.fullmatch(r"paused emails \(since \S+\)\n", paused.out), paused.out
+    again, _ = pgdrain(db_url, tmp_path, "pause", "emails", "--json")
+    assert (
+        json.loads(again.out)["paused_at"]
+        == json.loads(pgdrain(db_url, tmp_path, "pause", "emails", "--json")[0].out)["paused_at"]
+    )  # pausing twice changes nothing
+
+    enqueued, calls = pgdrain(db_url, tmp_path, "enqueue", "noop", "--queue", "emails")
+    assert (enqueued.code, calls) == (EXIT_OK, [])  # the kick is held: no run
+    assert enqueued.out.splitlines()[1] == (
+        "not kicked for emails: paused; the kick is recorded (`pgdrain resume QUEUE` kicks it)"
+    )
+    job_id = int(enqueued.out.splitlines()[0].split()[-1])
+    row = conn.execute("SELECT requested_at IS NOT NULL FROM pgdrain.kicks").fetchone()
+    assert row == (True,)  # recorded, not lost
+    stats, _ = pgdrain(db_url, tmp_path, "stats", "--json")
+    assert [q["paused"] for q in json.loads(stats.out)] == [True]
+    listed, _ = pgdrain(db_url, tmp_path, "jobs", "--json")
+    assert [j["queue_paused"] for j in json.loads(listed.out)] == [True]
+
+    resumed, calls = pgdrain(db_url, tmp_path, "resume", "emails", control_no_kick=not kick)
+
+    assert (resumed.code, resumed.err) == (EXIT_OK, "")
+    assert resumed.out.splitlines()[0] == "resumed emails"
+    if kick:
+        assert resumed.out.splitlines()[1:] == [f"kicked {FUNCTION_NAME} (queues: emails)"]
+        assert [c["event"] for c in calls] == [events.enqueue_event(["emails"])]
+        assert invoke_handler(calls[0]["event"])["result"]["done"] == 1
+        assert _status(conn, job_id) == "done"
+    else:  # nothing starts a run: the job waits for the schedule
+        assert (resumed.out.splitlines()[1:], calls) == ([], [])
+        assert _status(conn, job_id) == "queued"
+    twice, calls = pgdrain(db_url, tmp_path, "resume", "emails")
+    assert twice.out.splitlines()[0] == "not paused: nothing changed for emails"

@@ -436,6 +436,47 @@ def test_a_get_changes_nothing(
     assert job_row(conn, failed_job)["status"] == "failed"
 
 
+def test_pause_a_queue_see_its_kick_held_then_resume_it(
+    conn: Conn, db_url: str, dashboard: Dashboard, page: Page, tmp_path: Path
+) -> None:
+    """Pause from the queues page (confirmed), a kick of the queue recorded and held while a
+    drain claims nothing of it, resume (confirmed), and the drain runs the job."""
+    job_id = enqueue(conn, "ok", queue="emails")
+    p = page.page
+    p.goto(dashboard.base + "/")
+    emails = p.locator("tr", has=p.locator("a", has_text="emails")).first
+    emails.locator("button:has-text('Pause')").click()
+    assert p.locator("h1").inner_text() == "Pause queue emails?"
+    assert conn.execute("SELECT count(*) FROM pgdrain.queue_limits").fetchone() == (0,)
+    p.click("button:has-text('Yes, pause emails')")
+    assert p.inner_text(".notice").startswith("Paused: no run claims its jobs")
+    store.kick_debounce(conn, ["emails"], 10.0)  # the application's kick after an enqueue
+    assert run_drain(db_url).done == 0  # held: the paused queue is not claimed
+    p.reload()
+    emails = p.locator("tr", has=p.locator("a", has_text="emails")).first
+    assert "paused" in emails.inner_text() and "kick held:" in emails.inner_text()
+    _screenshot(p, "paused", tmp_path)
+    p.reload()  # reloading the landing page repeats nothing
+    emails.locator("button:has-text('Resume')").click()
+    p.click("button:has-text('Yes, resume emails')")
+    assert p.inner_text(".notice") == "Resumed: runs claim its jobs again."
+    assert run_drain(db_url).done == 1
+    assert job_row(conn, job_id)["status"] == "done"
+    assert page.dialogs == []
+
+
+def test_a_pause_without_its_token_is_refused(conn: Conn, dashboard: Dashboard, page: Page) -> None:
+    url = f"{dashboard.base}/queues/emails/pause"
+    headers = {"Origin": dashboard.base}
+    refused = page.page.request.post(url, form={"confirm": "1"}, headers=headers, max_redirects=0)
+    assert refused.status == 403
+    assert conn.execute("SELECT count(*) FROM pgdrain.queue_limits").fetchone() == (0,)
+    form = {"confirm": "1", "token": dashboard.tokens.issue("local")}
+    done = page.page.request.post(url, form=form, headers=headers, max_redirects=0)
+    assert done.status == 303  # the control: the same POST with its token pauses
+    assert [q.queue for q in store.queue_stats(conn) if q.paused] == ["emails"]
+
+
 # -- job data that tries to run script -------------------------------------------------------------
 
 

@@ -9,7 +9,8 @@ limit is exceeded). Each interleaving is set up with a transaction held open on 
 connection, the wait seen in pg_stat_activity: a completion or a claim in flight when the row
 is created, and one that comes while the creation is not committed. The control runs the same
 timeline with the two table locks taken out of the trigger and the sync (in the test's own
-database: the functions of migration 0012 less the LOCK line), which is 0006's behaviour."""
+database: the functions as the migrations define them, less the LOCK line), which is 0006's
+behaviour."""
 
 from __future__ import annotations
 
@@ -90,9 +91,9 @@ def _waits_on_a_lock(observer: Conn, pid: int) -> bool:
 
 
 def _function(name: str) -> str:
-    """A function as the latest migration that defines it left it (0012, or 0018 for the
-    count trigger, which counts deleted rows too), as CREATE OR REPLACE."""
-    for migration in reversed(migrations()):
+    """A function as the latest migration that defines it left it (0012, 0018 for the count
+    trigger, which counts deleted rows too, or 0020), as CREATE OR REPLACE."""
+    for migration in reversed(list(migrations())):
         found = re.search(
             rf"CREATE (?:OR REPLACE )?FUNCTION pgdrain\.{name}\(.*?\n\$\$;", migration.sql, re.S
         )

@@ -247,6 +247,11 @@ REFUSED = (
     "TRUNCATE pgdrain.active_jobs",
     "TRUNCATE pgdrain.finished_jobs",
 )
+# The actions role records the kick a resume sends (as every kick is debounced), nothing more.
+ACTIONS_REFUSED = (
+    *(s for s in REFUSED if "pgdrain.kicks" not in s),
+    "DELETE FROM pgdrain.kicks",
+)
 
 
 def test_the_read_only_role_serves_every_page_and_changes_nothing(
@@ -279,8 +284,15 @@ def test_the_actions_role_retries_and_cancels_and_nothing_more(
         answer = function.resolve(_event("POST", f"/jobs/{job_id}/{verb}", form), None)
         assert answer["statusCode"] == 303, answer["body"][-300:]
         assert job_row(conn, job_id)["status"] == status
+    for verb, paused in (("pause", True), ("resume", False)):  # a pause is a row; resume kicks
+        form = f"confirm=1&token={_token(function, failed)}"
+        answer = function.resolve(_event("POST", f"/queues/default/{verb}", form), None)
+        assert answer["statusCode"] == 303, answer["body"][-300:]
+        assert [q.queue for q in store.queue_stats(conn) if q.paused] == (
+            ["default"] if paused else []
+        )
     with psycopg.connect(url, autocommit=True) as as_operator:
-        for statement in REFUSED:
+        for statement in ACTIONS_REFUSED:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 as_operator.execute(statement)
 

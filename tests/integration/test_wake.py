@@ -509,3 +509,37 @@ def test_at_the_hop_limit_with_work_left_a_wake_up_starts_a_new_chain(
     assert result["wake"] == "created"
     (schedule,) = _schedules(scheduler)
     assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])
+
+
+@pytest.mark.parametrize("rated", [True, False], ids=["rate", "control-no-rate"])
+def test_a_rate_limited_queue_wakes_the_function_at_the_next_window(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch, rated: bool
+) -> None:
+    """PGDRAIN_QUEUE_LIMITS="emails=2/1m": the kicked run starts 2 jobs, ends with 3 ready,
+    and the one-shot schedule fires at the next minute, the window's start, not before."""
+    limits = {"PGDRAIN_QUEUE_LIMITS": "emails=2/1m"} if rated else {}
+    _handler_env(monkeypatch, db_url, **limits)
+    with conn.transaction():
+        for _ in range(5):
+            enqueue(conn, "noop", {}, queue="emails")
+    before = _next_window(conn)
+    result = invoke_handler(ENQUEUE_EMAILS)
+    windows = {before, _next_window(conn)}  # the same, unless a minute began during the run
+
+    assert result["ok"] is True, result
+    if rated:
+        assert result["result"]["done"] in (2, 4)  # 4 only if a minute began during the run
+        assert result["wake"] == "created"
+        wake_at = dt.datetime.fromisoformat(result["wake_at"])
+        assert wake_at in windows
+        (schedule,) = _schedules(scheduler)
+        assert schedule["ScheduleExpression"] == at_expression(wake_at)
+    else:
+        assert result["result"]["done"] == 5
+        assert (result["wake"], _schedules(scheduler)) == ("none", [])
+
+
+def _next_window(conn: Conn) -> dt.datetime:
+    row = conn.execute("SELECT pgdrain.rate_window(60) + interval '1 minute'").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]

@@ -46,6 +46,8 @@ EXPORTED = [
     "enqueue_statement",
     "kick",
     "next_periodic_slot",
+    "pause_queue",
+    "resume_queue",
 ]
 
 

@@ -100,6 +100,7 @@ class RunControl:
         spawner: Spawner | None = None,
         max_runs: int = DEFAULT_MAX_RUNS,
         queue_limits: tuple[tuple[str, int], ...] = (),
+        queue_rates: tuple[tuple[str, int, int], ...] = (),
         trailing_edge: bool = True,
         linger_window_s: float = 0.0,
         reserve_seconds: float = 0.0,
@@ -124,6 +125,9 @@ class RunControl:
         self._spawner = spawner
         self._queue_limits = tuple(
             (q, n) for q, n in queue_limits if trigger.queues is None or q in trigger.queues
+        )
+        self._queue_rates = tuple(
+            rate for rate in queue_rates if trigger.queues is None or rate[0] in trigger.queues
         )
         self._trailing_edge = trailing_edge
         self._linger_window_s = linger_window_s
@@ -215,8 +219,13 @@ class RunControl:
         self._hold_renew_at = self._clock() + self._kick_hold_s / 2
         # Limits configured here are written by every run; a limit removed from the setting is
         # dropped by the next scheduled run (housekeeping), which costs the others nothing.
-        if self._queue_limits or self.trigger.housekeeping:
-            session.send_with_next(store.queue_limit_sync, self.trigger.queues, self._queue_limits)
+        if self._queue_limits or self._queue_rates or self.trigger.housekeeping:
+            session.send_with_next(
+                store.queue_limit_sync,
+                self.trigger.queues,
+                self._queue_limits,
+                self._queue_rates,
+            )
         return True
 
     def after_round_trip(

@@ -65,6 +65,8 @@ class KickOutcome(NamedTuple):
     # A run invoked within the debounce window, a live run, or a pending wake-up takes them.
     covered: tuple[str, ...] = ()
     error: str | None = None  # an invoke failed: what the Lambda API said
+    # Paused (pgdrain.pause_queue): the kick is recorded; resuming kicks them.
+    paused: tuple[str, ...] = ()
 
 
 def kick(
@@ -157,9 +159,16 @@ def kick_outcome(
             with conn.transaction():
                 store.kick_clear(conn, due)
     # Neither invoked for nor given a wake-up of its own: a run or a pending wake-up has it.
-    asked = set(due) | {q for queues, _ in wakes for q in queues}
+    asked = set(due) | {q for queues, _ in wakes for q in queues} | set(decision.paused)
     covered = tuple(q for q in names if q not in asked)
-    return KickOutcome(function, invoked, tuple(requested), covered, errors[0] if errors else None)
+    return KickOutcome(
+        function,
+        invoked,
+        tuple(requested),
+        covered,
+        errors[0] if errors else None,
+        tuple(decision.paused),
+    )
 
 
 def _record_wakes(

@@ -352,6 +352,7 @@ def _control(
         spawner=Spawner(settings, trigger, budget, target, invoke_async, count=count),
         max_runs=settings.max_runs,
         queue_limits=settings.queue_limits,
+        queue_rates=settings.queue_rates,
         # A burst of kicks closer together than the debounce window is one invocation.
         linger_window_s=settings.kick_debounce_seconds,
         reserve_seconds=settings.reserve_seconds,

@@ -24,6 +24,7 @@ import psycopg
 
 from pgdrain.api import jsonbound, periodic
 from pgdrain.api.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_size
+from pgdrain.api.queues import pause_queue, resume_queue
 from pgdrain.api.registry import Registry, load_registry
 from pgdrain.budget import Budget
 from pgdrain.cli import embedded
@@ -32,6 +33,7 @@ from pgdrain.cli.report import (
     format_jobs,
     format_kick,
     format_migrated,
+    format_paused,
     format_result,
     format_runs,
     format_stats,
@@ -697,6 +699,26 @@ def _add_operator_commands(commands: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
 
     p = commands.add_parser(
+        "pause",
+        help="stop every run from claiming a queue's jobs (until `resume`)",
+        description="No run claims the queue's jobs from now on; a run gives back unstarted "
+        "the jobs of it it claimed ahead, and a job already started runs to its end. Kicks of "
+        "it are recorded and start no run. Pausing a paused queue changes nothing (exit 0).",
+    )
+    p.add_argument("queue", type=_queue_name)
+    p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
+
+    p = commands.add_parser(
+        "resume",
+        help="let runs claim a paused queue's jobs again, and kick the function if any is ready",
+        description="Runs claim the queue's jobs again; with jobs ready, the drain function is "
+        "kicked (PGDRAIN_FUNCTION_NAME), as after `enqueue`. Resuming a queue that is not "
+        "paused changes nothing (exit 0).",
+    )
+    p.add_argument("queue", type=_queue_name)
+    p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
+
+    p = commands.add_parser(
         "server", help="the embedded PostgreSQL the CLI starts when DATABASE_URL is unset"
     )
     actions = p.add_subparsers(
@@ -837,10 +859,14 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         )
         if not rows:
             _check_queue(conn, args.queue)
+        paused = {q.queue for q in store.queue_limit_list(conn) if q.paused_at is not None}
     if args.json:
-        print(json.dumps([job_as_dict(r) for r in rows]))
+        print(json.dumps([{**job_as_dict(r), "queue_paused": r.queue in paused} for r in rows]))
     else:
         print(format_jobs(rows))
+        listed = sorted({r.queue for r in rows} & paused)
+        if listed:
+            print(format_paused([printable(q) for q in listed]))
     return EXIT_OK
 
 
@@ -1030,6 +1056,31 @@ def _print_cancelled(
         print(f"job {job_id} is {state}: nothing to cancel")
 
 
+def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    with _connect(settings) as conn:
+        paused_at = pause_queue(conn, args.queue)
+    if args.json:
+        print(json.dumps({"queue": args.queue, "paused_at": paused_at.isoformat()}))
+    else:
+        print(f"paused {printable(args.queue)} (since {paused_at.isoformat()})")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
+    """Resume, then (committed) kick the function when a job of the queue is ready: each is a
+    statement of its own, so a second resume finds it resumed and kicks again at worst."""
+    with _connect(settings) as conn:
+        was_paused = resume_queue(conn, args.queue)
+        ready = store.queue_ready_any(conn, args.queue)
+        kicked = _kick(conn, settings, [args.queue]) if ready else []
+    if args.json:
+        print(json.dumps({"queue": args.queue, "was_paused": was_paused, "ready": ready}))
+    else:
+        state = "resumed" if was_paused else "not paused: nothing changed for"
+        print("\n".join([f"{state} {printable(args.queue)}", *kicked]))
+    return EXIT_OK
+
+
 def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     folder = embedded.data_dir_in_use()
     if args.server_command == "status":
@@ -1105,6 +1156,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "retry": cmd_retry,
     "purge": cmd_purge,
     "cancel": cmd_cancel,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
     "server": cmd_server,
     "demo": cmd_demo,
     "invoke": cmd_invoke,

@@ -93,11 +93,19 @@ def format_stats(rows: Sequence[store.QueueStats], served: tuple[str, ...] | Non
         )
     if not rows:
         lines.append("(no jobs)")
+    paused = [printable(r.queue) for r in rows if r.paused]
+    if paused:
+        lines.append(format_paused(paused))
     unserved = {r.queue: r.ready for r in rows if r.ready and not serves(served, r.queue)}
     if unserved:
         outside = f"outside PGDRAIN_QUEUES={describe_queues(served)}"
         lines.append(format_unserved(unserved, outside))
     return "\n".join(lines)
+
+
+def format_paused(queues: Sequence[str]) -> str:
+    """The line `stats` and `jobs` end with while queues are paused."""
+    return f"paused: {', '.join(queues)} (no run claims their jobs; `pgdrain resume QUEUE`)"
 
 
 def _history(count: int) -> str:
@@ -236,6 +244,11 @@ def format_kick(outcome: KickOutcome) -> list[str]:
         lines.append(
             f"not kicked for {', '.join(queues)}: nothing is ready yet; {function} will wake "
             f"up at {wake_at.isoformat()}"
+        )
+    if outcome.paused:
+        lines.append(
+            f"not kicked for {', '.join(outcome.paused)}: paused; the kick is recorded "
+            "(`pgdrain resume QUEUE` kicks it)"
         )
     if outcome.covered:
         lines.append(

@@ -145,6 +145,21 @@ class Attempts:
         self.unstarted.clear()
         return unstarted
 
+    def holds_any_of(self, queues: Collection[str]) -> bool:
+        """Whether an attempt of `queues` is unstarted or handed over (maybe waiting)."""
+        return any(a.queue in queues for a in (*self.unstarted, *self.running.values()))
+
+    def take_unstarted_of(self, queues: Collection[str]) -> list[ClaimedJob]:
+        """Take the unstarted attempts of `queues` (a paused queue's), those waiting in the pool
+        included; the others stay, in their order."""
+        self.take_back()
+        taken = [a for a in self.unstarted if a.queue in queues]
+        if taken:
+            kept = [a for a in self.unstarted if a.queue not in queues]
+            self.unstarted.clear()
+            self.unstarted.extend(kept)
+        return taken
+
     def forget_lost(self, lost: Collection[Held]) -> None:
         """A heartbeat found these leases gone: never start them, and tell running ones."""
         self.take_back()  # the rest are handed over again with the next claim

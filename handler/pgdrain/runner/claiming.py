@@ -85,6 +85,9 @@ class Claims:
         self._completer.record_completions(result)
         self._attempts.unstarted.extend(claimed)
         self._counters.add("claimed", len(claimed))
+        if result.paused_queues:
+            # Jobs claimed ahead of a queue paused since: given back, their attempt unspent.
+            self._completer.release_unstarted(result.paused_queues)
         if claimed and self._deadline.below_reserve():
             # The claim itself took the time that was left (a slow or resuming database, a
             # reconnect): give the jobs back unstarted rather than start what cannot finish.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from pgdrain.api import outcomes, retry
 from pgdrain.controls import ALL_ON, Controls
@@ -55,10 +55,17 @@ class Completer:
         again = after_a_lost_reply(complete, None, held) if self._recover_lost_replies else complete
         self.record_completions(self._session.run_recovering(complete, again)[0])
 
-    def release_unstarted(self) -> None:
-        """Give back what has not started, those waiting in the pool for a thread included."""
+    def release_unstarted(self, queues: Collection[str] | None = None) -> None:
+        """Give back what has not started, those waiting in the pool for a thread included
+        (only those of `queues`, when given: paused queues)."""
+        if queues is not None and not self._attempts.holds_any_of(queues):
+            return  # the common case: nothing to read first, nothing to send
         self._session.settle()  # the pipelined claims first: their jobs are unstarted too
-        held = [a.held for a in self._attempts.take_unstarted()]
+        if queues is None:
+            taken = self._attempts.take_unstarted()
+        else:
+            taken = self._attempts.take_unstarted_of(queues)
+        held = [a.held for a in taken]
         if not held:
             return
         result = self._session.run(store.job_release_many, held)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -173,6 +174,7 @@ def build(connect: Connect, config: UiConfig) -> LambdaFunctionUrlResolver:
     app.get("/jobs/<job_id>")(dashboard.job)
     app.post("/jobs/<job_id>/<verb>")(dashboard.act)
     app.post("/retry")(dashboard.retry_matching)
+    app.post("/queues/<queue>/<verb>")(dashboard.queue_act)
     app.get("/control")(dashboard.control)
     app.not_found(lambda _exc: html_response(404, "Not found", pages.error_page("No such page.")))
     app.exception_handler(Refused)(
@@ -186,6 +188,23 @@ def build(connect: Connect, config: UiConfig) -> LambdaFunctionUrlResolver:
     app.exception_handler([PgdrainError, ConfigError])(_unavailable)
     app.exception_handler(psycopg.Error)(_unavailable)
     return app
+
+
+def _kick(conn: store.Connection, queue: str) -> bool:
+    """Start the drain function for `queue` (PGDRAIN_FUNCTION_NAME), as `pgdrain enqueue` and
+    `pgdrain resume` do; whether it was invoked. Never fails the action: the resume is
+    committed, and the next run (a wake-up, the schedule) takes the jobs."""
+    from pgdrain.aws.kick import kick_outcome
+    from pgdrain.settings import Settings
+
+    try:
+        settings = Settings.from_env(os.environ)
+        if not settings.function_name:
+            return False
+        return bool(kick_outcome(conn, [queue], settings=settings).invoked)
+    except (PgdrainError, psycopg.Error) as exc:
+        log.warning("dashboard resume: the kick failed", extra={"queue": queue, "error": str(exc)})
+        return False
 
 
 def _too_long(_exc: Exception) -> Response[str]:
@@ -247,10 +266,40 @@ class _Dashboard:
         with self._reading() as conn:
             stats = store.queue_stats(conn)
             limits = store.queue_limit_list(conn)
+            kicks = store.kick_list(conn)
             now = dt.datetime.now(dt.UTC)
             throughput = store.job_finished_per_minute(conn, now - CHART_WINDOW)
-        body = pages.queues_page(stats, limits, throughput, now)
+        body = pages.queues_page(
+            stats,
+            limits,
+            throughput,
+            now,
+            kicks=kicks,
+            token=self._token(request),
+            notice_key=request.arg("notice"),
+        )
         return html_response(200, "Queues", body, active="/", refresh=self._refresh(request))
+
+    def queue_act(self, queue: str, verb: str) -> Response[str]:
+        """Pause or resume a queue: a confirmation page first, then (confirm=1) the action. A
+        resume kicks the drain function when a job of the queue is ready, as `pgdrain resume`."""
+        request = self._request()
+        if verb not in ("pause", "resume") or not QUEUE_NAME.match(queue):
+            raise Refused(404, "No such action.")
+        token = self._check_post(request)
+        if request.arg("confirm") != "1":
+            title = f"{verb.capitalize()} queue {queue}?"
+            return html_response(200, title, pages.confirm_queue_page(queue, verb, token))
+        with self._connect() as conn:
+            if verb == "pause":
+                store.queue_pause(conn, queue)
+                key = "paused"
+            else:
+                was_paused = store.queue_resume(conn, queue)
+                kicked = store.queue_ready_any(conn, queue) and _kick(conn, queue)
+                key = ("resumed-kicked" if kicked else "resumed") if was_paused else "not-paused"
+        log.info("dashboard %s", verb, extra={"queue": queue, "by": request.identity, "key": key})
+        return redirect(f"/?notice={key}")
 
     def jobs(self) -> Response[str]:
         request = self._request()

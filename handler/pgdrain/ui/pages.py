@@ -28,6 +28,11 @@ NOTICES = {
     "not-retried": "Not retried: it is no longer failed, parked or cancelled (or a newer job "
     "holds its key).",
     "not-cancelled": "Not cancelled: it had already finished.",
+    "paused": "Paused: no run claims its jobs; its kicks are recorded and held until it is "
+    "resumed.",
+    "resumed": "Resumed: runs claim its jobs again.",
+    "resumed-kicked": "Resumed, and the drain function was kicked for its ready jobs.",
+    "not-paused": "It was not paused: nothing changed.",
 }
 RETRYABLE = ("failed", "parked", "cancelled")
 CANCELLABLE = ("queued", "running", "parked")
@@ -48,10 +53,34 @@ def _num(value: int) -> str:
     return f'<span class="num">{value:,}</span>'
 
 
-def queue_state(row: store.QueueStats) -> str:
-    """What the queue is doing for runs: `active` until queues can be paused, then the
-    store's flag says `paused` (a paused queue's jobs wait, its kicks are held)."""
-    return "paused" if getattr(row, "paused", False) else "active"
+def queue_state(
+    row: store.QueueStats, kick: store.KickRow | None = None, token: str | None = None
+) -> str:
+    """What the queue is doing for runs: `active`, or `paused` (its jobs wait, its kicks are
+    recorded and held: the latest is shown), with the button that changes it."""
+    if row.paused:
+        state = '<span class="status-paused">paused</span>'
+        if kick is not None and kick.requested_at is not None:
+            state += f'<br><span class="muted">kick held: {moment(kick.requested_at)}</span>'
+        verb = "resume"
+    else:
+        state, verb = "active", "pause"
+    if token is None:
+        return state
+    path = f"/queues/{row.queue}/{verb}"
+    return f"{state} {post_button(path, verb.capitalize(), token, {})}"
+
+
+def _limit(limit: store.QueueLimitRow | None) -> str:
+    """Running / concurrency limit, and the current rate window's starts / rate."""
+    if limit is None:
+        return "-"
+    parts = []
+    if limit.max_running is not None:
+        parts.append(f"{limit.running}/{limit.max_running}")
+    if limit.rate_limit is not None:
+        parts.append(f"{limit.window_started}/{limit.rate_limit} per {limit.rate_seconds} s")
+    return " · ".join(parts) or "-"
 
 
 def queues_page(
@@ -59,6 +88,10 @@ def queues_page(
     limits: Sequence[store.QueueLimitRow],
     throughput: store.Throughput,
     now: dt.datetime,
+    *,
+    kicks: Sequence[store.KickRow] = (),
+    token: str | None = None,
+    notice_key: str | None = None,
 ) -> str:
     hour = now.replace(second=0, microsecond=0) - dt.timedelta(minutes=59)
     day_step = dt.timedelta(minutes=15)
@@ -67,6 +100,7 @@ def queues_page(
     hour_rows = charts.buckets(throughput, hour, now, dt.timedelta(minutes=1))
     day_rows = charts.buckets(throughput, day_start, now, day_step)
     limit_of = {limit.queue: limit for limit in limits}
+    kick_of = {kick.queue: kick for kick in kicks}
     last_hour: dict[str, tuple[int, int]] = {}
     for m in throughput.minutes:
         if m.minute >= hour:
@@ -79,7 +113,7 @@ def queues_page(
         rows.append(
             [
                 f'<a href="{url("/jobs", {"queue": r.queue})}">{cell(r.queue)}</a>',
-                queue_state(r),
+                queue_state(r, kick_of.get(r.queue), token),
                 _num(r.ready),
                 _num(r.running),
                 _num(r.delayed),
@@ -92,12 +126,12 @@ def queues_page(
                 _history(r.done),
                 _history(r.cancelled),
                 _num(r.expired_leases),
-                f"{limit.running}/{limit.max_running}" if limit else "-",
+                _limit(limit),
             ]
         )
     headers = [
         "queue", "state", "ready", "running", "delayed", "failed", "parked", "oldest ready",
-        "done / failed (last hour)", "done", "cancelled", "expired leases", "running / limit",
+        "done / failed (last hour)", "done", "cancelled", "expired leases", "limits",
     ]  # fmt: skip
     minute = dt.timedelta(minutes=1)
     hour_chart = charts.bar_chart("Jobs finished per minute, last hour", hour_rows, minute)
@@ -110,7 +144,8 @@ def queues_page(
         )
     return (
         "<h1>Queues</h1>"
-        f'<p class="muted">As of {moment(now)}. Finished counts above '
+        + notice(notice_key)
+        + f'<p class="muted">As of {moment(now)}. Finished counts above '
         f"{store.STATS_HISTORY_BOUND:,} show as {store.STATS_HISTORY_BOUND:,}+. "
         f'<a href="{url("/", {"refresh": 5})}">Refresh every 5 s</a></p>'
         + table(headers, rows, "No jobs yet.")
@@ -273,6 +308,23 @@ def confirm_page(job: Mapping[str, Any], verb: str, token: str) -> str:
         f"{text(job.get('status'))}</span></p><p>{what}</p>"
         + post_button(f"/jobs/{job_id}/{verb}", f"Yes, {verb} job {job_id}", token, {"confirm": 1})
         + f' <a href="/jobs/{job_id}">No, back to the job</a></div>'
+    )
+
+
+def confirm_queue_page(queue: str, verb: str, token: str) -> str:
+    what = {
+        "pause": "Pause it? No run claims its jobs until it is resumed (a job already started "
+        "runs to its end); its kicks are recorded and start no run.",
+        "resume": "Resume it? Runs claim its jobs again, and the drain function is kicked if "
+        "any is ready.",
+    }[verb]
+    return (
+        f"<h1>{verb.capitalize()} queue {cell(queue)}?</h1>"
+        f'<div class="confirm"><p>{what}</p>'
+        + post_button(
+            f"/queues/{queue}/{verb}", f"Yes, {verb} {text(queue)}", token, {"confirm": 1}
+        )
+        + ' <a href="/">No, back to the queues</a></div>'
     )
 
 

@@ -120,10 +120,11 @@ SELECT count(*) AS moved FROM moved;
 -- Concurrent callers serialise on the row, so one wins per window. A suppressed kick is not
 -- lost: a run about to exit sees its requested_at (run_exit) and drains again, and a run
 -- that exits clears kicked_at (run_exit too), so the next kick invokes.
--- A queue with nothing ready needs no run now. When its next job is due before any wake-up
--- pending for it (wake-ups are rounded up to %(precision_seconds)s) and no live run drains it,
--- `later_at` says when that job is due: the kick asks for a wake-up then, without a run now
--- that would only find nothing (and keep a sleeping database awake).
+-- A queue with nothing ready needs no run now, nor one whose rate window is used up. When its
+-- next job may start before any wake-up pending for it (wake-ups are rounded up to
+-- %(precision_seconds)s) and no live run drains it, `later_at` says when: the kick asks for a
+-- wake-up then, without a run now that would only find nothing (and keep a sleeping database
+-- awake).
 WITH pending AS (
     SELECT q.name,
            -- A wake-up of any set of queues that holds this one starts a run that drains it
@@ -132,17 +133,30 @@ WITH pending AS (
             WHERE (q.name = ANY(string_to_array(w.queue_set, ',')) OR w.queue_set = '*')
               AND w.state = 'created' AND w.wake_at > now()) AS wake_at,
            (SELECT min(j.run_at) FROM pgdrain.active_jobs AS j
-            WHERE j.status = 'queued' AND j.queue = q.name) AS next_at
+            WHERE j.status = 'queued' AND j.queue = q.name) AS next_at,
+           EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l
+                   WHERE l.queue = q.name AND l.paused_at IS NOT NULL) AS paused,
+           -- When the queue's rate window, used up, lets the next job start (NULL: it does now).
+           (SELECT l.window_start + make_interval(secs => l.rate_seconds)
+            FROM pgdrain.queue_limits AS l
+            WHERE l.queue = q.name AND l.window_started >= l.rate_limit
+              AND l.window_start >= pgdrain.rate_window(l.rate_seconds)) AS rate_open_at
     FROM unnest(%(queues)s::text[]) AS q(name)
+), due AS (
+    -- When the queue's next job may start: its run_at, or later the rate's next window. A
+    -- paused queue's never (NULL): its kick is recorded (requested_at), and resuming kicks it.
+    SELECT p.*, CASE WHEN NOT p.paused THEN greatest(p.next_at, p.rate_open_at) END AS due_at
+    FROM pending AS p
 ), wanted AS (
     SELECT p.name,
-           -- Ready now, or nothing queued and no wake-up pending (a run now finds what there is).
-           p.next_at <= now() OR (p.next_at IS NULL AND p.wake_at IS NULL) AS needed,
-           CASE WHEN p.next_at > now()
+           -- Due now, or nothing queued and no wake-up pending (a run now finds what there is).
+           NOT p.paused AND (p.due_at <= now() OR (p.next_at IS NULL AND p.wake_at IS NULL))
+               AS needed,
+           CASE WHEN p.next_at IS NOT NULL AND p.due_at > now()
                  AND (p.wake_at IS NULL
-                      OR p.next_at <= p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
-                THEN p.next_at END AS later_at
-    FROM pending AS p
+                      OR p.due_at <= p.wake_at - make_interval(secs => %(precision_seconds)s::float8))
+                THEN p.due_at END AS later_at
+    FROM due AS p
 )
 -- The kick that invokes holds the queue's kicks for %(hold_seconds)s (run_until), until the run
 -- it starts has registered and holds them itself (run_register, kick_hold): the kicks in
@@ -166,7 +180,8 @@ SET requested_at = excluded.requested_at,
 -- for its delayed jobs when it exits.)
 RETURNING k.queue, k.kicked_at = now() AS invoke,
           CASE WHEN k.run_until IS NULL OR k.run_until <= now()
-               THEN (SELECT w.later_at FROM wanted AS w WHERE w.name = k.queue) END AS later_at;
+               THEN (SELECT w.later_at FROM wanted AS w WHERE w.name = k.queue) END AS later_at,
+          (SELECT p.paused FROM pending AS p WHERE p.name = k.queue) AS paused;
 
 -- name: kick_clear :exec
 -- A kick whose invoke failed suppresses nothing: the next kick for these queues invokes (it
@@ -218,11 +233,13 @@ WHERE status = 'queued'
 
 -- name: queue_ready_count :one
 -- Ready jobs in these queues (NULL: every queue), counted up to %(limit)s (the fan-out
--- decision only needs to know whether the backlog exceeds what the runs can finish).
+-- decision only needs to know whether the backlog exceeds what the runs can finish). A paused
+-- queue's jobs are not counted: no run may claim them.
 SELECT count(*) AS ready FROM (
     SELECT 1 FROM pgdrain.active_jobs
     WHERE status = 'queued' AND run_at <= now()
-      AND queue = ANY(coalesce(%(queues)s::text[], ARRAY(
+      AND queue = ANY(ARRAY(
+        SELECT q.name FROM unnest(coalesce(%(queues)s::text[], ARRAY(
         WITH RECURSIVE walk AS (
             (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
              ORDER BY j.queue LIMIT 1)
@@ -231,7 +248,9 @@ SELECT count(*) AS ready FROM (
                 SELECT j.queue FROM pgdrain.active_jobs AS j
                 WHERE j.status = 'queued' AND j.queue > walk.queue
                 ORDER BY j.queue LIMIT 1) AS next)
-        SELECT walk.queue FROM walk)))
+        SELECT walk.queue FROM walk))) AS q(name)
+        WHERE NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l
+                          WHERE l.queue = q.name AND l.paused_at IS NOT NULL)))
     LIMIT %(limit)s::int
 ) AS ready;
 
@@ -396,7 +415,8 @@ WITH kick AS MATERIALIZED (
         -- SKIP LOCKED: a job another run is claiming right now is that run's, not a reason to
         -- drain again (the lock lasts until this short transaction ends).
         -- A queue at its concurrency limit has nothing claimable either: the runs holding its
-        -- slots claim its next jobs as they finish.
+        -- slots claim its next jobs as they finish. Nor has a paused queue, or one whose rate
+        -- window is used up (due_at wakes the function when the next window opens).
         -- One probe per queue along jobs_queued_run_at_idx, as queue_has_ready: as
         -- `queue = ANY(...)` over the table, the planner expected a ready row early in a
         -- sequential scan, which reads the whole history first.
@@ -412,20 +432,36 @@ WITH kick AS MATERIALIZED (
             ) AS one
             WHERE NOT EXISTS (
                 SELECT 1 FROM pgdrain.queue_limits AS l
-                WHERE l.queue = q.name AND l.running >= l.max_running
+                WHERE l.queue = q.name
+                  AND (l.running >= l.max_running OR l.paused_at IS NOT NULL
+                       OR (l.window_started >= l.rate_limit
+                           AND l.window_start >= pgdrain.rate_window(l.rate_seconds)))
             )
         ) AS ready,
         least(
             -- The earliest delayed job, one probe per queue (over all queues at once, the
-            -- minimum reads every delayed row).
+            -- minimum reads every delayed row); a paused queue's wait for its resume.
             (SELECT min(next.run_at)
              FROM unnest((SELECT names FROM served)::text[]) AS q(name)
              CROSS JOIN LATERAL (
                  SELECT j.run_at FROM pgdrain.active_jobs AS j
                  WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at > now()
+                   AND NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l
+                                   WHERE l.queue = q.name AND l.paused_at IS NOT NULL)
                  ORDER BY j.run_at
                  LIMIT 1
              ) AS next),
+            -- The next window of each rate-limited queue whose window is used up while a job
+            -- of it is ready: the moment its next job may start.
+            (SELECT min(l.window_start + make_interval(secs => l.rate_seconds))
+             FROM pgdrain.queue_limits AS l
+             WHERE l.queue = ANY((SELECT names FROM served)::text[])
+               AND l.paused_at IS NULL
+               AND l.window_started >= l.rate_limit
+               AND l.window_start >= pgdrain.rate_window(l.rate_seconds)
+               AND EXISTS (SELECT 1 FROM pgdrain.active_jobs AS j
+                           WHERE j.status = 'queued' AND j.queue = l.queue
+                             AND j.run_at <= now())),
             (SELECT min(lease_expires_at) FROM pgdrain.active_jobs
              WHERE status = 'running'
                AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])))
@@ -501,15 +537,16 @@ WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(ru
 
 -- name: queue_limit_sync :exec
 -- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues (NULL: every
--- queue): add or change
--- the limits given, drop the others. A new limit starts from an exact count of the queue's
+-- queue): add or change the limits given (concurrency, rate: either NULL), drop the others
+-- (a paused queue keeps its row and its pause). A new limit starts from an exact count of the queue's
 -- running jobs, taken under a lock that no claim or completion passes (the function, migration
 -- 0012, says how); %(wait_ms)s bounds the wait for it. Safe to repeat: it writes the same
 -- values again.
 -- With every queue (NULL), the queues it manages are those with a limit now.
 SELECT pgdrain.queue_limits_sync(
     coalesce(%(queues)s::text[], ARRAY(SELECT l.queue FROM pgdrain.queue_limits AS l)),
-    %(limited)s::text[], %(limits)s::int[], %(wait_ms)s::int);
+    %(limited)s::text[], %(limits)s::int[], %(rates)s::int[], %(periods)s::int[],
+    %(wait_ms)s::int);
 
 -- name: queue_limit_recount :many
 -- A limit's self-correction: the running count of each of these queues whose limit row says it

@@ -11,8 +11,12 @@
 -- UPDATE on pgdrain.jobs (the view: its trigger moves a retried or cancelled job between
 -- active_jobs and finished_jobs as the schema's owner), UPDATE on pgdrain.active_jobs (a cancel
 -- locks the jobs it cancels there first), and SELECT, UPDATE on pgdrain.queue_limits (a trigger
--- on active_jobs keeps its running counts). No INSERT, no DELETE (it cannot enqueue or purge), no
--- DDL, no access to pgdrain.migrations.
+-- on active_jobs keeps its running counts); and pause and resume a queue: INSERT and DELETE on
+-- pgdrain.queue_limits (a pause is a row there, made by pgdrain.queue_pause and dropped by
+-- pgdrain.queue_resume when the queue has no limit), and INSERT, UPDATE on pgdrain.kicks (a
+-- resume kicks the drain function when a job is ready, debounced there as every kick is). No
+-- INSERT or DELETE of a job (it cannot enqueue or purge), no DDL, no access to
+-- pgdrain.migrations.
 --
 -- PUBLIC's TEMPORARY and large-object functions: see worker_role.sql, which takes them away
 -- from PUBLIC in this database; run it first if the dashboard's login role must not have them.
@@ -51,7 +55,8 @@ GRANT SELECT ON pgdrain.jobs, pgdrain.active_jobs, pgdrain.finished_jobs, pgdrai
     TO pgdrain_dashboard;
 
 GRANT UPDATE ON pgdrain.jobs, pgdrain.active_jobs TO pgdrain_dashboard_actions;
-GRANT SELECT, UPDATE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;
+GRANT SELECT, UPDATE, INSERT, DELETE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;
+GRANT INSERT, UPDATE ON pgdrain.kicks TO pgdrain_dashboard_actions;
 
 DO $$
 BEGIN

@@ -11,8 +11,11 @@
 --     kick read only (id, queue, status, run_at, idempotency_key): the job an idempotency key
 --     names, whether a queue has a job ready; never a payload, a kind, an error or a lease;
 --   * SELECT, INSERT, UPDATE on pgdrain.kicks (kick's debounce) and SELECT, INSERT, UPDATE,
---     DELETE on pgdrain.wakes (the wake-up a kick of a delayed job records).
--- No UPDATE or DELETE of a job, no runs, queue limits or periodic slots, no DDL.
+--     DELETE on pgdrain.wakes (the wake-up a kick of a delayed job records);
+--   * SELECT (queue, paused_at, rate_limit, rate_seconds, window_start, window_started) on
+--     pgdrain.queue_limits: a kick of a paused queue starts no run, nor of a queue whose rate
+--     window is used up (it asks for a wake-up when the next window opens).
+-- No UPDATE or DELETE of a job, no runs, no writes to queue limits, no periodic slots, no DDL.
 --
 -- Run it as the owner of the pgdrain schema, after `pgdrain migrate`, in each database that
 -- holds a queue (running it again is safe), then make the application's role a member:
@@ -43,6 +46,8 @@ GRANT SELECT (id, queue, status, run_at, idempotency_key)
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_enqueuer;
 GRANT SELECT, INSERT, UPDATE ON pgdrain.kicks TO pgdrain_enqueuer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.wakes TO pgdrain_enqueuer;
+GRANT SELECT (queue, paused_at, rate_limit, rate_seconds, window_start, window_started)
+    ON pgdrain.queue_limits TO pgdrain_enqueuer;
 
 DO $$
 BEGIN

@@ -185,8 +185,9 @@ SELECT id, status FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]);
 -- name: job_complete_and_claim :many
 -- The drain's one round trip: mark the jobs this run finished done, then claim up to
 -- %(limit)s ready jobs, the queues taking turns (round-robin, priority order within a turn)
--- and each limited queue (pgdrain.queue_limits) kept within its running limit across all
--- runs. SKIP LOCKED lets concurrent drains pass each other.
+-- and each limited queue (pgdrain.queue_limits) kept within its running limit and its rate
+-- across all runs; a paused queue's jobs are not claimed. SKIP LOCKED lets concurrent drains
+-- pass each other.
 -- A finished job returned as lost had lost its lease: its result is not recorded, and
 -- completed_token keeps the token of the attempt whose result was. A claimed lease never
 -- reaches past the run's deadline (cap_seconds; NULL = no cap), measured on the database's
@@ -232,22 +233,28 @@ WITH ended AS (
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk)) AS names
 ), limits AS MATERIALIZED (
-    -- Per-queue concurrency limits across all runs (pgdrain.queue_limits; most queues have
-    -- none, and then nothing is locked). The row lock serialises the claims of a limited
-    -- queue, and reads the running count as the last claim committed it.
-    SELECT l.queue, l.max_running - l.running AS free
+    -- Per-queue settings across all runs (pgdrain.queue_limits; most queues have none, and
+    -- then nothing is locked): a concurrency limit (free: NULL when none), a rate limit
+    -- (starts_left in the current window: NULL when none) and a pause. The row lock serialises
+    -- the claims of such a queue, and reads the running count (moved by the count trigger) and
+    -- the window's claims (counted below) as the last claim committed them. A window the row
+    -- holds later than this claim's own counts as the current one.
+    SELECT l.queue, l.paused_at IS NOT NULL AS paused, l.max_running - l.running AS free,
+           l.rate_limit - CASE WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
+                               THEN l.window_started ELSE 0 END AS starts_left
     FROM pgdrain.queue_limits AS l
     WHERE l.queue = ANY((SELECT names FROM served)::text[])
     ORDER BY l.queue
     FOR UPDATE OF l
 ), slots AS (
     -- How many each queue may claim now: the batch, or its free slots (with the jobs this
-    -- statement completes, whose counts the trigger moves only at its end); and where the run
-    -- left off in it (runner/positions.py): the key of the last job it claimed there, or NULL.
+    -- statement completes, whose counts the trigger moves only at its end), or the starts its
+    -- window has left, none while it is paused; and where the run left off in it
+    -- (runner/positions.py): the key of the last job it claimed there, or NULL.
     SELECT q.name,
-           least(%(limit)s, greatest(0, coalesce(
+           CASE WHEN lim.paused THEN 0 ELSE least(%(limit)s, greatest(0, coalesce(
                lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
-               %(limit)s))) AS n,
+               %(limit)s)), greatest(0, coalesce(lim.starts_left, %(limit)s))) END AS n,
            pos.priority AS after_priority,
            -- The position's run_at as the claim's reply gave it, microseconds since the epoch
            -- (no session setting reads a bigint), made a timestamptz again exactly: whole
@@ -354,6 +361,17 @@ WITH ended AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM ready))
     RETURNING j.id, j.queue, j.kind, j.payload, j.priority, j.run_at, j.attempts,
               j.max_attempts, j.attempt_token
+), counted AS (
+    -- The claims of each rate-limited queue, added to its window (moved forward to this
+    -- claim's, never back: a later window a concurrent claim committed keeps them), under the
+    -- row lock taken above. No row is read without a rate.
+    UPDATE pgdrain.queue_limits AS l
+    SET window_start = greatest(l.window_start, pgdrain.rate_window(l.rate_seconds)),
+        window_started = CASE WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
+                              THEN l.window_started ELSE 0 END
+                         + (SELECT count(*) FROM claimed AS c WHERE c.queue = l.queue)::int
+    WHERE l.queue = ANY(ARRAY(SELECT lim.queue FROM limits AS lim
+                              WHERE lim.starts_left IS NOT NULL))
 )
 -- Of the finished attempts only those the fence refused come back (rarely any), so the one
 -- thread that talks to the database decodes only the claim's rows. The payload comes back as
@@ -364,6 +382,14 @@ SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::tex
        NULL::int AS priority, NULL::bigint AS run_at_us
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 WHERE NOT EXISTS (SELECT 1 FROM completed AS c WHERE c.id = held.id AND c.token = held.token)
+UNION ALL
+-- Each paused queue of the run's, flagged (lost NULL, kind 'paused'): the run gives back what
+-- it holds of it unstarted (also when none of its jobs is left queued). No row unless a queue
+-- is paused.
+SELECT NULL, NULL, p.queue, 'paused', NULL, NULL, NULL, NULL, NULL, NULL
+FROM pgdrain.queue_limits AS p
+WHERE p.paused_at IS NOT NULL
+  AND (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[]))
 UNION ALL
 -- run_at, the claim's position (runner/positions.py), as exact microseconds since the epoch
 -- (extract's epoch is numeric): a timestamptz is read in the session's DateStyle, which a
@@ -560,8 +586,8 @@ UNION ALL
 SELECT id, status, reclaim_count FROM failed;
 
 -- name: queue_has_ready :one
--- Is anything ready in these queues (NULL: in any queue)? Decides whether a run out of budget
--- continues itself. One probe per queue of the range run_at <= now() in
+-- Is anything ready and claimable in these queues (NULL: in any queue)? Decides whether a run
+-- out of budget continues itself. One probe per queue of the range run_at <= now() in
 -- jobs_queued_run_at_idx (as `queue = ANY(...)` the planner may choose a sequential scan
 -- through the history); every queue is found as the claim finds them.
 SELECT EXISTS (
@@ -584,4 +610,12 @@ SELECT EXISTS (
         ORDER BY run_at
         LIMIT 1
     ) AS one
+    -- Nor in a queue no run may claim now: paused, or its rate window used up.
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pgdrain.queue_limits AS l
+        WHERE l.queue = q.name
+          AND (l.paused_at IS NOT NULL
+               OR (l.window_started >= l.rate_limit
+                   AND l.window_start >= pgdrain.rate_window(l.rate_seconds)))
+    )
 ) AS ready;

@@ -232,8 +232,11 @@ WITH RECURSIVE finished_queue AS (
     FROM pgdrain.jobs
     WHERE status = 'running'
     GROUP BY queue
+), paused AS (
+    -- Paused queues (pgdrain.queue_pause), listed also when they hold no job.
+    SELECT queue FROM pgdrain.queue_limits WHERE paused_at IS NOT NULL
 )
-SELECT coalesce(queued.queue, running.queue, finished.queue) AS queue,
+SELECT coalesce(queued.queue, running.queue, finished.queue, paused.queue) AS queue,
        coalesce(queued.queued, 0)                             AS queued,
        coalesce(queued.ready, 0)                              AS ready,
        coalesce(queued.delayed, 0)                            AS delayed,
@@ -244,10 +247,12 @@ SELECT coalesce(queued.queue, running.queue, finished.queue) AS queue,
        coalesce(finished.cancelled, 0)                        AS cancelled,
        coalesce(extract(epoch FROM now() - queued.oldest_ready_at), 0)::float8
                                                               AS oldest_ready_age_s,
-       coalesce(running.expired_leases, 0)                    AS expired_leases
+       coalesce(running.expired_leases, 0)                    AS expired_leases,
+       paused.queue IS NOT NULL                               AS paused
 FROM queued
 FULL JOIN running ON running.queue = queued.queue
 FULL JOIN finished ON finished.queue = coalesce(queued.queue, running.queue)
+FULL JOIN paused ON paused.queue = coalesce(queued.queue, running.queue, finished.queue)
 ORDER BY 1;
 
 -- name: job_show :one
@@ -423,8 +428,27 @@ ORDER BY queue
 LIMIT %(limit)s;
 
 -- name: queue_limit_list :many
--- The per-queue concurrency limits in force (PGDRAIN_QUEUE_LIMITS), with the running count.
-SELECT queue, max_running, running
+-- The per-queue settings in force: concurrency limits and rates (PGDRAIN_QUEUE_LIMITS, NULL
+-- when not set) with the running count and the claims of the current rate window, and pauses.
+SELECT queue, max_running, running, rate_limit, rate_seconds,
+       CASE WHEN window_start >= pgdrain.rate_window(rate_seconds) THEN window_started ELSE 0
+       END AS window_started,
+       paused_at
 FROM pgdrain.queue_limits
 ORDER BY queue
 LIMIT %(limit)s;
+
+-- name: queue_pause :one
+-- Pause a queue (pgdrain.queue_pause, migration 0020): returns when it was paused, the first
+-- pause's time if it was already. Safe to repeat.
+SELECT pgdrain.queue_pause(%(queue)s::text) AS paused_at;
+
+-- name: queue_resume :one
+-- Resume a queue (pgdrain.queue_resume): returns whether it was paused. Safe to repeat.
+SELECT pgdrain.queue_resume(%(queue)s::text) AS was_paused;
+
+-- name: queue_ready_any :one
+-- Whether a job of %(queue)s is ready now (a resume kicks the drain function then): one probe
+-- of jobs_queued_run_at_idx.
+SELECT EXISTS (SELECT 1 FROM pgdrain.active_jobs
+               WHERE status = 'queued' AND queue = %(queue)s AND run_at <= now()) AS ready;

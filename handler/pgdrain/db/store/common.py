@@ -131,6 +131,8 @@ class Fenced:
 
     applied_attempts: frozenset[Held]
     lost_attempts: frozenset[Held]  # the fence matched nothing: another attempt owns the job
+    # Queues a claim found paused: the run gives back unstarted what it holds of them.
+    paused_queues: frozenset[str] = frozenset()
 
     @property
     def applied(self) -> frozenset[int]:

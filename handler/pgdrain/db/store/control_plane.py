@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import psycopg
@@ -121,6 +121,7 @@ class KickDecision:
 
     invoke: list[str]
     later: dict[str, dt.datetime]
+    paused: list[str] = field(default_factory=list)  # recorded; no run while they are paused
 
 
 def kick_debounce(
@@ -146,6 +147,7 @@ def kick_debounce(
     return KickDecision(
         invoke=sorted(str(r[0]) for r in rows if r[1]),
         later={str(r[0]): r[2] for r in rows if not r[1] and r[2] is not None},
+        paused=sorted(str(r[0]) for r in rows if r[3]),
     )
 
 
@@ -363,16 +365,25 @@ QUEUE_LIMIT_CREATE_WAIT_MS = 2000
 
 @one_statement
 def queue_limit_sync(
-    conn: Connection, queues: Sequence[str] | None, limits: Sequence[tuple[str, int]]
+    conn: Connection,
+    queues: Sequence[str] | None,
+    limits: Sequence[tuple[str, int]],
+    rates: Sequence[tuple[str, int, int]] = (),
 ) -> None:
-    """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max); a new
-    row starts from an exact count of the queue's running jobs."""
+    """Make the limits of `queues` in pgdrain.queue_limits exactly `limits` (queue, max) and
+    `rates` (queue, starts, period seconds); a new row starts from an exact count of the
+    queue's running jobs. A paused queue stays paused."""
+    running = dict(limits)
+    per_period = {q: (n, seconds) for q, n, seconds in rates}
+    limited = sorted({*running, *per_period})
     conn.execute(
         query("queue_limit_sync"),
         {
             "queues": queue_names(queues),
-            "limited": [q for q, _ in limits],
-            "limits": [n for _, n in limits],
+            "limited": limited,
+            "limits": [running.get(q) for q in limited],
+            "rates": [per_period[q][0] if q in per_period else None for q in limited],
+            "periods": [per_period[q][1] if q in per_period else None for q in limited],
             "wait_ms": QUEUE_LIMIT_CREATE_WAIT_MS,
         },
     )

@@ -215,21 +215,27 @@ def job_complete_and_claim_statement(
     return Statement(query("job_complete_and_claim"), params, read)
 
 
+# The `kind` of the row job_complete_and_claim returns for each paused queue of the run's.
+PAUSED_FLAG = "paused"
+
+
 def complete_and_claim_result(
     rows: Sequence[Any], finished: Sequence[Held]
 ) -> tuple[Fenced, list[ClaimedJob]]:
     """job_complete_and_claim's rows read: the attempts of `finished` it recorded done (all but
-    those the fence refused: a row each, flagged) and the jobs it claimed."""
+    those the fence refused: a row each, flagged), the queues it found paused (lost NULL) and
+    the jobs it claimed."""
     lost = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
-    # ClaimedJob's fields in order; `lost` NULL flags the rows of claim_served_queues.
-    claimed = [ClaimedJob(*r[1:]) for r in rows if r[0] is False]
-    return Fenced(frozenset(finished) - lost, lost), claimed
+    # `lost` NULL flags the rows of a paused queue (kind 'paused') and of claim_served_queues.
+    paused = frozenset(r[2] for r in rows if r[0] is None and r[3] == PAUSED_FLAG)
+    claimed = [ClaimedJob(*r[1:]) for r in rows if r[0] is False]  # ClaimedJob's fields in order
+    return Fenced(frozenset(finished) - lost, lost, paused), claimed
 
 
 def claim_served_queues(rows: Sequence[Any]) -> tuple[str, ...] | None:
     """The queues a job_complete_and_claim of every queue found (each that had a job queued),
     from its rows; None from a claim of queues named."""
-    served = tuple(str(r[2]) for r in rows if r[0] is None)
+    served = tuple(str(r[2]) for r in rows if r[0] is None and r[3] is None)
     return served if served else None
 
 

@@ -41,6 +41,7 @@ class QueueStats:
     cancelled: int
     oldest_ready_age_s: float
     expired_leases: int
+    paused: bool = False  # pgdrain.pause_queue: no run claims its jobs until it is resumed
 
 
 @dataclass(frozen=True)
@@ -476,12 +477,37 @@ def kick_list(conn: Connection, limit: int = CONTROL_PLANE_ROWS) -> list[KickRow
 
 @dataclass(frozen=True)
 class QueueLimitRow:
+    """A queue's settings (pgdrain.queue_limits); None: not set."""
+
     queue: str
-    max_running: int
+    max_running: int | None
     running: int
+    rate_limit: int | None  # at most this many jobs started per rate_seconds
+    rate_seconds: int | None
+    window_started: int  # jobs started in the current rate window
+    paused_at: dt.datetime | None
 
 
 def queue_limit_list(conn: Connection, limit: int = CONTROL_PLANE_ROWS) -> list[QueueLimitRow]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("queue_limit_list"), {"limit": limit}).fetchall()
     return [QueueLimitRow(**row) for row in rows]
+
+
+def queue_pause(conn: Connection, queue: str) -> dt.datetime:
+    """Pause `queue`; returns when it was paused (the first pause's time, if it was already)."""
+    row = conn.execute(query("queue_pause"), {"queue": queue}).fetchone()
+    assert row is not None  # a function's one row
+    return row[0]  # type: ignore[no-any-return]
+
+
+def queue_resume(conn: Connection, queue: str) -> bool:
+    """Resume `queue`; returns whether it was paused."""
+    row = conn.execute(query("queue_resume"), {"queue": queue}).fetchone()
+    assert row is not None
+    return bool(row[0])
+
+
+def queue_ready_any(conn: Connection, queue: str) -> bool:
+    row = conn.execute(query("queue_ready_any"), {"queue": queue}).fetchone()
+    return bool(row and row[0])
