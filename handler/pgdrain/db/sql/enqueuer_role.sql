@@ -35,7 +35,7 @@ $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_enqueuer;
 GRANT INSERT (queue, kind, payload, priority, run_at, max_attempts, recovery_policy,
-              idempotency_key)
+              idempotency_key, sequence, depends_on)
     ON pgdrain.jobs TO pgdrain_enqueuer;
 GRANT SELECT (id, queue, status, run_at, idempotency_key) ON pgdrain.jobs TO pgdrain_enqueuer;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_enqueuer;
