@@ -230,6 +230,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--recovery-policy", choices=("auto", "manual"), help=_kind_default("recovery_policy")
     )
     p.add_argument("--key", help="idempotency key")
+    p.add_argument(
+        "--sequence", help="jobs of one sequence key run one at a time, in enqueue order"
+    )
+    p.add_argument(
+        "--after",
+        type=_positive_int,
+        action="append",
+        metavar="ID",
+        help="run once job ID is done (repeat for several)",
+    )
     p.add_argument("--count", type=_positive_int, default=1)
     p.add_argument(
         "--unregistered",
@@ -383,7 +393,15 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     fields = registry.defaults(args.kind, **given)
     if "queue" in fields:
         fields["queue_name"] = fields.pop("queue")
-    job = build_job(args.kind, payload, delay=args.delay, idempotency_key=args.key, **fields)
+    job = build_job(
+        args.kind,
+        payload,
+        delay=args.delay,
+        idempotency_key=args.key,
+        sequence=args.sequence,
+        after=args.after,
+        **fields,
+    )
     if not args.unregistered:  # a kind that is well formed, and is it one of the module's?
         _check_kind(registry, args.kind, settings.jobs_module)
     total = payload_size(payload) * args.count
