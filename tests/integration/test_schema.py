@@ -140,6 +140,12 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "errors": "jsonb",
         # 0009: the client-chosen id of the claim that took a running job (lost replies).
         "claim_id": "uuid",
+        # 0021: sequences, dependencies and what a job recorded.
+        "sequence": "text",
+        "depends_on": "ARRAY",
+        "has_dependents": "boolean",
+        "output": "jsonb",
+        "progress": "jsonb",
     }
 
 
@@ -170,6 +176,10 @@ JOBS_INDEXES = {
     "jobs_active_key_idx": "idempotency keys of queued and running jobs",
     "jobs_finished_idx": "purge and retention, by finished_at",
     "jobs_finished_queue_idx": "stats' bounded counts; lists of one finished status, by id",
+    # Partial: a job without a sequence, or not waiting, has no entry (a plain drain writes
+    # none into them).
+    "jobs_sequence_idx": "a sequence's holder and next waiting job (migration 0021)",
+    "jobs_waiting_depends_on_idx": "the waiting dependents of a job that finished",
 }
 
 
