@@ -59,7 +59,8 @@ def _once(admin: str, jobs: list[Any], settings: Settings) -> float:
     with _database(admin) as url:
         with psycopg.connect(url) as conn:
             enqueue_many(conn, jobs)
-            conn.execute("VACUUM ANALYZE pgdrain.jobs")  # type: ignore[arg-type]
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE pgdrain.jobs")
         began = time.perf_counter()
         result = drain(settings, Budget.seconds(600), registry, url)
         elapsed = time.perf_counter() - began

@@ -308,6 +308,31 @@ def test_control_without_the_sequence_row_both_are_queued(db_url: str, conn: Con
     assert _two_enqueues_at_once(db_url, conn) == ["queued", "queued"]
 
 
+def test_an_operators_cancel_of_the_head_lets_the_next_run(conn: Conn) -> None:
+    head = enqueue(conn, "step", sequence="s")
+    nxt = enqueue(conn, "step", sequence="s")
+    assert [c.id for c in store.job_cancel(conn, [head])] == [head]
+    assert job_row(conn, nxt)["status"] == "queued"
+
+
+def test_a_retried_job_of_a_busy_sequence_waits_behind_its_holder(conn: Conn) -> None:
+    first = enqueue(conn, "step", sequence="s")
+    store.job_cancel(conn, [first])  # the sequence is free: the next one is the holder
+    holder = enqueue(conn, "step", sequence="s")
+    assert job_row(conn, holder)["status"] == "queued"
+    assert [r.retried for r in store.job_retry(conn, [first])] == [True]
+    assert job_row(conn, first)["status"] == "waiting"
+    store.job_cancel(conn, [holder])
+    assert job_row(conn, first)["status"] == "queued"
+
+
+def test_a_waiting_job_holds_its_idempotency_key(conn: Conn) -> None:
+    enqueue(conn, "step", sequence="s")
+    second = enqueue(conn, "step", sequence="s", idempotency_key="k")
+    assert job_row(conn, second)["status"] == "waiting"
+    assert enqueue(conn, "step", sequence="s", idempotency_key="k") == second
+
+
 # -- the fence ------------------------------------------------------------------------------
 
 
@@ -370,3 +395,15 @@ def test_a_job_without_output_records_none(db_url: str, conn: Conn) -> None:
     job_id = enqueue(conn, "nothing")
     assert run(db_url).done == 1
     assert job_row(conn, job_id)["output"] is None
+
+
+# -- the documentation's example ---------------------------------------------------------------
+
+
+def test_the_runnable_example_in_jobs_md_runs(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (Path(__file__).parents[2] / "docs/jobs.md").read_text(encoding="utf-8")
+    section = text[text.index("## Recorded output") :]
+    start = section.index("```python\nimport os")
+    block = section[start + len("```python\n") : section.index("```", start + 10)]
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    exec(compile(block, "docs/jobs.md", "exec"), {"__name__": "jobs_md_example"})
