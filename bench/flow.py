@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         # Job j of every sequence before job j + 1 of any: each claim finds one ready job per
         # sequence at most.
         seq = [
-            build_job("bench.noop", sequence=f"customer-{s}")  # type: ignore[call-arg]
+            build_job("bench.noop", sequence=f"customer-{s}")
             for _ in range(10)
             for s in range(1000)
         ]

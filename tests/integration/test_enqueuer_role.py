@@ -128,6 +128,8 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
             "max_attempts",
             "recovery_policy",
             "idempotency_key",
+            "sequence",
+            "depends_on",
         ]
     )
     read = sorted(["id", "queue", "status", "run_at", "idempotency_key"])

@@ -263,7 +263,7 @@ def _enqueue_trigger_without_the_sequence_row(conn: Conn) -> None:
     assert function.count(UPSERT) == 1
     conn.execute(
         function.replace(UPSERT, "").replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
-    )  # type: ignore[arg-type]
+    )
 
 
 def _two_enqueues_at_once(url: str, conn: Conn) -> list[str]:
@@ -362,7 +362,7 @@ def test_a_stale_attempt_cannot_complete_a_head_nor_release_its_sequence(conn: C
 def test_control_unfenced_a_stale_attempt_releases_the_sequence(conn: Conn) -> None:
     stale, _current, nxt = _stale_head(conn)
     conn.execute(
-        unfenced("job_complete_many"),  # type: ignore[arg-type]
+        unfenced("job_complete_many"),
         {"ids": [stale.id], "tokens": [stale.token]},
     )
     assert job_row(conn, nxt)["status"] == "queued"  # while the current attempt runs

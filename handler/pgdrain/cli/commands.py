@@ -231,14 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--key", help="idempotency key")
     p.add_argument(
-        "--sequence", help="jobs of one sequence key run one at a time, in enqueue order"
+        "--sequence",
+        help="jobs of one sequence key run one at a time, in enqueue order (default: none)",
     )
     p.add_argument(
         "--after",
         type=_positive_int,
         action="append",
         metavar="ID",
-        help="run once job ID is done (repeat for several)",
+        help="run once job ID is done (repeat for several; default: at once)",
     )
     p.add_argument("--count", type=_positive_int, default=1)
     p.add_argument(
