@@ -70,6 +70,16 @@ def nothing(job: Job) -> None:
     ran.append(job.id)
 
 
+progress_seen = threading.Event()
+
+
+@jobs.job("long_progress")
+def long_progress(job: Job) -> None:
+    """Records progress, then runs until the test has seen it in the table (or gives up)."""
+    job.record_progress(42)
+    progress_seen.wait(30)
+
+
 @jobs.job("progress")
 def progress(job: Job) -> str:
     job.record_progress({"done": 3, "of": 3})
@@ -103,6 +113,7 @@ def _clear() -> Iterator[None]:
     global meeting
     ran.clear()
     meeting = Meeting()
+    progress_seen.clear()
     yield
     meeting.barrier.abort()
 
@@ -389,6 +400,19 @@ def test_progress_and_output_are_recorded(db_url: str, conn: Conn) -> None:
     state = job_state(conn, job_id)
     assert state is not None
     assert (state["output"], state["progress"]) == ("finished", {"done": 3, "of": 3})
+
+
+def test_progress_is_written_with_the_heartbeat_while_the_job_runs(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "long_progress")
+    thread = threading.Thread(target=run, args=(db_url,), kwargs={"lease_seconds": 1})
+    thread.start()
+    try:
+        wait_for(lambda: job_row(conn, job_id)["progress"] == 42, 20, "the progress written")
+        assert job_row(conn, job_id)["status"] == "running"
+    finally:
+        progress_seen.set()
+        thread.join(30)
+    assert job_row(conn, job_id)["status"] == "done"
 
 
 def test_a_job_without_output_records_none(db_url: str, conn: Conn) -> None:
