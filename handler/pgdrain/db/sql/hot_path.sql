@@ -87,9 +87,10 @@ SELECT pg_catalog.set_config('statement_timeout', CAST(%(timeout_ms)s AS pg_cata
 ;
 
 -- name: job_insert :one
--- One job. A key held by a queued, running or parked job of the same queue inserts nothing, no
--- row. The conflict target names the states of migration 0004's index, which infers 0012's
--- (its predicate, parked added, is implied): the same text works on either schema. Every
+-- One job. A key held by an unfinished job (queued, running, parked, waiting) of the same
+-- queue inserts nothing, no row. The conflict target names the states of migration 0004's
+-- index, which infers 0012's and 0021's (their predicates, parked and waiting added, are
+-- implied): the same text works on each schema. Every
 -- parameter carries its type (CAST, not `::`, which SQLAlchemy's `:name` binds would misread),
 -- so any driver can run this statement with plain values, the payload as JSON text:
 -- pgdrain.enqueue_statement hands it to applications on other drivers.
