@@ -55,6 +55,14 @@ SEND_AHEAD_SLACK_SECONDS = 0.01
 MADE_READY_NOTICE = "pgdrain: jobs made ready"
 
 
+def ready_queues(diag: psycopg.errors.Diagnostic) -> list[str]:
+    """The queues of the jobs a MADE_READY_NOTICE says were made ready (its detail); none for
+    any other notice."""
+    if diag.message_primary != MADE_READY_NOTICE:
+        return []
+    return [q for q in (diag.message_detail or "").split(",") if q]
+
+
 def statement_limit_ms(remaining: float) -> int:
     """The statement and lock limit for a transaction started with `remaining` seconds of
     budget left: that less the final margin (Session, retention)."""

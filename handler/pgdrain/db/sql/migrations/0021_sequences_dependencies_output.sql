@@ -137,7 +137,7 @@ CREATE TRIGGER jobs_flow_requeued
 CREATE FUNCTION pgdrain.jobs_flow_finished() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    made_ready bigint := 0;
+    made_ready text[] := '{}';  -- the queues of the jobs made ready
     n bigint;
 BEGIN
     IF NEW.sequence IS NOT NULL THEN
@@ -146,13 +146,16 @@ BEGIN
         IF NOT EXISTS (SELECT 1 FROM pgdrain.jobs AS j
                        WHERE j.sequence = NEW.sequence
                          AND j.status IN ('queued', 'running', 'parked')) THEN
-            UPDATE pgdrain.jobs AS j
-            SET status = 'queued', run_at = now(), updated_at = now()
-            WHERE j.id = (SELECT w.id FROM pgdrain.jobs AS w
-                          WHERE w.sequence = NEW.sequence AND w.status = 'waiting'
-                          ORDER BY w.id LIMIT 1);
-            GET DIAGNOSTICS n = ROW_COUNT;
-            made_ready := made_ready + n;
+            WITH promoted AS (
+                UPDATE pgdrain.jobs AS j
+                SET status = 'queued', run_at = now(), updated_at = now()
+                WHERE j.id = (SELECT w.id FROM pgdrain.jobs AS w
+                              WHERE w.sequence = NEW.sequence AND w.status = 'waiting'
+                              ORDER BY w.id LIMIT 1)
+                RETURNING j.queue
+            )
+            SELECT count(*), coalesce(array_agg(p.queue), made_ready) INTO n, made_ready
+            FROM promoted AS p;
             IF n = 0 THEN
                 DELETE FROM pgdrain.sequences AS s WHERE s.sequence = NEW.sequence;
             END IF;
@@ -165,13 +168,15 @@ BEGIN
         WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting'
         ORDER BY d.id
         FOR UPDATE;
-        UPDATE pgdrain.jobs AS d
-        SET status = 'queued', run_at = now(), updated_at = now()
-        WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting'
-          AND NOT EXISTS (SELECT 1 FROM pgdrain.jobs AS x
-                          WHERE x.id = ANY(d.depends_on) AND x.status <> 'done');
-        GET DIAGNOSTICS n = ROW_COUNT;
-        made_ready := made_ready + n;
+        WITH promoted AS (
+            UPDATE pgdrain.jobs AS d
+            SET status = 'queued', run_at = now(), updated_at = now()
+            WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting'
+              AND NOT EXISTS (SELECT 1 FROM pgdrain.jobs AS x
+                              WHERE x.id = ANY(d.depends_on) AND x.status <> 'done')
+            RETURNING d.queue
+        )
+        SELECT made_ready || array_agg(p.queue) INTO made_ready FROM promoted AS p;
     ELSIF OLD.has_dependents THEN
         UPDATE pgdrain.jobs AS d
         SET status = 'cancelled', finished_at = now(), updated_at = now(),
@@ -180,8 +185,10 @@ BEGIN
                                             ELSE 'was cancelled' END
         WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting';
     END IF;
-    IF made_ready > 0 THEN
-        RAISE NOTICE 'pgdrain: jobs made ready' USING DETAIL = made_ready::text;
+    IF cardinality(made_ready) > 0 THEN  -- DETAIL: their queues (a name holds no comma)
+        RAISE NOTICE 'pgdrain: jobs made ready'
+            USING DETAIL = array_to_string(ARRAY(SELECT DISTINCT q FROM unnest(made_ready) AS q
+                                                 ORDER BY q), ',');
     END IF;
     RETURN NULL;
 END
