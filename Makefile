@@ -6,6 +6,7 @@
 ## make format           ruff format, then ruff check --fix
 ## make soak             the chaos soak and its controls (PGDRAIN_SOAK_JOBS sets its size)
 ## make bench            benchmarks against the SQL ceiling and peers; writes docs/benchmarks.md
+## make bench-scale      1M jobs, 10M of history, a server of its own, autovacuum on (~15 min)
 ## make simulate         the control-plane simulator, about 40 minutes; writes docs/simulate.md
 ## make simulate-smoke   the simulator's small form, under 2 minutes
 ## make simulate-test    the simulator's tests (tests/sim)
@@ -21,7 +22,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 export PYTHONPATH := handler
 
-.PHONY: help demo test simulate-test lint format sam lock bench soak clean
+.PHONY: help demo test simulate-test lint format sam lock bench bench-scale soak clean
 
 # The function's locked dependencies first, their hashes checked: the suite runs what the
 # function runs (tests/unit/test_locked_dependencies.py fails if the two drift apart).
@@ -111,9 +112,12 @@ lock: $(INSTALLED)
 		--output-file handler/requirements.txt
 
 # `make bench` writes docs/benchmarks.md (+ .png). The peers it compares with (PgQueuer,
-# Procrastinate) and matplotlib live in their own virtualenv, never in pgdrain's dependencies.
+# Procrastinate) and matplotlib live in their own virtualenv, never in pgdrain's dependencies;
+# graphile-worker (npm) in bench/graphile/node_modules, from its package-lock.json (`npm ci`,
+# again only when the lock changed). Without npm the bench says so and leaves graphile out.
 BENCH_VENV ?= .venv-bench
 BENCH_INSTALLED := $(BENCH_VENV)/.installed
+GRAPHILE_INSTALLED := bench/graphile/node_modules/.installed
 
 $(BENCH_INSTALLED): pyproject.toml bench/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
@@ -121,8 +125,23 @@ $(BENCH_INSTALLED): pyproject.toml bench/requirements.txt
 	$(BENCH_VENV)/bin/python -m pip install --quiet -r bench/requirements.txt -e '.[aws,embedded]'
 	touch $(BENCH_INSTALLED)
 
-bench: $(BENCH_INSTALLED)
+$(GRAPHILE_INSTALLED): bench/graphile/package.json bench/graphile/package-lock.json
+	@if command -v npm >/dev/null; then \
+		cd bench/graphile && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "npm not found: make bench leaves graphile-worker out"; fi
+
+bench: $(BENCH_INSTALLED) $(GRAPHILE_INSTALLED)
 	$(BENCH_VENV)/bin/python -m bench.run
+
+# Flat at scale (bench/scale.py): throughput over 1,000,000 jobs in windows of 50,000 and claim
+# latency with 10,000,000 finished jobs in history, on a PostgreSQL server of its own started
+# from the machine's binaries with production settings (autovacuum on). Not part of `make
+# bench`: about 15 minutes on a shared 2-core machine. SCALE_ARGS sizes it, e.g.
+# SCALE_ARGS="--jobs 300000 --history 2000000". Writes its section of docs/benchmarks.md (+ .json)
+# as `--label now`; the baseline before the table split is kept as `--label before`.
+SCALE_ARGS ?=
+bench-scale: $(BENCH_INSTALLED)
+	$(BENCH_VENV)/bin/python -m bench.scale --write $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) $(SIM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache

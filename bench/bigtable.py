@@ -45,7 +45,14 @@ DELAYED_ONLY_JOBS = 20_000
 QUEUES = ["default", "email", "reports", "webhooks"]
 DELAYED_ONLY = "reminders"
 NEW_INDEXES = ["jobs_queued_run_at_idx", "jobs_finished_queue_idx"]  # migration 0005's
-EXIT = {"run_id": "bench", "clear_kicks": False, "linger_window_s": 1.0, "may_stay": False}
+EXIT = {
+    "run_id": "bench",
+    "clear_kicks": False,
+    "linger_window_s": 1.0,
+    "may_stay": False,
+    # As a run exits: with its history line (written once; the repeats find it there).
+    **store.RunRecord("schedule", 0, 1.0, "empty", {}).params(),
+}
 # What store.session_limits sets, reset after each statement timed under it.
 SESSION_SETTINGS = [
     "statement_timeout",
@@ -118,6 +125,10 @@ def _claim(queues: list[str]) -> dict[str, Any]:
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "position_queue": [],
+        "position_priority": [],
+        "position_run_at_us": [],
+        "position_id": [],
     }
 
 

@@ -36,6 +36,11 @@ PARAMS = {
     "lease_seconds": ":lease_seconds",
     "cap_seconds": ":cap_seconds",
     "claim_id": "gen_random_uuid()",  # a run binds one uuid per claim
+    # No position: every claim reads each queue from its start (a run's first claim).
+    "position_queue": "NULL",
+    "position_priority": "NULL",
+    "position_run_at_us": "NULL",
+    "position_id": "NULL",
     "ids": ":ids",
     "tokens": ":tokens",
     "done_ids": ":ids",

@@ -37,7 +37,9 @@ def make_sam_compileall_options() -> list[str]:
     raise AssertionError("the Makefile's sam recipe compiles no bytecode")
 
 
-DB_PREFIX = "pgdrain_bench_"
+# BENCH_DB_PREFIX: another prefix for the databases the benchmark creates and drops (a server
+# shared with other work that keeps a prefix per user).
+DB_PREFIX = os.environ.get("BENCH_DB_PREFIX", "pgdrain_bench_")
 # The key prefixes of the strict-ordering figures (batch 1, concurrency 1): apart from
 # pgdrain/B/P and ceiling/B/P, whose concurrency follows from the batch size.
 STRICT = "strict"
@@ -59,7 +61,9 @@ def resolve_server() -> tuple[str, str]:
     """(admin URL, where it came from): DATABASE_URL, else pgdrain's embedded PostgreSQL."""
     configured = os.environ.get("DATABASE_URL", "").strip()
     if configured:
-        return with_dbname(configured, "postgres"), "DATABASE_URL"
+        # BENCH_ADMIN_DB: where CREATE DATABASE is issued from, if not `postgres`.
+        admin_db = os.environ.get("BENCH_ADMIN_DB", "postgres")
+        return with_dbname(configured, admin_db), "DATABASE_URL"
     from pgdrain.cli import embedded
 
     folder = Path(tempfile.gettempdir()) / "pgdrain-bench" / "pgdata"
@@ -297,7 +301,14 @@ def run_workers(
     """Start `count` worker processes (`python -m bench.worker ARGV`), wait until every one
     has imported and set up, start them together, and return (wall seconds from the first
     start to the last finish, each worker's result)."""
-    command = [*prefix, sys.executable, "-m", "bench.worker", *argv]
+    return run_processes(count, [*prefix, sys.executable, "-m", "bench.worker", *argv], timeout)
+
+
+def run_processes(
+    count: int, command: Sequence[str], timeout: float = 300.0
+) -> tuple[float, list[dict[str, Any]]]:
+    """run_workers for any command that speaks bench/worker.py's protocol (a peer in another
+    language: bench/graphile/drain.mjs)."""
     deadline = time.monotonic() + timeout
     workers = [_Worker(command) for _ in range(count)]
     try:

@@ -1,12 +1,13 @@
 """One of the drain's optimisations on and off, one drain process, for jobs that take no time,
 0.5 ms and 5 ms: prefetch (runner/prefetch.py, the default), `--mechanism pipelining`
 (runner/pipelining.py, db/pipeline.py), or `--mechanism loop-thread` (at batch 1, concurrency
-1, the job run on the loop's own thread or handed to a worker thread: runner/loop_thread.py).
+1, the job run on the loop's own thread or handed to a worker thread: runner/loop_thread.py),
+or `--mechanism position` (claims from the run's keyset positions: runner/positions.py).
 One command, from the repository root:
 
     make .venv-bench/.installed    # once
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
-        .venv-bench/bin/python -m bench.mechanism [--mechanism pipelining|loop-thread]
+        .venv-bench/bin/python -m bench.mechanism [--mechanism pipelining|loop-thread|position]
 
 Without DATABASE_URL an embedded PostgreSQL is started. Not part of `make bench` (it measures
 one mechanism, not pgdrain against its ceiling or its peers). Each repetition drains the jobs
@@ -54,6 +55,7 @@ class Mechanism(NamedTuple):
 MECHANISMS = {
     "prefetch": Mechanism("prefetch", Settings(), CASES),
     "pipelining": Mechanism("pipelining", Settings(), CASES),
+    "position": Mechanism("claim_from_position", Settings(), CASES),
     "loop-thread": Mechanism(
         "job_on_loop_thread", Settings(batch_size=1, concurrency=1), ONE_AT_A_TIME
     ),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 # The issue's targets (goals for the figures, not test assertions).
 CEILING_RATIO = 0.8
 PEER_RATIO = 2.0
+GRAPHILE_RATIO = 1.5  # issue 43: pgdrain / graphile-worker, per process and best against best
 ROUND_TRIPS = 2
 IMPORT_MS = 150.0
 ENQUEUE_PER_S = 50_000.0
@@ -596,11 +597,309 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
     return out
 
 
+# -- graphile-worker -----------------------------------------------------------------------------
+
+GRAPHILE = "graphile"
+
+
+def _graphile_keys(res: Results, name: str) -> list[str]:
+    return [k for k in res.figures if k.startswith(f"{GRAPHILE}/{name}/")]
+
+
+def graphile_ratios(res: Results) -> dict[str, Any]:
+    """pgdrain / graphile-worker: one process each, at each batch size (the median of each
+    repetition's ratio: the two ran back to back), and best against best (each side's best
+    median over its settings and process counts), with the cells that were best."""
+    info = res.info.get("graphile") or {}
+    one = res.figures.get(f"{GRAPHILE}/graphile-worker/1")
+    per_process = {
+        int(b): paired_ratio(res.figures.get(f"{GRAPHILE}/pgdrain/{b}/1"), one)
+        for b in info.get("batches", [])
+    }
+    pg = max(_graphile_keys(res, "pgdrain"), key=lambda k: _value(res, k), default=None)
+    gw = max(_graphile_keys(res, "graphile-worker"), key=lambda k: _value(res, k), default=None)
+    pg_best = _value(res, pg) if pg else float("nan")
+    gw_best = _value(res, gw) if gw else float("nan")
+    return {
+        "per_process": per_process,
+        "best": _ratio(pg_best, gw_best),
+        "pgdrain_best": pg_best,
+        "graphile_best": gw_best,
+        "pgdrain_best_cell": res.figures[pg].params if pg else {},
+        "graphile_best_cell": res.figures[gw].params if gw else {},
+    }
+
+
+def graphile_targets(res: Results) -> list[tuple[str, str, str, bool | None]]:
+    if not _graphile_keys(res, "graphile-worker"):
+        return []
+    r = graphile_ratios(res)
+    out: list[tuple[str, str, str, bool | None]] = []
+    for batch, ratio in r["per_process"].items():
+        out.append(
+            (
+                f"per process: pgdrain (batch {batch}) / graphile-worker, one process each",
+                _n(ratio, 2),
+                f"≥ {GRAPHILE_RATIO}",
+                None if math.isnan(ratio) else ratio >= GRAPHILE_RATIO,
+            )
+        )
+    best = r["best"]
+    out.append(
+        (
+            "pgdrain best / graphile-worker best (jobs/s)",
+            f"{_n(best, 2)} ({_n(r['pgdrain_best'])} / {_n(r['graphile_best'])})",
+            f"≥ {GRAPHILE_RATIO}",
+            None if math.isnan(best) else best >= GRAPHILE_RATIO,
+        )
+    )
+    return out
+
+
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count > 1 else ''}"
+
+
+def graphile_section(res: Results) -> list[str]:
+    """`## graphile-worker, side by side`: its own run (`--only graphile`) or the whole run's."""
+    info = res.info.get("graphile")
+    if not info:
+        return []
+    lines = ["## graphile-worker, side by side", ""]
+    if "missing" in info:
+        return [*lines, f"Not measured in this run: {info['missing']}.", ""]
+    env = info["env"]
+    procs = info["processes"]
+    lines += [
+        f"Measured at pgdrain {env['pgdrain']} on {env['date']} ({env['server']}; load "
+        f"{env['load_start']} at the start, {env.get('load_end', '?')} at the end; the machine "
+        "was shared with other work): graphile-worker "
+        f"{info['version']} on Node {info['node']}, {info['jobs']:,} no-op jobs, medians of "
+        f"{info['reps']} repetitions, every cell once per repetition in turn, each on a fresh "
+        "copy of a template holding the pre-enqueued jobs (graphile-worker's added with its "
+        "`addJobs`; enqueueing is not timed).",
+        "",
+        "graphile-worker runs as its performance page tunes it "
+        f"({info['tuning']}), in one Node process per worker (`bench/graphile/drain.mjs`), "
+        "draining with `runOnce()`, which returns once the queue is empty; its pool "
+        "(maxPoolSize connections in each process, where a pgdrain drain holds one) is "
+        "connected before the clock starts. A repetition counts only if graphile-worker's "
+        "jobs table is empty afterwards (it deletes a job it completed and keeps one that "
+        "failed) and the task counted exactly as many executions, of as many distinct job "
+        "ids, as jobs were enqueued. pgdrain's are checked as in the rest of this page.",
+        "",
+        "| system | setting | " + " | ".join(f"{p} proc." for p in procs) + " |",
+        "|---|---|" + "---:|" * len(procs),
+    ]
+    gw = res.figures.get(f"{GRAPHILE}/graphile-worker/{procs[0]}")
+    cells = [_cell(res, f"{GRAPHILE}/graphile-worker/{p}") for p in procs]
+    lines.append(f"| graphile-worker {info['version']} | documented tuning | {' | '.join(cells)} |")
+    for b in info["batches"]:
+        fig = res.figures.get(f"{GRAPHILE}/pgdrain/{b}/{procs[0]}")
+        conc = fig.params.get("concurrency", "?") if fig else "?"
+        cells = [_cell(res, f"{GRAPHILE}/pgdrain/{b}/{p}") for p in procs]
+        lines.append(f"| pgdrain | batch {b}, concurrency {conc} | {' | '.join(cells)} |")
+    for b in info["batches"]:
+        ratios = [
+            _n(
+                paired_ratio(
+                    res.figures.get(f"{GRAPHILE}/pgdrain/{b}/{p}"),
+                    res.figures.get(f"{GRAPHILE}/graphile-worker/{p}"),
+                ),
+                2,
+            )
+            for p in procs
+        ]
+        lines.append(f"| **pgdrain / graphile-worker** | batch {b} | {' | '.join(ratios)} |")
+    lines.append("")
+    r = graphile_ratios(res)
+    pg_cell, gw_cell = r["pgdrain_best_cell"], r["graphile_best_cell"]
+    if pg_cell and gw_cell:
+        lines += [
+            f"Best against best: pgdrain's best, {_n(r['pgdrain_best'])} jobs/s (batch "
+            f"{pg_cell['batch']}, {_processes(pg_cell['processes'])}), is "
+            f"**{_n(r['best'], 2)}x** graphile-worker's best, {_n(r['graphile_best'])} jobs/s "
+            f"({_processes(gw_cell['processes'])}). The ratios per process count are the "
+            "medians of each repetition's ratio. The target (issue 43) is "
+            f"≥ {GRAPHILE_RATIO}x, process for process and best against best.",
+            "",
+        ]
+    if gw is not None and gw.values:
+        pg = res.figures.get(f"{GRAPHILE}/pgdrain/{info['batches'][0]}/1")
+        pg_rss = _n(pg.extra_median("rss_mb"), 1) if pg is not None and pg.values else "-"
+        lines += [
+            "One process each, drain process's CPU per 1,000 jobs and peak RSS: "
+            f"graphile-worker {_n(gw.extra_median('cpu_s_per_1000_jobs'), 3)} s, "
+            f"{_n(gw.extra_median('rss_mb'), 1)} MB (Node's maxRSS); pgdrain at batch "
+            f"{info['batches'][0]} "
+            f"{_n(pg.extra_median('cpu_s_per_1000_jobs'), 3) if pg is not None else '-'} s, "
+            f"{pg_rss} MB.",
+            "",
+        ]
+    for note in info.get("notes", []):
+        lines += [str(note), ""]
+    return lines
+
+
 def profile_section(prof: dict[str, Any] | None) -> list[str]:
     """`## Where a drain's time goes`: written by `python -m bench.profile --write`."""
     if not prof:
         return []
     return [str(line) for line in prof["markdown"]] + [""]
+
+
+def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
+    """`## A snapshot held open`: recorded by `python -m bench.lifecycle --record`."""
+    if not life:
+        return []
+    held, free = life["held"], life["free"]
+    rows = [
+        "| round | vacuum keeps up | snapshot held | held / keeps up "
+        "| WAL B/job: keeps up, held | schema MiB: keeps up, held |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n, (h, f) in enumerate(zip(held["rounds"], free["rounds"], strict=True), start=1):
+        ratio = h["jobs_per_s"] / f["jobs_per_s"]
+        rows.append(
+            f"| {n} | {f['jobs_per_s']:,.0f} | {h['jobs_per_s']:,.0f} | {ratio:.2f} "
+            f"| {f['wal_bytes_per_job']:,.0f}, {h['wal_bytes_per_job']:,.0f} "
+            f"| {f['schema_mib']:,.1f}, {h['schema_mib']:,.1f} |"
+        )
+    jobs = held["jobs"]
+    return [
+        "## A snapshot held open: rounds of enqueue, then drain",
+        "",
+        f"Measured at {life['commit']} on {life['date']} ({life['server']}; load "
+        f"{life['load']}) by `python -m bench.lifecycle --held --rounds {len(held['rounds'])} "
+        f"--jobs {jobs}` and the same without `--held`, one run each, recorded by "
+        "`python -m bench.lifecycle --record` (the command and what it measures: the top of "
+        f"`bench/lifecycle.py`). Each round enqueues {jobs:,} no-op jobs, drains them at the "
+        "defaults (batch 10, concurrency 10, one process), then VACUUMs (autovacuum is off on "
+        "this server). *Snapshot held*: a REPEATABLE READ transaction on another connection "
+        "takes its snapshot before the first round and keeps it to the end (a report, a "
+        "`pg_dump`, a forgotten session), so nothing drained after it can be vacuumed away; "
+        "each claim starts each queue after the last job the run claimed there "
+        "(docs/decisions/0011-claim-from-a-keyset-position.md). jobs/s per round; WAL per job "
+        "drained (claim and complete); the pgdrain schema's tables and indexes after the "
+        f"round's vacuum. {life['note']}",
+        "",
+        *rows,
+        "",
+    ]
+SCALE_TITLES = {"before": "Before the table split", "now": "Now"}
+
+
+def scale_section(scale: dict[str, Any] | None) -> list[str]:
+    """`## Flat at scale`: written by `python -m bench.scale --write --label LABEL`, one
+    subsection per label (the schema before the table split, and now)."""
+    if not scale:
+        return []
+    from bench.scale import GOAL, window_summary
+
+    out = ["## Flat at scale: a long run and a long history, autovacuum on", ""]
+    out.append(
+        "By `python -m bench.scale` (`make bench-scale`; what it does and why each setting: "
+        "the top of `bench/scale.py`), on a PostgreSQL server of its own started from the "
+        "machine's binaries with a production queue's settings: autovacuum on (naptime 10 s, "
+        "vacuum at 1% of a table changed, cost limit 2,000), shared_buffers 4 GiB, fsync and "
+        "synchronous_commit on, pg_stat_statements loaded. *Throughput*: per window, that many "
+        "no-op jobs enqueued, then drained at the defaults (batch 10, concurrency 10, one "
+        "process) until none is left; jobs/s is the drain's, and finished jobs stay wherever "
+        "the schema keeps them. *Blocks*: shared buffer blocks touched (hit or read) by the "
+        "drain's statements, per job, and by the claim statement, per execution "
+        "(pg_stat_statements): the work done, whatever else the machine runs. The "
+        f"goal (issue 43): every window within {100 - GOAL * 100:.0f}% of the first. *Claim "
+        "latency*: job_complete_and_claim at batch 10, one statement after another on one "
+        "connection (synchronous_commit off there alone: the flush is the disk's, the same "
+        "either way), timed from the client, in two databases in turns: one with no finished "
+        "job, one with a history of finished jobs (one INSERT ... SELECT into the table that "
+        "holds finished jobs, then VACUUM ANALYZE); then a drain of as many jobs in each at "
+        "the defaults. The goal: the same latency with history as without. The machine is "
+        "shared (2 cores, other sessions' tests running): the load is given per window."
+    )
+    out.append("")
+    for label in sorted(scale, key=lambda k: (k != "before", k)):
+        result = scale[label]
+        latency = result.get("latency")
+        sizes = f"--jobs {result['jobs']} --window {result['window']}"
+        if latency:
+            sizes += f" --history {latency['history']['rows']} --claim-jobs {latency['claim_jobs']}"
+        out.append(f"### {SCALE_TITLES.get(label, label)} (at {result['commit']})")
+        out.append("")
+        out.append(
+            f"Measured at {result['commit']} on {result.get('date', '?')} "
+            f"(PostgreSQL {result['server']}; load {result['load_before']} at the start, "
+            f"{result['load_after']} at the end; {_n(result['seconds'] / 60, 1)} min in all) "
+            f"by `python -m bench.scale {sizes} --write --label {label}`."
+        )
+        out.append("")
+        if result.get("note"):
+            out.append(str(result["note"]))
+            out.append("")
+        if "throughput" in result:
+            windows = result["throughput"]["windows"]
+            rates = [w["jobs_per_s"] for w in windows]
+            summary = window_summary(rates)
+            out.append(
+                "| window | drained so far | jobs/s | blocks per job "
+                "| claim: blocks | enqueued jobs/s | dead rows after | autovacuums so far "
+                "| pgdrain schema MiB | load (1 min) |"
+            )
+            out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for w in windows:
+                out.append(
+                    f"| {w['window']} | {w['drained_total']:,} | {_n(w['jobs_per_s'])} "
+                    f"| {_n(w['blocks_per_job'], 1)} "
+                    f"| {_n(w['claim_blocks'], 1)} | {_n(w['enqueue_per_s'])} "
+                    f"| {w['dead_rows']:,} | {w['autovacuums']} | {_n(w['schema_mib'])} "
+                    f"| {str(w.get('load', '?')).split(' / ')[0]} |"
+                )
+            out.append("")
+            verdict = "met" if summary["flat"] else "**not met**"
+            out.append(
+                f"Last window over the first: **{_n(summary['last_over_first'], 2)}**; slowest "
+                f"over the first: **{_n(summary['min_over_first'], 2)}** (goal >= {GOAL}: "
+                f"{verdict}); median of the last three windows over that of the first three "
+                f"(less at the mercy of one noisy window): {_n(summary['tail_over_head'], 2)}."
+            )
+            out.append("")
+        if latency:
+            history = latency["history"]
+            none = latency["none"]
+            out.append(
+                "| finished jobs in history | claim p50 ms | claim p99 ms | claim: blocks "
+                "| drain jobs/s |"
+            )
+            out.append("|---|---:|---:|---:|---:|")
+            for key, name in (
+                ("none", "none"),
+                (
+                    "with_history",
+                    f"{history['rows']:,} in pgdrain.{history['table']} "
+                    f"({_n(history['table_mib'])} MiB)",
+                ),
+            ):
+                f = latency[key]
+                out.append(
+                    f"| {name} | {_n(f['p50_ms'], 3)} | {_n(f['p99_ms'], 3)} "
+                    f"| {_n(f['blocks_per_claim'], 1)} | {_n(f['drain_jobs_per_s'])} |"
+                )
+            out.append(
+                f"| with history / none | **{_n(latency['p50_ratio'], 2)}** "
+                f"| {_n(latency['p99_ratio'], 2)} | **{_n(latency['blocks_ratio'], 2)}** "
+                f"| **{_n(latency['drain_ratio'], 2)}** |"
+            )
+            out.append("")
+            out.append(
+                f"{latency['claim_jobs']:,} jobs claimed in each database, in "
+                f"{latency['rounds']} rounds taking turns ({none['claims']:,} statements "
+                "timed in each); the ratios of p50 and of jobs/s are the median of the rounds' "
+                "(each round's two figures measured next to each other), p99 is pooled. "
+                f"The history took {_n(history['insert_s'])} s to insert and "
+                f"{_n(history['vacuum_analyze_s'])} s to VACUUM ANALYZE."
+            )
+            out.append("")
+    return out
 
 
 def markdown(res: Results, png_name: str) -> str:
@@ -914,6 +1213,7 @@ def markdown(res: Results, png_name: str) -> str:
                 max(rss_each) <= RSS_MB,
             )
         )
+    targets += graphile_targets(res)
     for what, figure, target, ok in targets:
         add(f"| {what} | {figure} | {target} | {_met(ok) if target else ''} |")
     add("")
@@ -949,9 +1249,12 @@ def markdown(res: Results, png_name: str) -> str:
         )
         add("")
     lines += cost_section(res, cost_png(Path(png_name)).name)
+    lines += graphile_section(res)
     lines += bigtable_section(res.info.get("bigtable"))
     lines += flow_section(res.info.get("flow"))
     lines += profile_section(res.info.get("profile"))
+    lines += lifecycle_section(res.info.get("lifecycle"))
+    lines += scale_section(res.info.get("scale"))
     add("## How the ceiling is measured")
     add("")
     shape = res.info.get("ceiling_shape", "")
@@ -1015,7 +1318,9 @@ def markdown(res: Results, png_name: str) -> str:
         "`make bench` (against `DATABASE_URL` if set, else an embedded PostgreSQL; it "
         "creates `.venv-bench` with the peers first). `.venv-bench/bin/python -m bench.run "
         "--help` for the options; `.venv-bench/bin/python -m bench.run --only bigtable` "
-        "runs the big-table section alone and merges it into this file; `--render "
+        "runs the big-table section alone and merges it into this file (`--only graphile` "
+        "likewise, graphile-worker beside pgdrain, with `--jobs` and `--reps`; its Node "
+        "packages: `npm ci` in `bench/graphile`, which `make bench` runs); `--render "
         "docs/benchmarks.json` rewrites this file and its plots from the saved figures "
         "without measuring. One tool that is not part of it: `.venv-bench/bin/python -m "
         "bench.profile --write` (where a drain's time goes, at the default settings or "

@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from bench import bigtable, ceiling, cost, peers, report
+from bench import bigtable, ceiling, cost, graphile, peers, report
 from bench.common import (
     HANDLER,
     REPO,
@@ -40,6 +40,7 @@ from bench.common import (
     log,
     make_sam_compileall_options,
     resolve_server,
+    run_processes,
     run_workers,
     worker_env,
 )
@@ -75,6 +76,10 @@ class Config:
     import_runs: int = 10
     peers: bool = True
     bigtable_runs: int = 25
+    # graphile-worker beside pgdrain (issue 43): pgdrain at these batch sizes, both with these
+    # process counts, the same cfg.jobs, interleaved; graphile at its documented tuning.
+    graphile_batches: tuple[int, ...] = (10, 250)
+    graphile_processes: tuple[int, ...] = (1, 2)
 
 
 @dataclass
@@ -183,6 +188,18 @@ def rep_ceiling(server: Server, template: str, fig: Figure, cfg: Config) -> None
     _record(fig, ok, cfg.jobs / seconds, f"{detail}; {result.transactions} transactions")
     if ok:
         fig.add_extra("tps", result.tps)
+
+
+def rep_graphile(server: Server, template: str, fig: Figure, cfg: Config) -> None:
+    tuning = graphile.Tuning(**fig.params["tuning"])
+    with server.fresh(template) as url:
+        wall, results = run_processes(fig.params["processes"], graphile.command(url, tuning))
+        check = graphile.verify(url, cfg.jobs, results)
+    _record(fig, check.ok, cfg.jobs / wall, check.detail)
+    if check.ok:
+        fig.add_extra("rss_mb", max(r["rss_mb"] for r in results))
+        cpu_s = sum(r["cpu_s"] for r in results)
+        fig.add_extra("cpu_s_per_1000_jobs", cpu_seconds_per_1000_jobs(cpu_s, cfg.jobs))
 
 
 def rep_pgqueuer(server: Server, template: str, fig: Figure, cfg: Config) -> None:
@@ -315,6 +332,71 @@ def peer_throughput(server: Server, cfg: Config, res: Results) -> None:
     interleaved(cfg.reps, steps)
     server.drop(pq_tpl)
     server.drop(pr_tpl)
+
+
+GRAPHILE = "graphile"  # the key prefix of the side-by-side section's figures
+
+
+def graphile_templates(server: Server, cfg: Config) -> tuple[str, str]:
+    """(pgdrain's template, graphile-worker's), each with cfg.jobs no-op jobs."""
+    pg = pgdrain_template(server, cfg.jobs)
+    gw = server.create()
+    graphile.enqueue(server.url(gw), cfg.jobs)
+    _vacuum(server.url(gw))
+    return pg, gw
+
+
+def graphile_side_by_side(server: Server, cfg: Config, res: Results, env: dict[str, Any]) -> None:
+    """graphile-worker at its documented tuning beside pgdrain at cfg.graphile_batches, with
+    cfg.graphile_processes processes each, every cell once per repetition."""
+    why = graphile.missing()
+    if why is not None:
+        log(f"graphile-worker left out: {why}")
+        res.info["graphile"] = {"missing": why}
+        return
+    for key in [k for k in res.figures if k.startswith(f"{GRAPHILE}/")]:
+        del res.figures[key]  # --only graphile: the last run's cells are replaced
+    log(f"stage: graphile-worker {graphile.version()} beside pgdrain, {cfg.jobs:,} jobs each")
+    pg_tpl, gw_tpl = graphile_templates(server, cfg)
+    tuning = graphile.DOCUMENTED
+
+    def gw(procs: int) -> Step:
+        fig = res.figure(
+            f"{GRAPHILE}/graphile-worker/{procs}",
+            "graphile-worker",
+            processes=procs,
+            tuning=dataclasses.asdict(tuning),
+        )
+        return lambda: rep_graphile(server, gw_tpl, fig, cfg)
+
+    def pg(batch: int, procs: int) -> Step:
+        fig = res.figure(
+            f"{GRAPHILE}/pgdrain/{batch}/{procs}",
+            "pgdrain (beside graphile-worker)",
+            batch=batch,
+            processes=procs,
+            concurrency=concurrency_for(cfg, batch),
+        )
+        return lambda: rep_pgdrain(server, pg_tpl, fig, cfg)
+
+    # pgdrain's best batch of stage 1 too (best against best), when it is another.
+    batches = sorted({*cfg.graphile_batches, res.info.get("best_batch", cfg.default_batch)})
+    steps: list[Step] = []
+    for procs in cfg.graphile_processes:
+        steps += [gw(procs)] + [pg(b, procs) for b in batches]
+    interleaved(cfg.reps, steps)
+    res.info["graphile"] = {
+        "env": env,
+        "version": graphile.version(),
+        "node": graphile.node_version(),
+        "tuning": tuning.label(),
+        "jobs": cfg.jobs,
+        "reps": cfg.reps,
+        "batches": batches,
+        "processes": list(cfg.graphile_processes),
+    }
+    server.drop(pg_tpl)
+    server.drop(gw_tpl)
 
 
 def empty_run(server: Server, cfg: Config, res: Results) -> None:
@@ -574,7 +656,7 @@ def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
     )
     parser.add_argument(
         "--only",
-        choices=["bigtable"],
+        choices=["bigtable", "graphile"],
         default=None,
         help="run this section alone; the other sections' figures are read back from --json",
     )
@@ -623,22 +705,30 @@ def save(res: Results, path: Path) -> None:
     )
 
 
-def only_bigtable(cfg: Config, args: argparse.Namespace) -> None:
-    """The big-table section alone, merged into the figures of the last whole run."""
+def only(section: str, cfg: Config, args: argparse.Namespace) -> None:
+    """One section alone (bigtable, graphile), merged into the figures of the last whole run.
+    Its own settings (runs; jobs and repetitions for graphile) replace the saved ones."""
     if not args.json.exists():
         raise SystemExit(f"--only needs the last whole run's figures in {args.json}")
     res = load(args.json)
-    res.config.bigtable_runs = cfg.bigtable_runs
-    res.info["config"] = dataclasses.asdict(res.config)
     admin_url, source = resolve_server()
     server = Server(admin_url)
     try:
-        big_table(server, res.config, res, environment(server, source))
+        env = environment(server, source)
+        if section == "bigtable":
+            res.config.bigtable_runs = cfg.bigtable_runs
+            big_table(server, res.config, res, env)
+        else:
+            # The whole run's jobs and repetitions stay with its own figures.
+            section_cfg = dataclasses.replace(res.config, jobs=cfg.jobs, reps=cfg.reps)
+            graphile_side_by_side(server, section_cfg, res, env)
+            env["load_end"] = load_average()
     finally:
         server.drop_all()
+    res.info["config"] = dataclasses.asdict(res.config)
     save(res, args.json)
     report.write(res, args.out)
-    log(f"wrote {args.out} (the big-table section; the rest from {args.json})")
+    log(f"wrote {args.out} (the {section} section; the rest from {args.json})")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -646,19 +736,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.render:
         report.write(load(args.render), args.out)
         return
-    if args.only == "bigtable":
-        only_bigtable(cfg, args)
+    if args.only:
+        only(args.only, cfg, args)
         return
     began = time.monotonic()
     admin_url, source = resolve_server()
     server = Server(admin_url)
     res = Results(cfg)
-    # `python -m bench.profile --write` measures its section apart, with its own date and
-    # commit: a whole run keeps it rather than dropping it.
+    # `python -m bench.profile --write` `bench.lifecycle --record` and `bench.scale --write` measure their sections
+    # apart, with their own date and commit: a whole run keeps them rather than dropping them.
     if args.json and args.json.exists():
-        profile = json.loads(args.json.read_text()).get("info", {}).get("profile")
-        if profile:
-            res.info["profile"] = profile
+        kept = json.loads(args.json.read_text()).get("info", {})
+        for section in ("profile", "lifecycle", "scale"):  # bench.lifecycle --record's too
+            if kept.get(section):
+                res.info[section] = kept[section]
     res.info["env"] = environment(server, source)
     res.info["lambda"] = dataclasses.asdict(cost.template_function(REPO / "template.yaml"))
     log(f"server: {res.info['env']['server']}; load {load_average()}")
@@ -666,6 +757,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         throughput(server, cfg, res)
         if cfg.peers:
             peer_throughput(server, cfg, res)
+            graphile_side_by_side(server, cfg, res, res.info["env"])
         empty_run(server, cfg, res)
         cold_start(cfg, res)
         enqueue(server, cfg, res)

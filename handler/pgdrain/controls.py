@@ -60,6 +60,8 @@ class Controls(NamedTuple):
     prefetch: bool = True  # claim for slots about to free (runner/prefetch.py)
     pipelining: bool = True  # send the next claim before the last reply is read
     job_on_loop_thread: bool = True  # at concurrency 1 (runner/loop_thread.py)
+    # A claim of a queue starts after the last job the run claimed there (runner/positions.py).
+    claim_from_position: bool = True
 
 
 ALL_ON = Controls()

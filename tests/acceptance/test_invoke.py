@@ -86,6 +86,29 @@ def test_the_scheduled_event_drains_the_queue(db_url: str, conn: Conn) -> None:
     assert {line["function_name"] for line in log_records(run.err)} == {"local-drain"}
 
 
+def test_pgdrain_runs_lists_the_run_an_invoke_made(db_url: str, conn: Conn) -> None:
+    """The run's exit wrote its line; `pgdrain runs`, a process of its own, prints it."""
+    _enqueue(conn, "default", 4)
+    assert invoke(db_url, "-e", "infra/events/enqueue.json").code == 0
+    env = {"DATABASE_URL": db_url}
+
+    listed = run_pgdrain("runs", "--json", env=env)
+    shown = run_pgdrain("runs", "--limit", "5", env=env)
+
+    assert listed.code == 0, listed.err
+    [line] = json.loads(listed.out)
+    assert (line["trigger"], line["queues"], line["stop_reason"]) == ("enqueue", ["*"], "empty")
+    assert (line["claimed"], line["done"], line["failed"]) == (4, 4, 0)
+    assert line["finished_at"] >= line["started_at"]
+    assert shown.code == 0, shown.err
+    header, row = shown.out.splitlines()
+    assert header.split()[:3] == ["finished", "(UTC)", "trigger"]
+    fields = row.split()  # date, time, trigger, took, claimed, done, failed, retried, stop, queues
+    assert fields[2] == "enqueue" and fields[3].endswith("s")
+    assert fields[4:] == ["4", "4", "0", "0", "empty", "*"]
+    assert run_pgdrain("runs", "--limit", "0", env=env).code == 2
+
+
 def test_env_json_overrides_what_the_template_declares(
     db_url: str, conn: Conn, tmp_path: Path
 ) -> None:

@@ -23,6 +23,9 @@ from psycopg.types.json import Jsonb
 
 from helpers.fixtures import job_row
 from pgdrain import Job, Registry, enqueue
+from pgdrain.aws import events
+from pgdrain.aws.control import RunControl
+from pgdrain.aws.wake import Waker
 from pgdrain.budget import Budget
 from pgdrain.db import store
 from pgdrain.runner.drain import DrainResult, drain
@@ -72,6 +75,41 @@ def hostile(job: Job) -> None:
 
 def run_drain(url: str) -> DrainResult:
     return drain(Settings(queues=("default", "emails")), Budget.seconds(30), jobs, url)
+
+
+def run_kicked(url: str) -> DrainResult:
+    """A drain with the control plane of a kicked run (as the function's): its exit writes its
+    line in the run history."""
+    settings, budget = Settings(queues=("default", "emails")), Budget.seconds(30)
+    control = RunControl(
+        events.Trigger("enqueue", settings.queues),
+        "pgdrain-drain:9d2f61c0",
+        budget,
+        waker=Waker(settings, None),
+    )
+    observer = control.counting(lambda _name, _n: None)  # as the function counts for it
+    return drain(settings, budget, jobs, url, observer=observer, hooks=control)
+
+
+# Runs that ended earlier in the day, for the screenshot (the kicked drain's is real).
+EARLIER_RUNS = (
+    ("schedule", 0, 1.8, "empty", {"claimed": 0}, 2400),
+    ("wake", 0, 12.4, "empty", {"claimed": 57, "done": 55, "retried": 2}, 1500),
+    ("enqueue", 0, 291.0, "budget", {"claimed": 4012, "done": 4010, "failed": 2}, 900),
+    ("continue", 1, 37.5, "empty", {"claimed": 813, "done": 813}, 600),
+)
+
+
+def _earlier_runs(conn: Conn) -> None:
+    for n, (trigger, chain, took, stop, counts, ago_s) in enumerate(EARLIER_RUNS):
+        run_id = f"pgdrain-drain:earlier-{n}"
+        record = store.RunRecord(trigger, chain, took, stop, counts, continued=stop == "budget")
+        store.run_exit(conn, run_id, ["emails", "reports"], record=record)
+        conn.execute(
+            "UPDATE pgdrain.run_history SET started_at = started_at - %s * interval '1 s',"
+            " finished_at = finished_at - %s * interval '1 s' WHERE run_id = %s",
+            (ago_s, ago_s, run_id),
+        )
 
 
 # -- the server and the browser ------------------------------------------------------------------
@@ -152,7 +190,8 @@ def _seed(conn: Conn, url: str, fixed: Path) -> dict[str, int]:
         queue="emails",
         max_attempts=1,
     )
-    run_drain(url)
+    _earlier_runs(conn)
+    run_kicked(url)
     conn.execute(
         """INSERT INTO pgdrain.jobs (queue, kind, status, attempts, run_at, finished_at)
            SELECT (ARRAY['emails', 'reports', 'webhooks', 'default'])[1 + mod(g, 4)],
@@ -170,7 +209,9 @@ def _seed(conn: Conn, url: str, fixed: Path) -> dict[str, int]:
     for queue in ("emails", "reports"):
         conn.execute(
             "INSERT INTO pgdrain.kicks (queue, kicked_at, requested_at, run_until) "
-            "VALUES (%s, now() - interval '40 s', now() - interval '3 s', now() + interval '20 s')",
+            "VALUES (%s, now() - interval '40 s', now() - interval '3 s', now() + interval '20 s')"
+            " ON CONFLICT (queue) DO UPDATE SET kicked_at = excluded.kicked_at,"  # the run's row
+            " requested_at = excluded.requested_at, run_until = excluded.run_until",
             (queue,),
         )
     conn.execute(
@@ -218,6 +259,16 @@ def test_every_page_renders_and_its_screenshot_is_taken(
     assert "pgdrain-drain:4b1e0c7a" in main and "live" in main
     assert "emails,reports" in main  # the pending wake-up
     assert "held by a run until" in main  # kicks held while the run drains
+    # The kicked drain's line in Recent runs, newest first: trigger, queues, claimed 1, failed 1.
+    recent = p.locator("h2:has-text('Recent runs') ~ table").first.locator("tbody tr")
+    assert recent.count() == 1 + len(EARLIER_RUNS)
+    cells = recent.first.locator("td").all_inner_texts()
+    assert (cells[0], cells[1], cells[4:7], cells[8]) == (
+        "enqueue",
+        "default, emails",
+        ["1", "0", "1"],
+        "empty",
+    )
     _screenshot(p, "control", tmp_path)
     assert page.dialogs == []
 

@@ -54,6 +54,10 @@ def _claim_scan(conn: Conn, *, sorts_allowed: bool) -> tuple[set[str], int]:
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "position_queue": [],
+        "position_priority": [],
+        "position_run_at_us": [],
+        "position_id": [],
     }
     with conn.transaction(force_rollback=True):
         store.session_limits(conn, 60_000)

@@ -33,6 +33,10 @@ def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:
             "lease_seconds": 30,
             "cap_seconds": None,
             "claim_id": None,
+            "position_queue": [],
+            "position_priority": [],
+            "position_run_at_us": [],
+            "position_id": [],
         },
     ).fetchall()
     return [(int(r[1]), str(r[2])) for r in rows if not r[0]]

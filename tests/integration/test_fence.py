@@ -87,6 +87,10 @@ def _complete_and_claim_params(held: store.Held) -> dict[str, Any]:
         "lease_seconds": LEASE_SECONDS,
         "cap_seconds": None,
         "claim_id": None,
+        "position_queue": [],
+        "position_priority": [],
+        "position_run_at_us": [],
+        "position_id": [],
     }
 
 

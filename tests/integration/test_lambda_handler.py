@@ -490,6 +490,10 @@ def test_a_run_out_of_time_with_work_left_continues_itself_once(
     assert ready > 0
     assert result["queue_depth"] == ready
     assert metric_totals(emf_records(capsys.readouterr().out))["QueueDepth"] == ready
+    # Its exit, on the short connection after the drain, wrote its line in the run history.
+    [line] = store.run_history_list(conn)
+    seen = (line.trigger, line.chain, line.stop_reason, line.continued, line.done)
+    assert seen == ("continue", 3, "budget", True, result["result"]["done"])
 
 
 def test_a_scheduled_run_continues_with_chain_one(
@@ -735,7 +739,7 @@ def test_the_scheduled_run_deletes_finished_jobs_past_their_retention(
     # Retention is for the table, not a queue: every queue's old rows go.
     assert left == {young_done, young_failed}
     assert not {old_done, old_failed, old_cancelled, other_queue} & left
-    assert result["retention"] == {"done": 2, "failed": 2, "complete": True}
+    assert result["retention"] == {"done": 2, "failed": 2, "runs": 0, "complete": True}
     totals = metric_totals(emf_records(capsys.readouterr().out))
     assert totals["JobsDeleted"] == 4
     [line] = [r for r in function.log_lines() if r["message"] == "retention deleted finished jobs"]
@@ -756,7 +760,7 @@ def test_an_empty_scheduled_run_deletes_in_the_round_trip_of_its_exit(
         trips = round_trips_of()
 
     assert result["ok"] is True, result
-    assert result["retention"] == {"done": 1, "failed": 0, "complete": True}
+    assert result["retention"] == {"done": 1, "failed": 0, "runs": 0, "complete": True}
     assert trips == [2]
     left = {int(r[0]) for r in conn.execute("SELECT id FROM pgdrain.jobs")}
     assert old not in left and young in left
@@ -783,6 +787,7 @@ def test_retention_past_one_batch_carries_on_after_the_exit(
     assert result["retention"] == {
         "done": retention.DEFAULT_BATCH + 5,
         "failed": 0,
+        "runs": 0,
         "complete": True,
     }
     assert connections == 2

@@ -123,6 +123,8 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
             *(("periodic_slots", privilege) for privilege in ("INSERT", "SELECT", "UPDATE")),
             ("run_gate", "SELECT"),  # its row lock, nothing more
             ("run_gate", "UPDATE"),
+            # a run's exit writes its history line, retention deletes old ones; none changes
+            *(("run_history", privilege) for privilege in ("DELETE", "INSERT", "SELECT")),
         ]
     )
     assert grants == expected
@@ -181,6 +183,12 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
         enqueue(worker, "noop")
         result = drain(SETTINGS, budget, example_jobs.jobs, worker_url, hooks=control)
         assert (result.stop_reason, result.done) == ("empty", 1), result.error
+        # Its exit wrote its history line; retention deletes the line once it is old.
+        [line] = store.run_history_list(worker)
+        assert (line.run_id, line.stop_reason) == (control.run_id, "empty")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            worker.execute("UPDATE pgdrain.run_history SET done = 0")
+        assert store.job_retention_batch(worker, 0, 0, 0, 0, 10).runs == 1
         assert store.run_spawn(worker, ["default"], 1, 3, 3, 60) != []
         at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
         assert store.wake_reserve(worker, "default", at, "worker-run", 30) is True
@@ -192,6 +200,31 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
         assert store.queue_depth_held_statement(["default"]).run(worker).ready == 1
         [recounted] = store.queue_limit_recount_statement(["default"]).run(worker)
         assert (recounted.was, recounted.running) == (2, 0)
+
+
+@pytest.mark.parametrize("regranted", [True, False], ids=["by-0019", "control: not granted"])
+def test_a_role_granted_before_the_run_history_still_exits(
+    worker_url: str, granted: str, regranted: bool
+) -> None:
+    """A database whose worker role was granted before migration 0019: the migration grants
+    the new table to it, so the worker's exit (which now writes its line there) does not fail
+    before worker_role.sql is run again. The control takes the grant back after migrating."""
+    with psycopg.connect(granted, autocommit=True) as owner:
+        # As it was before 0019: no table, no ledger entry; then `pgdrain migrate`.
+        owner.execute("DROP TABLE pgdrain.run_history")
+        owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0019'")
+        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0019"]
+        if not regranted:
+            owner.execute("REVOKE ALL ON pgdrain.run_history FROM pgdrain_worker")
+    record = store.RunRecord("schedule", 0, 1.0, "empty", {})
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        store.run_register(worker, "old-grant", ["default"], 0, 60.0)
+        if not regranted:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                store.run_exit(worker, "old-grant", ["default"], record=record)
+            return
+        assert store.run_exit(worker, "old-grant", ["default"], record=record).exited
+        assert [r.run_id for r in store.run_history_list(worker)] == ["old-grant"]
 
 
 @pytest.mark.parametrize("statement", DDL)

@@ -111,7 +111,12 @@ def _explain(conn: Conn, statement: str, params: dict[str, Any], analyze: bool =
     return row[0]
 
 
-def _claim_params(queues: list[str] | None, done_ids: list[int] | None = None) -> dict[str, Any]:
+def _claim_params(
+    queues: list[str] | None,
+    done_ids: list[int] | None = None,
+    positions: dict[str, store.ClaimPosition] | None = None,
+) -> dict[str, Any]:
+    at = positions or {}
     return {
         "done_ids": done_ids or [],
         "done_tokens": [None] * len(done_ids or []),
@@ -121,7 +126,17 @@ def _claim_params(queues: list[str] | None, done_ids: list[int] | None = None) -
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "position_queue": list(at),
+        "position_priority": [p.priority for p in at.values()],
+        "position_run_at_us": [p.run_at_us for p in at.values()],
+        "position_id": [p.id for p in at.values()],
     }
+
+
+# A position in each queue before all its ready jobs of priority 0 (the run's positions are
+# the keys of jobs it claimed; any key bounds the range the same way).
+BEFORE_READY = store.ClaimPosition(0, 946_684_800_000_000, 0)  # 2000-01-01
+PAST_EVERY_JOB = 253_370_764_800_000_000  # 9999-01-01, microseconds since the epoch
 
 
 # Ten of the running rows (the seed's last 200) and tokens that are not theirs: a fenced write
@@ -130,7 +145,14 @@ RUNNING_IDS = list(range(FINISHED + 1000 + QUEUED + 5000 + 191, FINISHED + 1000 
 OTHER_TOKENS = [uuid.UUID(int=n) for n in range(1, 11)]
 HELD = {"ids": RUNNING_IDS, "tokens": OTHER_TOKENS}
 
-EXIT = {"run_id": "r", "clear_kicks": False, "linger_window_s": 1.0, "may_stay": False}
+EXIT = {
+    "run_id": "r",
+    "clear_kicks": False,
+    "linger_window_s": 1.0,
+    "may_stay": False,
+    # The exit writes a history line (checked by tests/integration/test_run_history.py).
+    **store.RunRecord("schedule", 0, 1.0, "empty", {}).params(),
+}
 
 # (case id, statement name, parameters, the indexes its plan must use)
 CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
@@ -160,6 +182,14 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
         {"jobs_queued_run_at_idx"},
     ),
     ("queue depth", "queue_depth", {"queues": QUEUES}, {"jobs_queued_run_at_idx"}),
+    # A run's claim from its positions (runner/positions.py): a range of jobs_ready_idx per
+    # queue, read from the start only where the range runs out.
+    (
+        "claim from positions",
+        "job_complete_and_claim",
+        _claim_params(QUEUES, positions=dict.fromkeys(QUEUES, BEFORE_READY)),
+        {"jobs_ready_idx", "jobs_queued_run_at_idx", "jobs_pkey"},
+    ),
     # A run of every queue (queues NULL): the queues found by skipping through the index of
     # queued rows, then each served as a named one is.
     (
@@ -220,7 +250,13 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     (
         "retention",
         "job_retention_batch",
-        {"done_days": 7, "done_limit": 1000, "failed_days": 30, "failed_limit": 1000},
+        {
+            "done_days": 7,
+            "done_limit": 1000,
+            "failed_days": 30,
+            "failed_limit": 1000,
+            "runs_limit": 1000,
+        },
         {"jobs_finished_idx", "jobs_pkey"},
     ),
     # The fenced writes of the jobs a run holds, by primary key.
@@ -455,8 +491,14 @@ def test_control_the_statements_before_read_every_finished_row(
 
 
 def _ready_index_scans(plan: Any) -> list[int]:
-    """How many times each scan of jobs_ready_idx ran (EXPLAIN ANALYZE)."""
-    return [n["Actual Loops"] for n in plan_nodes(plan) if n.get("Index Name") == "jobs_ready_idx"]
+    """How many times each scan of jobs_ready_idx from the start of a queue ran (EXPLAIN
+    ANALYZE); not the scan from a position, which has none here."""
+    return [
+        n["Actual Loops"]
+        for n in plan_nodes(plan)
+        if n.get("Index Name") == "jobs_ready_idx"
+        and "ROW(priority, run_at, id)" not in n.get("Index Cond", "")
+    ]
 
 
 def test_the_last_empty_claim_does_not_walk_the_delayed_jobs(big: Conn) -> None:
@@ -470,6 +512,57 @@ def test_control_without_the_guard_the_empty_claim_walks_the_queue(big: Conn) ->
     statement = _without_ready_guard(query("job_complete_and_claim"))
     plan = _explain(big, statement, _claim_params([DELAYED_ONLY]), True)
     assert _ready_index_scans(plan) == [1]
+
+
+POSITIONED = _claim_params(QUEUES, positions=dict.fromkeys(QUEUES, BEFORE_READY))
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_a_claim_from_positions_bounds_its_scan_by_them_in_the_index(
+    big: Conn, generic: bool
+) -> None:
+    """The position is where the scan of jobs_ready_idx starts (an index condition), not a
+    filter of what it reads: the entries before it are not read at all."""
+    statement = query("job_complete_and_claim")
+    plan = (
+        _generic_plan(big, statement, POSITIONED)
+        if generic
+        else _explain(big, statement, POSITIONED)
+    )
+    conditions = [
+        n.get("Index Cond", "") for n in plan_nodes(plan) if n.get("Index Name") == "jobs_ready_idx"
+    ]
+    assert any("ROW(priority, run_at, id) >" in c for c in conditions), conditions
+
+
+def _two_claims(conn: Conn, queues: list[str] | None, positions: str) -> list[int]:
+    """The ids two claims take, the second from the positions the first leaves ("kept"), from
+    none ("none"), or from positions past every ready job ("past"); rolled back."""
+    with conn.transaction(force_rollback=True):
+        store.transaction_limits(conn, 60_000)
+        first = store.job_complete_and_claim_statement([], queues, 10, "w", 30.0, None, None).run(
+            conn
+        )[1]
+        after = {
+            "kept": {j.queue: store.ClaimPosition(j.priority, j.run_at_us, j.id) for j in first},
+            "none": {},
+            "past": dict.fromkeys(QUEUES, store.ClaimPosition(0, PAST_EVERY_JOB, 0)),
+        }[positions]
+        second = store.job_complete_and_claim_statement(
+            [], queues, 10, "w", 30.0, None, None, positions=after
+        ).run(conn)[1]
+    return [j.id for j in first + second]
+
+
+@pytest.mark.parametrize("queues", [QUEUES, None], ids=["queues named", "every queue"])
+@pytest.mark.parametrize("positions", ["kept", "past"], ids=["in the range", "range run out"])
+def test_a_claim_from_positions_claims_what_a_claim_from_the_start_does(
+    big: Conn, queues: list[str] | None, positions: str
+) -> None:
+    """Nothing sorts before the positions here (no job came in meanwhile): the claim from them
+    takes the jobs a claim from the start takes, and one whose ranges hold nothing reads from
+    the start in the same statement."""
+    assert _two_claims(big, queues, positions) == _two_claims(big, queues, "none")
 
 
 def _rows_read_from(plan: Any, index: str) -> int:

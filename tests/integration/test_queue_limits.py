@@ -52,6 +52,10 @@ def _params(worker: str) -> dict[str, Any]:
         "lease_seconds": 30,
         "cap_seconds": None,
         "claim_id": None,
+        "position_queue": [],
+        "position_priority": [],
+        "position_run_at_us": [],
+        "position_id": [],
     }
 
 

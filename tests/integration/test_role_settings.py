@@ -1,10 +1,14 @@
 """A worker role can ALTER ROLE itself: PostgreSQL lets every role set its own session defaults
 (`ALTER ROLE CURRENT_USER SET ...`), and they apply to every session it opens. A compromised job
 holding the drain's credentials could so make the next runs fail: read-only transactions, a 1 ms
-statement timeout, a serializable default, another DateStyle, search_path or client_encoding.
-The run sets what it relies on itself, per transaction (behind a transaction pooler) or per
-session (hot_path.sql's transaction_begin, transaction_limits and session_limits; the client
-encoding in the startup packet), so each of these leaves a drain of real jobs unharmed.
+statement timeout, a serializable default, another DateStyle, IntervalStyle, TimeZone,
+search_path or client_encoding. The run sets what it relies on itself, per transaction (behind a
+transaction pooler) or per session (hot_path.sql's transaction_begin, transaction_limits and
+session_limits; the client encoding in the startup packet), so each of these leaves a drain of
+real jobs unharmed. The drains claim a few jobs at a time, so that claims start from the
+run's positions (runner/positions.py): the claim's reply gives a position's run_at, and the
+next claim sends it back, as microseconds since the epoch, which no setting changes and which
+round-trips exactly (the keyset compares it with the rows' own).
 
 The controls: the statements as they were (the lines marked `a role's own default` removed)
 fail the drain under a read-only default; a connection of the role's own reads its payloads in
@@ -12,9 +16,10 @@ LATIN1 and fails on a job whose payload is not."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
-from collections.abc import Iterator
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, LiteralString
 
 import psycopg
 import pytest
@@ -22,14 +27,16 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 import jobs as example_jobs
-from pgdrain import Budget, Settings, drain, enqueue
-from pgdrain.db import connection
+from pgdrain import Budget, Settings, drain, enqueue, enqueue_many
+from pgdrain.api.enqueue import build_job
+from pgdrain.db import connection, store
 from pgdrain.db import sql as statement_files
 
 Conn = psycopg.Connection[Any]
 GROUP = "pgdrain_worker"
 PINNED = "a role's own default"
 JOBS = 6
+BATCH = 2  # so that a drain's later claims start from the positions its first ones left
 HOSTILE = {  # the setting, and its value as ALTER ROLE ... SET writes it
     "read-only": ("default_transaction_read_only", "on"),
     "statement-timeout-1ms": ("statement_timeout", "1"),
@@ -37,6 +44,8 @@ HOSTILE = {  # the setting, and its value as ALTER ROLE ... SET writes it
     "serializable": ("default_transaction_isolation", "serializable"),
     "idle-in-transaction-1ms": ("idle_in_transaction_session_timeout", "1"),
     "datestyle": ("DateStyle", "'SQL, DMY'"),
+    "intervalstyle": ("IntervalStyle", "'sql_standard'"),
+    "timezone-chatham": ("TimeZone", "'Pacific/Chatham'"),  # +12:45, +13:45 in summer
     "search-path": ("search_path", "public, pg_catalog"),
     "latin1": ("client_encoding", "LATIN1"),
 }
@@ -96,7 +105,7 @@ def _jobs(conn: Conn) -> None:
 
 
 def _drain(worker_url: str, pooler: Literal["session", "transaction"]) -> Any:
-    settings = Settings(reserve_seconds=0.5, lease_seconds=5, pooler=pooler)
+    settings = Settings(reserve_seconds=0.5, lease_seconds=5, pooler=pooler, batch_size=BATCH)
     return drain(settings, Budget.seconds(20.0), example_jobs.jobs, worker_url)
 
 
@@ -106,11 +115,26 @@ def _done(conn: Conn) -> int:
     return int(row[0])
 
 
+@pytest.fixture
+def sent_positions(monkeypatch: pytest.MonkeyPatch) -> list[Mapping[str, store.ClaimPosition]]:
+    """The positions each claim of the test's drains was sent with."""
+    sent: list[Mapping[str, store.ClaimPosition]] = []
+    make = store.job_complete_and_claim_statement
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs.get("positions") or {})
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(store, "job_complete_and_claim_statement", spy)
+    return sent
+
+
 @pytest.mark.parametrize("pooler", ["session", "transaction"])
 @pytest.mark.parametrize(("name", "value"), HOSTILE.values(), ids=HOSTILE.keys())
 def test_the_roles_own_defaults_do_not_reach_the_drain(
     worker_url: str,
     conn: Conn,
+    sent_positions: list[Mapping[str, store.ClaimPosition]],
     name: str,
     value: str,
     pooler: Literal["session", "transaction"],
@@ -120,6 +144,117 @@ def test_the_roles_own_defaults_do_not_reach_the_drain(
     result = _drain(worker_url, pooler)
     assert (result.stop_reason, result.error) == ("empty", None), result
     assert (result.done, _done(conn)) == (JOBS, JOBS)
+    assert any(sent_positions), sent_positions  # a claim started from a position
+
+
+ODD = {  # every setting that changes how a time or an interval reads, at once
+    "DateStyle": "'SQL, DMY'",
+    "IntervalStyle": "'sql_standard'",
+    "TimeZone": "'Pacific/Chatham'",
+}
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+US = dt.timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        # the last microsecond of a second, the hour Chatham's clocks go back (+13:45 to +12:45)
+        dt.datetime(
+            2026, 4, 5, 2, 44, 59, 999_999, tzinfo=dt.timezone(dt.timedelta(hours=13, minutes=45))
+        ),
+        dt.datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=dt.UTC),  # the first microsecond of one
+        dt.datetime(1969, 12, 31, 23, 59, 58, 500_001, tzinfo=dt.UTC),  # before the epoch
+        # 2^53 microseconds before the epoch and more; Chatham's local mean time then, +12:13:48
+        dt.datetime(1600, 3, 1, 12, 0, 0, 123_457, tzinfo=dt.UTC),
+    ],
+    ids=["chatham-dst-end", "second-start", "before-epoch", "past-2-53-us"],
+)
+def test_a_position_round_trips_exactly_under_a_roles_odd_settings(
+    worker_url: str, conn: Conn, at: dt.datetime
+) -> None:
+    """On a connection that keeps the role's DateStyle, IntervalStyle and TimeZone (no limits
+    sent), a claim gives each job's run_at as microseconds since the epoch, exactly, and a
+    claim from a position at (0, at, E) takes what sorts after E and nothing else: F at the
+    same run_at with a greater id, then H a microsecond later. A position a microsecond early
+    would take E again, one a microsecond late would miss F."""
+    for name, value in ODD.items():
+        _set_own_default(worker_url, name, value)
+    with conn.transaction():
+        g, e, f, h = enqueue_many(
+            conn, [build_job("noop", run_at=at + n * US) for n in (-1, 0, 0, 1)]
+        )
+    with psycopg.connect(worker_url, autocommit=True) as odd:
+        row = odd.execute("SELECT current_setting('TimeZone')").fetchone()
+        assert row == ("Pacific/Chatham",)
+        with odd.transaction(force_rollback=True):
+            claimed = _claim(odd, limit=4, positions={})
+            exact = (at - EPOCH) // US
+            assert [(j.id, j.run_at_us) for j in claimed] == [
+                (g, exact - 1),
+                (e, exact),
+                (f, exact),
+                (h, exact + 1),
+            ]
+        position = store.ClaimPosition(0, claimed[1].run_at_us, e)  # as the reply gave it
+        with odd.transaction(force_rollback=True):
+            after = _claim(odd, limit=2, positions={"default": position})
+            assert [j.id for j in after] == [f, h]
+
+
+def test_control_a_timestamptz_in_a_reply_cannot_be_read_under_the_roles_datestyle(
+    worker_url: str, conn: Conn
+) -> None:
+    """Why the claim's reply gives a position's run_at as a bigint: the same run_at as a
+    timestamptz, read on a connection that keeps the role's own DateStyle, fails."""
+    _set_own_default(worker_url, "DateStyle", "'SQL, DMY'")
+    _jobs(conn)
+    with psycopg.connect(worker_url, autocommit=True) as plain:
+        with pytest.raises(NotImplementedError, match="DateStyle"):  # psycopg's loader
+            plain.execute("SELECT run_at FROM pgdrain.jobs LIMIT 1").fetchone()
+        row = plain.execute(
+            "SELECT (extract(epoch FROM run_at) * 1000000)::bigint FROM pgdrain.jobs LIMIT 1"
+        ).fetchone()
+        assert row is not None and isinstance(row[0], int)
+
+
+# How the claim makes a position's run_at a timestamptz again, and the control's one product
+# (as first proposed): a float8 holds every microsecond only within 2^53 of the epoch.
+EXACT_RUN_AT = """'epoch'::timestamptz + (pos.run_at_us / 1000000) * interval '1 second'
+               + mod(pos.run_at_us, 1000000) * interval '1 microsecond' AS after_run_at"""
+ONE_PRODUCT = "'epoch'::timestamptz + pos.run_at_us * interval '1 microsecond' AS after_run_at"
+
+
+def test_control_one_product_of_microseconds_misses_by_one_past_2_53(
+    worker_url: str, conn: Conn
+) -> None:
+    """The same position, 2^53 microseconds and more before the epoch, made a timestamptz by
+    one product: a microsecond off, so the claim from it takes E again, or misses F."""
+    at = dt.datetime(1600, 3, 1, 12, 0, 0, 123_457, tzinfo=dt.UTC)
+    with conn.transaction():
+        _, e, f, h = enqueue_many(
+            conn, [build_job("noop", run_at=at + n * US) for n in (-1, 0, 0, 1)]
+        )
+    position = store.ClaimPosition(0, (at - EPOCH) // US, e)
+    with psycopg.connect(worker_url, autocommit=True) as plain:
+        for decode, right in ((EXACT_RUN_AT, True), (ONE_PRODUCT, False)):
+            with plain.transaction(force_rollback=True):
+                after = _claim(plain, 2, {"default": position}, decode)
+                assert ([j.id for j in after] == [f, h]) is right, (decode, after, e, f, h)
+
+
+def _claim(
+    odd: Conn,
+    limit: int,
+    positions: Mapping[str, store.ClaimPosition],
+    decode: LiteralString = EXACT_RUN_AT,
+) -> list[store.ClaimedJob]:
+    statement = store.job_complete_and_claim_statement(
+        [], ("default",), limit, "w", 30.0, None, None, positions=positions
+    )
+    assert statement.text.count(EXACT_RUN_AT) == 1
+    text = statement.text.replace(EXACT_RUN_AT, decode)
+    return store.Statement(text, statement.params, statement.read).run(odd)[1]
 
 
 @pytest.mark.parametrize("pooler", ["session", "transaction"])

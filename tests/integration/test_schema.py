@@ -246,6 +246,10 @@ def test_the_claim_uses_the_ready_index(conn: Conn) -> None:
             "lease_seconds": 30.0,
             "cap_seconds": None,
             "claim_id": None,
+            "position_queue": [],
+            "position_priority": [],
+            "position_run_at_us": [],
+            "position_id": [],
         },
     )
     assert "jobs_ready_idx" in _plan_indexes(plan), plan

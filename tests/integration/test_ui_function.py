@@ -238,6 +238,7 @@ REFUSED = (
     "DELETE FROM pgdrain.jobs",
     "UPDATE pgdrain.kicks SET run_until = NULL",
     "DELETE FROM pgdrain.runs",
+    "DELETE FROM pgdrain.run_history",
     "SELECT * FROM pgdrain.migrations",
     "CREATE TABLE pgdrain.intruder (id int)",
     "TRUNCATE pgdrain.jobs",

@@ -10,9 +10,11 @@ import pytest
 
 from pgdrain.db.store import ClaimedJob
 
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
+
 
 def claimed(payload_json: str) -> ClaimedJob:
-    return ClaimedJob(1, "default", "k", payload_json, 1, 5, uuid.uuid4())
+    return ClaimedJob(1, "default", "k", payload_json, 1, 5, uuid.uuid4(), 0, RUN_AT_US)
 
 
 @pytest.mark.parametrize(

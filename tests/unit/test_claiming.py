@@ -18,10 +18,14 @@ from pgdrain.runner.claim_statement import Claim
 from pgdrain.runner.claiming import Claims, claim_size
 from pgdrain.runner.completer import Completer
 from pgdrain.runner.deadline import Deadline
+from pgdrain.runner.positions import ClaimStart
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.summary import Counters
 
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
+
 TEN_SLOTS = Settings(batch_size=10, concurrency=10)
+FROM_THE_START = ClaimStart({}, None, 0.0, 0)  # no position, nothing named
 
 
 def _claims(prefetch: Prefetch, run: RunState | None = None) -> Claims:
@@ -51,7 +55,7 @@ def _measured(job_s: float, trip_s: float, settings: Settings = TEN_SLOTS) -> Pr
 
 
 def _claimed(job_id: int) -> ClaimedJob:
-    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4())
+    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT_US)
 
 
 def _with(running: int, unstarted: int = 0) -> Attempts:
@@ -116,7 +120,7 @@ def test_a_reply_makes_its_jobs_unstarted_attempts_and_counts_its_completions() 
     claims = _claims(Prefetch(10, 10), run)
     done, refused = Held(1, uuid.uuid4()), Held(2, uuid.uuid4())
     taken = [_claimed(n) for n in (3, 4, 5)]
-    claim = Claim(uuid.uuid4(), [], [done, refused], limit=3, sent_at=time.monotonic())
+    claim = Claim(uuid.uuid4(), [], [done, refused], 3, time.monotonic(), FROM_THE_START)
 
     assert claims.received(claim, Fenced(frozenset({done}), frozenset({refused})), taken) == 3
     assert list(run.attempts.unstarted) == taken

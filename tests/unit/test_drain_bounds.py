@@ -13,6 +13,8 @@ from pgdrain.db.session import MIN_TIMEOUT_MS, Session
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
 
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
+
 
 class Clock:
     def __init__(self) -> None:
@@ -41,7 +43,7 @@ def test_a_statement_may_take_the_budget_left_less_the_final_margin(
 
 
 def _claimed(job_id: int) -> ClaimedJob:
-    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4())
+    return ClaimedJob(job_id, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT_US)
 
 
 def test_the_oldest_lease_held_counts_from_its_last_renewal() -> None:

@@ -21,11 +21,13 @@ from pgdrain.db.store import ClaimedJob
 from pgdrain.errors import UnknownJobKind
 from pgdrain.runner.execute import JobTimeout, NotAwaited, run_job
 
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
+
 TOKEN = uuid.uuid4()
 
 
 def _claimed(kind: str, attempt: int = 2) -> ClaimedJob:
-    return ClaimedJob(41, "emails", kind, '{"user_id": 42}', attempt, 5, TOKEN)
+    return ClaimedJob(41, "emails", kind, '{"user_id": 42}', attempt, 5, TOKEN, 0, RUN_AT_US)
 
 
 def _run(registry: Registry, kind: str, lost: set[uuid.UUID] | None = None) -> None:

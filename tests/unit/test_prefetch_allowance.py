@@ -11,6 +11,8 @@ from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
 from pgdrain.runner.prefetch import Prefetch, most_ahead
 
+RUN_AT_US = 1_767_225_600_000_000  # a claimed job's run_at (2026-01-01) in microseconds
+
 
 def measured(job_s: float, trip_s: float, *, batch: int = 10, concurrency: int = 10) -> Prefetch:
     ahead = Prefetch(batch, concurrency)
@@ -44,7 +46,7 @@ def test_a_batch_larger_than_the_slots_is_claimed_whole_while_the_last_one_waits
     assert measured(0.00001, 0.0015, batch=1000, concurrency=250).allowance() == 1750
     attempts = Attempts()
     attempts.unstarted.extend(
-        ClaimedJob(n, "default", "k", "{}", 1, 5, uuid.uuid4()) for n in range(1000)
+        ClaimedJob(n, "default", "k", "{}", 1, 5, uuid.uuid4(), 0, RUN_AT_US) for n in range(1000)
     )
     assert attempts.to_claim(concurrency=250, batch_size=1000, ahead=1750) == 1000
 

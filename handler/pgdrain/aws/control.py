@@ -10,6 +10,10 @@ its event, or a run that started after its reservation lapsed, drains only while
 PGDRAIN_MAX_RUNS runs are live, and otherwise ends at once (stop reason "at_cap"). So neither
 copy ends the other's registration, and the cap holds however often an event is delivered.
 
+History. The statement that ends a run's registration (store.run_exit) also writes its line in
+pgdrain.run_history: trigger, duration, counts (the drain's observer, wrapped by counting()),
+stop reason. Keyed by run_id, so an exit sent again after a lost reply writes nothing more.
+
 Trailing-edge kicks. The invariant: every enqueue followed by kick() is followed by a run that
 claims after that enqueue committed. kick() invokes at most once per debounce window and
 records every request (pgdrain.kicks.requested_at). A run about to exit locks its queues' kick
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -103,7 +108,7 @@ class RunControl:
         clock: Callable[[], float] = time.monotonic,
         before_exit_check: Callable[[], None] | None = None,
         periodics: Sequence[periodic.Periodic] = (),
-        retention_batch: Callable[[], store.Statement[tuple[int, int]] | None] = lambda: None,
+        retention_batch: Callable[[], store.Statement[store.RetentionBatch] | None] = lambda: None,
         retention_limit_ms: int | None = None,
         controls: Controls = ALL_ON,
     ) -> None:
@@ -135,12 +140,43 @@ class RunControl:
         self._periodics = tuple(periodics)
         self._retention_batch = retention_batch
         self._retention_limit_ms = retention_limit_ms
-        self._retention: Later[tuple[int, int]] | None = None
+        self._retention: Later[store.RetentionBatch] | None = None
         self._controls = controls
         self._exit_depth: Later[store.QueueDepth] | None = None
         self.wake = WakeOutcome(None, "none")
         self.drained_again = 0
         self.lingered = 0  # times the run waited for a burst's next kick instead of exiting
+        # The run's counts as they grow (counting()), for the history line its exit writes.
+        self.counts: dict[str, int] = {}
+        self._counts_lock = threading.Lock()
+        self._started = clock()
+
+    def counting(self, observer: Callable[[str, int], None]) -> Callable[[str, int], None]:
+        """The drain's observer: counts for the run's history line, then `observer`."""
+
+        def observe(name: str, n: int) -> None:
+            with self._counts_lock:  # whatever thread a count comes from
+                self.counts[name] = self.counts.get(name, 0) + n
+            observer(name, n)
+
+        return observe
+
+    def _counted(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self.counts)
+
+    def _record(self, stop_reason: str, continued: bool = False) -> store.RunRecord:
+        """The line the run's exit writes to pgdrain.run_history."""
+        return store.RunRecord(
+            trigger=self.trigger.reason,
+            chain=self.trigger.chain,
+            elapsed_s=self._clock() - self._started,
+            stop_reason=stop_reason,
+            counts=self._counted(),
+            drained_again=self.drained_again,
+            lingered=self.lingered,
+            continued=continued,
+        )
 
     def after_connect(self, session: Session) -> bool:
         reserved = self.trigger.run_id
@@ -246,8 +282,8 @@ class RunControl:
         return later.value() if later is not None and later.received else None
 
     @property
-    def retention_deleted(self) -> tuple[int, int] | None:
-        """What the retention batch sent with the exit deleted (done, failed), if it was sent."""
+    def retention_deleted(self) -> store.RetentionBatch | None:
+        """What the retention batch sent with the exit deleted, if it was sent."""
         later = self._retention
         return later.value() if later is not None and later.received else None
 
@@ -257,7 +293,7 @@ class RunControl:
         wake-up for work due later. Ready work is the continuation's; when there is none (the
         hop limit), a wake-up at the next step starts a new chain (a schedule is not a Lambda
         hop) instead of leaving the work to the hourly safety net."""
-        decision = session.run(self._exit_or_again, False)
+        decision = session.run(self._exit_or_again, False, "budget", continued)
         due_at = decision.check.due_at
         if decision.check.ready and not continued:
             now = dt.datetime.now(dt.UTC)
@@ -275,12 +311,19 @@ class RunControl:
         return slot if due_at is None else min(due_at, slot)
 
     @store.one_statement
-    def _exit_or_again(self, conn: store.Connection, may_drain_again: bool) -> ExitDecision:
+    def _exit_or_again(
+        self,
+        conn: store.Connection,
+        may_drain_again: bool,
+        stop_reason: str = "empty",
+        continued: bool = False,
+    ) -> ExitDecision:
         # One statement (store.run_exit), so one round trip: the kick rows stay locked from the
         # check to the exit, so no kick can be suppressed in between, and SQL decides. Repeating
         # it (after a reconnect) is safe: the check only reads, and the exit clears and deletes
-        # what is already cleared or gone. A lingering run neither exits nor unregisters: it is
-        # still the run the open window is waiting on, and a later check decides again.
+        # what is already cleared or gone, and writes no second history line. A lingering run
+        # neither exits nor unregisters: it is still the run the open window is waiting on,
+        # and a later check decides again.
         stays = may_drain_again and self._trailing_edge
         window = min(self._linger_window_s, MAX_LINGER_SECONDS) if stays else 0.0
         time_left = self._budget.remaining() - self._reserve_seconds
@@ -293,6 +336,7 @@ class RunControl:
             may_stay=stays,
             linger_window_s=window,
             clear_kicks=self._trailing_edge,
+            record=self._record(stop_reason, continued),
         )
         if check.exited:
             return ExitDecision(False, check)

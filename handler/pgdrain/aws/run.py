@@ -132,7 +132,9 @@ def handle(
             run.registry,
         )
         try:
-            result, conninfo = _drain(run, drain_budget, progress.observe, control)
+            result, conninfo = _drain(
+                run, drain_budget, control.counting(progress.observe), control
+            )
         except PgdrainError as exc:  # no database configured, or its secret unreadable
             logger.error("run failed: %s", exc)
             return {"ok": False, "error": str(exc), "trigger": run.trigger.reason}
@@ -262,12 +264,12 @@ def _retention_due(settings: Settings) -> bool:
 
 def _retention_with_exit(
     settings: Settings, trigger: events.Trigger
-) -> Callable[[], store.Statement[tuple[int, int]] | None]:
+) -> Callable[[], store.Statement[store.RetentionBatch] | None]:
     """The retention batch a run sends with its exit (RunControl.before_exit), asked for when
     the run is about to exit on an empty claim: in a scheduled run, and in a run that stands in
     for the safety net (it covers every queue of the function) when retention is due."""
 
-    def batch() -> store.Statement[tuple[int, int]] | None:
+    def batch() -> store.Statement[store.RetentionBatch] | None:
         every_queue = _covers_the_function(settings, trigger)
         if trigger.housekeeping or (every_queue and _retention_due(settings)):
             return retention.first_batch(settings.retain_done_days, settings.retain_failed_days)
@@ -439,7 +441,9 @@ def _retention(
         return already
     if already is not None:
         deleted = deleted._replace(
-            done=already.done + deleted.done, failed=already.failed + deleted.failed
+            done=already.done + deleted.done,
+            failed=already.failed + deleted.failed,
+            runs=already.runs + deleted.runs,
         )
     _retention_ran(logger, settings, deleted)
     return deleted
@@ -454,6 +458,7 @@ def _retention_ran(logger: Logger, settings: Settings, deleted: retention.Retent
         extra={
             "deleted_done": deleted.done,
             "deleted_failed": deleted.failed,
+            "deleted_runs": deleted.runs,
             "retention_complete": deleted.complete,
             "retain_done_days": settings.retain_done_days,
             "retain_failed_days": settings.retain_failed_days,

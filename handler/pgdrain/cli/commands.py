@@ -33,10 +33,12 @@ from pgdrain.cli.report import (
     format_kick,
     format_migrated,
     format_result,
+    format_runs,
     format_stats,
     job_as_dict,
     plural,
     printable,
+    run_as_dict,
 )
 from pgdrain.db import connection, store
 from pgdrain.db.migrate import migrate
@@ -677,6 +679,14 @@ def _add_operator_commands(commands: Any) -> None:
     )
 
     p = commands.add_parser(
+        "runs", help="the runs of the drain function that ended, newest first (trigger, counts)"
+    )
+    p.add_argument(
+        "--limit", type=_positive_int, default=store.RUN_HISTORY_ROWS, help="at most this many"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON array (documented fields)")
+
+    p = commands.add_parser(
         "retry",
         help="queue failed, parked or cancelled jobs again: by id, or by filter",
         description="`retry ID...`, or `retry --failed|--parked [--queue Q] [--kind K] "
@@ -876,6 +886,17 @@ def _show_job(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_FAILURE
     as_json = args.show_json or args.json
     print(json.dumps(job, sort_keys=True) if as_json else format_job(job))
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
+    """The run history (pgdrain.run_history): what the dashboard's control page lists."""
+    with _connect(settings) as conn:
+        rows = store.run_history_list(conn, args.limit)
+    if args.json:
+        print(json.dumps([run_as_dict(r) for r in rows]))
+    else:
+        print(format_runs(rows))
     return EXIT_OK
 
 
@@ -1108,6 +1129,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "drain": cmd_drain,
     "stats": cmd_stats,
     "jobs": cmd_jobs,
+    "runs": cmd_runs,
     "retry": cmd_retry,
     "purge": cmd_purge,
     "cancel": cmd_cancel,

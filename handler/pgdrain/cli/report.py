@@ -157,6 +157,35 @@ def _duration(seconds: float) -> str:
     return f"{round(seconds)}s"
 
 
+def run_as_dict(row: store.RunHistoryRow) -> dict[str, Any]:
+    """A run that ended as `pgdrain runs --json` prints it: timestamps as ISO 8601 text."""
+    return {
+        k: v.isoformat() if isinstance(v, dt.datetime) else v
+        for k, v in dataclasses.asdict(row).items()
+    }
+
+
+def format_runs(rows: Sequence[store.RunHistoryRow]) -> str:
+    """A header row, then one line per run that ended, newest first (`pgdrain runs`)."""
+    header = (
+        f"{'finished (UTC)':<19} {'trigger':<9}{'took':>7} {'claimed':>8}{'done':>7}"
+        f"{'failed':>7}{'retried':>8}  {'stop':<7} queues"
+    )
+    lines = [
+        f"{r.finished_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} {printable(r.trigger):<9}"
+        f"{_took(r.duration_s):>7} {r.claimed:>8}{r.done:>7}{r.failed:>7}{r.retried:>8}  "
+        f"{printable(r.stop_reason):<7} {printable(', '.join(r.queues))}"
+        + (" (continued)" if r.continued else "")
+        for r in rows
+    ] or ["(no run has ended yet, or retention deleted them)"]
+    return "\n".join([header, *lines])
+
+
+def _took(seconds: float) -> str:
+    """A run's duration: 0.4s, 12.0s, then as _duration."""
+    return f"{max(0.0, seconds):.1f}s" if seconds < 60 else _duration(seconds)
+
+
 # `pgdrain jobs show`: the columns in this order, then any others (a later migration's),
 # then the error history.
 _SHOW_ORDER = (

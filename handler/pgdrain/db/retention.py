@@ -12,7 +12,10 @@ Each batch's transaction first sets statement_timeout and lock_timeout to the bu
 the final margin, local to it (set_config(..., true), as the drain's Session does): a DELETE
 blocked on a table lock (a migration, an operator's transaction) is cancelled there, and the
 run returns with what it deleted so far (`stopped` says why) instead of waiting past its
-deadline."""
+deadline.
+
+The same batches bound the run history (pgdrain.run_history, one line per run that exited):
+lines older than `retain_done_days` go with the done jobs, a run kept as long as its jobs."""
 
 from __future__ import annotations
 
@@ -44,26 +47,34 @@ class RetentionResult(NamedTuple):
     # Set when a batch was cancelled at its statement or lock limit (e.g. the table was locked):
     # why the run stopped. None when every batch it started finished.
     stopped: str | None = None
+    runs: int = 0  # run history lines deleted
 
     def as_dict(self) -> dict[str, int | bool]:
         """The run summary's `retention` (docs/operations.md); `stopped` is in its log line."""
-        return {"done": self.done, "failed": self.failed, "complete": self.complete}
+        return {
+            "done": self.done,
+            "failed": self.failed,
+            "runs": self.runs,
+            "complete": self.complete,
+        }
 
 
 def first_batch(
     retain_done_days: float, retain_failed_days: float
-) -> store.Statement[tuple[int, int]]:
+) -> store.Statement[store.RetentionBatch]:
     """The first batch alone, for a run to send with its exit (pgdrain.aws.control): on a
     quiet table it is all there is to delete."""
     return store.job_retention_batch_statement(
-        retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH
+        retain_done_days, retain_failed_days, DEFAULT_BATCH, DEFAULT_BATCH, DEFAULT_BATCH
     )
 
 
-def after_first_batch(done: int, failed: int, batch: int = DEFAULT_BATCH) -> RetentionResult:
-    """What the first batch did: `complete` unless either kind came back full (more to
-    delete: run_once carries on)."""
-    return RetentionResult(done, failed, done < batch and failed < batch)
+def after_first_batch(
+    done: int, failed: int, runs: int = 0, batch: int = DEFAULT_BATCH
+) -> RetentionResult:
+    """What the first batch did: `complete` unless a kind came back full (more to delete:
+    run_once carries on)."""
+    return RetentionResult(done, failed, max(done, failed, runs) < batch, runs=runs)
 
 
 def run_once(
@@ -80,12 +91,13 @@ def run_once(
     leaves at least `min_remaining` seconds. `conn` is in autocommit mode. A batch cancelled at
     its limit ends the run (`stopped`). With limit_statements_to_budget off (a control), the
     batches run with the server's limits: a lock wait may then outlast the budget."""
-    done = failed = 0
-    more_done = more_failed = True  # a batch that came back full may have left more
-    while more_done or more_failed:
+    done = failed = runs = 0
+    # A batch that came back full may have left more.
+    more_done = more_failed = more_runs = True
+    while more_done or more_failed or more_runs:
         remaining = budget.remaining()
         if remaining < min_remaining:
-            return RetentionResult(done, failed, False)
+            return RetentionResult(done, failed, False, runs=runs)
         limit_ms = session.statement_limit_ms(remaining)
         batch_of = functools.partial(
             store.job_retention_batch,
@@ -93,10 +105,11 @@ def run_once(
             failed_days=retain_failed_days,
             done_limit=batch if more_done else 0,
             failed_limit=batch if more_failed else 0,
+            runs_limit=batch if more_runs else 0,
         )
         try:
             # One round trip: BEGIN, the limits, the batch's two DELETEs and COMMIT together.
-            deleted_done, deleted_failed = session.run_one_statement(
+            deleted = session.run_one_statement(
                 conn, limit_ms if controls.limit_statements_to_budget else None, batch_of
             )
         except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
@@ -105,9 +118,11 @@ def run_once(
                 "retention stopped; the next scheduled run carries on",
                 extra={"reason": stopped, "deleted": done + failed},
             )
-            return RetentionResult(done, failed, False, stopped)
-        done += deleted_done
-        failed += deleted_failed
-        more_done = more_done and deleted_done >= batch
-        more_failed = more_failed and deleted_failed >= batch
-    return RetentionResult(done, failed, True)
+            return RetentionResult(done, failed, False, stopped, runs=runs)
+        done += deleted.done
+        failed += deleted.failed
+        runs += deleted.runs
+        more_done = more_done and deleted.done >= batch
+        more_failed = more_failed and deleted.failed >= batch
+        more_runs = more_runs and deleted.runs >= batch
+    return RetentionResult(done, failed, True, runs=runs)

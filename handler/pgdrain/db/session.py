@@ -124,7 +124,7 @@ class Session:
         # run until it succeeds, and a lease that expires meanwhile lets another run start the
         # job while ours still runs it. None: the whole budget.
         self._lease_seconds_left = lease_seconds_left if controls.reconnect_within_leases else None
-        self._on_reconnect = on_reconnect
+        self._on_reconnect = [] if on_reconnect is None else [on_reconnect]
         self._with_next: list[WithNext] = []
         # Every one-statement operation's way out (pipeline.py), on this connection; and what
         # reads the claims sent ahead, called before any other statement goes out (settle_with).
@@ -158,8 +158,9 @@ class Session:
             self._conn.close()
 
     def on_reconnect(self, call: Callable[[], None]) -> None:
-        """`call` runs after each reconnect (the run's heartbeat: due at once)."""
-        self._on_reconnect = call
+        """`call` runs after each reconnect, after those added before it (the run's heartbeat:
+        due at once; its claims' positions: dropped)."""
+        self._on_reconnect.append(call)
 
     def settle_with(self, settle: Callable[[], None]) -> None:
         """`settle` reads every statement sent ahead (send_ahead): the session calls it before
@@ -232,8 +233,8 @@ class Session:
         assert self._conn is not None
         self._conn.close()
         self._conn = self._connect(self._reconnect_budget())
-        if self._on_reconnect is not None:
-            self._on_reconnect()
+        for call in self._on_reconnect:
+            call()
 
     def timeout_ms(self) -> int:
         """The longest any statement may take: what is left of the budget less the final

@@ -10,12 +10,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
 from pgdrain.runner.deadline import Deadline
+from pgdrain.runner.positions import ClaimStart, Positions
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +28,16 @@ Result = tuple[store.Fenced, list[ClaimedJob]]
 
 @dataclass(slots=True)
 class Claim:
-    """One claim as sent: the attempts it records done and the slots it asks jobs for."""
+    """One claim as sent: the attempts it records done, the slots it asks jobs for, and where
+    its scan of each queue starts."""
 
     claim_id: uuid.UUID  # stored on the rows it claims: job_claim_recover finds them by it
     finished: list[ClaimedJob]  # the attempts it records done
     held: list[store.Held]  # theirs
     limit: int
     sent_at: float  # monotonic, taken before it is sent
+    start: ClaimStart
+    served: tuple[str, ...] | None = None  # the queues it found itself, once read
 
 
 class ClaimStatements:
@@ -45,6 +50,7 @@ class ClaimStatements:
         worker_id: str,
         lease_seconds: float,
         controls: Controls = ALL_ON,
+        clock: Callable[[], float] = time.monotonic,  # the positions' age
     ) -> None:
         self._attempts = attempts
         self._deadline = deadline
@@ -57,23 +63,37 @@ class ClaimStatements:
         # runs' ids meet only if their random 128-bit bases lie within the number of claims of
         # each other.
         self._claim_ids = itertools.count(uuid.uuid4().int)
+        self.positions = Positions(enabled=controls.claim_from_position, clock=clock)
 
     def new(self, limit: int) -> Claim:
         """A claim of up to `limit` jobs that records done every attempt finished by now."""
         finished = self._attempts.take_finished()
         claim_id = uuid.UUID(int=next(self._claim_ids) & UUID_MASK)
-        return Claim(claim_id, finished, [a.held for a in finished], limit, time.monotonic())
+        held = [a.held for a in finished]
+        return Claim(claim_id, finished, held, limit, time.monotonic(), self.positions.start())
 
     def statement(self, claim: Claim) -> store.Statement[Result]:
-        return store.job_complete_and_claim_statement(
+        made = store.job_complete_and_claim_statement(
             claim.held,
-            self._queues,
+            claim.start.served if self._queues is None else self._queues,
             claim.limit,
             self._worker_id,
             self._lease_seconds,
             self._deadline.lease_cap(),
             claim.claim_id,
+            positions=claim.start.positions,
         )
+        return store.Statement(made.text, made.params, lambda cur: self.read(claim, cur.fetchall()))
+
+    def read(self, claim: Claim, rows: list[Any]) -> Result:
+        """The claim's reply read (sent alone or pipelined)."""
+        claim.served = store.claim_served_queues(rows)
+        return store.complete_and_claim_result(rows, claim.held)
+
+    def received(self, claim: Claim, claimed: list[ClaimedJob]) -> None:
+        """What the claim took moves the run's positions (Claims.received, however the reply
+        came)."""
+        self.positions.received(claim.start, claimed, claim.limit, claim.served)
 
     def operation(self, claim: Claim) -> Callable[[store.Connection], Result]:
         @store.one_statement

@@ -54,6 +54,9 @@ class Claims:
             controls=controls,
         )
         self.pipelined = PipelinedClaims(self, self._statements, run.session, controls=controls)
+        # A reply lost with the connection is asked for again (claim_statement.py): what the
+        # claims were sent with is not trusted after it.
+        run.session.on_reconnect(self._statements.positions.reconnected)
 
     def complete_and_claim(self, limit: int, while_sent: Callable[[], None] | None = None) -> int:
         """One round trip: record the finished jobs, claim up to `limit` more. Returns how
@@ -75,6 +78,7 @@ class Claims:
         for after a lost reply): its completions, and the jobs it took as unstarted. Returns
         how many it took."""
         self.prefetch.claim_took(time.monotonic() - claim.sent_at)
+        self._statements.received(claim, claimed)
         self.reclaim.report()
         if claimed:
             self._attempts.leases_claimed(claim.sent_at)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from pgdrain.controls import ALL_ON, Controls
-from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.runner.claim_statement import Claim, ClaimStatements
 
@@ -115,7 +114,7 @@ class PipelinedClaims:
             self.settle()
             raise
         self._on_wire.popleft()
-        return self._claims.received(claim, *store.complete_and_claim_result(rows, claim.held))
+        return self._claims.received(claim, *self._statements.read(claim, rows))
 
     def settle(self) -> None:
         """Read every claim on the wire (the session calls it before any other statement)."""

@@ -350,11 +350,12 @@ class _Dashboard:
         request = self._request()
         with self._reading() as conn:
             runs = store.run_list(conn)
+            ended = store.run_history_list(conn)
             wakes = store.wake_list(conn)
             kicks = store.kick_list(conn)
             limits = store.queue_limit_list(conn)
         now = dt.datetime.now(dt.UTC)
-        body = pages.control_page(runs, wakes, kicks, limits, now)
+        body = pages.control_page(runs, wakes, kicks, limits, now, ended)
         return html_response(
             200, "Control plane", body, active="/control", refresh=self._refresh(request)
         )

@@ -349,7 +349,22 @@ def control_page(
     kicks: Sequence[store.KickRow],
     limits: Sequence[store.QueueLimitRow],
     now: dt.datetime,
+    ended: Sequence[store.RunHistoryRow] = (),
 ) -> str:
+    ended_rows = (
+        [
+            text(r.trigger) + (f" (hop {r.chain})" if r.chain else ""),
+            cell(", ".join(r.queues)),
+            moment(r.started_at),
+            f"{r.duration_s:.1f}s" if r.duration_s < 60 else duration(r.duration_s),
+            _num(r.claimed),
+            _num(r.done),
+            _num(r.failed),
+            _num(r.retried),
+            text(r.stop_reason) + (" (continued)" if r.continued else ""),
+        ]
+        for r in ended
+    )
     run_rows = (
         [
             cell(r.run_id),
@@ -383,14 +398,32 @@ def control_page(
     limit_rows = ([cell(q.queue), str(q.running), str(q.max_running)] for q in limits)
     return (
         "<h1>Control plane</h1>"
-        f'<p class="muted">As of {moment(now)}. A run is listed from when it registers (or is '
-        "reserved by the run that fans out) until it exits; its summary (claimed, done, failed, "
-        "stop reason) is in its log line and metrics.</p>"
+        f'<p class="muted">As of {moment(now)}. A run is listed under Runs from when it '
+        "registers (or is reserved by the run that fans out) until it exits; its exit writes its "
+        "line under Recent runs. A run that never exits (killed at its timeout, or ended by an "
+        "error) has no line there: it stays under Runs, past its deadline, for an hour.</p>"
         "<h2>Runs</h2>"
         + table(
             ["run", "queues", "chain", "started", "running for", "deadline", "state"],
             run_rows,
             "No run is draining now.",
+        )
+        + f'<h2>Recent runs</h2><p class="muted">The last {len(ended)} that ended, newest '
+        "first (<code>pgdrain runs</code>).</p>"
+        + table(
+            [
+                "trigger",
+                "queues",
+                "started",
+                "took",
+                "claimed",
+                "done",
+                "failed",
+                "retried",
+                "stop reason",
+            ],
+            ended_rows,
+            "No run has ended yet (or retention deleted them).",
         )
         + "<h2>Wake-ups</h2>"
         + table(["queues", "at", "when", "state"], wake_rows, "No wake-up recorded.")

@@ -12,8 +12,10 @@
 -- name: job_retention_batch :one
 -- One retention batch, in one statement: at most %(done_limit)s done jobs finished more than
 -- %(done_days)s days ago, and at most %(failed_limit)s failed or cancelled ones finished more
--- than %(failed_days)s days ago (parked jobs wait for a person: never). Returns how many of
--- each went; a count short of its limit means that kind is done. Safe to run twice: a deleted
+-- than %(failed_days)s days ago (parked jobs wait for a person: never), and at most
+-- %(runs_limit)s lines of pgdrain.run_history older than %(done_days)s days (a run is kept as
+-- long as the done jobs it ran). Returns how many of each went; a count short of its limit
+-- means that kind is done. Safe to run twice: a deleted
 -- row matches nothing. The rows go by primary key (an array of ids, as the claim's), whatever
 -- the generic plan guesses of the cutoff (`id IN (...)` may be planned as a sequential scan).
 WITH done AS (
@@ -35,8 +37,18 @@ WITH done AS (
         LIMIT %(failed_limit)s
     ))
     RETURNING 1
+), runs AS (
+    DELETE FROM pgdrain.run_history
+    WHERE run_id = ANY(ARRAY(
+        SELECT run_id FROM pgdrain.run_history
+        WHERE finished_at < now() - %(done_days)s * interval '1 day'
+        ORDER BY finished_at
+        LIMIT %(runs_limit)s
+    ))
+    RETURNING 1
 )
-SELECT (SELECT count(*) FROM done) AS done, (SELECT count(*) FROM failed) AS failed;
+SELECT (SELECT count(*) FROM done) AS done, (SELECT count(*) FROM failed) AS failed,
+       (SELECT count(*) FROM runs) AS runs;
 
 -- name: kick_debounce :many
 -- Record a kick for each queue (requested_at, always) and invoke for each queue that needs a
@@ -289,8 +301,12 @@ DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
 -- deadline for an hour) go too, so the table stays as small as the number of live runs.
 -- A run of every queue (%(queues)s NULL) locks every kick row, and finds the queues to look
 -- in as the claim finds them.
+-- Exiting with %(record)s, the run leaves its line in pgdrain.run_history (migration 0019):
+-- its trigger, queues, start (%(elapsed_s)s before now, as the run measured it), counts and
+-- stop reason, in this statement, so the history costs no round trip of its own.
 -- Safe to repeat: the check only reads, and the exit clears and deletes what is already
--- cleared or gone.
+-- cleared or gone, and writes no second history line (ON CONFLICT on the run's id: the
+-- statement sent again after a lost reply finds the line the first one wrote).
 WITH kick AS MATERIALIZED (
     SELECT requested_at FROM pgdrain.kicks
     WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -364,6 +380,18 @@ WITH kick AS MATERIALIZED (
     DELETE FROM pgdrain.runs
     WHERE (run_id = %(run_id)s OR deadline < now() - interval '1 hour')
       AND (SELECT exits FROM decided)
+), recorded AS (
+    INSERT INTO pgdrain.run_history (
+        run_id, "trigger", queues, chain, started_at, finished_at, stop_reason,
+        claimed, done, retried, failed, lease_lost, reclaimed, released,
+        drained_again, lingered, continued)
+    SELECT %(run_id)s::text, %(trigger)s::text, coalesce(%(queues)s::text[], '{*}'),
+           %(chain)s::int, now() - make_interval(secs => %(elapsed_s)s::float8), now(),
+           %(stop_reason)s::text, %(claimed)s::int, %(done)s::int, %(retried)s::int,
+           %(failed)s::int, %(lease_lost)s::int, %(reclaimed)s::int, %(released)s::int,
+           %(drained_again)s::int, %(lingered)s::int, %(continued)s::boolean
+    WHERE %(record)s::boolean AND (SELECT exits FROM decided)
+    ON CONFLICT (run_id) DO NOTHING  -- the exit repeated: the first line stands
 )
 SELECT s.kicked, s.kick_age_s, s.ready, s.due_at, d.exits FROM seen AS s, decided AS d;
 

@@ -2,7 +2,8 @@
 -- Dashboard function of template.yaml), apart from the drain's pgdrain_worker.
 --
 -- pgdrain_dashboard (NOLOGIN) reads: CONNECT to this database; USAGE on schema pgdrain;
--- SELECT on pgdrain.jobs and the control plane's tables (runs, wakes, kicks, queue_limits).
+-- SELECT on pgdrain.jobs and the control plane's tables (runs, run_history, wakes, kicks,
+-- queue_limits).
 -- It writes nothing, so a dashboard that connects with it cannot change a job, whatever it is
 -- asked (the function's PGDRAIN_UI_ACTIONS=false hides the buttons; this is what holds).
 --
@@ -43,8 +44,8 @@ END
 $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_dashboard;
-GRANT SELECT ON pgdrain.jobs, pgdrain.runs, pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits
-    TO pgdrain_dashboard;
+GRANT SELECT ON pgdrain.jobs, pgdrain.runs, pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits,
+    pgdrain.run_history TO pgdrain_dashboard;
 
 GRANT UPDATE ON pgdrain.jobs TO pgdrain_dashboard_actions;
 GRANT SELECT, UPDATE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;

@@ -247,39 +247,84 @@ WITH completed AS (
     FOR UPDATE OF l
 ), slots AS (
     -- How many each queue may claim now: the batch, or its free slots (with the jobs this
-    -- statement completes, whose counts the trigger moves only at its end).
+    -- statement completes, whose counts the trigger moves only at its end); and where the run
+    -- left off in it (runner/positions.py): the key of the last job it claimed there, or NULL.
     SELECT q.name,
            least(%(limit)s, greatest(0, coalesce(
                lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
-               %(limit)s))) AS n
+               %(limit)s))) AS n,
+           pos.priority AS after_priority,
+           -- The position's run_at as the claim's reply gave it, microseconds since the epoch
+           -- (no session setting reads a bigint), made a timestamptz again exactly: whole
+           -- seconds, then the rest (interval * float8 is exact for both parts).
+           'epoch'::timestamptz + (pos.run_at_us / 1000000) * interval '1 second'
+               + mod(pos.run_at_us, 1000000) * interval '1 microsecond' AS after_run_at,
+           pos.id AS after_id
     FROM unnest((SELECT names FROM served)::text[]) AS q(name)
     LEFT JOIN limits AS lim ON lim.queue = q.name
+    LEFT JOIN unnest(%(position_queue)s::text[], %(position_priority)s::int[],
+                     %(position_run_at_us)s::bigint[], %(position_id)s::bigint[])
+         AS pos(queue, priority, run_at_us, id) ON pos.queue = q.name
+), positioned AS MATERIALIZED (
+    -- A queue with a position: the rest of that priority's ready jobs after it, a range of
+    -- jobs_ready_idx bounded on both sides. The entries of the jobs the run claimed before it
+    -- (dead, but kept while any snapshot may see them) are not walked again. Written as a
+    -- bound on the index's last three columns, the scan starts at the position (with
+    -- `priority = p` the scan would start at the priority's first entry) and no other index
+    -- can take it (jobs_queued_run_at_idx would start at the position's run_at and walk every
+    -- entry that shares it: a batch enqueued in one transaction shares one).
+    SELECT q.name, c.id, c.priority, c.run_at, c.bytes
+    FROM slots AS q
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at, octet_length(payload::text) AS bytes
+        FROM pgdrain.jobs
+        WHERE status = 'queued'
+          AND queue = q.name
+          AND (priority, run_at, id) > (q.after_priority, q.after_run_at, q.after_id)
+          AND priority <= q.after_priority
+          AND run_at <= now()
+        ORDER BY priority, run_at, id
+        LIMIT q.n
+        FOR UPDATE SKIP LOCKED
+    ) AS c
 ), candidates AS (
     -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
     -- (`queue = ANY(...)` would sort every ready row first).
     SELECT candidate.id, candidate.priority, candidate.run_at, candidate.bytes,
            row_number() OVER turns AS turn
     FROM slots AS q
-    -- A queue with nothing ready is passed over after one probe of jobs_queued_run_at_idx;
-    -- without it the scan below walks every delayed row of the queue before finding nothing
-    -- (the run's last, empty claim).
     CROSS JOIN LATERAL (
-        SELECT 1 FROM pgdrain.jobs
-        WHERE status = 'queued'
-          AND queue = q.name
-          AND run_at <= now()
-        ORDER BY run_at
-        LIMIT 1
-    ) AS has_ready
-    CROSS JOIN LATERAL (
-        SELECT id, priority, run_at, octet_length(payload::text) AS bytes
-        FROM pgdrain.jobs
-        WHERE status = 'queued'
-          AND queue = q.name
-          AND run_at <= now()
-        ORDER BY priority, run_at, id
-        LIMIT q.n
-        FOR UPDATE SKIP LOCKED
+        SELECT p.id, p.priority, p.run_at, p.bytes FROM positioned AS p WHERE p.name = q.name
+        UNION ALL
+        -- From the start of the queue: a queue without a position, or one whose range above
+        -- ran out before the limit (the next priority, a job that sorts before the position).
+        SELECT from_start.*
+        FROM (SELECT count(*)::int AS found FROM positioned AS p WHERE p.name = q.name) AS pos
+        -- A queue with nothing ready is passed over after one probe of jobs_queued_run_at_idx;
+        -- without it the scan below walks every delayed row of the queue before finding nothing
+        -- (the run's last, empty claim).
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM pgdrain.jobs
+            WHERE pos.found < q.n
+              AND status = 'queued'
+              AND queue = q.name
+              AND run_at <= now()
+            ORDER BY run_at
+            LIMIT 1
+        ) AS has_ready
+        CROSS JOIN LATERAL (
+            SELECT id, priority, run_at, octet_length(payload::text) AS bytes
+            FROM pgdrain.jobs
+            WHERE status = 'queued'
+              AND queue = q.name
+              AND run_at <= now()
+              -- not the position's range, read in full above
+              AND NOT coalesce(priority = q.after_priority
+                               AND (run_at, id) > (q.after_run_at, q.after_id), false)
+            ORDER BY priority, run_at, id
+            LIMIT q.n - pos.found
+            FOR UPDATE SKIP LOCKED
+        ) AS from_start
     ) AS candidate
     WINDOW turns AS (PARTITION BY q.name ORDER BY candidate.priority, candidate.run_at, candidate.id)
     -- Fair across queues (round-robin): every queue's first candidate comes before any queue's
@@ -320,13 +365,24 @@ WITH completed AS (
 -- text: the job's own worker thread parses
 -- it, off that thread.
 SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
-       NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
+       NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token,
+       NULL::int AS priority, NULL::bigint AS run_at_us
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 WHERE NOT EXISTS (SELECT 1 FROM completed AS c WHERE c.id = held.id AND c.token = held.token)
 UNION ALL
-(SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
+-- run_at, the claim's position (runner/positions.py), as exact microseconds since the epoch
+-- (extract's epoch is numeric): a timestamptz is read in the session's DateStyle, which a
+-- role's own default can make one the reply's reader cannot parse.
+(SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token,
+        priority, (extract(epoch FROM run_at) * 1000000)::bigint AS run_at_us
  FROM claimed
- ORDER BY priority, run_at, id);
+ ORDER BY priority, run_at, id)
+UNION ALL
+-- The queues it found itself (%(queues)s NULL), a row each (lost NULL): the run names them in
+-- its next claims for a while, rather than walk the index of queued rows at every claim.
+SELECT NULL, NULL, s.name, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM unnest((SELECT names FROM served)::text[]) AS s(name)
+WHERE %(queues)s::text[] IS NULL;
 
 -- name: job_claim_recover :many
 -- After a lost reply (the connection broke once a statement was sent): what the claim
@@ -336,14 +392,16 @@ UNION ALL
 -- rows (jobs_lease_idx): claim_id has no index, which every claim would pay for (migration
 -- 0011). Only reads: safe to repeat. A NULL claim id asks about completions alone.
 SELECT true AS completed, j.id, NULL::text AS queue, NULL::text AS kind, NULL::text AS payload,
-       NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token
+       NULL::int AS attempts, NULL::int AS max_attempts, held.token AS attempt_token,
+       NULL::int AS priority, NULL::bigint AS run_at_us
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 JOIN pgdrain.jobs AS j ON j.id = held.id
 -- By primary key, as the completions are: no partial index of finished rows.
 WHERE j.id = ANY(%(done_ids)b::bigint[])
   AND CASE WHEN j.status = 'done' THEN j.completed_token END = held.token
 UNION ALL
-(SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token
+(SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token,
+        priority, (extract(epoch FROM run_at) * 1000000)::bigint AS run_at_us  -- as the claim's
  FROM pgdrain.jobs
  WHERE claim_id = %(claim_id)s
    AND status = 'running'

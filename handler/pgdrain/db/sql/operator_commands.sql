@@ -381,6 +381,17 @@ FROM pgdrain.runs
 ORDER BY started_at DESC, run_id
 LIMIT %(limit)s;
 
+-- name: run_history_list :many
+-- The runs that ended (pgdrain.run_history, written by each run's exit), newest first, at most
+-- %(limit)s: along run_history_finished_at_idx, backwards.
+SELECT run_id, "trigger", queues, chain, started_at, finished_at,
+       extract(epoch FROM finished_at - started_at)::float8 AS duration_s,
+       stop_reason, claimed, done, retried, failed, lease_lost, reclaimed, released,
+       drained_again, lingered, continued
+FROM pgdrain.run_history
+ORDER BY finished_at DESC, run_id
+LIMIT %(limit)s;
+
 -- name: wake_list :many
 -- Wake-ups (one-shot schedules) recorded per set of queues, the soonest first: `pending` while
 -- still to come.

@@ -3,7 +3,8 @@
 -- A NOLOGIN group role: CONNECT to this database; USAGE on schema pgdrain; SELECT, INSERT,
 -- UPDATE, DELETE on pgdrain.jobs and pgdrain.kicks and the control plane's tables (runs,
 -- wakes, queue_limits); SELECT, UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT,
--- UPDATE on pgdrain.periodic_slots; USAGE on the jobs id sequence (an enqueue from a job).
+-- UPDATE on pgdrain.periodic_slots; SELECT, INSERT, DELETE on pgdrain.run_history; USAGE on
+-- the jobs id sequence (an enqueue from a job).
 -- No DDL (it owns nothing and may create nothing), no access to pgdrain.migrations.
 --
 -- PostgreSQL grants some privileges to PUBLIC (every role), and a role cannot be refused what
@@ -53,6 +54,9 @@ GRANT SELECT, INSERT, UPDATE ON pgdrain.periodic_slots TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.runs, pgdrain.wakes, pgdrain.queue_limits
     TO pgdrain_worker;
 GRANT SELECT, UPDATE ON pgdrain.run_gate TO pgdrain_worker;
+-- The run history (migration 0019): a run's exit writes its line (ON CONFLICT reads the key),
+-- retention deletes old ones. No UPDATE: a line is never changed.
+GRANT SELECT, INSERT, DELETE ON pgdrain.run_history TO pgdrain_worker;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_worker;
 
 DO $$

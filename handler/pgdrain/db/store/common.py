@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, LiteralString, TypeVar
+from typing import Any, Generic, Literal, LiteralString, NamedTuple, TypeVar
 
 import psycopg
 
@@ -95,6 +95,10 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     attempt_token: uuid.UUID
+    priority: int  # with run_at_us and id, its place in the claim's order (ClaimPosition)
+    # run_at as exact microseconds since the epoch: no session setting changes how it is read
+    # (a timestamptz is read in the session's DateStyle, which a role may set for itself).
+    run_at_us: int
     # Made once per attempt: the run keys its bookkeeping by it at every stage, and the same
     # object found again is found by identity, without comparing tokens.
     held: Held = field(init=False, repr=False, compare=False)
@@ -116,6 +120,15 @@ class ClaimedJob:
         except ValueError:
             pass
         return json.loads(text)
+
+
+class ClaimPosition(NamedTuple):
+    """Where a run's next claim of a queue starts: after this job (the last it claimed there),
+    in the claim's order."""
+
+    priority: int
+    run_at_us: int  # microseconds since the epoch, as the claim's reply gives run_at
+    id: int
 
 
 @dataclass(frozen=True)

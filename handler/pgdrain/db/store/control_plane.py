@@ -4,9 +4,9 @@ backlog a run leaves, and retention (sql/control_plane.sql)."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -19,6 +19,14 @@ from pgdrain.db.store.common import (
 )
 
 
+class RetentionBatch(NamedTuple):
+    """What one retention batch deleted."""
+
+    done: int  # done jobs
+    failed: int  # failed and cancelled jobs
+    runs: int = 0  # lines of pgdrain.run_history
+
+
 @one_statement
 def job_retention_batch(
     conn: Connection,
@@ -26,26 +34,31 @@ def job_retention_batch(
     failed_days: float,
     done_limit: int,
     failed_limit: int,
-) -> tuple[int, int]:
-    """Delete one batch of done jobs older than done_days and one of failed and cancelled jobs
-    older than failed_days, in one statement; returns how many of each (pgdrain.db.retention)."""
-    return job_retention_batch_statement(done_days, failed_days, done_limit, failed_limit).run(conn)
+    runs_limit: int = 0,
+) -> RetentionBatch:
+    """Delete one batch of done jobs older than done_days, one of failed and cancelled jobs
+    older than failed_days, and one of run history lines older than done_days, in one
+    statement; returns how many of each (pgdrain.db.retention)."""
+    return job_retention_batch_statement(
+        done_days, failed_days, done_limit, failed_limit, runs_limit
+    ).run(conn)
 
 
 def job_retention_batch_statement(
-    done_days: float, failed_days: float, done_limit: int, failed_limit: int
-) -> Statement[tuple[int, int]]:
+    done_days: float, failed_days: float, done_limit: int, failed_limit: int, runs_limit: int = 0
+) -> Statement[RetentionBatch]:
     params = {
         "done_days": done_days,
         "failed_days": failed_days,
         "done_limit": done_limit,
         "failed_limit": failed_limit,
+        "runs_limit": runs_limit,
     }
 
-    def deleted_counts(cur: psycopg.Cursor[Any]) -> tuple[int, int]:
+    def deleted_counts(cur: psycopg.Cursor[Any]) -> RetentionBatch:
         row = cur.fetchone()
-        assert row is not None  # one row of two counts
-        return int(row[0]), int(row[1])
+        assert row is not None  # one row of three counts
+        return RetentionBatch(int(row[0]), int(row[1]), int(row[2]))
 
     return Statement(query("job_retention_batch"), params, deleted_counts)
 
@@ -246,6 +259,48 @@ class ExitCheck:
     exited: bool = True  # the run unregistered (and cleared its queues' kick window)
 
 
+# The counts a run's history line keeps, as its summary names them (runner/summary.py).
+RUN_RECORD_COUNTS = ("claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What an exiting run writes to pgdrain.run_history (run_exit): why it started, how long
+    it ran, what it did and why it stopped."""
+
+    trigger: str  # the event's reason (pgdrain.aws.events)
+    chain: int
+    elapsed_s: float  # since the run started, by its own clock
+    stop_reason: str
+    counts: Mapping[str, int]  # RUN_RECORD_COUNTS; a count not given is 0
+    drained_again: int = 0
+    lingered: int = 0
+    continued: bool = False
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "record": True,
+            "trigger": self.trigger,
+            "chain": self.chain,
+            "elapsed_s": self.elapsed_s,
+            "stop_reason": self.stop_reason,
+            **{name: int(self.counts.get(name, 0)) for name in RUN_RECORD_COUNTS},
+            "drained_again": self.drained_again,
+            "lingered": self.lingered,
+            "continued": self.continued,
+        }
+
+
+# run_exit's history parameters when it writes none.
+_NO_RECORD: dict[str, Any] = {
+    "record": False,
+    **dict.fromkeys(
+        ("trigger", "chain", "elapsed_s", "stop_reason", "drained_again", "lingered", "continued")
+    ),
+    **dict.fromkeys(RUN_RECORD_COUNTS),
+}
+
+
 @one_statement
 def run_exit(
     conn: Connection,
@@ -255,10 +310,11 @@ def run_exit(
     may_stay: bool = False,
     linger_window_s: float = 0.0,
     clear_kicks: bool = True,
+    record: RunRecord | None = None,
 ) -> ExitCheck:
     """The run exits, unless (may_stay) a kick or a ready job came after its last claim, or
     its queues' latest kick is younger than linger_window_s; the check says which, and when
-    work is next due."""
+    work is next due. Exiting, it writes `record` to the run history (once per run_id)."""
     row = conn.execute(
         query("run_exit"),
         {
@@ -267,6 +323,7 @@ def run_exit(
             "may_stay": may_stay,
             "linger_window_s": linger_window_s,
             "clear_kicks": clear_kicks,
+            **(_NO_RECORD if record is None else record.params()),
         },
     ).fetchone()
     assert row is not None  # one row, from the one-row CTEs

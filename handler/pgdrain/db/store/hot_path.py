@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from pgdrain.db.sql import query, statements
 from pgdrain.db.store.common import (
     ClaimedJob,
+    ClaimPosition,
     Connection,
     Failed,
     Fenced,
@@ -208,17 +209,25 @@ def job_complete_and_claim_statement(
     lease_seconds: float,
     cap_seconds: float | None,
     claim_id: uuid.UUID | None,
+    positions: Mapping[str, ClaimPosition] | None = None,
 ) -> Statement[tuple[Fenced, list[ClaimedJob]]]:
     """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit),
     run by the run's claims (pipelined or not) and read by complete_and_claim_result. The
     statement returns the claimed jobs and only those of `finished` the fence refused.
     cap_seconds bounds every new lease to the run's deadline (None: uncapped, the control
     that shows what the cap prevents). claim_id, chosen by the caller, is stored on the
-    claimed rows: job_claim_recover finds them by it after a lost reply."""
+    claimed rows: job_claim_recover finds them by it after a lost reply. `positions`: per
+    queue, the job after which its scan starts (runner/positions.py); a queue without one is
+    read from its start, and so is one whose jobs after the position run out."""
+    at = positions or {}
     params = {
         "done_ids": [h.id for h in finished],
         "done_tokens": [h.token for h in finished],
         "queues": queue_names(queues),
+        "position_queue": list(at),
+        "position_priority": [p.priority for p in at.values()],
+        "position_run_at_us": [p.run_at_us for p in at.values()],
+        "position_id": [p.id for p in at.values()],
         "limit": limit,
         "worker": worker,
         "lease_seconds": lease_seconds,
@@ -238,8 +247,16 @@ def complete_and_claim_result(
     """job_complete_and_claim's rows read: the attempts of `finished` it recorded done (all but
     those the fence refused: a row each, flagged) and the jobs it claimed."""
     lost = frozenset(Held(int(r[1]), r[7]) for r in rows if r[0])
-    claimed = [ClaimedJob(*r[1:]) for r in rows if not r[0]]  # ClaimedJob's fields in order
+    # ClaimedJob's fields in order; `lost` NULL flags the rows of claim_served_queues.
+    claimed = [ClaimedJob(*r[1:]) for r in rows if r[0] is False]
     return Fenced(frozenset(finished) - lost, lost), claimed
+
+
+def claim_served_queues(rows: Sequence[Any]) -> tuple[str, ...] | None:
+    """The queues a job_complete_and_claim of every queue found (each that had a job queued),
+    from its rows; None from a claim of queues named."""
+    served = tuple(str(r[2]) for r in rows if r[0] is None)
+    return served if served else None
 
 
 @one_statement

@@ -414,6 +414,41 @@ def run_list(conn: Connection, limit: int = CONTROL_PLANE_ROWS) -> list[RunRow]:
     return [RunRow(**row) for row in rows]
 
 
+# How many ended runs the control page and `pgdrain runs` show by default.
+RUN_HISTORY_ROWS = 50
+
+
+@dataclass(frozen=True)
+class RunHistoryRow:
+    """A run that ended (pgdrain.run_history): its trigger, when and how long, what it did."""
+
+    run_id: str
+    trigger: str
+    queues: list[str]
+    chain: int
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    duration_s: float
+    stop_reason: str
+    claimed: int
+    done: int
+    retried: int
+    failed: int
+    lease_lost: int
+    reclaimed: int
+    released: int
+    drained_again: int
+    lingered: int
+    continued: bool
+
+
+def run_history_list(conn: Connection, limit: int = RUN_HISTORY_ROWS) -> list[RunHistoryRow]:
+    """The runs that ended, newest first (`pgdrain runs`, the dashboard's control page)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("run_history_list"), {"limit": limit}).fetchall()
+    return [RunHistoryRow(**row) for row in rows]
+
+
 @dataclass(frozen=True)
 class WakeRow:
     """A wake-up recorded for a set of queues (pgdrain.wakes)."""

@@ -1,0 +1,179 @@
+"""The run history (pgdrain.run_history, migration 0019): the line a run's exit writes, once,
+and retention's bound on it. What `pgdrain runs` and the dashboard's control page list."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.aws import aws_environment, handler_env, invoke_handler, mocked_aws
+from pgdrain import Budget, enqueue
+from pgdrain.db import retention, store
+from pgdrain.db.sql import query
+from pgdrain.ui import pages
+
+Conn = psycopg.Connection[Any]
+KICK = {"pgdrain": {"reason": "enqueue", "queues": ["default"]}}
+RECORD = store.RunRecord("wake", 0, 2.5, "empty", {"claimed": 3, "done": 2, "failed": 1})
+# The line of run_exit that makes a repeated exit write nothing more.
+GUARD = "    ON CONFLICT (run_id) DO NOTHING  -- the exit repeated: the first line stands\n"
+
+
+@pytest.fixture
+def function(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The drain function's handler, as `pgdrain invoke` runs it (no schedule is created)."""
+    aws_environment(monkeypatch)
+    handler_env(monkeypatch, DATABASE_URL=db_url, AWS_SAM_LOCAL="true")
+    with mocked_aws():
+        yield
+
+
+def test_a_run_leaves_one_line_with_its_trigger_and_counts(function: None, conn: Conn) -> None:
+    with conn.transaction():
+        for i in range(3):
+            enqueue(conn, "noop", {"i": i})
+        enqueue(conn, "fail", {}, max_attempts=1)
+        enqueue(conn, "flaky", {"failures": 1})  # retried later: the run leaves it queued
+
+    summary = invoke_handler(KICK)
+
+    assert summary["ok"] is True, summary
+    [line] = store.run_history_list(conn)
+    result = summary["result"]
+    assert (line.trigger, line.queues, line.chain, line.stop_reason) == (
+        "enqueue",
+        ["*"],  # the function drains every queue (PGDRAIN_QUEUES unset)
+        0,
+        "empty",
+    )
+    counted = (line.claimed, line.done, line.failed, line.retried, line.lease_lost)
+    assert counted == (5, 3, 1, 1, 0)
+    names = ("claimed", "done", "failed", "retried", "lease_lost")
+    assert counted == tuple(result[name] for name in names)
+    assert line.started_at <= line.finished_at
+    assert 0 <= line.duration_s <= result["elapsed_s"] + 1.0
+    # Its registration is gone: the line is where a run that ended is seen.
+    assert store.run_list(conn) == []
+
+
+def test_each_run_has_a_line_of_its_own_newest_first(function: None, conn: Conn) -> None:
+    invoke_handler(KICK)
+    enqueue(conn, "noop", {})
+    invoke_handler({"pgdrain": {"reason": "wake"}})
+
+    lines = store.run_history_list(conn)
+    assert [(r.trigger, r.done) for r in lines] == [("wake", 1), ("enqueue", 0)]
+    assert len({r.run_id for r in lines}) == 2
+    assert [r.trigger for r in store.run_history_list(conn, limit=1)] == ["wake"]
+
+
+def _exit(conn: Conn, run_id: str, statement: str = "") -> None:
+    """The exit statement of a run that found nothing, with its history line: store.run_exit,
+    or `statement` (a control's variant of it) with the same parameters."""
+    if not statement:
+        store.run_exit(conn, run_id, ["default"], record=RECORD)
+        return
+    params = {
+        "run_id": run_id,
+        "queues": ["default"],
+        "may_stay": False,
+        "linger_window_s": 0.0,
+        "clear_kicks": True,
+        **RECORD.params(),
+    }
+    conn.execute(statement, params)
+
+
+def _lines(conn: Conn, run_id: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pgdrain.run_history WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["on-conflict", "control: no guard"])
+def test_an_exit_sent_again_after_a_lost_reply_writes_one_line(conn: Conn, guarded: bool) -> None:
+    """A lost reply: the session sends the exit statement again. The line is keyed by the
+    run's id and the insert does nothing on conflict. The control removes both (the key and
+    the ON CONFLICT line, in a transaction rolled back): the same two sends write two lines."""
+    store.run_register(conn, "run-1", ["default"], 0, 60.0)
+    with conn.transaction(force_rollback=True):
+        if guarded:
+            _exit(conn, "run-1")
+            _exit(conn, "run-1")
+        else:
+            conn.execute("ALTER TABLE pgdrain.run_history DROP CONSTRAINT run_history_pkey")
+            statement = query("run_exit")
+            assert GUARD in statement
+            _exit(conn, "run-1", statement.replace(GUARD, ""))
+            _exit(conn, "run-1", statement.replace(GUARD, ""))
+        assert _lines(conn, "run-1") == (1 if guarded else 2)
+
+
+def test_a_run_that_stays_to_drain_again_writes_no_line_yet(conn: Conn) -> None:
+    enqueue(conn, "noop", {})
+    store.run_register(conn, "run-2", ["default"], 0, 60.0)
+    check = store.run_exit(conn, "run-2", ["default"], may_stay=True, record=RECORD)
+    assert (check.exited, check.ready) == (False, True)
+    assert _lines(conn, "run-2") == 0
+    conn.execute("DELETE FROM pgdrain.jobs")
+    assert store.run_exit(conn, "run-2", ["default"], may_stay=True, record=RECORD).exited
+    assert _lines(conn, "run-2") == 1
+
+
+def _ended_days_ago(conn: Conn, days: float, count: int) -> set[str]:
+    ids: set[str] = set()
+    for _ in range(count):
+        run_id = f"run-{len(ids)}-{days}"
+        store.run_exit(conn, run_id, ["default"], record=RECORD)
+        conn.execute(
+            "UPDATE pgdrain.run_history SET finished_at = now() - %s * interval '1 day',"
+            " started_at = now() - %s * interval '1 day' WHERE run_id = %s",
+            (days, days, run_id),
+        )
+        ids.add(run_id)
+    return ids
+
+
+def test_retention_deletes_old_lines_and_keeps_recent_ones(conn: Conn) -> None:
+    """Lines older than PGDRAIN_RETAIN_DONE go, in batches (here of 2), with the done jobs."""
+    old = _ended_days_ago(conn, 8, 5)
+    recent = _ended_days_ago(conn, 6, 2)
+
+    deleted = retention.run_once(
+        conn, retain_done_days=7, retain_failed_days=30, budget=Budget.seconds(60), batch=2
+    )
+
+    assert (deleted.runs, deleted.complete) == (5, True)
+    assert {r.run_id for r in store.run_history_list(conn)} == recent
+    assert not old & {r.run_id for r in store.run_history_list(conn)}
+
+
+def test_control_a_longer_retention_keeps_them_all(conn: Conn) -> None:
+    _ended_days_ago(conn, 8, 3)
+    deleted = retention.run_once(
+        conn, retain_done_days=9, retain_failed_days=30, budget=Budget.seconds(60)
+    )
+    assert deleted.runs == 0
+    assert len(store.run_history_list(conn)) == 3
+
+
+def test_the_control_page_lists_the_lines_as_text(conn: Conn) -> None:
+    """Every value from the table is escaped (a queue or trigger with markup shows as text)."""
+    store.run_exit(
+        conn,
+        "run-x",
+        ["<script>alert(1)</script>"],
+        record=store.RunRecord('<img src=x onerror="1">', 2, 75.0, "budget", {"done": 7}),
+    )
+    [line] = store.run_history_list(conn)
+    body = pages.control_page([], [], [], [], line.finished_at, [line])
+    assert "<script>alert" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert "<img" not in body and "&lt;img src=x onerror=&quot;1&quot;&gt; (hop 2)" in body
+    assert "1m 15s" in body and "budget" in body
+    empty = pages.control_page([], [], [], [], line.finished_at, [])
+    assert "No run has ended yet" in empty
