@@ -140,6 +140,12 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "errors": "jsonb",
         # 0009: the client-chosen id of the claim that took a running job (lost replies).
         "claim_id": "uuid",
+        # 0021: sequences, dependencies and what a job recorded.
+        "sequence": "text",
+        "depends_on": "ARRAY",
+        "has_dependents": "boolean",
+        "output": "jsonb",
+        "progress": "jsonb",
     }
 
 
@@ -168,11 +174,15 @@ JOBS_INDEXES = {
     "jobs_ready_idx": "the claim, in priority order",
     "jobs_queued_run_at_idx": "the ready checks, the claim's empty-queue guard, stats",
     "jobs_lease_idx": "reclaim, the exit check, stats, recovery of a lost claim",
-    "jobs_active_key_idx": "idempotency keys of queued, running and parked jobs",
+    "jobs_active_key_idx": "idempotency keys of queued, running, parked and waiting jobs",
     # Empty once migration 0018's history has moved (finished rows leave at once): they cost
     # a write nothing, and find what is left to move.
     "jobs_finished_idx": "moving the history 0018 left behind, by finished_at",
     "jobs_finished_queue_idx": "parked jobs in stats and lists of one status",
+    # Partial: a job without a sequence, or not waiting, has no entry (a plain drain writes
+    # none into them).
+    "jobs_sequence_idx": "a sequence's holder and next waiting job (migration 0021)",
+    "jobs_waiting_depends_on_idx": "the waiting dependents of a job that finished",
 }
 # Of the history (finished_jobs, each partition the same): what its readers need, no more.
 FINISHED_INDEXES = {

@@ -39,13 +39,16 @@ EXPORTED = [
     "RetryPolicy",
     "Settings",
     "Snooze",
+    "Workflow",
     "build_job",
     "drain",
     "enqueue",
     "enqueue_many",
     "enqueue_statement",
+    "job_state",
     "kick",
     "next_periodic_slot",
+    "workflow",
 ]
 
 
