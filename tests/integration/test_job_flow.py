@@ -32,6 +32,7 @@ from pgdrain import (
 from pgdrain.api.registry import MAX_OUTPUT_BYTES
 from pgdrain.db import store
 from pgdrain.db.session import Session
+from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
 
@@ -431,3 +432,131 @@ def test_the_runnable_example_in_jobs_md_runs(db_url: str, monkeypatch: pytest.M
     block = section[start + len("```python\n") : section.index("```", start + 10)]
     monkeypatch.setenv("DATABASE_URL", db_url)
     exec(compile(block, "docs/jobs.md", "exec"), {"__name__": "jobs_md_example"})
+
+
+# -- the split jobs table (migration 0018): finishing is a move into finished_jobs -------------
+
+
+def _move_done(conn: Conn, job_id: int, finished_at: str) -> None:
+    """Finish a job as every completion does since 0018: out of active_jobs and into
+    finished_jobs in one statement, here with the given finished_at (which picks the partition)."""
+    conn.execute(
+        "WITH ended AS (DELETE FROM pgdrain.active_jobs WHERE id = %s RETURNING *)"
+        " INSERT INTO pgdrain.finished_jobs (id, queue, kind, payload, status, priority, run_at,"
+        " attempts, max_attempts, recovery_policy, reclaim_count, created_at, updated_at,"
+        " finished_at, errors, sequence, depends_on, has_dependents)"
+        " SELECT id, queue, kind, payload, 'done', priority, run_at, attempts, max_attempts,"
+        " recovery_policy, reclaim_count, created_at, now(), CAST(%s AS timestamptz), errors,"
+        " sequence, depends_on, has_dependents FROM ended",
+        (job_id, finished_at),
+    )
+
+
+@pytest.mark.parametrize(
+    "finished_at",
+    [
+        "now",  # today's partition
+        "2001-01-01 12:00+00",  # no partition for that day: the default one
+        "later",  # a day partition finished_jobs_partition_ensure makes after the migration
+    ],
+)
+def test_a_finish_in_any_partition_of_the_history_queues_what_waited(
+    conn: Conn, finished_at: str
+) -> None:
+    if finished_at == "later":
+        conn.execute(
+            "SELECT pgdrain.finished_jobs_partition_ensure(current_date + 40, current_date + 40)"
+        )
+        [(finished_at,)] = conn.execute(
+            "SELECT ((current_date + 40)::timestamp AT TIME ZONE 'UTC' + interval '1 hour')::text"
+        ).fetchall()
+    a = enqueue(conn, "step")
+    b = enqueue(conn, "step", after=[a])
+    head = enqueue(conn, "step", sequence="s")
+    nxt = enqueue(conn, "step", sequence="s")
+    _move_done(conn, a, finished_at)
+    _move_done(conn, head, finished_at)
+    assert (job_row(conn, b)["status"], job_row(conn, nxt)["status"]) == ("queued", "queued")
+
+
+def test_every_partition_of_the_history_has_the_finish_trigger(conn: Conn) -> None:
+    conn.execute(
+        "SELECT pgdrain.finished_jobs_partition_ensure(current_date + 41, current_date + 41)"
+    )
+    rows = conn.execute(
+        "SELECT p.relid::text, EXISTS (SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = p.relid"
+        "   AND t.tgname = 'jobs_flow_finished')"
+        " FROM pg_partition_tree('pgdrain.finished_jobs') AS p WHERE p.isleaf"
+    ).fetchall()
+    assert {"pgdrain.finished_jobs_failed", "pgdrain.finished_jobs_done_default"} <= {
+        r[0] for r in rows
+    }
+    assert all(has for _, has in rows), rows
+
+
+def test_cancelled_jobs_leave_active_jobs(db_url: str, conn: Conn) -> None:
+    """Dependents cancelled by a failed dependency, and a job enqueued after it (cancelled at
+    once), are in the history, as every finished job is."""
+    a = enqueue(conn, "refuse")
+    b = enqueue(conn, "step", after=[a])
+    c = enqueue(conn, "step", after=[b])
+    run(db_url)
+    late = enqueue(conn, "step", after=[a])
+    assert job_row(conn, late)["last_error"] == f"cancelled: job {a}, which it depends on, failed"
+    ids = [b, c, late]
+    assert conn.execute(
+        "SELECT count(*) FROM pgdrain.active_jobs WHERE id = ANY(%s)", (ids,)
+    ).fetchone() == (0,)
+    assert conn.execute(
+        "SELECT array_agg(status ORDER BY id) FROM pgdrain.finished_jobs_failed WHERE id = ANY(%s)",
+        (ids,),
+    ).fetchone() == (["cancelled"] * 3,)
+
+
+def _complete_while_a_dependent_is_enqueued(url: str, conn: Conn, statement: str) -> str:
+    """A runs; a transaction enqueues B after A and stays open while A's completion (the
+    statement given) waits for A's row; then it commits. Returns B's status after both."""
+    a = enqueue(conn, "step")
+    [claimed] = claim_batch(conn, ["default"], 10, "w", 300, None)
+    enqueuer, completer = psycopg.connect(url), psycopg.connect(url, autocommit=True)
+    try:
+        b = enqueue(enqueuer, "step", after=[a])
+        pid = completer.info.backend_pid
+        thread = threading.Thread(
+            target=lambda: completer.execute(
+                statement, {"ids": [a], "tokens": [claimed.held.token]}
+            )
+        )
+        thread.start()
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone()
+                == (True,)
+            ),
+            what="the completion to wait for the enqueue's lock on A",
+        )
+        enqueuer.commit()
+        thread.join(30)
+        assert job_row(conn, a)["status"] == "done"
+        return str(job_row(conn, b)["status"])
+    finally:
+        enqueuer.close()
+        completer.close()
+
+
+def test_a_completion_behind_an_enqueue_carries_has_dependents(db_url: str, conn: Conn) -> None:
+    assert _complete_while_a_dependent_is_enqueued(db_url, conn, query("job_complete_many")) == (
+        "queued"
+    )
+
+
+def test_control_a_move_that_drops_has_dependents_strands_the_dependent(
+    db_url: str, conn: Conn
+) -> None:
+    statement = query("job_complete_many")
+    carried = "j.sequence, j.depends_on, j.has_dependents, j.output, j.progress"
+    assert statement.count(carried) == 1
+    statement = statement.replace(carried, "j.sequence, j.depends_on, false, j.output, j.progress")
+    assert _complete_while_a_dependent_is_enqueued(db_url, conn, statement) == "waiting"

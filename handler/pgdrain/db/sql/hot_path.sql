@@ -220,10 +220,12 @@ WITH ended AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-         finished_at, completed_token, errors)
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
     SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
            j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
-           j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors
+           j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
     RETURNING id, queue, completed_token AS token
 ), served AS MATERIALIZED (
@@ -428,10 +430,12 @@ WITH ended AS (
 INSERT INTO pgdrain.finished_jobs
     (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
      recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-     finished_at, completed_token, errors)
+     finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
 SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
        j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
-       j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors
+       j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors,
+       j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
 FROM ended AS j
 RETURNING id, completed_token AS token;
 
@@ -477,7 +481,8 @@ WITH retried AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-         finished_at, completed_token, errors)
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
     SELECT j.id, j.queue, j.kind, j.payload,
            CASE WHEN %(cancelled)s THEN 'cancelled' ELSE 'failed' END,
            j.priority, j.run_at,
@@ -491,7 +496,8 @@ WITH retried AS (
                      || jsonb_build_array(%(error_record)s::jsonb
                                           || jsonb_build_object('attempt', j.attempts,
                                                                 'at', now()))
-           END
+           END,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
     RETURNING id, status, attempts, run_at
 )
@@ -556,12 +562,14 @@ WITH expired AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-         finished_at, completed_token, errors)
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
     SELECT j.id, j.queue, j.kind, j.payload, 'failed', j.priority, j.run_at, j.attempts,
            j.max_attempts, j.recovery_policy, j.reclaim_count + 1, j.idempotency_key,
            'lease expired before completion (attempt ' || j.attempts || ' of '
            || j.max_attempts || ', held by ' || j.leased_by || ')',
-           j.created_at, now(), now(), j.completed_token, j.errors
+           j.created_at, now(), now(), j.completed_token, j.errors,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
     RETURNING id, status, reclaim_count
 )
@@ -602,7 +610,7 @@ SELECT EXISTS (
 -- attempts that recorded something: before the completion of an attempt with an output, and
 -- with the heartbeat for progress. Fenced as the completions are: a stale attempt writes
 -- nothing.
-UPDATE pgdrain.jobs AS j
+UPDATE pgdrain.active_jobs AS j
 SET output = coalesce(t.output::jsonb, j.output),
     progress = coalesce(t.progress::jsonb, j.progress)
 FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(outputs)b::text[], %(progress)b::text[])
