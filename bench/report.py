@@ -527,6 +527,9 @@ def flow_section(flow: dict[str, Any] | None) -> list[str]:
     out.append("")
     out.append(flow["note"])
     out.append("")
+    if flow.get("split_note"):  # migration 0021 on the split jobs table (0018)
+        out.append(flow["split_note"])
+        out.append("")
     return out
 
 

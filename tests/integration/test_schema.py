@@ -100,6 +100,30 @@ def test_control_possible_rows_are_accepted(tx: Conn, columns: dict[str, str]) -
     assert row == (1,)
 
 
+# Migration 0021's checks, on the table a row lands in: active_jobs (queued) or, through the
+# view, finished_jobs (done), each with a constraint of its own name.
+FLOW_ROWS = [
+    ("empty sequence", "queued", {"sequence": "''"}, "jobs_sequence_chk"),
+    ("empty sequence, done", "done", {"sequence": "''"}, "finished_jobs_sequence_chk"),
+    ("no dependencies", "queued", {"depends_on": "'{}'"}, "jobs_depends_on_chk"),
+    ("no dependencies, done", "done", {"depends_on": "'{}'"}, "finished_jobs_depends_on_chk"),
+    ("both", "queued", {"sequence": "'s'", "depends_on": "'{1}'"}, "jobs_flow_chk"),
+    ("both, done", "done", {"sequence": "'s'", "depends_on": "'{1}'"}, "finished_jobs_flow_chk"),
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "columns", "constraint"),
+    [pytest.param(st, c, k, id=what) for what, st, c, k in FLOW_ROWS],
+)
+def test_both_tables_refuse_an_impossible_sequence_or_dependency_list(
+    tx: Conn, status: str, columns: dict[str, str], constraint: str
+) -> None:
+    with pytest.raises(errors.CheckViolation) as refused, tx.transaction():
+        _insert(tx, {"status": f"'{status}'", "attempts": "1", **columns})
+    assert refused.value.diag.constraint_name == constraint
+
+
 def test_an_update_cannot_take_the_lease_away_from_a_running_job(tx: Conn) -> None:
     _insert(tx, {"status": "'running'", **LEASE})
     with pytest.raises(errors.CheckViolation), tx.transaction():
