@@ -158,6 +158,26 @@ def test_a_jobs_page_shows_its_output_progress_sequence_and_dependencies_escaped
     assert '<h2>Output</h2><p class="muted">None recorded.</p>' in body
 
 
+def test_the_dashboard_cancels_a_waiting_job_and_what_waits_on_it(db_url: str, conn: Conn) -> None:
+    dependency = enqueue(conn, "step")
+    waiting = enqueue(conn, "step", after=[dependency])
+    behind = enqueue(conn, "step", after=[waiting])
+    function = _function(db_url)
+    answer = function.resolve(
+        _event("POST", f"/jobs/{waiting}/cancel", f"confirm=1&token={_token(function, waiting)}"),
+        None,
+    )
+    assert answer["statusCode"] == 303
+    assert [job_row(conn, i)["status"] for i in (dependency, waiting, behind)] == [
+        "queued",
+        "cancelled",
+        "cancelled",
+    ]
+    assert conn.execute(
+        "SELECT count(*) FROM pgdrain.finished_jobs WHERE id = ANY(%s)", ([waiting, behind],)
+    ).fetchone() == (2,)
+
+
 def test_the_handler_builds_the_dashboard_once_from_its_environment(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

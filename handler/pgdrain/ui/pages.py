@@ -30,7 +30,7 @@ NOTICES = {
     "not-cancelled": "Not cancelled: it had already finished.",
 }
 RETRYABLE = ("failed", "parked", "cancelled")
-CANCELLABLE = ("queued", "running", "parked")
+CANCELLABLE = ("queued", "running", "parked", "waiting")
 BULK_STATUSES = ("failed", "parked")  # what retry by filter takes, as `pgdrain retry --failed`
 ERRORS_SHOWN = 50  # a job's page shows its latest errors, at most this many
 
