@@ -74,3 +74,23 @@ def test_a_missing_dependency_is_one_line_and_nothing_is_written(db_url: str, co
     assert run.code == EXIT_BAD_INPUT
     assert "job 424242 (a dependency) does not exist" in only_line(run.err)
     assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+
+
+def test_cancel_waiting_cancels_the_waiting_jobs_and_leaves_the_rest(
+    db_url: str, conn: Conn
+) -> None:
+    head = _enqueued(db_url, "--sequence", "s")
+    behind = _enqueued(db_url, "--sequence", "s")
+    dependent = _enqueued(db_url, "--after", str(head))
+    plain = _enqueued(db_url)
+    run = pgdrain(db_url, "cancel", "--waiting")
+    assert run.code == EXIT_OK, run.err
+    assert [job_row(conn, i)["status"] for i in (head, behind, dependent, plain)] == [
+        "queued",
+        "cancelled",
+        "cancelled",
+        "queued",
+    ]
+    assert conn.execute(
+        "SELECT count(*) FROM pgdrain.finished_jobs WHERE id = ANY(%s)", ([behind, dependent],)
+    ).fetchone() == (2,)

@@ -704,7 +704,7 @@ def _add_operator_commands(commands: Any) -> None:
         "cancel",
         help="cancel jobs: a queued one never runs, a running one loses its lease; by id, or by "
         "filter",
-        description="`cancel ID...`, or `cancel --queued|--running|--parked [--queue Q] "
+        description="`cancel ID...`, or `cancel --queued|--running|--parked|--waiting [--queue Q] "
         "[--kind K] [--since T]`. A job already cancelled or finished is left as it is (exit "
         "0): safe to repeat.",
     )
@@ -712,6 +712,11 @@ def _add_operator_commands(commands: Any) -> None:
     p.add_argument("--queued", action="store_true", help="every queued job matching the filters")
     p.add_argument("--running", action="store_true", help="every running job matching them")
     p.add_argument("--parked", action="store_true", help="every parked job matching them")
+    p.add_argument(
+        "--waiting",
+        action="store_true",
+        help="every waiting job matching them (behind its sequence or dependencies)",
+    )
     _add_filters(p)
     p.add_argument("--dry-run", action="store_true", help="print what would change; change nothing")
     p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
@@ -974,20 +979,22 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK  # a job whose key is held is not an error: the holder does the work
 
 
-CancelStatus = Literal["queued", "running", "parked"]
+CancelStatus = Literal["queued", "running", "parked", "waiting"]
 
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel by id or by filter. A job already cancelled or finished is said and left as it
     is (exit 0: safe to repeat); only an unknown id is an error (exit 1)."""
     statuses: list[CancelStatus] = [
-        status for status in ("queued", "running", "parked") if getattr(args, status)
+        status for status in ("queued", "running", "parked", "waiting") if getattr(args, status)
     ]
     filtered = args.queue is not None or args.kind is not None or args.since is not None
     if args.ids and (statuses or filtered):
         raise BadInput("give job ids or a filter (--queued/--running/--parked ...), not both")
     if not args.ids and not statuses:
-        raise BadInput("name the jobs: ids, or --queued, --running and/or --parked (with filters)")
+        raise BadInput(
+            "name the jobs: ids, or --queued, --running, --parked and/or --waiting (with filters)"
+        )
     made_ready: set[str] = set()  # queues of jobs the cancel let run (sequences: docs/jobs.md)
     with _connect(settings) as conn:
         conn.add_notice_handler(lambda diag: made_ready.update(ready_queues(diag)))

@@ -327,14 +327,14 @@ WHERE j.id = target.id
 RETURNING j.id, target.status AS was;
 
 -- name: job_cancel_matching :many
--- Operator action by filter: cancel the jobs in %(statuses)s (queued, running, parked)
+-- Operator action by filter: cancel the jobs in %(statuses)s (queued, running, parked, waiting)
 -- matching the filters (a NULL filter matches every job), as job_cancel does. `--dry-run`
 -- runs it in a transaction that is rolled back. Safe to run twice: a cancelled job no longer
 -- matches.
 WITH target AS (
     SELECT id, status
     FROM pgdrain.active_jobs
-    WHERE status IN ('queued', 'running', 'parked')
+    WHERE status IN ('queued', 'running', 'parked', 'waiting')
       AND status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)

@@ -311,7 +311,7 @@ class CancelledMatch:
 
 def job_cancel_matching(
     conn: Connection,
-    statuses: Sequence[Literal["queued", "running", "parked"]],
+    statuses: Sequence[Literal["queued", "running", "parked", "waiting"]],
     *,
     queue: str | None = None,
     kind: str | None = None,
