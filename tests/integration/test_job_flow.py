@@ -560,3 +560,15 @@ def test_control_a_move_that_drops_has_dependents_strands_the_dependent(
     assert statement.count(carried) == 1
     statement = statement.replace(carried, "j.sequence, j.depends_on, false, j.output, j.progress")
     assert _complete_while_a_dependent_is_enqueued(db_url, conn, statement) == "waiting"
+
+
+def test_a_retried_dependent_of_a_failed_job_is_cancelled_again_in_the_history(
+    db_url: str, conn: Conn
+) -> None:
+    a = enqueue(conn, "refuse")
+    b = enqueue(conn, "step", after=[a])
+    run(db_url)
+    assert [r.retried for r in store.job_retry(conn, [b])] == [True]
+    assert job_row(conn, b)["status"] == "cancelled"
+    assert conn.execute("SELECT count(*) FROM pgdrain.active_jobs").fetchone() == (0,)
+    assert ran == [a]
