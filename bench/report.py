@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -490,6 +491,46 @@ def _plan(case: dict[str, Any]) -> str:
     scan = "**Seq Scan**" if case["seq_scan"] else ""
     used = ", ".join(f"`{i}`" for i in case["indexes"])
     return "; ".join(x for x in (scan, used) if x) or "-"
+
+
+def flow_section(flow: dict[str, Any] | None) -> list[str]:
+    """`## Sequences and dependencies`: the plain drain before and after migration 0021, in
+    interleaved pairs, jobs/s draining 1,000 sequences, and the migration's lock on 2M rows
+    (`python -m bench.flow`, docs/decisions/0014)."""
+    if not flow:
+        return []
+    env = flow["env"]
+    out = ["## Sequences and dependencies", ""]
+    out.append(
+        f"Measured on {env['date']} ({env['server']}; {env['machine']}) by `python -m bench.flow`"
+        f", one drain process, jobs that take no time, each repetition on a fresh database: "
+        f"the plain drain (no sequence, no dependency) at {env['before']} (before migration "
+        f"0021) and at {env['after']}, in {flow['pairs_count']} interleaved pairs (the order "
+        "swapped every other pair), medians; then 1,000 sequences of 10 jobs each at "
+        f"{env['after']}, medians of {flow['sequence_reps']}."
+    )
+    out.append("")
+    out.append("| drain | before (jobs/s) | after (jobs/s) | after / before (median of pairs) |")
+    out.append("|---|---|---|---|")
+    for case in flow["pairs"]:
+        before, after = case["before"], case["after"]
+        ratio = statistics.median(a / b for a, b in zip(after, before, strict=True))
+        out.append(
+            f"| {case['case']} | {_n(statistics.median(before))} | "
+            f"{_n(statistics.median(after))} | {_n(ratio, 2)}x |"
+        )
+    out.append("")
+    out.append("| drain (at the after commit) | jobs/s |")
+    out.append("|---|---|")
+    for case in flow["sequences"]:
+        out.append(f"| {case['case']} | {_n(statistics.median(case['values']))} |")
+    out.append("")
+    out.append(flow["note"])
+    out.append("")
+    if flow.get("split_note"):  # migration 0021 on the split jobs table (0018)
+        out.append(flow["split_note"])
+        out.append("")
+    return out
 
 
 def bigtable_section(big: dict[str, Any] | None) -> list[str]:
@@ -1231,6 +1272,7 @@ def markdown(res: Results, png_name: str) -> str:
     lines += cost_section(res, cost_png(Path(png_name)).name)
     lines += graphile_section(res)
     lines += bigtable_section(res.info.get("bigtable"))
+    lines += flow_section(res.info.get("flow"))
     lines += profile_section(res.info.get("profile"))
     lines += history_section(res.info.get("history"))
     lines += queue_flow_section(res.info.get("queue_flow"))

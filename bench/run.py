@@ -748,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # commit: a whole run keeps them.
     if args.json and args.json.exists():
         kept = json.loads(args.json.read_text()).get("info", {})
-        for section in ("profile", "history", "lifecycle", "scale", "queue_flow"):
+        for section in ("profile", "history", "lifecycle", "scale", "queue_flow", "flow"):
             if kept.get(section):
                 res.info[section] = kept[section]
     res.info["env"] = environment(server, source)

@@ -3,12 +3,20 @@
 from typing import TYPE_CHECKING, Any
 
 from pgdrain import _moved
-from pgdrain.api.enqueue import build_job, enqueue, enqueue_many, enqueue_statement
+from pgdrain.api.enqueue import (
+    Workflow,
+    build_job,
+    enqueue,
+    enqueue_many,
+    enqueue_statement,
+    workflow,
+)
 from pgdrain.api.outcomes import Cancel, Discard, JobOutcome, RetryIn, Snooze
 from pgdrain.api.periodic import next_periodic_slot
 from pgdrain.api.queues import pause_queue, resume_queue
 from pgdrain.api.registry import Job, Registry
 from pgdrain.api.retry import RetryPolicy
+from pgdrain.api.state import job_state
 from pgdrain.budget import Budget
 from pgdrain.errors import BadInput, ConfigError, DatabaseUnavailable, PgdrainError
 from pgdrain.runner.drain import DrainResult, drain
@@ -35,15 +43,18 @@ __all__ = [
     "RetryPolicy",
     "Settings",
     "Snooze",
+    "Workflow",
     "build_job",
     "drain",
     "enqueue",
     "enqueue_many",
     "enqueue_statement",
+    "job_state",
     "kick",
     "next_periodic_slot",
     "pause_queue",
     "resume_queue",
+    "workflow",
 ]
 
 

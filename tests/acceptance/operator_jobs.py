@@ -32,3 +32,10 @@ def wait(job: Job) -> None:
 def shaped(job: Job) -> None:
     """A kind with every enqueue option set in its decorator: `pgdrain enqueue shaped` takes
     them as its defaults."""
+
+
+@jobs.job("count")
+def count(job: Job) -> dict[str, int]:
+    """Records progress, and returns its output."""
+    job.record_progress(1.0)
+    return {"counted": int(job.payload.get("n", 0))}

@@ -166,6 +166,22 @@ def test_retry_by_filter_kicks_each_queue_it_queued_again(
     assert [c["event"] for c in calls] == [events.enqueue_event(["emails", "sms"])]
 
 
+def test_cancelling_a_sequences_head_kicks_the_queue_of_the_next(
+    conn: Conn, db_url: str, tmp_path: Path
+) -> None:
+    from pgdrain import enqueue
+
+    head = enqueue(conn, "noop", queue="emails", sequence="customer-1")
+    nxt = enqueue(conn, "noop", queue="sms", sequence="customer-1")
+
+    run, calls = pgdrain(db_url, tmp_path, "cancel", str(head))
+
+    assert (run.code, run.err) == (EXIT_OK, "")
+    assert _status(conn, nxt) == "queued"
+    assert run.out.splitlines()[-1] == f"kicked {FUNCTION_NAME} (queues: sms)"
+    assert [c["event"] for c in calls] == [events.enqueue_event(["sms"])]
+
+
 def test_without_a_function_the_commands_say_nothing_of_kicks(
     conn: Conn, db_url: str, tmp_path: Path
 ) -> None:

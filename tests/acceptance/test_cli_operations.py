@@ -119,6 +119,10 @@ def test_jobs_json_has_the_documented_fields(conn: Conn, db_url: str) -> None:
         "finished_at",
         "last_error",
         "state",
+        "sequence",
+        "depends_on",
+        "progress",
+        "output",
     }
     assert (job["queue"], job["kind"], job["status"], job["finished_at"]) == (
         "alpha",

@@ -128,6 +128,8 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
             "max_attempts",
             "recovery_policy",
             "idempotency_key",
+            "sequence",
+            "depends_on",
         ]
     )
     read = sorted(["id", "queue", "status", "run_at", "idempotency_key"])
@@ -190,3 +192,20 @@ def test_the_enqueuer_cannot_claim(app_url: str, granted: str) -> None:
     with psycopg.connect(app_url, autocommit=True) as app:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             claim_batch(app, ["default"], 1, "app", 30.0, None)
+
+
+def test_the_enqueuer_enqueues_sequences_and_dependencies(app_url: str, granted: str) -> None:
+    """The trigger that decides queued or waiting reads and writes what the enqueuer may not
+    (pgdrain.sequences, a dependency's row): it runs with its owner's rights."""
+    with psycopg.connect(app_url, autocommit=True) as app:
+        first = enqueue(app, "noop", sequence="customer-1")
+        second = enqueue(app, "noop", sequence="customer-1")
+        after = enqueue(app, "noop", after=[first])
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT * FROM pgdrain.sequences")
+    with psycopg.connect(granted, autocommit=True) as owner:
+        rows = owner.execute(
+            "SELECT id, status FROM pgdrain.jobs WHERE id = ANY(%s) ORDER BY id",
+            ([first, second, after],),
+        ).fetchall()
+    assert rows == [(first, "queued"), (second, "waiting"), (after, "waiting")]

@@ -333,18 +333,23 @@ def test_jobs_in_flight_across_the_migration_all_finish_once(old_schema: Conn) -
 def test_a_drain_while_the_history_moves_loses_and_repeats_nothing(
     old_schema: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Migration 0018's own transaction, then a run draining the queue while the finished rows
-    it left in active_jobs move out in small batches beside it."""
+    """Migration 0018's own transaction (and the later ones), then a run draining the queue
+    while the finished rows it left in active_jobs move out in small batches beside it."""
     old_schema.execute(
         "INSERT INTO pgdrain.jobs (kind, status, attempts, finished_at)"
         " SELECT 'noop', 'done', 1, now() - g * interval '1 minute'"
         " FROM generate_series(1, 3000) AS g"
     )
     old_schema.execute("INSERT INTO pgdrain.jobs (kind) SELECT 'noop' FROM generate_series(1, 300)")
-    [m18] = [m for m in migrations() if m.version == "0018"]
-    with old_schema.transaction():
-        old_schema.execute(m18.sql)
-        old_schema.execute("INSERT INTO pgdrain.migrations (version) VALUES ('0018')")
+    # 0018's transaction and the later migrations' (which the drain's statements need), the
+    # history left to move.
+    for migration in migrations():
+        if migration.version >= "0018":
+            with old_schema.transaction():
+                old_schema.execute(migration.sql)
+                old_schema.execute(
+                    "INSERT INTO pgdrain.migrations (version) VALUES (%s)", (migration.version,)
+                )
     url = old_schema.info.dsn
     monkeypatch.setattr("pgdrain.db.migrate.MOVE_BATCH", 50)
     moved: list[int] = []

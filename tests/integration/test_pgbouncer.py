@@ -87,6 +87,16 @@ def test_concurrent_drains_pass_through_the_transaction_pooler(conn: Conn, poole
     )
 
 
+def test_a_dependent_is_claimed_by_the_run_that_completed_its_dependency(
+    conn: Conn, pooled_url: str
+) -> None:
+    """The completion's NOTICE (jobs made ready) reaches the run through the pooler."""
+    first = store.job_insert(conn, build_job("noop"))[0]
+    store.job_insert(conn, build_job("noop", after=[first]))
+    result = drain(TRANSACTION, Budget.seconds(BUDGET_SECONDS), registry, pooled_url)
+    assert (result.done, result.stop_reason) == (2, "empty")
+
+
 @pytest.fixture(scope="module")
 def one_server_bouncer(server_url: str) -> Iterator[PgBouncer]:
     """A pool of one server connection: every client's transactions run on the same server

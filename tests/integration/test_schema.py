@@ -100,6 +100,30 @@ def test_control_possible_rows_are_accepted(tx: Conn, columns: dict[str, str]) -
     assert row == (1,)
 
 
+# Migration 0021's checks, on the table a row lands in: active_jobs (queued) or, through the
+# view, finished_jobs (done), each with a constraint of its own name.
+FLOW_ROWS = [
+    ("empty sequence", "queued", {"sequence": "''"}, "jobs_sequence_chk"),
+    ("empty sequence, done", "done", {"sequence": "''"}, "finished_jobs_sequence_chk"),
+    ("no dependencies", "queued", {"depends_on": "'{}'"}, "jobs_depends_on_chk"),
+    ("no dependencies, done", "done", {"depends_on": "'{}'"}, "finished_jobs_depends_on_chk"),
+    ("both", "queued", {"sequence": "'s'", "depends_on": "'{1}'"}, "jobs_flow_chk"),
+    ("both, done", "done", {"sequence": "'s'", "depends_on": "'{1}'"}, "finished_jobs_flow_chk"),
+]
+
+
+@pytest.mark.parametrize(
+    ("status", "columns", "constraint"),
+    [pytest.param(st, c, k, id=what) for what, st, c, k in FLOW_ROWS],
+)
+def test_both_tables_refuse_an_impossible_sequence_or_dependency_list(
+    tx: Conn, status: str, columns: dict[str, str], constraint: str
+) -> None:
+    with pytest.raises(errors.CheckViolation) as refused, tx.transaction():
+        _insert(tx, {"status": f"'{status}'", "attempts": "1", **columns})
+    assert refused.value.diag.constraint_name == constraint
+
+
 def test_an_update_cannot_take_the_lease_away_from_a_running_job(tx: Conn) -> None:
     _insert(tx, {"status": "'running'", **LEASE})
     with pytest.raises(errors.CheckViolation), tx.transaction():
@@ -140,6 +164,12 @@ def test_the_jobs_table_has_the_designed_columns(shared: Conn) -> None:
         "errors": "jsonb",
         # 0009: the client-chosen id of the claim that took a running job (lost replies).
         "claim_id": "uuid",
+        # 0021: sequences, dependencies and what a job recorded.
+        "sequence": "text",
+        "depends_on": "ARRAY",
+        "has_dependents": "boolean",
+        "output": "jsonb",
+        "progress": "jsonb",
     }
 
 
@@ -168,11 +198,15 @@ JOBS_INDEXES = {
     "jobs_ready_idx": "the claim, in priority order",
     "jobs_queued_run_at_idx": "the ready checks, the claim's empty-queue guard, stats",
     "jobs_lease_idx": "reclaim, the exit check, stats, recovery of a lost claim",
-    "jobs_active_key_idx": "idempotency keys of queued, running and parked jobs",
+    "jobs_active_key_idx": "idempotency keys of queued, running, parked and waiting jobs",
     # Empty once migration 0018's history has moved (finished rows leave at once): they cost
     # a write nothing, and find what is left to move.
     "jobs_finished_idx": "moving the history 0018 left behind, by finished_at",
     "jobs_finished_queue_idx": "parked jobs in stats and lists of one status",
+    # Partial: a job without a sequence, or not waiting, has no entry (a plain drain writes
+    # none into them).
+    "jobs_sequence_idx": "a sequence's holder and next waiting job (migration 0021)",
+    "jobs_waiting_depends_on_idx": "the waiting dependents of a job that finished",
 }
 # Of the history (finished_jobs, each partition the same): what its readers need, no more.
 FINISHED_INDEXES = {

@@ -134,6 +134,50 @@ def test_the_function_serves_every_page(db_url: str, conn: Conn) -> None:
     assert function.resolve(_event("GET", "/nope"), None)["statusCode"] == 404
 
 
+def test_a_jobs_page_shows_its_output_progress_sequence_and_dependencies_escaped(
+    db_url: str, conn: Conn
+) -> None:
+    first = enqueue(conn, "step", sequence="<s>")
+    dependency = enqueue(conn, "step")
+    job_id = enqueue(conn, "step", after=[dependency])
+    conn.execute(
+        "UPDATE pgdrain.active_jobs SET output = %s, progress = %s WHERE id = ANY(%s)",
+        ('{"html": "<b>out</b>"}', '{"step": "<i>2</i>"}', [first, job_id]),
+    )
+    function = _function(db_url)
+    body = function.resolve(_event("GET", f"/jobs/{job_id}"), None)["body"]
+    assert f'<dt>depends_on</dt><dd><a href="/jobs/{dependency}">{dependency}</a></dd>' in body
+    assert "<h2>Output</h2>" in body and "&lt;b&gt;out&lt;/b&gt;" in body
+    assert "&lt;i&gt;2&lt;/i&gt;" in body
+    assert "<b>" not in body and "<i>" not in body
+    body = function.resolve(_event("GET", f"/jobs/{first}"), None)["body"]
+    assert "<dt>sequence</dt><dd>&lt;s&gt;</dd>" in body
+    assert "<s>" not in body
+    body = function.resolve(_event("GET", f"/jobs/{dependency}"), None)["body"]
+    assert "<dt>has_dependents</dt><dd>True</dd>" in body
+    assert '<h2>Output</h2><p class="muted">None recorded.</p>' in body
+
+
+def test_the_dashboard_cancels_a_waiting_job_and_what_waits_on_it(db_url: str, conn: Conn) -> None:
+    dependency = enqueue(conn, "step")
+    waiting = enqueue(conn, "step", after=[dependency])
+    behind = enqueue(conn, "step", after=[waiting])
+    function = _function(db_url)
+    answer = function.resolve(
+        _event("POST", f"/jobs/{waiting}/cancel", f"confirm=1&token={_token(function, waiting)}"),
+        None,
+    )
+    assert answer["statusCode"] == 303
+    assert [job_row(conn, i)["status"] for i in (dependency, waiting, behind)] == [
+        "queued",
+        "cancelled",
+        "cancelled",
+    ]
+    assert conn.execute(
+        "SELECT count(*) FROM pgdrain.finished_jobs WHERE id = ANY(%s)", ([waiting, behind],)
+    ).fetchone() == (2,)
+
+
 def test_the_handler_builds_the_dashboard_once_from_its_environment(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

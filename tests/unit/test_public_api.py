@@ -39,15 +39,18 @@ EXPORTED = [
     "RetryPolicy",
     "Settings",
     "Snooze",
+    "Workflow",
     "build_job",
     "drain",
     "enqueue",
     "enqueue_many",
     "enqueue_statement",
+    "job_state",
     "kick",
     "next_periodic_slot",
     "pause_queue",
     "resume_queue",
+    "workflow",
 ]
 
 

@@ -7,13 +7,17 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator
-from typing import Any, Literal, cast, get_args
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from pgdrain.api import jsonbound
 from pgdrain.db import store
 from pgdrain.errors import BadInput
 from pgdrain.settings import QUEUE_NAME
+
+if TYPE_CHECKING:
+    from pgdrain.api.registry import Registry
 
 MAX_PAYLOAD_BYTES = 256 * 1024  # jobs carry ids, not blobs
 # enqueue_many sends at most this many rows, and about this much payload, per statement.
@@ -24,6 +28,7 @@ MAX_KEY_LENGTH = 500
 RECOVERY_POLICIES: tuple[str, ...] = get_args(store.RecoveryPolicy)
 INT32_MAX = 2**31 - 1
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0  # a century: beyond, timestamps overflow soon
+MAX_DEPENDENCIES = 100  # jobs one job may wait for (migration 0021's CHECK)
 
 
 def build_job(
@@ -37,6 +42,8 @@ def build_job(
     max_attempts: int = 5,
     recovery_policy: str = "auto",
     idempotency_key: str | None = None,
+    sequence: str | None = None,
+    after: Iterable[int] | None = None,
 ) -> store.NewJob:
     """Validate one job's fields; raises BadInput with a one-line reason."""
     if not isinstance(kind, str) or not kind.strip():
@@ -65,6 +72,7 @@ def build_job(
     ):
         raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters, without NUL")
     _check_payload(payload)
+    depends_on = _check_flow(sequence, after)
     return store.NewJob(
         kind=kind,
         payload=payload,
@@ -75,7 +83,32 @@ def build_job(
         max_attempts=max_attempts,
         recovery_policy=cast(store.RecoveryPolicy, recovery_policy),  # checked above
         idempotency_key=idempotency_key,
+        sequence=sequence,
+        after=depends_on,
     )
+
+
+def _check_flow(sequence: object, after: Iterable[int] | None) -> tuple[int, ...] | None:
+    """A sequence key (as an idempotency key), or 1 to MAX_DEPENDENCIES job ids: not both."""
+    if sequence is not None and (
+        not isinstance(sequence, str)
+        or not sequence
+        or len(sequence) > MAX_KEY_LENGTH
+        or not _is_clean_text(sequence)
+    ):
+        raise BadInput(f"sequence must be 1 to {MAX_KEY_LENGTH} characters, without NUL")
+    if after is None:
+        return None
+    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
+        raise BadInput("after must be a list of job ids")
+    ids = tuple(after)
+    for job_id in ids:
+        _check_int("a job id in after", job_id, 1, 2**63 - 1)
+    if not 1 <= len(ids) <= MAX_DEPENDENCIES:
+        raise BadInput(f"after must name 1 to {MAX_DEPENDENCIES} jobs (got {len(ids)})")
+    if sequence is not None:
+        raise BadInput("a job takes a sequence or dependencies (after), not both")
+    return ids
 
 
 def enqueue(
@@ -90,6 +123,8 @@ def enqueue(
     max_attempts: int = 5,
     recovery_policy: str = "auto",  # checked: "auto" or "manual"
     idempotency_key: str | None = None,
+    sequence: str | None = None,
+    after: Iterable[int] | None = None,
 ) -> int:
     """Enqueue one job on `conn`, in whatever transaction the caller has open; the caller
     commits. Returns the job id.
@@ -100,7 +135,13 @@ def enqueue(
     new kind and payload). Once that job is done, failed or cancelled, the key is free: the
     same key enqueues a new job. Keys of different queues never collide. (As River's unique
     jobs ByQueue with a ByState of the unfinished states, which leaves out cancelled and
-    discarded jobs, and Procrastinate's queueing_lock, which holds only while a job waits.)"""
+    discarded jobs, and Procrastinate's queueing_lock, which holds only while a job waits.)
+
+    sequence: jobs with the same key (across all queues) run one at a time, in enqueue order;
+    a job that fails and will be retried keeps its sequence, one done, failed for good or
+    cancelled lets the next one run. after: job ids this job waits for; it runs once all are
+    done, and is cancelled if one fails for good or is cancelled; a job id that does not
+    exist raises BadInput. docs/jobs.md has the rules."""
     job = build_job(
         kind,
         payload,
@@ -111,6 +152,8 @@ def enqueue(
         max_attempts=max_attempts,
         recovery_policy=cast(store.RecoveryPolicy, recovery_policy),  # checked above
         idempotency_key=idempotency_key,
+        sequence=sequence,
+        after=after,
     )
     job_id, _created = store.job_insert(conn, job)
     return job_id
@@ -134,6 +177,8 @@ def enqueue_statement(
     max_attempts: int = 5,
     recovery_policy: str = "auto",
     idempotency_key: str | None = None,
+    sequence: str | None = None,
+    after: Iterable[int] | None = None,
 ) -> tuple[str, dict[str, Any] | list[Any]]:
     """The insert of one job as (sql, params), for the application to run on its own driver
     inside its own transaction; validated as enqueue() validates. It returns the new job's
@@ -158,6 +203,8 @@ def enqueue_statement(
         max_attempts=max_attempts,
         recovery_policy=recovery_policy,
         idempotency_key=idempotency_key,
+        sequence=sequence,
+        after=after,
     )
     text, params = store.job_insert_statement(job)
     if paramstyle == "pyformat":
@@ -235,6 +282,8 @@ def _check_fields(job: store.NewJob) -> None:
         raise BadInput(f"queue {queue!r:.80} is not a plain queue name")
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
         raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters")
+    if job.sequence is not None or job.after is not None:
+        _check_flow(job.sequence, job.after)
 
 
 def payload_size(payload: Any) -> int:
@@ -277,3 +326,37 @@ def _is_clean_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+class Workflow:
+    """Jobs enqueued together, in one transaction, where later ones wait for earlier ones
+    (`after=[id, ...]`): see workflow()."""
+
+    def __init__(self, conn: store.Connection, enqueue_one: Callable[..., int]) -> None:
+        self._conn = conn
+        self._enqueue = enqueue_one
+        self.ids: list[int] = []
+
+    def enqueue(
+        self, kind: str, payload: Any = None, *, after: Iterable[int] | None = None, **options: Any
+    ) -> int:
+        """Enqueue one job of the workflow (enqueue()'s options); returns its id, for the
+        `after` of later ones."""
+        job_id = self._enqueue(self._conn, kind, payload, after=after, **options)
+        self.ids.append(job_id)
+        return job_id
+
+
+@contextmanager
+def workflow(conn: store.Connection, registry: Registry | None = None) -> Iterator[Workflow]:
+    """Enqueue several jobs in one transaction (a savepoint inside the caller's, if one is
+    open): all or none. With a registry, each kind's decorator options are the defaults.
+
+        with pgdrain.workflow(conn) as wf:
+            fetch = wf.enqueue("fetch", {"url": url})
+            parse = wf.enqueue("parse", after=[fetch])
+            wf.enqueue("notify", after=[parse])
+    """
+    one: Callable[..., int] = enqueue if registry is None else registry.enqueue
+    with conn.transaction():
+        yield Workflow(conn, one)

@@ -7,18 +7,19 @@ import difflib
 import functools
 import importlib
 import inspect
+import json
 import math
 import sys
 import traceback
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, MutableMapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from pgdrain.api import jsonbound, retry
 from pgdrain.api import periodic as periodic_mod
-from pgdrain.api import retry
 from pgdrain.api.outcomes import safe_str
 from pgdrain.api.retry import RetryPolicy
 from pgdrain.db import store
@@ -44,6 +45,10 @@ class Job:
     attempt_token: uuid.UUID
     _remaining: Callable[[], float] = field(repr=False, compare=False)
     _lost_tokens: Collection[uuid.UUID] = field(repr=False, compare=False)
+    # Progress recorded and not yet written, per attempt (the run's Attempts.progress).
+    _progress: MutableMapping[store.Held, str] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def remaining(self) -> float:
         """Seconds left of the run's budget, or of the kind's timeout if that ends first."""
@@ -53,6 +58,43 @@ class Job:
         """True once a heartbeat found this attempt's lease gone: another attempt may own the
         job now, and nothing this one returns will be recorded. Long jobs should stop."""
         return self.attempt_token in self._lost_tokens
+
+    def record_progress(self, value: Any) -> None:
+        """Record how far the job is: a number or a small JSON value (at most
+        MAX_PROGRESS_BYTES), shown by `pgdrain jobs show`. The latest value is written with
+        the run's next heartbeat, or as the attempt ends, fenced by the attempt's token (a
+        stale attempt writes nothing): the job's thread never waits for the database."""
+        text = bounded_json(value, "progress", MAX_PROGRESS_BYTES)
+        if self._progress is not None:
+            self._progress[store.Held(self.id, self.attempt_token)] = text
+
+    def dependency_outputs(self, conn: store.Connection) -> dict[int, Any]:
+        """{job id: output} of the jobs this one waited for (enqueued with `after=`), read on
+        `conn`, a connection of the job's own: only the run's loop uses the run's."""
+        return store.job_dependency_outputs(conn, self.id)
+
+
+# A job's recorded values: the output (its function's return value) is bounded as payloads
+# are; progress is meant to be small.
+MAX_OUTPUT_BYTES = 256 * 1024
+MAX_PROGRESS_BYTES = 4 * 1024
+
+
+def bounded_json(value: Any, what: str, limit: int) -> str:
+    """`value` as JSON text to store, or BadInput: too deep, not JSON, or over `limit` bytes."""
+    jsonbound.check_value_depth(value, what)
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadInput(f"{what} text is not valid UTF-8 (it holds a lone surrogate)") from None
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"{what} is not JSON-serialisable: {exc}") from None
+    if size > limit:
+        raise BadInput(f"{what} is {size} bytes; the limit is {limit}")
+    if "\\u0000" in text:
+        raise BadInput(f"{what} contains a NUL character, which PostgreSQL jsonb cannot store")
+    return text
 
 
 # A middleware is called with each Job and returns a context manager that wraps the job's
@@ -227,6 +269,8 @@ class Registry:
         max_attempts: int | None = None,
         recovery_policy: str | None = None,
         idempotency_key: str | None = None,
+        sequence: str | None = None,
+        after: Iterable[int] | None = None,
     ) -> int:
         """pgdrain.enqueue with this kind's decorator options as the defaults (an argument
         given here wins). A kind this registry does not know raises UnknownJobKind (a typo
@@ -241,6 +285,8 @@ class Registry:
             run_at=run_at,
             delay=delay,
             idempotency_key=idempotency_key,
+            sequence=sequence,
+            after=after,
             **self.defaults(
                 kind,
                 queue=queue,
@@ -263,6 +309,8 @@ class Registry:
         max_attempts: int | None = None,
         recovery_policy: str | None = None,
         idempotency_key: str | None = None,
+        sequence: str | None = None,
+        after: Iterable[int] | None = None,
     ) -> tuple[str, dict[str, Any] | list[Any]]:
         """pgdrain.enqueue_statement (the insert as (sql, params) for any driver) with this
         kind's decorator options as the defaults (an argument given here wins). A kind this
@@ -277,6 +325,8 @@ class Registry:
             run_at=run_at,
             delay=delay,
             idempotency_key=idempotency_key,
+            sequence=sequence,
+            after=after,
             **self.defaults(
                 kind,
                 queue=queue,

@@ -44,6 +44,7 @@ from pgdrain.cli.report import (
 )
 from pgdrain.db import connection, store
 from pgdrain.db.migrate import migrate
+from pgdrain.db.session import ready_queues
 from pgdrain.errors import BadInput, JobsModuleNotFound, PgdrainError, UnknownJobKind
 from pgdrain.runner.drain import DrainResult, drain
 from pgdrain.runner.stop import STOP_GRACE_SECONDS, exit_code, stop_on_signals
@@ -234,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--recovery-policy", choices=("auto", "manual"), help=_kind_default("recovery_policy")
     )
     p.add_argument("--key", help="idempotency key")
+    p.add_argument(
+        "--sequence",
+        help="jobs of one sequence key run one at a time, in enqueue order (default: none)",
+    )
+    p.add_argument(
+        "--after",
+        type=_positive_int,
+        action="append",
+        metavar="ID",
+        help="run once job ID is done (repeat for several; default: at once)",
+    )
     p.add_argument("--count", type=_positive_int, default=1)
     p.add_argument(
         "--unregistered",
@@ -387,7 +399,15 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     fields = registry.defaults(args.kind, **given)
     if "queue" in fields:
         fields["queue_name"] = fields.pop("queue")
-    job = build_job(args.kind, payload, delay=args.delay, idempotency_key=args.key, **fields)
+    job = build_job(
+        args.kind,
+        payload,
+        delay=args.delay,
+        idempotency_key=args.key,
+        sequence=args.sequence,
+        after=args.after,
+        **fields,
+    )
     if not args.unregistered:  # a kind that is well formed, and is it one of the module's?
         _check_kind(registry, args.kind, settings.jobs_module)
     total = payload_size(payload) * args.count
@@ -686,7 +706,7 @@ def _add_operator_commands(commands: Any) -> None:
         "cancel",
         help="cancel jobs: a queued one never runs, a running one loses its lease; by id, or by "
         "filter",
-        description="`cancel ID...`, or `cancel --queued|--running|--parked [--queue Q] "
+        description="`cancel ID...`, or `cancel --queued|--running|--parked|--waiting [--queue Q] "
         "[--kind K] [--since T]`. A job already cancelled or finished is left as it is (exit "
         "0): safe to repeat.",
     )
@@ -694,6 +714,11 @@ def _add_operator_commands(commands: Any) -> None:
     p.add_argument("--queued", action="store_true", help="every queued job matching the filters")
     p.add_argument("--running", action="store_true", help="every running job matching them")
     p.add_argument("--parked", action="store_true", help="every parked job matching them")
+    p.add_argument(
+        "--waiting",
+        action="store_true",
+        help="every waiting job matching them (behind its sequence or dependencies)",
+    )
     _add_filters(p)
     p.add_argument("--dry-run", action="store_true", help="print what would change; change nothing")
     p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
@@ -980,21 +1005,25 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK  # a job whose key is held is not an error: the holder does the work
 
 
-CancelStatus = Literal["queued", "running", "parked"]
+CancelStatus = Literal["queued", "running", "parked", "waiting"]
 
 
 def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     """Cancel by id or by filter. A job already cancelled or finished is said and left as it
     is (exit 0: safe to repeat); only an unknown id is an error (exit 1)."""
     statuses: list[CancelStatus] = [
-        status for status in ("queued", "running", "parked") if getattr(args, status)
+        status for status in ("queued", "running", "parked", "waiting") if getattr(args, status)
     ]
     filtered = args.queue is not None or args.kind is not None or args.since is not None
     if args.ids and (statuses or filtered):
         raise BadInput("give job ids or a filter (--queued/--running/--parked ...), not both")
     if not args.ids and not statuses:
-        raise BadInput("name the jobs: ids, or --queued, --running and/or --parked (with filters)")
+        raise BadInput(
+            "name the jobs: ids, or --queued, --running, --parked and/or --waiting (with filters)"
+        )
+    made_ready: set[str] = set()  # queues of jobs the cancel let run (sequences: docs/jobs.md)
     with _connect(settings) as conn:
+        conn.add_notice_handler(lambda diag: made_ready.update(ready_queues(diag)))
         with conn.transaction() as tx:
             if args.ids:
                 cancelled = [
@@ -1011,8 +1040,14 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         found = store.job_status_many(conn, left) if left else {}
         if not cancelled and not args.ids:
             _check_queue(conn, args.queue)
+        kicked: list[str] = []
+        if made_ready and not args.dry_run and settings.function_name:
+            kicked = _kick(conn, settings, sorted(made_ready))
     unknown = [i for i in left if i not in found]
     _print_cancelled(args, cancelled, {i: found[i] for i in left if i in found}, unknown)
+    if not args.json:
+        for line in kicked:
+            print(line)
     if unknown:
         print(f"pgdrain: error: no job {', '.join(map(str, unknown))}", file=sys.stderr)
         return EXIT_FAILURE

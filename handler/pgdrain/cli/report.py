@@ -200,7 +200,8 @@ _SHOW_ORDER = (
     "id", "queue", "kind", "status", "priority", "attempts", "max_attempts",
     "recovery_policy", "reclaim_count", "run_at", "created_at", "updated_at", "finished_at",
     "lease_expires_at", "leased_by", "heartbeat_at", "attempt_token", "completed_token",
-    "idempotency_key", "last_error", "payload",
+    "idempotency_key", "sequence", "depends_on", "has_dependents", "last_error", "payload",
+    "progress", "output",
 )  # fmt: skip
 
 

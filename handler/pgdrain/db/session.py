@@ -50,6 +50,17 @@ KEEP_SECONDS = 0.5
 # A statement sent ahead is sent only while the kept limits stay fresh this much longer
 # (Session.may_send_ahead): the check and the send are a few calls apart.
 SEND_AHEAD_SLACK_SECONDS = 0.01
+# What migration 0021's trigger jobs_flow_finished says when a job it finished made others
+# ready (a sequence's next job, dependents).
+MADE_READY_NOTICE = "pgdrain: jobs made ready"
+
+
+def ready_queues(diag: psycopg.errors.Diagnostic) -> list[str]:
+    """The queues of the jobs a MADE_READY_NOTICE says were made ready (its detail); none for
+    any other notice."""
+    if diag.message_primary != MADE_READY_NOTICE:
+        return []
+    return [q for q in (diag.message_detail or "").split(",") if q]
 
 
 def statement_limit_ms(remaining: float) -> int:
@@ -118,6 +129,7 @@ class Session:
         # Every one-statement operation's way out (pipeline.py), on this connection; and what
         # reads the claims sent ahead, called before any other statement goes out (settle_with).
         self._pipeline: Pipeline | None = None
+        self._made_ready = False
         self._settle: Callable[[], None] | None = None
         # A session whose statements are pipelined keeps half the limits: see may_send_ahead.
         self._halve_kept_limits = pipelining and controls.halve_limits_when_pipelining
@@ -130,6 +142,16 @@ class Session:
 
     def open(self) -> None:
         self._conn = self._connect()
+
+    def _on_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary == MADE_READY_NOTICE:
+            self._made_ready = True
+
+    def take_made_ready(self) -> bool:
+        """Whether a statement since the last call finished a job that made others ready
+        (migration 0021's trigger says so): the claim in that statement could not see them."""
+        made_ready, self._made_ready = self._made_ready, False
+        return made_ready
 
     def close(self) -> None:
         if self._conn is not None:
@@ -406,6 +428,7 @@ class Session:
         if self._kept is not None:
             self._kept.forget()  # a new connection keeps nothing
         conn = connection.connect(self._conninfo, self._settings, budget or self._budget)
+        conn.add_notice_handler(self._on_notice)
         # Prepared under names of its own on a connection of its own; behind a transaction
         # pooler, which cannot keep them, every statement goes unnamed.
         self._pipeline = Pipeline(conn, prepare=conn.prepare_threshold is not None)

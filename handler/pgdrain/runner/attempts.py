@@ -20,6 +20,7 @@ from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.db.store import ClaimedJob, Held
 from pgdrain.runner.deadline import Deadline
+from pgdrain.runner.execute import Recorded
 from pgdrain.runner.summary import Counters
 
 
@@ -41,6 +42,12 @@ class Attempts:
         # When the oldest lease the run holds was last set or extended (monotonic, taken just
         # before the statement was sent, so never later than the database's own now()).
         self._renewed_at: float | None = None
+        # Outputs and progress that job threads recorded, not written yet (execute.Recorded).
+        self.recorded = Recorded({}, {})
+
+    def job_view(self) -> tuple[set[uuid.UUID], Recorded]:
+        """What a job thread reads and writes: the lost tokens, and where it records."""
+        return self.lost_tokens, self.recorded
 
     def held(self) -> list[Held]:
         """Every attempt whose lease is ours to keep, finished ones waiting for their write

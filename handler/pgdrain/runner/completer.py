@@ -101,6 +101,21 @@ class Completer:
         self._counters.add("failed" if final else "retried", 1)
         _log_failure(claimed, decision, final)
 
+    def record_values(self, claimed: store.ClaimedJob) -> bool:
+        """Write the output and progress the attempt recorded, if any, before its outcome (a
+        statement only for an attempt that recorded something). False: its lease is gone."""
+        recorded = self._attempts.recorded
+        output = recorded.outputs.pop(claimed.held, None)
+        progress = recorded.progress.pop(claimed.held, None)
+        if output is None and progress is None:
+            return True
+        self._session.settle()  # the pipelined claims' replies come before this statement's
+        result = self._session.run(store.job_record_many, [(claimed.held, output, progress)])
+        if result.lost_attempts:
+            leases_lost(self._run, result.lost_attempts, "its output was not recorded")
+            return False
+        return True
+
     def say_lost(self) -> None:
         """Log the lost attempts not said yet, with why (attempts.say_lost)."""
         say_lost(self._run)
@@ -118,12 +133,20 @@ def record_outcomes(
 ) -> None:
     """Take the jobs' outcomes (WorkerPool.take). Successes wait for the next round trip (at
     most COMPLETION_FLUSH_SECONDS); failures are recorded at once."""
+    recorded = attempts.recorded
     for outcome in outcomes:
         prefetch.job_ran(outcome.seconds)
         if outcome.error is None:
+            if (recorded.outputs or recorded.progress) and not completer.record_values(
+                outcome.item
+            ):
+                attempts.stop_running(outcome.item)  # its lease is gone: not completed
+                continue
             attempts.finish(outcome.item)
         else:
             attempts.stop_running(outcome.item)
+            if recorded.progress or recorded.outputs:
+                completer.record_values(outcome.item)
             completer.record_failure(outcome.item, outcome.error)
 
 

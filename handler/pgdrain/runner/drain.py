@@ -334,8 +334,8 @@ class _Run:
             if not attempts.busy() and not claims.pipelined.count():
                 completer.flush()
                 reason = stopping.reason_when_idle()
-                if reason is None and self.hooks.before_exit(self.session):
-                    continue  # a kick came in that the last claim may have missed
+                if reason is None and _claim_again(self):
+                    continue  # jobs made ready, or a kick, that the last claim may have missed
                 return reason or "empty"
             ending_now = self.must_end_with_jobs_running()
             if ending_now is not None:
@@ -386,9 +386,15 @@ class _Run:
         self.threads.run(
             claimed.held,
             lambda: execute.run_job(
-                self.registry, claimed, self.deadline.remaining, self.attempts.lost_tokens
+                self.registry, claimed, self.deadline.remaining, *self.attempts.job_view()
             ),
         )
+
+
+def _claim_again(run: _Run) -> bool:
+    """Whether an idle run claims once more before it ends: a completion made jobs ready that
+    the claim in its statement could not see (one snapshot), or the control plane saw a kick."""
+    return run.session.take_made_ready() or run.hooks.before_exit(run.session)
 
 
 def _unserved(session: Session, queues: tuple[str, ...] | None) -> tuple[tuple[str, int], ...]:

@@ -10,14 +10,29 @@ import asyncio
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, NamedTuple
 
 from pgdrain.api import outcomes, retry
-from pgdrain.api.registry import Job, Registered, Registry
-from pgdrain.db.store import ClaimedJob
+from pgdrain.api.registry import (
+    MAX_OUTPUT_BYTES,
+    Job,
+    Registered,
+    Registry,
+    bounded_json,
+)
+from pgdrain.db.store import ClaimedJob, Held
+from pgdrain.errors import BadInput
 from pgdrain.runner import worker_threads
+
+
+class Recorded(NamedTuple):
+    """What running attempts recorded and the run has not written yet, as JSON text: written
+    by job threads, taken by the run's loop (dict operations are atomic)."""
+
+    outputs: MutableMapping[Held, str]
+    progress: MutableMapping[Held, str]
 
 
 class JobTimeout(Exception):
@@ -33,7 +48,11 @@ def run_job(
     claimed: ClaimedJob,
     remaining: Callable[[], float],
     lost_tokens: Collection[uuid.UUID],
+    recorded: Recorded | None = None,
 ) -> None:
+    """Run the job. What it returns (not None) is its output: put in `recorded.outputs` as
+    JSON text for the run to write; an output that cannot be stored (over MAX_OUTPUT_BYTES,
+    not JSON) fails the job for good, with that error."""
     try:
         registered = registry.registered(claimed.kind)
     except BaseException as exc:  # an unknown kind: the same mechanism as any failure
@@ -41,7 +60,14 @@ def run_job(
             outcomes.decide(exc, claimed.attempt, retry.backoff_seconds)
         ) from exc
     try:
-        _call(registry, registered, claimed, remaining, lost_tokens)
+        progress = None if recorded is None else recorded.progress
+        result = _call(registry, registered, claimed, remaining, lost_tokens, progress)
+        if result is not None and recorded is not None:
+            try:
+                text = bounded_json(result, "output", MAX_OUTPUT_BYTES)
+            except BadInput as exc:
+                raise outcomes.Discard(f"its output was not recorded: {exc}") from None
+            recorded.outputs[claimed.held] = text
     except BaseException as exc:  # the job's own error, whatever it is, becomes its outcome
         decision = outcomes.decide(exc, claimed.attempt, registry.backoff_for(claimed.kind))
         raise outcomes.AttemptFailed(decision) from exc
@@ -53,7 +79,8 @@ def _call(
     claimed: ClaimedJob,
     remaining: Callable[[], float],
     lost_tokens: Collection[uuid.UUID],
-) -> None:
+    progress: MutableMapping[Held, str] | None = None,
+) -> object:
     timeout = registered.options.timeout
     started = 0.0
     if timeout is not None:
@@ -74,26 +101,27 @@ def _call(
         attempt_token=claimed.attempt_token,
         _remaining=remaining,
         _lost_tokens=lost_tokens,
+        _progress=progress,
     )
     middlewares = registry.middlewares
     if middlewares:
         with ExitStack() as stack:
             for middleware in middlewares:
                 stack.enter_context(middleware(job))
-            _invoke(registered, job, timeout)
+            result = _invoke(registered, job, timeout)
     else:  # the common case: no ExitStack per job
-        _invoke(registered, job, timeout)
+        result = _invoke(registered, job, timeout)
     if timeout is not None and (elapsed := time.monotonic() - started) > timeout:
         # A late result is not accepted: the attempt fails (and is retried) as a timeout.
         raise JobTimeout(
             f"job kind {claimed.kind!r} ran {elapsed:.1f} s, over its timeout of {timeout:g} s"
         )
+    return result
 
 
-def _invoke(registered: Registered, job: Job, timeout: float | None) -> None:
+def _invoke(registered: Registered, job: Job, timeout: float | None) -> object:
     if registered.is_async:
-        _run_async(registered.function(job), timeout)
-        return
+        return _run_async(registered.function(job), timeout)
     result = registered.function(job)
     if result is not None and inspect.isawaitable(result):
         if inspect.iscoroutine(result):
@@ -102,9 +130,10 @@ def _invoke(registered: Registered, job: Job, timeout: float | None) -> None:
             f"the function for job kind {job.kind!r} returned an awaitable "
             "instead of running: declare it `async def`, or await it inside"
         )
+    return result
 
 
-def _run_async(awaitable: object, timeout: float | None) -> None:
+def _run_async(awaitable: object, timeout: float | None) -> object:
     async def bounded() -> Any:
         # An async job is cancelled at its timeout (a sync one can only be judged late).
         async with asyncio.timeout(timeout):
@@ -113,9 +142,8 @@ def _run_async(awaitable: object, timeout: float | None) -> None:
     loop = worker_threads.thread_loop()
     try:
         if loop is None:  # not on a worker thread (called directly): a loop of its own
-            asyncio.run(bounded())
-        else:
-            loop.run_until_complete(bounded())
+            return asyncio.run(bounded())
+        return loop.run_until_complete(bounded())
     except TimeoutError:
         raise JobTimeout(f"async job cancelled at its timeout of {timeout:g} s") from None
 

@@ -56,10 +56,24 @@ class Heartbeat:
             store.job_extend_leases, held, self._lease_seconds, run.deadline.lease_cap()
         )
         run.attempts.leases_renewed(sent_at)
-        if not result.lost_attempts:
-            return
-        run.attempts.forget_lost(result.lost_attempts)
-        leases_lost(run, result.lost_attempts, "found by the heartbeat")
+        if result.lost_attempts:
+            run.attempts.forget_lost(result.lost_attempts)
+            leases_lost(run, result.lost_attempts, "found by the heartbeat")
+        if run.attempts.recorded.progress:
+            self._write_progress()
+
+    def _write_progress(self) -> None:
+        """The latest progress of each running attempt that recorded some, fenced (an attempt
+        whose lease is gone writes nothing: the beat has counted it)."""
+        run = self._run
+        progress = run.attempts.recorded.progress
+        pending = [
+            (held, None, progress.pop(held))
+            for held in list(progress)
+            if held in run.attempts.running and held.token not in run.attempts.lost_tokens
+        ]
+        if pending:
+            run.session.run(store.job_record_many, pending)
 
     def end_running_leases(self) -> None:
         """The run stops with jobs still running (a stop request's grace is over): end their

@@ -35,7 +35,7 @@ NOTICES = {
     "not-paused": "It was not paused: nothing changed.",
 }
 RETRYABLE = ("failed", "parked", "cancelled")
-CANCELLABLE = ("queued", "running", "parked")
+CANCELLABLE = ("queued", "running", "parked", "waiting")
 BULK_STATUSES = ("failed", "parked")  # what retry by filter takes, as `pgdrain retry --failed`
 ERRORS_SHOWN = 50  # a job's page shows its latest errors, at most this many
 
@@ -231,10 +231,10 @@ _SHOW_ORDER = (
     "id", "queue", "kind", "status", "priority", "attempts", "max_attempts",
     "recovery_policy", "reclaim_count", "run_at", "created_at", "updated_at", "finished_at",
     "lease_expires_at", "leased_by", "heartbeat_at", "attempt_token", "idempotency_key",
-    "last_error",
+    "sequence", "depends_on", "has_dependents", "progress", "last_error",
 )  # fmt: skip
 _TIMES = {"run_at", "created_at", "updated_at", "finished_at", "lease_expires_at", "heartbeat_at"}
-_LONG = {"payload", "errors"}
+_LONG = {"payload", "errors", "output"}
 
 
 def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | None) -> str:
@@ -257,6 +257,17 @@ def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | Non
         f"<dl>{fields}</dl>",
         "<h2>Payload</h2>",
         f"<pre>{pretty_json(job.get('payload'))}</pre>",
+        # What the job's function returned (migration 0021); absent before that migration.
+        *(
+            [
+                "<h2>Output</h2>",
+                f"<pre>{pretty_json(job['output'])}</pre>"
+                if job["output"] is not None
+                else '<p class="muted">None recorded.</p>',
+            ]
+            if "output" in job
+            else []
+        ),
         "<h2>Errors</h2>",
         _errors(job.get("errors"), job.get("last_error")),
     ]
@@ -266,6 +277,8 @@ def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | Non
 def _field(key: str, value: object) -> str:
     if value is None:
         return "-"
+    if key == "depends_on" and isinstance(value, list):  # each dependency's own page
+        return " ".join(f'<a href="/jobs/{int(d)}">{int(d)}</a>' for d in value)
     if key in _TIMES and isinstance(value, str):
         return moment(value)
     if isinstance(value, dict | list):  # a later migration's structured column

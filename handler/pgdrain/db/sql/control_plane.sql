@@ -104,10 +104,12 @@ WITH ended AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-         finished_at, completed_token, errors)
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
     SELECT id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
            recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-           coalesce(finished_at, updated_at), completed_token, errors
+           coalesce(finished_at, updated_at), completed_token, errors,
+           sequence, depends_on, has_dependents, output, progress
     FROM ended
     RETURNING 1
 )

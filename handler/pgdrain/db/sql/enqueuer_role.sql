@@ -5,8 +5,10 @@
 -- A NOLOGIN group role: CONNECT to this database; USAGE on schema pgdrain;
 --   * INSERT on pgdrain.active_jobs (where an enqueue writes) and on the view pgdrain.jobs (where
 --     an application's own SQL may), of the columns an enqueue writes only (queue, kind,
---     payload, priority, run_at, max_attempts, recovery_policy, idempotency_key): a new job is
---     queued, with no attempt, lease or token of its own making; USAGE on the jobs id sequence;
+--     payload, priority, run_at, max_attempts, recovery_policy, idempotency_key, sequence,
+--     depends_on): a new job is queued (or waiting: migration 0021's trigger decides, with its
+--     owner's rights), with no attempt, lease or token of its own making; USAGE on the jobs id
+--     sequence;
 --   * SELECT on pgdrain.active_jobs and the view pgdrain.jobs, of the columns an enqueue and a
 --     kick read only (id, queue, status, run_at, idempotency_key): the job an idempotency key
 --     names, whether a queue has a job ready; never a payload, a kind, an error or a lease;
@@ -39,7 +41,7 @@ $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_enqueuer;
 GRANT INSERT (queue, kind, payload, priority, run_at, max_attempts, recovery_policy,
-              idempotency_key)
+              idempotency_key, sequence, depends_on)
     ON pgdrain.active_jobs, pgdrain.jobs TO pgdrain_enqueuer;
 GRANT SELECT (id, queue, status, run_at, idempotency_key)
     ON pgdrain.active_jobs, pgdrain.jobs TO pgdrain_enqueuer;

@@ -87,21 +87,26 @@ SELECT pg_catalog.set_config('statement_timeout', CAST(%(timeout_ms)s AS pg_cata
 ;
 
 -- name: job_insert :one
--- One job. A key held by a queued, running or parked job of the same queue inserts nothing, no
--- row. The conflict target names the states of migration 0004's index, which infers 0012's
--- (its predicate, parked added, is implied): the same text works on either schema. Every
+-- One job. A key held by an unfinished job (queued, running, parked, waiting) of the same
+-- queue inserts nothing, no row. The conflict target names the states of migration 0004's
+-- index, which infers 0012's and 0021's (their predicates, parked and waiting added, are
+-- implied): the same text works on each schema. Every
 -- parameter carries its type (CAST, not `::`, which SQLAlchemy's `:name` binds would misread),
 -- so any driver can run this statement with plain values, the payload as JSON text:
 -- pgdrain.enqueue_statement hands it to applications on other drivers.
+-- A sequence or dependencies make the row `waiting` when something holds it back (migration
+-- 0021's trigger jobs_flow_enqueued).
 INSERT INTO pgdrain.active_jobs
-    (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
+    (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key,
+     sequence, depends_on)
 VALUES
     (CAST(%(queue)s AS text), CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),
      CAST(%(priority)s AS int),
      coalesce(CAST(%(run_at)s AS timestamptz),
               now() + make_interval(secs => CAST(%(delay_seconds)s AS float8))),
      CAST(%(max_attempts)s AS int), CAST(%(recovery_policy)s AS text),
-     CAST(%(idempotency_key)s AS text))
+     CAST(%(idempotency_key)s AS text), CAST(%(sequence)s AS text),
+     CAST(%(depends_on)s AS bigint[]))
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL AND status IN ('queued', 'running')
     DO NOTHING
@@ -132,12 +137,12 @@ JOIN taken ON taken.kind = due.kind
 RETURNING id;
 
 -- name: job_find_by_key :one
--- The job of this queue that holds the key: queued, running or parked (at most one:
+-- The job of this queue that holds the key: queued, running, parked or waiting (at most one:
 -- jobs_active_key_idx).
 SELECT id FROM pgdrain.active_jobs
 WHERE queue = %(queue)s
   AND idempotency_key = %(idempotency_key)s
-  AND status IN ('queued', 'running', 'parked');
+  AND status IN ('queued', 'running', 'parked', 'waiting');
 
 -- name: job_insert_many :many
 -- Many jobs in one statement; rows whose idempotency key is held already are skipped (the
@@ -145,17 +150,22 @@ WHERE queue = %(queue)s
 -- Binary arrays: in text format psycopg quotes and escapes every element (a regular
 -- expression each), which took most of enqueue_many's client time. Payloads come as JSON
 -- text, encoded once by the caller (it sizes its chunks by them).
+-- A row's dependencies come as the text of an array ('{1,2}'): arrays of arrays must be
+-- rectangular. Rows are inserted in input order: a sequence runs in that order.
 INSERT INTO pgdrain.active_jobs
-    (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key)
+    (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key,
+     sequence, depends_on)
 SELECT t.queue, t.kind, t.payload::jsonb, t.priority,
        coalesce(t.run_at, now() + make_interval(secs => t.delay_seconds)),
-       t.max_attempts, t.recovery_policy, t.idempotency_key
+       t.max_attempts, t.recovery_policy, t.idempotency_key,
+       t.sequence, t.depends_on::bigint[]
 FROM unnest(
     %(queues)b::text[], %(kinds)b::text[], %(payloads)b::text[], %(priorities)b::int[],
     %(run_ats)b::timestamptz[], %(delays)b::float8[], %(max_attempts)b::int[],
-    %(recovery_policies)b::text[], %(idempotency_keys)b::text[]
+    %(recovery_policies)b::text[], %(idempotency_keys)b::text[], %(sequences)b::text[],
+    %(depends_on)b::text[]
 ) AS t(queue, kind, payload, priority, run_at, delay_seconds, max_attempts,
-       recovery_policy, idempotency_key)
+       recovery_policy, idempotency_key, sequence, depends_on)
 ON CONFLICT (queue, idempotency_key)
     WHERE idempotency_key IS NOT NULL AND status IN ('queued', 'running')
     DO NOTHING
@@ -211,10 +221,12 @@ WITH ended AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-         finished_at, completed_token, errors)
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
     SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
            j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
-           j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors
+           j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
     RETURNING id, queue, completed_token AS token
 ), served AS MATERIALIZED (
@@ -444,10 +456,12 @@ WITH ended AS (
 INSERT INTO pgdrain.finished_jobs
     (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
      recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-     finished_at, completed_token, errors)
+     finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
 SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
        j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
-       j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors
+       j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors,
+       j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
 FROM ended AS j
 RETURNING id, completed_token AS token;
 
@@ -493,7 +507,8 @@ WITH retried AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-         finished_at, completed_token, errors)
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
     SELECT j.id, j.queue, j.kind, j.payload,
            CASE WHEN %(cancelled)s THEN 'cancelled' ELSE 'failed' END,
            j.priority, j.run_at,
@@ -507,7 +522,8 @@ WITH retried AS (
                      || jsonb_build_array(%(error_record)s::jsonb
                                           || jsonb_build_object('attempt', j.attempts,
                                                                 'at', now()))
-           END
+           END,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
     RETURNING id, status, attempts, run_at
 )
@@ -572,12 +588,14 @@ WITH expired AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-         finished_at, completed_token, errors)
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
     SELECT j.id, j.queue, j.kind, j.payload, 'failed', j.priority, j.run_at, j.attempts,
            j.max_attempts, j.recovery_policy, j.reclaim_count + 1, j.idempotency_key,
            'lease expired before completion (attempt ' || j.attempts || ' of '
            || j.max_attempts || ', held by ' || j.leased_by || ')',
-           j.created_at, now(), now(), j.completed_token, j.errors
+           j.created_at, now(), now(), j.completed_token, j.errors,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
     RETURNING id, status, reclaim_count
 )
@@ -619,3 +637,19 @@ SELECT EXISTS (
                    AND l.window_start >= pgdrain.rate_window(l.rate_seconds)))
     )
 ) AS ready;
+
+-- name: job_record_many :many
+-- What running attempts recorded (migration 0021): each one's output (the value its function
+-- returned) and latest progress, as JSON text, NULL where it recorded none. Sent only for
+-- attempts that recorded something: before the completion of an attempt with an output, and
+-- with the heartbeat for progress. Fenced as the completions are: a stale attempt writes
+-- nothing.
+UPDATE pgdrain.active_jobs AS j
+SET output = coalesce(t.output::jsonb, j.output),
+    progress = coalesce(t.progress::jsonb, j.progress)
+FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[], %(outputs)b::text[], %(progress)b::text[])
+     AS t(id, token, output, progress)
+WHERE j.id = ANY(%(ids)b::bigint[])
+  AND j.id = t.id
+  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = t.token
+RETURNING j.id, t.token;

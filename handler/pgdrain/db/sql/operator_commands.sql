@@ -63,7 +63,7 @@ WITH candidate AS (
                (SELECT o.id FROM pgdrain.jobs AS o
                 WHERE o.queue = c.queue
                   AND o.idempotency_key = c.idempotency_key
-                  AND o.status IN ('queued', 'running', 'parked')),
+                  AND o.status IN ('queued', 'running', 'parked', 'waiting')),
                nullif(max(c.id) FILTER (WHERE c.status <> 'parked')
                           OVER (PARTITION BY c.queue, c.idempotency_key),
                       c.id))
@@ -122,7 +122,8 @@ SELECT (SELECT count(*) FROM left_behind) + (SELECT count(*) FROM finished) AS d
 -- due_in_s: seconds until run_at on the database's clock (a queued job waits while above 0).
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        run_at, lease_expires_at, created_at, updated_at, finished_at, last_error,
-       extract(epoch FROM run_at - now())::float8 AS due_in_s
+       extract(epoch FROM run_at - now())::float8 AS due_in_s,
+       sequence, depends_on, progress, output
 FROM pgdrain.jobs
 WHERE status = ANY(%(statuses)s::text[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -156,7 +157,8 @@ WITH RECURSIVE finished_queue AS (
 )
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        run_at, lease_expires_at, created_at, updated_at, finished_at, last_error,
-       extract(epoch FROM run_at - now())::float8 AS due_in_s
+       extract(epoch FROM run_at - now())::float8 AS due_in_s,
+       sequence, depends_on, progress, output
 FROM pgdrain.jobs
 WHERE id = ANY(ARRAY(
     SELECT page.id
@@ -260,6 +262,14 @@ ORDER BY 1;
 -- error history, shows without changing this statement).
 SELECT to_jsonb(j) AS job FROM pgdrain.jobs AS j WHERE j.id = %(id)s;
 
+-- name: job_dependency_outputs :many
+-- The output each dependency of this job recorded (NULL: none, or not done), by primary key.
+SELECT d.id, d.status, d.output
+FROM pgdrain.jobs AS j
+JOIN pgdrain.jobs AS d ON d.id = ANY(j.depends_on)
+WHERE j.id = %(id)s
+ORDER BY d.id;
+
 -- name: job_retry_matching :many
 -- Operator action by filter: queue again the jobs in %(statuses)s (failed, parked) matching
 -- the filters (a NULL filter matches every job), with a fresh set of attempts. What it returns,
@@ -280,7 +290,7 @@ WITH candidate AS (
                (SELECT o.id FROM pgdrain.jobs AS o
                 WHERE o.queue = c.queue
                   AND o.idempotency_key = c.idempotency_key
-                  AND o.status IN ('queued', 'running', 'parked')),
+                  AND o.status IN ('queued', 'running', 'parked', 'waiting')),
                nullif(max(c.id) FILTER (WHERE c.status <> 'parked')
                           OVER (PARTITION BY c.queue, c.idempotency_key),
                       c.id))
@@ -301,7 +311,7 @@ FROM judged AS r
 ORDER BY r.id;
 
 -- name: job_cancel :many
--- Operator action: a queued or parked job never runs; a running one loses its lease (status
+-- Operator action: a queued, waiting or parked job never runs; a running one loses its lease (status
 -- and token change), so its run's heartbeat reports it lost, job.lease_lost() turns true and
 -- the fenced completion or failure of that attempt is refused. Returns each cancelled job with
 -- the status it had. Safe to run twice: a cancelled job no longer matches.
@@ -309,7 +319,7 @@ WITH target AS (
     SELECT id, status
     FROM pgdrain.active_jobs
     WHERE id = ANY(%(ids)s::bigint[])
-      AND status IN ('queued', 'running', 'parked')
+      AND status IN ('queued', 'running', 'parked', 'waiting')
     FOR UPDATE
 )
 UPDATE pgdrain.jobs AS j
@@ -322,14 +332,14 @@ WHERE j.id = target.id
 RETURNING j.id, target.status AS was;
 
 -- name: job_cancel_matching :many
--- Operator action by filter: cancel the jobs in %(statuses)s (queued, running, parked)
+-- Operator action by filter: cancel the jobs in %(statuses)s (queued, running, parked, waiting)
 -- matching the filters (a NULL filter matches every job), as job_cancel does. `--dry-run`
 -- runs it in a transaction that is rolled back. Safe to run twice: a cancelled job no longer
 -- matches.
 WITH target AS (
     SELECT id, status
     FROM pgdrain.active_jobs
-    WHERE status IN ('queued', 'running', 'parked')
+    WHERE status IN ('queued', 'running', 'parked', 'waiting')
       AND status = ANY(%(statuses)s::text[])
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)

@@ -52,8 +52,16 @@ def queue_names(queues: Sequence[str] | None) -> list[str] | None:
 
 
 # The job states and recovery policies the schema's CHECK constraints allow.
-Status = Literal["queued", "running", "done", "failed", "parked", "cancelled"]
-STATUSES: tuple[Status, ...] = ("queued", "running", "done", "failed", "parked", "cancelled")
+Status = Literal["queued", "running", "done", "failed", "parked", "cancelled", "waiting"]
+STATUSES: tuple[Status, ...] = (
+    "queued",
+    "running",
+    "done",
+    "failed",
+    "parked",
+    "cancelled",
+    "waiting",
+)
 FinishedStatus = Literal["done", "failed", "cancelled"]  # what purge and retention delete
 FINISHED: tuple[FinishedStatus, ...] = ("done", "failed", "cancelled")
 RecoveryPolicy = Literal["auto", "manual"]
@@ -182,6 +190,10 @@ class NewJob:
     max_attempts: int = 5
     recovery_policy: RecoveryPolicy = "auto"
     idempotency_key: str | None = None
+    # Runs one at a time with the other jobs of this key, in enqueue order (migration 0021).
+    sequence: str | None = None
+    # Runs once these jobs are done; cancelled if one fails for good or is cancelled.
+    after: tuple[int, ...] | None = None
 
 
 def _fenced(

@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -29,6 +30,7 @@ from pgdrain.db.store.common import (
     one_statement,
     queue_names,
 )
+from pgdrain.errors import BadInput
 
 # What the table holds at most (migration 0015's CHECK constraints): the limits build_job()
 # enforces, for rows written by any driver. A payload's size is its text as stored (jsonb's
@@ -79,7 +81,14 @@ def _new_job_params(job: NewJob) -> dict[str, Any]:
         "max_attempts": job.max_attempts,
         "recovery_policy": job.recovery_policy,
         "idempotency_key": job.idempotency_key,
+        "sequence": job.sequence,
+        "depends_on": None if job.after is None else list(job.after),
     }
+
+
+def _depends_on_text(after: tuple[int, ...] | None) -> str | None:
+    """A job's dependencies as array text ('{1,2}'): job_insert_many sends one text per row."""
+    return None if after is None else "{" + ",".join(str(int(i)) for i in after) + "}"
 
 
 def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
@@ -96,10 +105,12 @@ def job_insert_statement(job: NewJob) -> tuple[str, dict[str, Any]]:
 
 def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     """Insert one job in the caller's transaction. Returns (id, created); an idempotency key
-    held by a queued, running or parked job of the same queue returns that job's id and
-    created=False."""
+    held by an unfinished job of the same queue returns that job's id and created=False. A
+    dependency that does not exist raises BadInput (the caller's transaction is then failed:
+    nothing of it is written)."""
     while True:
-        row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
+        with missing_dependency():
+            row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
         if row is not None:
             return int(row[0]), True
         assert job.idempotency_key is not None  # only a held key inserts nothing
@@ -147,8 +158,23 @@ def job_insert_many(
         "max_attempts": [j.max_attempts for j in jobs],
         "recovery_policies": [j.recovery_policy for j in jobs],
         "idempotency_keys": [j.idempotency_key for j in jobs],
+        "sequences": [j.sequence for j in jobs],
+        "depends_on": [_depends_on_text(j.after) for j in jobs],
     }
-    return [int(r[0]) for r in conn.execute(query("job_insert_many"), params).fetchall()]
+    with missing_dependency():
+        rows = conn.execute(query("job_insert_many"), params).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+@contextmanager
+def missing_dependency() -> Iterator[None]:
+    """A dependency named that does not exist (migration 0021's trigger): BadInput, one line."""
+    try:
+        yield
+    except psycopg.errors.ForeignKeyViolation as exc:
+        if exc.diag.constraint_name != "jobs_depends_on_exist":
+            raise
+        raise BadInput(str(exc.diag.message_primary).removeprefix("pgdrain: ")) from None
 
 
 def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]) -> list[int]:
@@ -273,6 +299,22 @@ def _completed_and_claimed(
 def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
     """Mark finished jobs done (claiming nothing)."""
     return _fenced(conn, query("job_complete_many"), held)
+
+
+@one_statement
+def job_record_many(
+    conn: Connection, recorded: Sequence[tuple[Held, str | None, str | None]]
+) -> Fenced:
+    """Write what running attempts recorded: (attempt, output JSON, progress JSON), None where
+    nothing was recorded. Fenced: an attempt whose lease is gone writes nothing."""
+    held = [h for h, _, _ in recorded]
+    return _fenced(
+        conn,
+        query("job_record_many"),
+        held,
+        outputs=[o for _, o, _ in recorded],
+        progress=[p for _, _, p in recorded],
+    )
 
 
 @one_statement

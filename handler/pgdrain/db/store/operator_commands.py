@@ -63,6 +63,10 @@ class JobRow:
     finished_at: dt.datetime | None
     last_error: str | None
     due_in_s: float  # until run_at, on the database's clock
+    sequence: str | None = None
+    depends_on: list[int] | None = None
+    progress: Any = None  # what the job recorded (JSON), if anything
+    output: Any = None
 
     @property
     def state(self) -> str:
@@ -252,6 +256,12 @@ def migration_record(conn: Connection, migration: Migration) -> None:
 # -- operator actions (pgdrain jobs show / retry / cancel / purge) ---------------------------
 
 
+def job_dependency_outputs(conn: Connection, job_id: int) -> dict[int, Any]:
+    """Each dependency of the job: the output it recorded (None: none, or not done)."""
+    rows = conn.execute(query("job_dependency_outputs"), {"id": job_id}).fetchall()
+    return {int(r[0]): r[2] for r in rows}
+
+
 def job_show(conn: Connection, job_id: int) -> dict[str, Any] | None:
     """Every column of one job (JSON types: timestamps as ISO text), or None if unknown."""
     row = conn.execute(query("job_show"), {"id": job_id}).fetchone()
@@ -302,7 +312,7 @@ class CancelledMatch:
 
 def job_cancel_matching(
     conn: Connection,
-    statuses: Sequence[Literal["queued", "running", "parked"]],
+    statuses: Sequence[Literal["queued", "running", "parked", "waiting"]],
     *,
     queue: str | None = None,
     kind: str | None = None,

@@ -1,0 +1,15 @@
+"""A job's state as the application reads it: status, output, progress, sequence and
+dependencies (docs/jobs.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgdrain.db import store
+
+
+def job_state(conn: store.Connection, job_id: int) -> dict[str, Any] | None:
+    """Every field of the job (as `pgdrain jobs show --json` prints it: JSON types, times as
+    ISO text), its recorded `output` and `progress` included; None if there is no such job
+    (or retention deleted it)."""
+    return store.job_show(conn, job_id)

@@ -1,0 +1,96 @@
+"""Sequences, dependencies and recorded output through the `pgdrain` command, each step a
+fresh process as a user runs it: enqueue with --sequence and --after, drain, and `jobs show`
+(text and --json) with the output, progress, sequence and dependencies."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from helpers.cli import EXIT_BAD_INPUT, EXIT_OK, ROOT, Run, only_line, run_pgdrain
+from helpers.fixtures import job_row
+
+Conn = psycopg.Connection[Any]
+HERE = Path(__file__).resolve().parent
+
+
+def pgdrain(url: str, *args: str) -> Run:
+    env = {
+        "DATABASE_URL": url,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "handler"), str(HERE)]),
+        "PGDRAIN_JOBS": "operator_jobs",
+    }
+    run = run_pgdrain(*args, env=env)
+    assert "Traceback" not in run.err, run.err
+    return run
+
+
+def _enqueued(url: str, *args: str) -> int:
+    run = pgdrain(url, "enqueue", "count", *args)
+    assert run.code == EXIT_OK, run.err
+    match = re.match(r"enqueued job (\d+)", run.out)
+    assert match, run.out
+    return int(match[1])
+
+
+def test_jobs_show_gives_sequence_dependencies_and_output(db_url: str, conn: Conn) -> None:
+    first = _enqueued(db_url, "--payload", '{"n": 2}', "--sequence", "customer-42")
+    second = _enqueued(db_url, "--sequence", "customer-42")
+    after = _enqueued(db_url, "--after", str(first), "--after", str(second))
+    assert [job_row(conn, i)["status"] for i in (first, second, after)] == [
+        "queued",
+        "waiting",
+        "waiting",
+    ]
+
+    shown = pgdrain(db_url, "jobs", "show", str(second)).out
+    assert re.search(r"^status\s+waiting$", shown, re.M)
+    assert re.search(r"^sequence\s+customer-42$", shown, re.M)
+
+    assert pgdrain(db_url, "drain", "--budget", "30").code == EXIT_OK
+    assert [job_row(conn, i)["status"] for i in (first, second, after)] == ["done"] * 3
+
+    shown = pgdrain(db_url, "jobs", "show", str(after)).out
+    assert re.search(rf"^depends_on\s+\[{first}, {second}\]$", shown, re.M)
+    shown = pgdrain(db_url, "jobs", "show", str(first)).out
+    assert re.search(r'^output\s+\{"counted": 2\}$', shown, re.M)
+    assert re.search(r"^progress\s+1.0$", shown, re.M)
+
+    as_json = json.loads(pgdrain(db_url, "jobs", "show", str(first), "--json").out)
+    assert (as_json["output"], as_json["sequence"]) == ({"counted": 2}, "customer-42")
+    listed = json.loads(pgdrain(db_url, "jobs", "--status", "done", "--json").out)
+    by_id = {row["id"]: row for row in listed}
+    assert by_id[first]["output"] == {"counted": 2}
+    assert by_id[after]["depends_on"] == [first, second]
+
+
+def test_a_missing_dependency_is_one_line_and_nothing_is_written(db_url: str, conn: Conn) -> None:
+    run = pgdrain(db_url, "enqueue", "count", "--after", "424242")
+    assert run.code == EXIT_BAD_INPUT
+    assert "job 424242 (a dependency) does not exist" in only_line(run.err)
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+
+
+def test_cancel_waiting_cancels_the_waiting_jobs_and_leaves_the_rest(
+    db_url: str, conn: Conn
+) -> None:
+    head = _enqueued(db_url, "--sequence", "s")
+    behind = _enqueued(db_url, "--sequence", "s")
+    dependent = _enqueued(db_url, "--after", str(head))
+    plain = _enqueued(db_url)
+    run = pgdrain(db_url, "cancel", "--waiting")
+    assert run.code == EXIT_OK, run.err
+    assert [job_row(conn, i)["status"] for i in (head, behind, dependent, plain)] == [
+        "queued",
+        "cancelled",
+        "cancelled",
+        "queued",
+    ]
+    assert conn.execute(
+        "SELECT count(*) FROM pgdrain.finished_jobs WHERE id = ANY(%s)", ([behind, dependent],)
+    ).fetchone() == (2,)

@@ -1,0 +1,574 @@
+"""Sequences, dependencies and recorded output (migration 0021, docs/jobs.md) through real
+drains on a real database. Each safety test stands beside its control: the same timeline with
+the one mechanism switched off."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgdrain.db.sql
+from helpers.fixtures import claim_batch, job_row, unfenced, wait_for
+from pgdrain import (
+    BadInput,
+    Budget,
+    Discard,
+    DrainResult,
+    Job,
+    Registry,
+    Settings,
+    build_job,
+    drain,
+    enqueue,
+    enqueue_many,
+    job_state,
+    workflow,
+)
+from pgdrain.api.registry import MAX_OUTPUT_BYTES
+from pgdrain.db import store
+from pgdrain.db.session import Session
+from pgdrain.db.sql import query
+
+Conn = psycopg.Connection[Any]
+
+jobs = Registry()
+ran: list[int] = []  # job ids, in the order their functions started
+BARRIER_SECONDS = 3.0  # how long a job waits for a second one of its kind to start beside it
+
+
+@jobs.job("step")
+def step(job: Job) -> dict[str, Any]:
+    ran.append(job.id)
+    return {"n": job.payload.get("n"), "id": job.id}
+
+
+@jobs.job("sum_inputs")
+def sum_inputs(job: Job) -> int:
+    ran.append(job.id)
+    with psycopg.connect(job.payload["url"]) as conn:
+        outputs = job.dependency_outputs(conn)
+    return sum(o["n"] for o in outputs.values())
+
+
+@jobs.job("refuse")
+def refuse(job: Job) -> None:
+    ran.append(job.id)
+    raise Discard("nothing to do")
+
+
+@jobs.job("big_output")
+def big_output(job: Job) -> str:
+    return "x" * (MAX_OUTPUT_BYTES + 1)
+
+
+@jobs.job("nothing")
+def nothing(job: Job) -> None:
+    ran.append(job.id)
+
+
+progress_seen = threading.Event()
+
+
+@jobs.job("long_progress")
+def long_progress(job: Job) -> None:
+    """Records progress, then runs until the test has seen it in the table (or gives up)."""
+    job.record_progress(42)
+    progress_seen.wait(30)
+
+
+@jobs.job("progress")
+def progress(job: Job) -> str:
+    job.record_progress({"done": 3, "of": 3})
+    return "finished"
+
+
+class Meeting:
+    """Two jobs of kind "meet" wait for each other at a barrier: both start only if they may
+    run at the same time. `met` says whether they did."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2)
+        self.met: list[bool] = []
+
+
+meeting = Meeting()
+
+
+@jobs.job("meet")
+def meet(job: Job) -> None:
+    ran.append(job.id)
+    try:
+        meeting.barrier.wait(BARRIER_SECONDS)
+        meeting.met.append(True)
+    except threading.BrokenBarrierError:
+        meeting.met.append(False)
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> Iterator[None]:
+    global meeting
+    ran.clear()
+    meeting = Meeting()
+    progress_seen.clear()
+    yield
+    meeting.barrier.abort()
+
+
+def run(url: str, **settings: Any) -> DrainResult:
+    return drain(Settings(**settings), Budget.seconds(30), jobs, url)
+
+
+# -- dependencies -------------------------------------------------------------------------------
+
+
+def test_a_dependent_runs_after_its_dependency_in_the_same_run(db_url: str, conn: Conn) -> None:
+    with workflow(conn) as wf:
+        a = wf.enqueue("step", {"n": 1})
+        b = wf.enqueue("step", {"n": 2}, after=[a])
+    assert job_row(conn, b)["status"] == "waiting"
+    result = run(db_url, concurrency=1)
+    assert result.done == 2
+    assert ran == [a, b]
+
+
+def test_control_without_the_made_ready_notice_the_run_leaves_the_dependent(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Session, "take_made_ready", lambda self: False)
+    a = enqueue(conn, "step", {"n": 1})
+    b = enqueue(conn, "step", {"n": 2}, after=[a])
+    assert run(db_url, concurrency=1).done == 1  # B was made ready, but the run stopped
+    assert job_row(conn, b)["status"] == "queued"
+
+
+def test_a_dependent_reads_its_dependencies_outputs(db_url: str, conn: Conn) -> None:
+    a = enqueue(conn, "step", {"n": 2})
+    b = enqueue(conn, "step", {"n": 5})
+    c = enqueue(conn, "sum_inputs", {"url": db_url}, after=[a, b])
+    assert run(db_url).done == 3
+    assert job_state(conn, c)["output"] == 7  # type: ignore[index]
+    assert job_state(conn, a)["output"] == {"n": 2, "id": a}  # type: ignore[index]
+
+
+def test_a_failed_dependency_cancels_its_dependents_recursively(db_url: str, conn: Conn) -> None:
+    a = enqueue(conn, "refuse")
+    b = enqueue(conn, "step", after=[a])
+    c = enqueue(conn, "step", after=[b])
+    result = run(db_url)
+    assert (result.done, result.failed) == (0, 1)
+    assert ran == [a]
+    assert job_row(conn, b)["status"] == "cancelled"
+    assert job_row(conn, b)["last_error"] == f"cancelled: job {a}, which it depends on, failed"
+    assert job_row(conn, c)["last_error"] == (
+        f"cancelled: job {b}, which it depends on, was cancelled"
+    )
+
+
+def test_depending_on_a_done_job_is_queued_at_once(db_url: str, conn: Conn) -> None:
+    a = enqueue(conn, "step")
+    run(db_url)
+    b = enqueue(conn, "step", after=[a])
+    assert job_row(conn, b)["status"] == "queued"
+
+
+def test_a_missing_dependency_is_refused_and_nothing_is_written(conn: Conn) -> None:
+    with pytest.raises(BadInput, match=r"job 999999 \(a dependency\) does not exist"):
+        with workflow(conn) as wf:
+            a = wf.enqueue("step")
+            wf.enqueue("step", after=[a, 999999])
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+
+
+def test_enqueue_many_takes_sequences_and_dependencies(db_url: str, conn: Conn) -> None:
+    a = enqueue(conn, "step")
+    ids = enqueue_many(
+        conn,
+        [
+            build_job("step", {"n": 1}, sequence="k"),
+            build_job("step", {"n": 2}, sequence="k"),
+            build_job("step", {"n": 3}, after=[a]),
+        ],
+    )
+    assert [job_row(conn, i)["status"] for i in ids] == ["queued", "waiting", "waiting"]
+    assert run(db_url, concurrency=1).done == 4
+    assert ran.index(ids[0]) < ran.index(ids[1]) and ran.index(a) < ran.index(ids[2])
+
+
+def test_a_sequence_and_dependencies_on_one_job_are_refused(conn: Conn) -> None:
+    with pytest.raises(BadInput, match="not both"):
+        enqueue(conn, "step", sequence="k", after=[1])
+
+
+# -- sequences --------------------------------------------------------------------------------
+
+
+def _two_runs(url: str) -> None:
+    """Two concurrent runs, each free to take one job at a time."""
+    threads = [threading.Thread(target=run, args=(url,), kwargs={"concurrency": 2}) for _ in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
+def test_jobs_of_one_sequence_never_run_at_once_across_runs(db_url: str, conn: Conn) -> None:
+    first = enqueue(conn, "meet", sequence="customer-42")
+    second = enqueue(conn, "meet", sequence="customer-42")
+    _two_runs(db_url)
+    assert meeting.met == [False, False]  # each waited alone for the other
+    assert ran == [first, second]
+
+
+def test_control_without_a_sequence_the_two_jobs_overlap(db_url: str, conn: Conn) -> None:
+    enqueue(conn, "meet")
+    enqueue(conn, "meet")
+    _two_runs(db_url)
+    assert meeting.met == [True, True]
+
+
+def test_other_sequences_keep_flowing(db_url: str, conn: Conn) -> None:
+    enqueue(conn, "meet", sequence="customer-1")
+    enqueue(conn, "meet", sequence="customer-2")
+    _two_runs(db_url)
+    assert meeting.met == [True, True]
+
+
+def test_a_sequence_runs_in_enqueue_order(db_url: str, conn: Conn) -> None:
+    ids = [enqueue(conn, "step", {"n": i}, sequence="s", priority=-i) for i in range(5)]
+    others = [enqueue(conn, "step", {"n": i}, sequence="t") for i in range(5)]
+    assert run(db_url, concurrency=4).done == 10
+    assert [i for i in ran if i in ids] == ids  # priority does not reorder a sequence
+    assert [i for i in ran if i in others] == others
+
+
+def test_a_retried_job_holds_its_sequence_a_discarded_one_frees_it(db_url: str, conn: Conn) -> None:
+    a = enqueue(conn, "refuse", sequence="s")
+    b = enqueue(conn, "step", sequence="s")
+    [claimed] = claim_batch(conn, ["default"], 10, "w", 300, None)
+    assert claimed.id == a
+    store.job_fail(conn, claimed.held, "RuntimeError: later", 0.0)  # retryable: held
+    assert (job_row(conn, a)["status"], job_row(conn, b)["status"]) == ("queued", "waiting")
+    run(db_url)
+    assert ran == [a, b]  # discarded: b runs
+
+
+MIGRATION = (
+    Path(pgdrain.db.sql.__file__).parent / "migrations/0021_sequences_dependencies_output.sql"
+)
+UPSERT = (
+    "        INSERT INTO pgdrain.sequences AS s (sequence) VALUES (NEW.sequence)\n"
+    "        ON CONFLICT (sequence) DO UPDATE SET touched_at = now();\n"
+)
+
+
+def _enqueue_trigger_without_the_sequence_row(conn: Conn) -> None:
+    """The control: the enqueue trigger's function as migrated, without its upsert of the
+    sequence's row (the one line pair that makes two enqueues of a key wait for each other)."""
+    text = MIGRATION.read_text(encoding="utf-8")
+    start = text.index("CREATE FUNCTION pgdrain.jobs_flow_enqueued()")
+    function = text[start : text.index("$$;", start) + 3]
+    assert function.count(UPSERT) == 1
+    conn.execute(
+        function.replace(UPSERT, "").replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    )
+
+
+def _two_enqueues_at_once(url: str, conn: Conn) -> list[str]:
+    """The first transaction enqueues key "same" and stays open while the second enqueues it
+    too; the first commits once the second has enqueued or waits for a lock."""
+    first, second = psycopg.connect(url), psycopg.connect(url)
+    ids: list[int] = []
+    try:
+        ids.append(enqueue(first, "step", sequence="same"))
+        pid = second.info.backend_pid
+
+        def enqueue_second() -> None:
+            ids.append(enqueue(second, "step", sequence="same"))
+
+        thread = threading.Thread(target=enqueue_second)
+        thread.start()
+        wait_for(
+            lambda: (
+                len(ids) == 2
+                or conn.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone()
+                == (True,)
+            ),
+            what="the second enqueue to finish or wait for a lock",
+        )
+        first.commit()
+        thread.join(30)
+        second.commit()
+        return sorted(job_row(conn, i)["status"] for i in ids)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_concurrent_enqueues_of_one_key_leave_one_queued(db_url: str, conn: Conn) -> None:
+    assert _two_enqueues_at_once(db_url, conn) == ["queued", "waiting"]
+
+
+def test_control_without_the_sequence_row_both_are_queued(db_url: str, conn: Conn) -> None:
+    _enqueue_trigger_without_the_sequence_row(conn)
+    assert _two_enqueues_at_once(db_url, conn) == ["queued", "queued"]
+
+
+def test_an_operators_cancel_of_the_head_lets_the_next_run(conn: Conn) -> None:
+    head = enqueue(conn, "step", sequence="s")
+    nxt = enqueue(conn, "step", sequence="s")
+    assert [c.id for c in store.job_cancel(conn, [head])] == [head]
+    assert job_row(conn, nxt)["status"] == "queued"
+
+
+def test_a_retried_job_of_a_busy_sequence_waits_behind_its_holder(conn: Conn) -> None:
+    first = enqueue(conn, "step", sequence="s")
+    store.job_cancel(conn, [first])  # the sequence is free: the next one is the holder
+    holder = enqueue(conn, "step", sequence="s")
+    assert job_row(conn, holder)["status"] == "queued"
+    assert [r.retried for r in store.job_retry(conn, [first])] == [True]
+    assert job_row(conn, first)["status"] == "waiting"
+    store.job_cancel(conn, [holder])
+    assert job_row(conn, first)["status"] == "queued"
+
+
+def test_a_waiting_job_holds_its_idempotency_key(conn: Conn) -> None:
+    enqueue(conn, "step", sequence="s")
+    second = enqueue(conn, "step", sequence="s", idempotency_key="k")
+    assert job_row(conn, second)["status"] == "waiting"
+    assert enqueue(conn, "step", sequence="s", idempotency_key="k") == second
+
+
+# -- the fence ------------------------------------------------------------------------------
+
+
+def _stale_head(conn: Conn) -> tuple[store.Held, store.Held, int]:
+    """A sequence's head whose first attempt lost its lease and was claimed again, and the
+    job waiting behind it."""
+    head = enqueue(conn, "step", sequence="s")
+    nxt = enqueue(conn, "step", sequence="s")
+    [first] = claim_batch(conn, ["default"], 10, "w", 300, None)
+    conn.execute(
+        "UPDATE pgdrain.jobs SET lease_expires_at = now() - interval '1 s' WHERE id = %s",
+        (head,),
+    )
+    assert [r.id for r in store.job_reclaim_expired(conn, 10)] == [head]
+    [second] = claim_batch(conn, ["default"], 10, "w", 300, None)
+    assert second.id == head
+    return first.held, second.held, nxt
+
+
+def test_a_stale_attempt_cannot_complete_a_head_nor_release_its_sequence(conn: Conn) -> None:
+    stale, _current, nxt = _stale_head(conn)
+    assert store.job_complete_many(conn, [stale]).lost_attempts == {stale}
+    assert job_row(conn, nxt)["status"] == "waiting"
+    assert store.job_record_many(conn, [(stale, '"stale"', None)]).lost_attempts == {stale}
+
+
+def test_control_unfenced_a_stale_attempt_releases_the_sequence(conn: Conn) -> None:
+    stale, _current, nxt = _stale_head(conn)
+    conn.execute(
+        unfenced("job_complete_many"),
+        {"ids": [stale.id], "tokens": [stale.token]},
+    )
+    assert job_row(conn, nxt)["status"] == "queued"  # while the current attempt runs
+
+
+# -- recorded output ------------------------------------------------------------------------
+
+
+def test_an_output_too_large_fails_the_job_with_a_clear_error(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "big_output")
+    assert run(db_url).failed == 1
+    row = job_row(conn, job_id)
+    assert row["status"] == "failed"
+    assert row["output"] is None
+    assert (
+        f"output is {MAX_OUTPUT_BYTES + 3} bytes; the limit is {MAX_OUTPUT_BYTES}"
+        in (row["last_error"])
+    )
+
+
+def test_progress_and_output_are_recorded(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "progress")
+    assert run(db_url).done == 1
+    state = job_state(conn, job_id)
+    assert state is not None
+    assert (state["output"], state["progress"]) == ("finished", {"done": 3, "of": 3})
+
+
+def test_progress_is_written_with_the_heartbeat_while_the_job_runs(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "long_progress")
+    thread = threading.Thread(target=run, args=(db_url,), kwargs={"lease_seconds": 1})
+    thread.start()
+    try:
+        wait_for(lambda: job_row(conn, job_id)["progress"] == 42, 20, "the progress written")
+        assert job_row(conn, job_id)["status"] == "running"
+    finally:
+        progress_seen.set()
+        thread.join(30)
+    assert job_row(conn, job_id)["status"] == "done"
+
+
+def test_a_job_without_output_records_none(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "nothing")
+    assert run(db_url).done == 1
+    assert job_row(conn, job_id)["output"] is None
+
+
+# -- the documentation's example ---------------------------------------------------------------
+
+
+def test_the_runnable_example_in_jobs_md_runs(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (Path(__file__).parents[2] / "docs/jobs.md").read_text(encoding="utf-8")
+    section = text[text.index("## Recorded output") :]
+    start = section.index("```python\nimport os")
+    block = section[start + len("```python\n") : section.index("```", start + 10)]
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    exec(compile(block, "docs/jobs.md", "exec"), {"__name__": "jobs_md_example"})
+
+
+# -- the split jobs table (migration 0018): finishing is a move into finished_jobs -------------
+
+
+def _move_done(conn: Conn, job_id: int, finished_at: str) -> None:
+    """Finish a job as every completion does since 0018: out of active_jobs and into
+    finished_jobs in one statement, here with the given finished_at (which picks the partition)."""
+    conn.execute(
+        "WITH ended AS (DELETE FROM pgdrain.active_jobs WHERE id = %s RETURNING *)"
+        " INSERT INTO pgdrain.finished_jobs (id, queue, kind, payload, status, priority, run_at,"
+        " attempts, max_attempts, recovery_policy, reclaim_count, created_at, updated_at,"
+        " finished_at, errors, sequence, depends_on, has_dependents)"
+        " SELECT id, queue, kind, payload, 'done', priority, run_at, attempts, max_attempts,"
+        " recovery_policy, reclaim_count, created_at, now(), CAST(%s AS timestamptz), errors,"
+        " sequence, depends_on, has_dependents FROM ended",
+        (job_id, finished_at),
+    )
+
+
+@pytest.mark.parametrize(
+    "finished_at",
+    [
+        "now",  # today's partition
+        "2001-01-01 12:00+00",  # no partition for that day: the default one
+        "later",  # a day partition finished_jobs_partition_ensure makes after the migration
+    ],
+)
+def test_a_finish_in_any_partition_of_the_history_queues_what_waited(
+    conn: Conn, finished_at: str
+) -> None:
+    if finished_at == "later":
+        conn.execute(
+            "SELECT pgdrain.finished_jobs_partition_ensure(current_date + 40, current_date + 40)"
+        )
+        [(finished_at,)] = conn.execute(
+            "SELECT ((current_date + 40)::timestamp AT TIME ZONE 'UTC' + interval '1 hour')::text"
+        ).fetchall()
+    a = enqueue(conn, "step")
+    b = enqueue(conn, "step", after=[a])
+    head = enqueue(conn, "step", sequence="s")
+    nxt = enqueue(conn, "step", sequence="s")
+    _move_done(conn, a, finished_at)
+    _move_done(conn, head, finished_at)
+    assert (job_row(conn, b)["status"], job_row(conn, nxt)["status"]) == ("queued", "queued")
+
+
+def test_every_partition_of_the_history_has_the_finish_trigger(conn: Conn) -> None:
+    conn.execute(
+        "SELECT pgdrain.finished_jobs_partition_ensure(current_date + 41, current_date + 41)"
+    )
+    rows = conn.execute(
+        "SELECT p.relid::text, EXISTS (SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = p.relid"
+        "   AND t.tgname = 'jobs_flow_finished')"
+        " FROM pg_partition_tree('pgdrain.finished_jobs') AS p WHERE p.isleaf"
+    ).fetchall()
+    assert {"pgdrain.finished_jobs_failed", "pgdrain.finished_jobs_done_default"} <= {
+        r[0] for r in rows
+    }
+    assert all(has for _, has in rows), rows
+
+
+def test_cancelled_jobs_leave_active_jobs(db_url: str, conn: Conn) -> None:
+    """Dependents cancelled by a failed dependency, and a job enqueued after it (cancelled at
+    once), are in the history, as every finished job is."""
+    a = enqueue(conn, "refuse")
+    b = enqueue(conn, "step", after=[a])
+    c = enqueue(conn, "step", after=[b])
+    run(db_url)
+    late = enqueue(conn, "step", after=[a])
+    assert job_row(conn, late)["last_error"] == f"cancelled: job {a}, which it depends on, failed"
+    ids = [b, c, late]
+    assert conn.execute(
+        "SELECT count(*) FROM pgdrain.active_jobs WHERE id = ANY(%s)", (ids,)
+    ).fetchone() == (0,)
+    assert conn.execute(
+        "SELECT array_agg(status ORDER BY id) FROM pgdrain.finished_jobs_failed WHERE id = ANY(%s)",
+        (ids,),
+    ).fetchone() == (["cancelled"] * 3,)
+
+
+def _complete_while_a_dependent_is_enqueued(url: str, conn: Conn, statement: str) -> str:
+    """A runs; a transaction enqueues B after A and stays open while A's completion (the
+    statement given) waits for A's row; then it commits. Returns B's status after both."""
+    a = enqueue(conn, "step")
+    [claimed] = claim_batch(conn, ["default"], 10, "w", 300, None)
+    enqueuer, completer = psycopg.connect(url), psycopg.connect(url, autocommit=True)
+    try:
+        b = enqueue(enqueuer, "step", after=[a])
+        pid = completer.info.backend_pid
+        thread = threading.Thread(
+            target=lambda: completer.execute(
+                statement, {"ids": [a], "tokens": [claimed.held.token]}
+            )
+        )
+        thread.start()
+        wait_for(
+            lambda: (
+                conn.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+                ).fetchone()
+                == (True,)
+            ),
+            what="the completion to wait for the enqueue's lock on A",
+        )
+        enqueuer.commit()
+        thread.join(30)
+        assert job_row(conn, a)["status"] == "done"
+        return str(job_row(conn, b)["status"])
+    finally:
+        enqueuer.close()
+        completer.close()
+
+
+def test_a_completion_behind_an_enqueue_carries_has_dependents(db_url: str, conn: Conn) -> None:
+    assert _complete_while_a_dependent_is_enqueued(db_url, conn, query("job_complete_many")) == (
+        "queued"
+    )
+
+
+def test_control_a_move_that_drops_has_dependents_strands_the_dependent(
+    db_url: str, conn: Conn
+) -> None:
+    statement = query("job_complete_many")
+    carried = "j.sequence, j.depends_on, j.has_dependents, j.output, j.progress"
+    assert statement.count(carried) == 1
+    statement = statement.replace(carried, "j.sequence, j.depends_on, false, j.output, j.progress")
+    assert _complete_while_a_dependent_is_enqueued(db_url, conn, statement) == "waiting"
+
+
+def test_a_retried_dependent_of_a_failed_job_is_cancelled_again_in_the_history(
+    db_url: str, conn: Conn
+) -> None:
+    a = enqueue(conn, "refuse")
+    b = enqueue(conn, "step", after=[a])
+    run(db_url)
+    assert [r.retried for r in store.job_retry(conn, [b])] == [True]
+    assert job_row(conn, b)["status"] == "cancelled"
+    assert conn.execute("SELECT count(*) FROM pgdrain.active_jobs").fetchone() == (0,)
+    assert ran == [a]
