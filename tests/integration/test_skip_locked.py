@@ -35,12 +35,13 @@ RUN_TIMEOUT_SECONDS = 300.0
 # Test-only: the naive claim of the article, ordered like pgdrain's claim so that the lock is
 # the one variable that differs. The subquery runs once and hands its id to the UPDATE; a
 # worker that waited on the row lock re-checks only `id = <that id>` once the holder commits,
-# which still matches, so it takes the job again.
+# which still matches, so it takes the job again. On the table itself: the view pgdrain.jobs
+# writes a row only as its statement read it (migration 0018), which would hide the race.
 NAIVE_CLAIM = """
-UPDATE pgdrain.jobs
+UPDATE pgdrain.active_jobs
 SET status = 'done', attempts = attempts + 1, finished_at = now(), updated_at = now()
 WHERE id = (
-    SELECT id FROM pgdrain.jobs
+    SELECT id FROM pgdrain.active_jobs
     WHERE status = 'queued' AND queue = 'default' AND run_at <= now()
     ORDER BY priority, run_at, id
     LIMIT 1
@@ -135,7 +136,7 @@ def _seed(conn: psycopg.Connection[Any]) -> None:
         " FROM generate_series(1, %s) AS g",
         (JOBS,),
     )
-    conn.execute("ANALYZE pgdrain.jobs")
+    conn.execute("ANALYZE pgdrain.active_jobs")
 
 
 def _figures(conn: psycopg.Connection[Any], claims_returned: int) -> Figures:
