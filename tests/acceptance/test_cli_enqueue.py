@@ -121,8 +121,11 @@ def test_stats_json_shape(conn: Conn, db_url: str) -> None:
             "cancelled",
             "oldest_ready_age_s",
             "expired_leases",
+            "paused",
         }
-        assert all(type(entry[k]) is int for k in entry if k not in ("queue", "oldest_ready_age_s"))
+        numbers = set(entry) - {"queue", "oldest_ready_age_s", "paused"}
+        assert all(type(entry[k]) is int for k in numbers)
+        assert entry["paused"] is False
         assert isinstance(entry["oldest_ready_age_s"], float)
     default, images = stats
     assert (default["queued"], default["ready"], default["done"]) == (3, 3, 0)

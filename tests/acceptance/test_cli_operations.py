@@ -123,6 +123,7 @@ def test_jobs_json_has_the_documented_fields(conn: Conn, db_url: str) -> None:
         "depends_on",
         "progress",
         "output",
+        "queue_paused",
     }
     assert (job["queue"], job["kind"], job["status"], job["finished_at"]) == (
         "alpha",
