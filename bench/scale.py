@@ -194,6 +194,19 @@ HISTORY_VALUES: dict[str, str] = {
 }
 
 
+# A required column's value where the table gives it no default (finished_jobs takes every
+# value from the row it moves).
+REQUIRED_VALUES: dict[str, str] = {
+    "payload": "'{}'::jsonb",
+    "priority": "0",
+    "max_attempts": "5",
+    "recovery_policy": "'auto'",
+    "reclaim_count": "0",
+    "errors": "'[]'::jsonb",
+    "has_dependents": "false",
+}
+
+
 def history_insert(table: str, columns: Sequence[Column], id_sequence: str | None) -> str:
     """The INSERT ... SELECT generate_series that adds %(n)s finished jobs to pgdrain.`table`.
     An id without a default (a history table whose rows keep the id they were claimed with)
@@ -210,6 +223,9 @@ def history_insert(table: str, columns: Sequence[Column], id_sequence: str | Non
                 raise RuntimeError(f"pgdrain.{table}.id has no default and no sequence found")
             names.append("id")
             values.append(f"nextval('{id_sequence}'::regclass)")
+        elif column.not_null and not column.has_default and column.name in REQUIRED_VALUES:
+            names.append(column.name)
+            values.append(REQUIRED_VALUES[column.name])
         elif column.not_null and not column.has_default:
             raise RuntimeError(f"no value for pgdrain.{table}.{column.name} (NOT NULL)")
     return (
