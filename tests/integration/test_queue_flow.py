@@ -23,6 +23,7 @@ from pgdrain.aws.control import RunControl
 from pgdrain.aws.wake import Waker, wake_time
 from pgdrain.db import store
 from pgdrain.db.sql import query
+from pgdrain.db.store.hot_path import PAUSED_FLAG
 from pgdrain.runner.attempts import RunState
 from pgdrain.runner.claiming import Claims
 from pgdrain.runner.completer import Completer
@@ -129,6 +130,16 @@ def test_jobs_claimed_ahead_are_given_back_when_their_queue_is_paused(
     else:
         assert held == ["emails"] * 3 + ["sms"] * 2
         assert _count(conn, "running") == 3
+
+
+def test_a_claim_flags_a_paused_queue_it_does_not_name(conn: Conn) -> None:
+    """A run of every queue names the queues it found queued jobs in; a queue whose last jobs it
+    claimed ahead is not among them, and is flagged all the same when paused."""
+    _enqueue(conn, 1)
+    pause_queue(conn, "emails")
+    params = {**_claim_params("w"), "queues": ["sms"]}
+    rows = conn.execute(query("job_complete_and_claim"), params).fetchall()
+    assert [r[2] for r in rows if r[0] is None and r[3] == PAUSED_FLAG] == ["emails"]
 
 
 def _claim_params(worker: str) -> dict[str, Any]:

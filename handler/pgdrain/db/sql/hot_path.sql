@@ -395,13 +395,13 @@ SELECT true AS lost, held.id, NULL::text AS queue, NULL::text AS kind, NULL::tex
 FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
 WHERE NOT EXISTS (SELECT 1 FROM completed AS c WHERE c.id = held.id AND c.token = held.token)
 UNION ALL
--- Each paused queue of the run's, flagged (lost NULL, kind 'paused'): the run gives back what
--- it holds of it unstarted (also when none of its jobs is left queued). No row unless a queue
--- is paused.
+-- Each paused queue, flagged (lost NULL, kind 'paused'): the run gives back what it holds of
+-- it unstarted. Every paused queue, not only those %(queues)s names: a run of every queue
+-- names the queues it found queued jobs in, and a queue whose last jobs it claimed ahead is no
+-- longer among them. No row unless a queue is paused (a few rows at most).
 SELECT NULL, NULL, p.queue, 'paused', NULL, NULL, NULL, NULL, NULL, NULL
 FROM pgdrain.queue_limits AS p
 WHERE p.paused_at IS NOT NULL
-  AND (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[]))
 UNION ALL
 -- run_at, the claim's position (runner/positions.py), as exact microseconds since the epoch
 -- (extract's epoch is numeric): a timestamptz is read in the session's DateStyle, which a
