@@ -30,6 +30,11 @@ def _n(value: float, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _share(value: float | None) -> str:
+    """A share as a whole percentage; "-" where it was not measured (earlier runs)."""
+    return "-" if value is None else f"{value:.0%}"
+
+
 def _get(res: Results, key: str) -> Figure | None:
     fig = res.figures.get(key)
     return fig if fig is not None and fig.values else None
@@ -836,7 +841,10 @@ def scale_section(scale: dict[str, Any] | None) -> list[str]:
         "job, one with a history of finished jobs (one INSERT ... SELECT into the table that "
         "holds finished jobs, then VACUUM ANALYZE); then a drain of as many jobs in each at "
         "the defaults. The goal: the same latency with history as without. The machine is "
-        "shared (2 cores, other sessions' tests running): the load is given per window."
+        "shared (2 cores, other sessions' tests running): the load is given per window, and "
+        "(from 2026-12-06 on) the share of the CPU the virtual machine's host gave to other "
+        "guests during the window's drain (steal time, /proc/stat), which the load does not "
+        "show."
     )
     out.append("")
     for label in sorted(scale, key=lambda k: (k != "before", k)):
@@ -864,16 +872,17 @@ def scale_section(scale: dict[str, Any] | None) -> list[str]:
             out.append(
                 "| window | drained so far | jobs/s | blocks per job "
                 "| claim: blocks | enqueued jobs/s | dead rows after | autovacuums so far "
-                "| pgdrain schema MiB | load (1 min) |"
+                "| pgdrain schema MiB | load (1 min) | CPU stolen |"
             )
-            out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             for w in windows:
                 out.append(
                     f"| {w['window']} | {w['drained_total']:,} | {_n(w['jobs_per_s'])} "
                     f"| {_n(w['blocks_per_job'], 1)} "
                     f"| {_n(w['claim_blocks'], 1)} | {_n(w['enqueue_per_s'])} "
                     f"| {w['dead_rows']:,} | {w['autovacuums']} | {_n(w['schema_mib'])} "
-                    f"| {str(w.get('load', '?')).split(' / ')[0]} |"
+                    f"| {str(w.get('load', '?')).split(' / ')[0]} "
+                    f"| {_share(w.get('stolen'))} |"
                 )
             out.append("")
             verdict = "met" if summary["flat"] else "**not met**"

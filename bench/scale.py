@@ -70,7 +70,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.common import REPO, Server, load_average, log
+from bench.common import REPO, Server, cpu_ticks, load_average, log, stolen_share
 from pgdrain import Budget, Settings
 from pgdrain.api.enqueue import build_job, enqueue_many
 from pgdrain.api.registry import load_registry
@@ -394,7 +394,9 @@ def throughput(
         for number, size in enumerate(window_sizes(jobs, window), start=1):
             enqueue_s = _enqueue(url, size)
             blocks.reset()
+            ticks = cpu_ticks()
             done, seconds, reason = _drain(url, window_seconds)
+            stolen = stolen_share(ticks, cpu_ticks())
             used, _ = blocks.total(name)
             if done != size:
                 raise RuntimeError(f"window {number}: {done:,} of {size:,} jobs drained ({reason})")
@@ -409,6 +411,7 @@ def throughput(
                 "blocks_per_job": used / done,
                 "claim_blocks": blocks.per_call(name, CLAIM_TEXT),
                 "load": load_average(),  # the machine is shared: who else ran
+                "stolen": stolen,  # and how much of its CPU the host gave others meanwhile
                 **_table_stats(stats),
             }
             windows.append(figure)
@@ -418,6 +421,7 @@ def throughput(
                 f"blocks/job, {drained:,} drained, "
                 f"{figure['dead_rows']:,} dead rows, {figure['autovacuums']} autovacuums, "
                 f"schema {figure['schema_mib']:,.0f} MiB; load {figure['load']}"
+                + (f", {stolen:.0%} of the CPU stolen" if stolen is not None else "")
             )
         row = stats.execute(
             "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FROM pgdrain.jobs"
