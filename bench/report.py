@@ -35,6 +35,13 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _stolen(env: dict[str, Any]) -> str:
+    """How much of the CPU the virtual machine's host gave to other guests over a run (steal
+    time), where the run measured it."""
+    stolen = env.get("stolen")
+    return "" if stolen is None else f", {stolen:.0%} of the CPU stolen by the host meanwhile"
+
+
 def _get(res: Results, key: str) -> Figure | None:
     fig = res.figures.get(key)
     return fig if fig is not None and fig.values else None
@@ -688,8 +695,8 @@ def graphile_section(res: Results) -> list[str]:
     procs = info["processes"]
     lines += [
         f"Measured at pgdrain {env['pgdrain']} on {env['date']} ({env['server']}; load "
-        f"{env['load_start']} at the start, {env.get('load_end', '?')} at the end; the machine "
-        "was shared with other work): graphile-worker "
+        f"{env['load_start']} at the start, {env.get('load_end', '?')} at the end"
+        f"{_stolen(env)}; the machine was shared with other work): graphile-worker "
         f"{info['version']} on Node {info['node']}, {info['jobs']:,} no-op jobs, medians of "
         f"{info['reps']} repetitions, every cell once per repetition in turn, each on a fresh "
         "copy of a template holding the pre-enqueued jobs (graphile-worker's added with its "
@@ -986,8 +993,9 @@ def markdown(res: Results, png_name: str) -> str:
         )
     add(
         f"- Load average (1/5/15 min) at the start {env['load_start']}, at the end "
-        f"{env.get('load_end', '?')}. The machine is shared with other work (test suites of "
-        "other sessions run at the same time), so absolute figures are noisy: compare the "
+        f"{env.get('load_end', '?')}{_stolen(env)}. The machine is shared with other work "
+        "(test suites of other sessions run at the same time), so absolute figures are noisy: "
+        "compare the "
         "ratios, which come from interleaved repetitions of the same run."
     )
     add("")

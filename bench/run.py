@@ -36,12 +36,14 @@ from bench.common import (
     Figure,
     Server,
     cpu_seconds_per_1000_jobs,
+    cpu_ticks,
     load_average,
     log,
     make_sam_compileall_options,
     resolve_server,
     run_processes,
     run_workers,
+    stolen_share,
     worker_env,
 )
 from pgdrain.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
@@ -634,7 +636,15 @@ def environment(server: Server, source: str) -> dict[str, Any]:
         "pgdrain": f"{version('pgdrain')} at {commit}{' + uncommitted changes' if dirty else ''}",
         "psycopg": version("psycopg"),
         "load_start": load_average(),
+        "ticks_start": cpu_ticks(),
     }
+
+
+def finish_environment(env: dict[str, Any]) -> None:
+    """The load at the end, and the share of the CPU the host took over the run (stolen)."""
+    env["load_end"] = load_average()
+    start = env.pop("ticks_start", None)
+    env["stolen"] = stolen_share(tuple(start) if start else None, cpu_ticks())
 
 
 def parse(argv: Sequence[str]) -> tuple[Config, argparse.Namespace]:
@@ -722,7 +732,7 @@ def only(section: str, cfg: Config, args: argparse.Namespace) -> None:
             # The whole run's jobs and repetitions stay with its own figures.
             section_cfg = dataclasses.replace(res.config, jobs=cfg.jobs, reps=cfg.reps)
             graphile_side_by_side(server, section_cfg, res, env)
-            env["load_end"] = load_average()
+            finish_environment(env)
     finally:
         server.drop_all()
     res.info["config"] = dataclasses.asdict(res.config)
@@ -765,7 +775,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         big_table(server, cfg, res, res.info["env"])
     finally:
         server.drop_all()
-    res.info["env"]["load_end"] = load_average()
+    finish_environment(res.info["env"])
     res.info["checkpoint_after_copy"] = server.checkpoints
     res.info["elapsed_s"] = time.monotonic() - began
     res.info["config"] = dataclasses.asdict(cfg)
