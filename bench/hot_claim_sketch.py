@@ -1,0 +1,320 @@
+"""A sketch, not the product: how many WAL bytes per job a claim that is a HOT update would
+write, step by step (issue 43, item 3; docs/decisions/0015).
+
+`python -m bench.hot_claim_sketch [--jobs 20000] [--batch 10] [--wal-dir DIR]`: for each
+variant, a fresh database migrated by pgdrain, then changed by the variant's DDL; `--jobs`
+jobs enqueued; then one connection completes and claims them in a loop, `--batch` at a time,
+each statement completing the jobs the previous one claimed and claiming the next, in its own
+transaction, as a run at that batch does (no job function runs). WAL of that database alone
+(pg_waldump, as bench/lifecycle.py reads it), per job, with and without full-page images.
+
+The loop's statement is a stripped-down job_complete_and_claim: one queue, no position, no
+limits, no pause, no payload bound; the completion moves the row to finished_jobs as the
+product's does. The first variant runs it on pgdrain's schema as it is, so each later variant
+is read against the same loop ("today"), and the product's own figure (bench/lifecycle.py)
+stands beside it in docs/decisions/0015.
+
+Variants, each adding to the one before:
+
+- today: the schema as migrated.
+- hot: no index of active_jobs reads a column the claim writes: a generated column `held`
+  (waiting or parked) takes status's place in the partial indexes' predicates, status leaves
+  the other indexes, the lease index goes (a lease row per claim, `leases`, takes its place:
+  inserted by the claim, deleted when the batch is done).
+- one_history_btree: finished jobs' done partitions keep one b-tree, (queue, id), and a BRIN
+  on id in place of the b-tree on id.
+- fillfactor_40: active_jobs' pages filled to 40% (70 today).
+- advisory: candidates are taken with pg_try_advisory_xact_lock rather than FOR UPDATE SKIP
+  LOCKED (a row lock is a WAL record of its own); the UPDATE rechecks status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from bench.common import Server, log, resolve_server
+from bench.lifecycle import wal_lsn, wal_of_database
+from pgdrain.api.enqueue import build_job, enqueue_many
+from pgdrain.db.migrate import migrate
+
+HOT_DDL = """
+ALTER TABLE pgdrain.active_jobs
+    ADD COLUMN held boolean GENERATED ALWAYS AS (status IN ('waiting', 'parked')) STORED;
+DROP INDEX pgdrain.jobs_lease_idx;
+DROP INDEX pgdrain.jobs_finished_idx;
+DROP INDEX pgdrain.jobs_finished_queue_idx;
+DROP INDEX pgdrain.jobs_ready_idx;
+CREATE INDEX jobs_ready_idx ON pgdrain.active_jobs (queue, priority, run_at, id) WHERE NOT held;
+DROP INDEX pgdrain.jobs_queued_run_at_idx;
+CREATE INDEX jobs_queued_run_at_idx ON pgdrain.active_jobs (queue, run_at) WHERE NOT held;
+DROP INDEX pgdrain.jobs_active_key_idx;
+CREATE UNIQUE INDEX jobs_active_key_idx ON pgdrain.active_jobs (queue, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+DROP INDEX pgdrain.jobs_sequence_idx;
+CREATE INDEX jobs_sequence_idx ON pgdrain.active_jobs (sequence, id) WHERE sequence IS NOT NULL;
+DROP INDEX pgdrain.jobs_waiting_depends_on_idx;
+CREATE INDEX jobs_waiting_depends_on_idx ON pgdrain.active_jobs USING gin (depends_on)
+    WHERE held;
+CREATE TABLE pgdrain.leases (
+    claim_id uuid PRIMARY KEY,
+    expires_at timestamptz NOT NULL,
+    ids bigint[] NOT NULL
+);
+CREATE INDEX leases_expires_idx ON pgdrain.leases (expires_at);
+"""
+
+HISTORY_DDL = """
+DROP INDEX pgdrain.finished_jobs_id_idx;
+DROP INDEX pgdrain.finished_jobs_queue_idx;
+CREATE INDEX finished_jobs_failed_id_idx ON pgdrain.finished_jobs_failed (id);
+CREATE INDEX finished_jobs_failed_queue_idx ON pgdrain.finished_jobs_failed (queue, status, id);
+CREATE INDEX finished_jobs_done_queue_idx ON pgdrain.finished_jobs_done (queue, id);
+CREATE INDEX finished_jobs_done_id_brin ON pgdrain.finished_jobs_done USING brin (id);
+"""
+
+COMPLETE = """
+WITH ended AS (
+    DELETE FROM pgdrain.active_jobs AS j
+    WHERE j.id = ANY(%(done_ids)s::bigint[])
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token = ANY(%(done_tokens)s::uuid[]) END
+    RETURNING j.*
+), completed AS (
+    INSERT INTO pgdrain.finished_jobs
+        (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+         recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+         progress)
+    SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
+           j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
+           j.created_at, now(), now(), j.attempt_token, j.errors,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
+    FROM ended AS j
+    RETURNING id
+){lease_done}"""
+
+CANDIDATES_LOCKED = """
+    SELECT id FROM pgdrain.active_jobs
+    WHERE status = 'queued' {ready} AND queue = 'default' AND run_at <= now()
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED"""
+
+CANDIDATES_ADVISORY = """
+    SELECT id FROM pgdrain.active_jobs
+    WHERE status = 'queued' {ready} AND queue = 'default' AND run_at <= now()
+      AND pg_try_advisory_xact_lock(1886610802, hashint8(id))
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s"""
+
+CLAIM = """, candidates AS ({candidates}
+), claimed AS (
+    UPDATE pgdrain.active_jobs AS j
+    SET status = 'running', attempts = j.attempts + 1, attempt_token = gen_random_uuid(),
+        claim_id = %(claim_id)s, leased_by = 'sketch', heartbeat_at = now(),
+        lease_expires_at = now() + interval '60 seconds', updated_at = now()
+    WHERE j.id = ANY(ARRAY(SELECT id FROM candidates)) AND j.status = 'queued'
+    RETURNING j.id, j.attempt_token
+){lease_new}
+SELECT id, attempt_token FROM claimed
+"""
+
+LEASE_DONE = """, lease_done AS (
+    DELETE FROM pgdrain.leases WHERE claim_id = %(done_claim)s
+)"""
+
+LEASE_NEW = """, lease_new AS (
+    INSERT INTO pgdrain.leases (claim_id, expires_at, ids)
+    SELECT %(claim_id)s, now() + interval '60 seconds', array_agg(id) FROM claimed
+    HAVING count(*) > 0
+)"""
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "today": {"ddl": [], "hot": False, "advisory": False},
+    "hot": {"ddl": [HOT_DDL], "hot": True, "advisory": False},
+    "one_history_btree": {"ddl": [HOT_DDL, HISTORY_DDL], "hot": True, "advisory": False},
+    "advisory": {"ddl": [HOT_DDL, HISTORY_DDL], "hot": True, "advisory": True},
+    # Room on each page for every row's new version: a batch's updates cannot be pruned
+    # before it commits, and a version that finds no room on its page is not HOT.
+    "fillfactor_40": {
+        "ddl": [HOT_DDL, HISTORY_DDL, "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)"],
+        "hot": True,
+        "advisory": True,
+    },
+}
+
+
+def statement(variant: dict[str, Any]) -> str:
+    ready = "AND NOT held" if variant["hot"] else ""
+    candidates = CANDIDATES_ADVISORY if variant["advisory"] else CANDIDATES_LOCKED
+    return COMPLETE.format(lease_done=LEASE_DONE if variant["hot"] else "") + CLAIM.format(
+        candidates=candidates.format(ready=ready),
+        lease_new=LEASE_NEW if variant["hot"] else "",
+    )
+
+
+def measure(
+    server: Server, name: str, jobs: int, batch: int, wal_dir: str, waldump: str
+) -> dict[str, Any]:
+    variant = VARIANTS[name]
+    db = server.create()
+    url = server.url(db)
+    with psycopg.connect(url, autocommit=True) as conn:
+        migrate(conn)
+        for ddl in variant["ddl"]:
+            conn.execute(ddl)
+        with conn.transaction():
+            enqueue_many(conn, (build_job("noop") for _ in range(jobs)))
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+        sql = statement(variant)
+        start = wal_lsn(conn)
+        done_ids: list[int] = []
+        done_tokens: list[uuid.UUID] = []
+        done_claim = uuid.uuid4()
+        claimed_total = 0
+        while True:
+            claim_id = uuid.uuid4()
+            with conn.transaction():
+                rows = conn.execute(
+                    sql,
+                    {
+                        "done_ids": done_ids,
+                        "done_tokens": done_tokens,
+                        "done_claim": done_claim,
+                        "claim_id": claim_id,
+                        "limit": batch,
+                    },
+                ).fetchall()
+            if not rows and not done_ids:
+                break
+            claimed_total += len(rows)
+            done_ids = [r[0] for r in rows]
+            done_tokens = [r[1] for r in rows]
+            done_claim = claim_id
+        end = wal_lsn(conn)
+        total, where = wal_of_database(conn, waldump, wal_dir, start, end)
+        finished = conn.execute("SELECT count(*) FROM pgdrain.finished_jobs").fetchone()
+        hot = conn.execute(
+            "SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'active_jobs'"
+        ).fetchone()
+    server.drop(db)
+    assert finished is not None and finished[0] == jobs == claimed_total, (finished, claimed_total)
+    fpw = sum(v for k, v in where.items() if " FPW " in k)
+    return {
+        "variant": name,
+        "bytes_per_job": total / jobs,
+        "bytes_per_job_no_fpw": (total - fpw) / jobs,
+        "hot_updates": hot,
+        "where": {k: v / jobs for k, v in where.most_common(14)},
+    }
+
+
+# The claim's new row version as the WAL logs it, by column order (a HOT update on the same page
+# logs the new tuple less the prefix and suffix it shares with the old one): today's order; the
+# columns the claim writes last; and only status, attempts, lease and token written (the
+# worker's name, the claim id, heartbeat_at and updated_at kept on the lease row instead).
+FIXED = (
+    "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, queue text NOT NULL DEFAULT 'default', "
+    "kind text NOT NULL, payload jsonb NOT NULL DEFAULT '{}', priority int NOT NULL DEFAULT 0, "
+    "run_at timestamptz NOT NULL DEFAULT now(), max_attempts int NOT NULL DEFAULT 5, "
+    "recovery_policy text NOT NULL DEFAULT 'auto', reclaim_count int NOT NULL DEFAULT 0, "
+    "idempotency_key text, last_error text, created_at timestamptz NOT NULL DEFAULT now(), "
+    "finished_at timestamptz, completed_token uuid, errors jsonb NOT NULL DEFAULT '[]', "
+    "sequence text, depends_on bigint[], has_dependents boolean NOT NULL DEFAULT false, "
+    "output jsonb, progress jsonb"
+)
+CLAIMED = (
+    "status text NOT NULL DEFAULT 'queued', attempts int NOT NULL DEFAULT 0, "
+    "lease_expires_at timestamptz, attempt_token uuid"
+)
+LAYOUTS = {
+    "today's order": (
+        "id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, queue text NOT NULL DEFAULT "
+        "'default', kind text NOT NULL, payload jsonb NOT NULL DEFAULT '{}', status text NOT "
+        "NULL DEFAULT 'queued', priority int NOT NULL DEFAULT 0, run_at timestamptz NOT NULL "
+        "DEFAULT now(), attempts int NOT NULL DEFAULT 0, max_attempts int NOT NULL DEFAULT 5, "
+        "recovery_policy text NOT NULL DEFAULT 'auto', reclaim_count int NOT NULL DEFAULT 0, "
+        "lease_expires_at timestamptz, leased_by text, attempt_token uuid, heartbeat_at "
+        "timestamptz, idempotency_key text, last_error text, created_at timestamptz NOT NULL "
+        "DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now(), finished_at timestamptz, "
+        "completed_token uuid, errors jsonb NOT NULL DEFAULT '[]', claim_id uuid, sequence "
+        "text, depends_on bigint[], has_dependents boolean NOT NULL DEFAULT false, output "
+        "jsonb, progress jsonb",
+        "status = 'running', attempts = attempts + 1, attempt_token = gen_random_uuid(), "
+        "claim_id = gen_random_uuid(), leased_by = 'ip-10-0-0-1:1234', heartbeat_at = now(), "
+        "lease_expires_at = now() + interval '60 seconds', updated_at = now()",
+    ),
+    "claimed columns last": (
+        f"{FIXED}, {CLAIMED}, heartbeat_at timestamptz, updated_at timestamptz NOT NULL "
+        "DEFAULT now(), claim_id uuid, leased_by text",
+        "status = 'running', attempts = attempts + 1, attempt_token = gen_random_uuid(), "
+        "claim_id = gen_random_uuid(), leased_by = 'ip-10-0-0-1:1234', heartbeat_at = now(), "
+        "lease_expires_at = now() + interval '60 seconds', updated_at = now()",
+    ),
+    "four claimed columns, last": (
+        f"{FIXED}, {CLAIMED}",
+        "status = 'running', attempts = attempts + 1, attempt_token = gen_random_uuid(), "
+        "lease_expires_at = now() + interval '60 seconds'",
+    ),
+}
+
+
+def row_layouts(server: Server, rows: int = 10_000) -> dict[str, float]:
+    """WAL bytes per row of one claim-like UPDATE (all HOT: fillfactor 40, no index on what it
+    writes), after two passes that took the pages' full-page images."""
+    db = server.create()
+    out = {}
+    with psycopg.connect(server.url(db), autocommit=True) as conn:
+        for number, (name, (columns, claim)) in enumerate(LAYOUTS.items()):
+            # Constants of this module, composed as SQL (nothing here comes from outside).
+            table = sql.Identifier(f"layout_{number}")
+            conn.execute(
+                sql.SQL("CREATE TABLE {} ({}) WITH (fillfactor = 40)").format(
+                    table, sql.SQL(columns)
+                )
+            )
+            conn.execute(
+                sql.SQL("INSERT INTO {} (kind) SELECT 'noop' FROM generate_series(1, %s)").format(
+                    table
+                ),
+                [rows],
+            )
+            for _ in range(2):
+                conn.execute(sql.SQL("UPDATE {} SET max_attempts = 5").format(table))
+                conn.execute(sql.SQL("VACUUM {}").format(table))
+            start = wal_lsn(conn)
+            conn.execute(sql.SQL("UPDATE {} SET {}").format(table, sql.SQL(claim)))
+            out[name] = (wal_lsn(conn) - start) / rows
+    server.drop(db)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--wal-dir", default="/var/lib/postgresql/15/main/pg_wal")
+    parser.add_argument("--waldump", default="/usr/lib/postgresql/15/bin/pg_waldump")
+    parser.add_argument("--only", nargs="*", default=list(VARIANTS))
+    args = parser.parse_args()
+    admin_url, _ = resolve_server()
+    server = Server(admin_url)
+    for name, per_row in row_layouts(server).items():
+        log(f"claim's row version, {name}: {per_row:.0f} B")
+    for name in args.only:
+        out = measure(server, name, args.jobs, args.batch, args.wal_dir, args.waldump)
+        log(
+            f"{name}: {out['bytes_per_job']:.0f} B/job, {out['bytes_per_job_no_fpw']:.0f} "
+            f"without full-page images; HOT/all updates {out['hot_updates']}"
+        )
+        for key, value in out["where"].items():
+            log(f"    {value:7.1f}  {key}")
+
+
+if __name__ == "__main__":
+    main()
