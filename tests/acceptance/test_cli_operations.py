@@ -200,7 +200,29 @@ def test_stats_counts_what_an_operator_reads_first(conn: Conn, db_url: str) -> N
 
     table = pgdrain(db_url, "stats")
     header = table.out.splitlines()[1].split()
-    assert header[:6] == ["queue", "ready", "running", "delayed", "failed", "parked"]
+    assert header[:7] == ["queue", "ready", "running", "delayed", "waiting", "failed", "parked"]
+
+
+def test_stats_counts_the_jobs_a_sequence_or_dependencies_hold_back(
+    conn: Conn, db_url: str
+) -> None:
+    """Three jobs of one sequence, and one after another job: one of the sequence is ready, the
+    rest wait. `stats` shows every one, not only the ready ones, in a queue of its own too."""
+    first = enqueue(conn, "ok", sequence="customer-7")
+    enqueue(conn, "ok", sequence="customer-7")
+    enqueue(conn, "ok", sequence="customer-7")
+    enqueue(conn, "ok", queue="reports", after=[first])
+
+    stats = {s["queue"]: s for s in json.loads(pgdrain(db_url, "stats", "--json").out)}
+    assert (stats["default"]["ready"], stats["default"]["waiting"]) == (1, 2)
+    # A queue whose only job waits is listed all the same.
+    assert (stats["reports"]["ready"], stats["reports"]["waiting"]) == (0, 1)
+    line = next(x for x in pgdrain(db_url, "stats").out.splitlines() if x.startswith("reports"))
+    assert line.split()[1:5] == ["0", "0", "0", "1"]
+
+    pgdrain(db_url, "drain", "--json", "--budget", "30")
+    after = json.loads(pgdrain(db_url, "stats", "--json").out)
+    assert [s["waiting"] for s in after] == [0, 0]  # all ran: nothing waits
 
 
 def _start_watch(url: str, *args: str) -> subprocess.Popen[str]:

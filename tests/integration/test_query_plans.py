@@ -246,7 +246,12 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
         "stats",
         "queue_stats",
         {},
-        {"jobs_queued_run_at_idx", RUNNING_ROWS, "jobs_finished_queue_idx"},
+        {
+            "jobs_queued_run_at_idx",
+            RUNNING_ROWS,
+            "jobs_finished_queue_idx",
+            "jobs_waiting_queue_idx",
+        },
     ),
     # Expired leases by expiry.
     ("reclaim", "job_reclaim_expired", {"limit": 100}, {RUNNING_ROWS}),

@@ -207,6 +207,7 @@ JOBS_INDEXES = {
     # none into them).
     "jobs_sequence_idx": "a sequence's holder and next waiting job (migration 0021)",
     "jobs_waiting_depends_on_idx": "the waiting dependents of a job that finished",
+    "jobs_waiting_queue_idx": "stats' and the queues page's waiting counts (migration 0022)",
 }
 # Of the history (finished_jobs, each partition the same): what its readers need, no more.
 FINISHED_INDEXES = {

@@ -71,6 +71,7 @@ def test_the_stats_are_one_aligned_line_per_queue_under_a_header() -> None:
                 ready=3,
                 running=2,
                 delayed=1,
+                waiting=5,
                 failed=4,
                 oldest_ready_age_s=12.34,
             ),
@@ -84,12 +85,14 @@ def test_the_stats_are_one_aligned_line_per_queue_under_a_header() -> None:
         ]
     ).splitlines()
     assert lines[0].split() == [
-        "queue", "ready", "running", "delayed", "failed", "parked",
+        "queue", "ready", "running", "delayed", "waiting", "failed", "parked",
         "oldest", "ready", "done", "cancelled", "expired",
     ]  # fmt: skip
-    assert lines[1].split() == ["emails", "3", "2", "1", "4", "0", "12.3s", "0", "0", "0"]
+    assert lines[1].split() == ["emails", "3", "2", "1", "5", "4", "0", "12.3s", "0", "0", "0"]
     # queue_stats stops counting finished jobs at its bound: shown as that many and more.
-    assert lines[2].split() == ["reports", "0", "0", "0", "0", "0", "0.0s", "10000+", "1", "2"]
+    assert lines[2].split() == [
+        "reports", "0", "0", "0", "0", "0", "0", "0.0s", "10000+", "1", "2",
+    ]  # fmt: skip
     assert len({len(line) for line in lines}) == 1  # the columns line up
 
 

@@ -76,18 +76,19 @@ def _bounded(count: int, bound: int) -> str:
 
 
 def format_stats(rows: Sequence[store.QueueStats], served: tuple[str, ...] | None = None) -> str:
-    """One line per queue: what an operator reads first (ready, running, delayed, failed,
-    parked, the oldest ready job's wait), then done, cancelled and expired leases. With
+    """One line per queue: what an operator reads first (ready, running, delayed, waiting,
+    failed, parked, the oldest ready job's wait), then done, cancelled and expired leases. With
     `served` (PGDRAIN_QUEUES restricts the drains), a last line names the queues with ready
     jobs that such a drain leaves."""
     header = (
-        f"{'queue':<16}{'ready':>8}{'running':>9}{'delayed':>9}{'failed':>8}{'parked':>8}"
+        f"{'queue':<16}{'ready':>8}{'running':>9}{'delayed':>9}{'waiting':>9}{'failed':>8}"
+        f"{'parked':>8}"
         f"{'oldest ready':>14}{'done':>9}{'cancelled':>11}{'expired':>9}"
     )
     lines = [header]
     for r in rows:
         lines.append(
-            f"{printable(r.queue):<16}{r.ready:>8}{r.running:>9}{r.delayed:>9}"
+            f"{printable(r.queue):<16}{r.ready:>8}{r.running:>9}{r.delayed:>9}{r.waiting:>9}"
             f"{_history(r.failed):>8}{_history(r.parked):>8}{r.oldest_ready_age_s:>13.1f}s"
             f"{_history(r.done):>9}{_history(r.cancelled):>11}{r.expired_leases:>9}"
         )

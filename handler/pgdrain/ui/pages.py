@@ -117,6 +117,8 @@ def queues_page(
                 _num(r.ready),
                 _num(r.running),
                 _num(r.delayed),
+                f'<a href="{url("/jobs", {"queue": r.queue, "status": "waiting"})}">'
+                f"{_num(r.waiting)}</a>",
                 f'<a href="{url("/jobs", {"queue": r.queue, "status": "failed"})}">'
                 f"{_history(r.failed)}</a>",
                 f'<a href="{url("/jobs", {"queue": r.queue, "status": "parked"})}">'
@@ -130,7 +132,8 @@ def queues_page(
             ]
         )
     headers = [
-        "queue", "state", "ready", "running", "delayed", "failed", "parked", "oldest ready",
+        "queue", "state", "ready", "running", "delayed", "waiting", "failed", "parked",
+        "oldest ready",
         "done / failed (last hour)", "done", "cancelled", "expired leases", "limits",
     ]  # fmt: skip
     minute = dt.timedelta(minutes=1)

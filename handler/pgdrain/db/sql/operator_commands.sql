@@ -183,8 +183,8 @@ ORDER BY id DESC;
 -- name: queue_stats :many
 -- Counts per queue and status, the age of the oldest ready job, and running jobs whose
 -- lease has expired (non-zero for long means reclaim is not running). queued, ready, delayed,
--- running and expired_leases are exact, read from the partial indexes of queued and running
--- rows (their cost grows with the backlog, not the history). done, failed, parked and
+-- running, waiting and expired_leases are exact, read from the partial indexes of queued,
+-- running and waiting rows (their cost grows with the backlog, not the history). done, failed, parked and
 -- cancelled are exact up to 10,000 per queue and read as 10000 above that: counting a history
 -- of millions of rows each time is what made stats slow, so each count stops at the bound (an
 -- index-only scan of jobs_finished_queue_idx). The queues that only have history are found by
@@ -234,11 +234,17 @@ WITH RECURSIVE finished_queue AS (
     FROM pgdrain.jobs
     WHERE status = 'running'
     GROUP BY queue
+), waiting AS (
+    -- Held back by a sequence or by dependencies (jobs_waiting_queue_idx).
+    SELECT queue, count(*) AS waiting
+    FROM pgdrain.active_jobs
+    WHERE status = 'waiting'
+    GROUP BY queue
 ), paused AS (
     -- Paused queues (pgdrain.queue_pause), listed also when they hold no job.
     SELECT queue FROM pgdrain.queue_limits WHERE paused_at IS NOT NULL
 )
-SELECT coalesce(queued.queue, running.queue, finished.queue, paused.queue) AS queue,
+SELECT coalesce(queued.queue, running.queue, finished.queue, waiting.queue, paused.queue) AS queue,
        coalesce(queued.queued, 0)                             AS queued,
        coalesce(queued.ready, 0)                              AS ready,
        coalesce(queued.delayed, 0)                            AS delayed,
@@ -250,11 +256,14 @@ SELECT coalesce(queued.queue, running.queue, finished.queue, paused.queue) AS qu
        coalesce(extract(epoch FROM now() - queued.oldest_ready_at), 0)::float8
                                                               AS oldest_ready_age_s,
        coalesce(running.expired_leases, 0)                    AS expired_leases,
-       paused.queue IS NOT NULL                               AS paused
+       paused.queue IS NOT NULL                               AS paused,
+       coalesce(waiting.waiting, 0)                           AS waiting
 FROM queued
 FULL JOIN running ON running.queue = queued.queue
 FULL JOIN finished ON finished.queue = coalesce(queued.queue, running.queue)
-FULL JOIN paused ON paused.queue = coalesce(queued.queue, running.queue, finished.queue)
+FULL JOIN waiting ON waiting.queue = coalesce(queued.queue, running.queue, finished.queue)
+FULL JOIN paused
+    ON paused.queue = coalesce(queued.queue, running.queue, finished.queue, waiting.queue)
 ORDER BY 1;
 
 -- name: job_show :one

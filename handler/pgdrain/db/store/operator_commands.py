@@ -42,6 +42,7 @@ class QueueStats:
     oldest_ready_age_s: float
     expired_leases: int
     paused: bool = False  # pgdrain.pause_queue: no run claims its jobs until it is resumed
+    waiting: int = 0  # held back by a sequence or by dependencies (migration 0021)
 
 
 @dataclass(frozen=True)
