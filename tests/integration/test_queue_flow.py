@@ -210,6 +210,24 @@ def test_two_claims_at_once_keep_the_rate(db_url: str, conn: Conn, locked: bool)
         assert _count(conn, "running") == 2 * RATE
 
 
+@pytest.mark.parametrize("queues", [["emails", "sms"], None], ids=["named", "every-queue"])
+def test_fan_out_counts_only_what_runs_may_claim_now(conn: Conn, queues: list[str] | None) -> None:
+    """Fan-out sizes its runs by the ready count: a rate-limited queue counts the starts its
+    window has left, a paused one nothing; extra runs for the rest would claim nothing."""
+    _enqueue(conn, 10)
+    _enqueue(conn, 4, "sms")
+    assert store.queue_ready_count(conn, queues, 1000) == 14  # the control: no limit, no pause
+    store.queue_limit_sync(conn, ["emails"], [], [("emails", RATE, HOUR)])
+    assert store.queue_ready_count(conn, queues, 1000) == RATE + 4
+    claim_batch(conn, ["emails"], 10, "w", 30, None)  # the window's starts, all of them
+    assert store.queue_ready_count(conn, queues, 1000) == 4
+    pause_queue(conn, "sms")
+    assert store.queue_ready_count(conn, queues, 1000) == 0
+    assert store.queue_ready_count(conn, queues, 2) == 0
+    resume_queue(conn, "sms")
+    assert store.queue_ready_count(conn, queues, 2) == 2  # counted up to the limit asked
+
+
 @pytest.mark.parametrize("rated", [True, False], ids=["rate", "control-no-rate"])
 def test_two_drains_at_once_never_start_more_than_the_rate(
     ledger_url: str, conn: Conn, rated: bool

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, complete_one, wait_for, without_line
-from pgdrain import Budget, Settings, enqueue_many
+from pgdrain import Budget, Settings, enqueue_many, pause_queue, resume_queue
 from pgdrain.api.enqueue import build_job
 from pgdrain.api.registry import Registry
 from pgdrain.aws import events
@@ -354,3 +354,20 @@ def test_the_depth_left_at_an_empty_exit_counts_only_what_a_full_limit_holds_bac
     _claim(conn, 1)
     ready, age = held()
     assert ready == 2 and age > 0
+
+
+def test_the_depth_left_at_an_empty_exit_counts_a_paused_queues_ready_jobs(conn: Conn) -> None:
+    """A queue paused and forgotten holds its backlog back as a full limit does: the depth a run
+    leaves counts it (the alarms on QueueDepth then fire), and stops counting it on resume."""
+    _enqueue(conn, 3)
+
+    def held() -> int:
+        row = conn.execute(query("queue_depth_held"), {"queues": None}).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert held() == 0  # no limit, not paused: a run may claim them
+    pause_queue(conn, QUEUE)
+    assert held() == 3
+    resume_queue(conn, QUEUE)
+    assert held() == 0

@@ -219,10 +219,11 @@ WHERE status = 'queued' AND run_at <= now()
         SELECT walk.queue FROM walk)));
 
 -- name: queue_depth_held :one
--- The ready jobs of those of these queues (NULL: every queue) that are at their concurrency limit, and the age of
--- the oldest: the backlog a run leaves when it found nothing it may claim (QueueDepth and
--- OldestReadyAgeSeconds, which read 0 while a full queue's jobs waited, so no alarm fired).
--- With no limit full, one probe of pgdrain.queue_limits: no job is read.
+-- The ready jobs of those of these queues (NULL: every queue) that no run may claim now, at
+-- their concurrency limit or paused, and the age of the oldest: the backlog a run leaves when
+-- it found nothing it may claim (QueueDepth and OldestReadyAgeSeconds, which read 0 while a
+-- full or paused queue's jobs waited, so no alarm fired: a pause forgotten is a backlog too).
+-- With no limit full and no queue paused, one probe of pgdrain.queue_limits: no job is read.
 SELECT count(*) AS ready,
        coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
 FROM pgdrain.active_jobs
@@ -230,18 +231,18 @@ WHERE status = 'queued'
   AND queue = ANY(ARRAY(
       SELECT l.queue FROM pgdrain.queue_limits AS l
       WHERE (%(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[]))
-        AND l.running >= l.max_running))
+        AND (l.running >= l.max_running OR l.paused_at IS NOT NULL)))
   AND run_at <= now();
 
 -- name: queue_ready_count :one
--- Ready jobs in these queues (NULL: every queue), counted up to %(limit)s (the fan-out
--- decision only needs to know whether the backlog exceeds what the runs can finish). A paused
--- queue's jobs are not counted: no run may claim them.
-SELECT count(*) AS ready FROM (
-    SELECT 1 FROM pgdrain.active_jobs
-    WHERE status = 'queued' AND run_at <= now()
-      AND queue = ANY(ARRAY(
-        SELECT q.name FROM unnest(coalesce(%(queues)s::text[], ARRAY(
+-- Ready jobs in these queues (NULL: every queue) that runs may claim now, counted up to
+-- %(limit)s (the fan-out decision only needs to know whether the backlog exceeds what the runs
+-- can finish). A paused queue's jobs are not counted, and a rate-limited queue's no more than
+-- the starts its window has left: no run may claim the rest before the next window, and runs
+-- started for them would claim nothing. Per queue, each count a range of
+-- jobs_queued_run_at_idx stopped at its bound.
+SELECT least(coalesce(sum(counted.n), 0), %(limit)s::int)::bigint AS ready
+FROM unnest(coalesce(%(queues)s::text[], ARRAY(
         WITH RECURSIVE walk AS (
             (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
              ORDER BY j.queue LIMIT 1)
@@ -251,10 +252,19 @@ SELECT count(*) AS ready FROM (
                 WHERE j.status = 'queued' AND j.queue > walk.queue
                 ORDER BY j.queue LIMIT 1) AS next)
         SELECT walk.queue FROM walk))) AS q(name)
-        WHERE NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l
-                          WHERE l.queue = q.name AND l.paused_at IS NOT NULL)))
-    LIMIT %(limit)s::int
-) AS ready;
+LEFT JOIN pgdrain.queue_limits AS l ON l.queue = q.name
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM pgdrain.active_jobs
+        WHERE status = 'queued' AND queue = q.name AND run_at <= now()
+        LIMIT greatest(0, least(%(limit)s::int, CASE
+            WHEN l.rate_limit IS NULL THEN %(limit)s::int
+            WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
+                THEN l.rate_limit - l.window_started
+            ELSE l.rate_limit END))
+    ) AS bounded
+) AS counted
+WHERE l.paused_at IS NULL;
 
 -- name: queue_ready_elsewhere :many
 -- The queues outside %(queues)s with jobs ready, and how many (counted up to %(limit)s each):

@@ -162,7 +162,9 @@ def kick_clear(conn: Connection, queues: Sequence[str]) -> None:
 
 @one_statement
 def queue_ready_count(conn: Connection, queues: Sequence[str] | None, limit: int) -> int:
-    """Ready jobs in these queues (None: every queue), counted up to `limit`."""
+    """Ready jobs in these queues (None: every queue) that runs may claim now (not a paused
+    queue's, nor more of a rate-limited queue's than its window has left), counted up to
+    `limit`."""
     row = conn.execute(
         query("queue_ready_count"), {"queues": queue_names(queues), "limit": limit}
     ).fetchone()
