@@ -122,6 +122,7 @@ def test_stats_json_shape(conn: Conn, db_url: str) -> None:
             "oldest_ready_age_s",
             "expired_leases",
             "paused",
+            "waiting",
         }
         numbers = set(entry) - {"queue", "oldest_ready_age_s", "paused"}
         assert all(type(entry[k]) is int for k in numbers)
