@@ -19,9 +19,6 @@ class Controls(NamedTuple):
     heartbeat: bool = True
     cap_lease_at_deadline: bool = True
     limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
-    # A transaction cut by a statement_timeout shorter than any the run sets (the role's own
-    # default, before the run's limits took effect) is sent again (db/session.py).
-    retry_cut_by_the_roles_timeout: bool = True
     pin_read_committed: bool = True
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took

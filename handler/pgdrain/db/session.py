@@ -50,9 +50,6 @@ KEEP_SECONDS = 0.5
 # A statement sent ahead is sent only while the kept limits stay fresh this much longer
 # (Session.may_send_ahead): the check and the send are a few calls apart.
 SEND_AHEAD_SLACK_SECONDS = 0.01
-# A transaction cut by a statement_timeout within this many tries in a row, each before any limit
-# the run sets could have run out, is given up (Session._transaction).
-ROLE_TIMEOUT_TRIES = 3
 # What migration 0021's trigger jobs_flow_finished says when a job it finished made others
 # ready (a sequence's next job, dependents).
 MADE_READY_NOTICE = "pgdrain: jobs made ready"
@@ -122,7 +119,6 @@ class Session:
         self._budget = budget
         self._limit_to_budget = limit_to_budget = controls.limit_statements_to_budget
         self._read_committed = read_committed = controls.pin_read_committed
-        self._retry_cut = controls.retry_cut_by_the_roles_timeout
         self._conn: psycopg.Connection[Any] | None = None
         # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
         # run until it succeeds, and a lease that expires meanwhile lets another run start the
@@ -336,32 +332,12 @@ class Session:
         while_sent: Callable[[], None] | None = None,
     ) -> T:
         before, self._with_next = self._with_next, []
-        tries = 0
-        while True:
-            tries += 1
-            started = time.monotonic()
-            try:
-                return self._in_transactions(conn, before, operation, while_sent)
-            except psycopg.errors.QueryCanceled as exc:
-                # Cut sooner than any limit the run sets (MIN_TIMEOUT_MS at least): a timeout
-                # the role set itself (ALTER ROLE ... SET statement_timeout), under which each
-                # transaction's BEGIN and limits run before the limits take effect, and which a
-                # slow server can exceed there. Nothing after the limits ran, and the
-                # transaction rolled back, so it is safe to send again; the statements sent
-                # with it (send_with_next) are safe to repeat. while_sent's work was done.
-                cut_ms = (time.monotonic() - started) * 1000
-                if not self._retry_cut or tries >= ROLE_TIMEOUT_TRIES or cut_ms >= MIN_TIMEOUT_MS:
-                    raise
-                log.warning(
-                    "a transaction was cancelled before the run's limits took effect (the "
-                    "role's own statement_timeout?); sending it again",
-                    extra={"reason": one_line(exc), "after_ms": round(cut_ms, 1)},
-                )
-                while_sent = None
-            except psycopg.OperationalError:
-                if conn.closed or conn.broken:
-                    self._with_next = before + self._with_next  # sent again after the reconnect
-                raise
+        try:
+            return self._in_transactions(conn, before, operation, while_sent)
+        except psycopg.OperationalError:
+            if conn.closed or conn.broken:
+                self._with_next = before + self._with_next  # sent again after the reconnect
+            raise
 
     def _in_transactions(
         self,
