@@ -147,6 +147,21 @@ def test_a_statement_whose_prepare_failed_is_prepared_again_at_its_next_send(
     assert _prepared(drain_conn) == []
 
 
+def test_a_statement_skipped_after_a_failure_is_prepared_at_its_next_send(
+    drain_conn: Conn,
+) -> None:
+    """A statement new to the connection, behind one that fails in its group: its PREPARE is
+    skipped with it, so it is not taken for prepared. Sent again alone, it runs (taken for
+    prepared, it would fail: no such prepared statement)."""
+    pipeline = Pipeline(drain_conn, prepare=True)
+    pipeline.send([("SELECT 1 / %(zero)s", {"zero": 0}), ("SELECT %(x)s::int + 1", {"x": 1})])
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        pipeline.read()
+    pipeline.send([("SELECT %(x)s::int + 1", {"x": 1})])
+    assert pipeline.read() == [([(2,)], 1)]
+    pipeline.leave()
+
+
 def test_a_group_is_one_sync_and_a_failure_skips_the_rest_of_it(
     conn: Conn, drain_conn: Conn
 ) -> None:

@@ -162,10 +162,13 @@ class Pipeline:
         for sent in group:
             if sent.prepared_now:
                 (result,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
-                if result.status not in _READ and failure is None:
+                if result.status not in _READ:
+                    # Not prepared: it failed, or was skipped after an earlier statement of
+                    # the group failed. Prepared again at the next send.
                     assert sent.key is not None
-                    self._prepared.pop(sent.key, None)  # prepared again at the next send
-                    failure = _error(result, self._conn)
+                    self._prepared.pop(sent.key, None)
+                    if failure is None:
+                        failure = _error(result, self._conn)
             (result,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
             if result.status in _READ:
                 self._transformer.set_pgresult(result)
