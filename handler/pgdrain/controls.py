@@ -19,6 +19,9 @@ class Controls(NamedTuple):
     heartbeat: bool = True
     cap_lease_at_deadline: bool = True
     limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
+    # A transaction cancelled at its BEGIN or limits (the role's own statement_timeout, before
+    # the run's limits take effect) is sent again (db/session.py).
+    resend_a_transaction_cut_at_its_limits: bool = True
     pin_read_committed: bool = True
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took

@@ -29,8 +29,12 @@ from psycopg import sql
 import jobs as example_jobs
 from pgdrain import Budget, Settings, drain, enqueue, enqueue_many
 from pgdrain.api.enqueue import build_job
+from pgdrain.budget import FINAL_MARGIN_SECONDS as FINAL_MARGIN
+from pgdrain.controls import Controls
 from pgdrain.db import connection, store
 from pgdrain.db import sql as statement_files
+from pgdrain.db.session import Session
+from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
 GROUP = "pgdrain_worker"
@@ -145,6 +149,77 @@ def test_the_roles_own_defaults_do_not_reach_the_drain(
     assert (result.stop_reason, result.error) == ("empty", None), result
     assert (result.done, _done(conn)) == (JOBS, JOBS)
     assert any(sent_positions), sent_positions  # a claim started from a position
+
+
+@pytest.fixture
+def first_limits_slow(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first transaction's limits are slow to come (a statement before them sleeps 20 ms),
+    as a loaded or resuming server's first statements can be: under the role's own 1 ms
+    statement_timeout they are cancelled before they take effect. Returns how many
+    transactions the sleep went out with (1)."""
+    slowed: list[int] = []
+
+    def slow_once(real: Any) -> Any:
+        def limits(conn: Conn, timeout_ms: int) -> None:
+            if not slowed:
+                slowed.append(1)
+                conn.execute("SELECT pg_catalog.pg_sleep(0.02)")
+            real(conn, timeout_ms)
+
+        return limits
+
+    monkeypatch.setattr(store, "session_limits", slow_once(store.session_limits))
+    monkeypatch.setattr(store, "transaction_limits", slow_once(store.transaction_limits))
+    return slowed
+
+
+@pytest.mark.parametrize("pooler", ["session", "transaction"])
+@pytest.mark.parametrize("retry", [True, False], ids=["sent-again", "control-not-sent-again"])
+def test_a_transaction_the_roles_timeout_cut_before_the_limits_is_sent_again(
+    worker_url: str,
+    conn: Conn,
+    first_limits_slow: list[int],
+    retry: bool,
+    pooler: Literal["session", "transaction"],
+) -> None:
+    """The role's own statement_timeout (1 ms) applies to each transaction's BEGIN and limits,
+    before the run's own limits take effect; a server slow there cancels them. The run sends
+    that transaction again (nothing after the limits ran); the control gives up the run."""
+    _set_own_default(worker_url, "statement_timeout", "1")
+    _jobs(conn)
+    controls = Controls(resend_a_transaction_cut_at_its_limits=retry)
+    settings = Settings(reserve_seconds=0.5, lease_seconds=5, pooler=pooler, batch_size=BATCH)
+    result = drain_with(controls, settings, Budget.seconds(20.0), example_jobs.jobs, worker_url)
+    assert first_limits_slow == [1]
+    if retry:
+        assert (result.stop_reason, result.error) == ("empty", None), result
+        assert (result.done, _done(conn)) == (JOBS, JOBS)
+    else:
+        assert result.stop_reason == "error" and result.error is not None, result
+        assert "statement timeout" in result.error
+        assert _done(conn) == 0
+
+
+@store.one_statement
+def _sleep(conn: Conn, seconds: float) -> None:
+    conn.execute("SELECT pg_catalog.pg_sleep(%(s)s)", {"s": seconds})
+
+
+@pytest.mark.parametrize("pooler", ["session", "transaction"])
+def test_a_statement_cut_at_the_runs_own_limit_is_not_sent_again(
+    worker_url: str, pooler: Literal["session", "transaction"], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only a cut at a transaction's BEGIN or limits is sent again: a statement that ran and
+    outlasted the run's own limit is not (it may have done its work's part)."""
+    _set_own_default(worker_url, "statement_timeout", "1")
+    session = Session(worker_url, Settings(pooler=pooler), Budget.seconds(FINAL_MARGIN + 0.3))
+    session.open()
+    try:
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            session.run(_sleep, 5.0)
+    finally:
+        session.close()
+    assert "sending it again" not in caplog.text
 
 
 ODD = {  # every setting that changes how a time or an interval reads, at once

@@ -116,6 +116,8 @@ class Pipeline:
         self._names = itertools.count()  # never a name twice, even after a failed PREPARE
         # Per group sent and not read: what each of its statements sent.
         self._unread: deque[list[_Sent]] = deque()
+        # Where in its group the statement that failed the last group read was (read()).
+        self.failed_at: int | None = None
 
     @property
     def unread(self) -> int:
@@ -155,11 +157,12 @@ class Pipeline:
     def read(self) -> list[Reply]:
         """The replies of the oldest group sent and not read, one per statement. The first
         error is raised once the whole group's reply is read (the connection is then ready for
-        the next one's)."""
+        the next one's); `failed_at` says which statement raised it."""
         group = self._unread.popleft()
         failure: psycopg.Error | None = None
+        self.failed_at = None
         replies: list[Reply] = []
-        for sent in group:
+        for at, sent in enumerate(group):
             if sent.prepared_now:
                 (result,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
                 if result.status not in _READ:
@@ -168,7 +171,7 @@ class Pipeline:
                     assert sent.key is not None
                     self._prepared.pop(sent.key, None)
                     if failure is None:
-                        failure = _error(result, self._conn)
+                        failure, self.failed_at = _error(result, self._conn), at
             (result,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
             if result.status in _READ:
                 self._transformer.set_pgresult(result)
@@ -177,7 +180,7 @@ class Pipeline:
             else:
                 replies.append(Reply([], 0))
                 if failure is None:
-                    failure = _error(result, self._conn)
+                    failure, self.failed_at = _error(result, self._conn), at
         (sync,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
         assert sync.status == ExecStatus.PIPELINE_SYNC, sync.status
         if failure is not None:

@@ -19,8 +19,9 @@ while a statement is out (`while_sent`) is done once it has been sent, before it
 read. Claims may be pipelined there
 (runner/pipelining.py, db/pipeline.py), with the kept limits halved (may_send_ahead); every
 reply still owed is read before any other statement (`settle`). A broken connection is
-reconnected within the budget and the statement tried once more. Why: docs/decisions/0005
-and 0008."""
+reconnected within the budget and the statement tried once more. A transaction cancelled at
+its BEGIN or limits (the role's own statement_timeout, before the run's limits take effect)
+is sent again. Why: docs/decisions/0005 and 0008."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ KEEP_SECONDS = 0.5
 # A statement sent ahead is sent only while the kept limits stay fresh this much longer
 # (Session.may_send_ahead): the check and the send are a few calls apart.
 SEND_AHEAD_SLACK_SECONDS = 0.01
+# A transaction cancelled at its BEGIN or limits (Session._resend_cut_setup) is sent this many
+# times at most.
+SETUP_CUT_TRIES = 3
 # What migration 0021's trigger jobs_flow_finished says when a job it finished made others
 # ready (a sequence's next job, dependents).
 MADE_READY_NOTICE = "pgdrain: jobs made ready"
@@ -119,6 +123,7 @@ class Session:
         self._budget = budget
         self._limit_to_budget = limit_to_budget = controls.limit_statements_to_budget
         self._read_committed = read_committed = controls.pin_read_committed
+        self._resend_cut = controls.resend_a_transaction_cut_at_its_limits
         self._conn: psycopg.Connection[Any] | None = None
         # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
         # run until it succeeds, and a lease that expires meanwhile lets another run start the
@@ -361,10 +366,19 @@ class Session:
         # BEGIN ISOLATION LEVEL READ COMMITTED (conn.isolation_level), the limits, the
         # statements, COMMIT: one transaction, so the SET LOCALs end with it, a round trip
         # each: its statements need each other's results.
-        with conn.transaction():
-            if self._limit_to_budget:
-                store.transaction_limits(conn, self.timeout_ms())
-            return operation(conn)
+        tries = 0
+        while True:
+            tries += 1
+            limited = False
+            try:
+                with conn.transaction():
+                    if self._limit_to_budget:
+                        store.transaction_limits(conn, self.timeout_ms())
+                    limited = True
+                    return operation(conn)
+            except psycopg.errors.QueryCanceled as exc:
+                if limited or not self._resend_cut_setup(exc, tries):
+                    raise
 
     def _with_kept_limits(
         self,
@@ -411,18 +425,41 @@ class Session:
         while_sent: Callable[[], None] | None = None,
     ) -> T:
         assert self._conn is not None and self._pipeline is not None
-        trip = OneRoundTrip(
-            self._conn,
-            self._pipeline,
-            timeout_ms,
-            before,
-            alone=alone,
-            keep_ms=keep_ms,
-            while_sent=while_sent,
+        tries = 0
+        while True:
+            tries += 1
+            trip = OneRoundTrip(
+                self._conn,
+                self._pipeline,
+                timeout_ms,
+                before,
+                alone=alone,
+                keep_ms=keep_ms,
+                while_sent=while_sent,
+            )
+            try:
+                result = operation(cast(psycopg.Connection[Any], trip))
+                trip.send_rest()
+                return result
+            except psycopg.errors.QueryCanceled as exc:
+                if not trip.cut_at_its_limits or not self._resend_cut_setup(exc, tries):
+                    raise
+                while_sent = None  # its work is done: it ran once the first try was sent
+
+    def _resend_cut_setup(self, exc: psycopg.errors.QueryCanceled, tries: int) -> bool:
+        """Whether to send again a transaction cancelled at its BEGIN or its limits, as the
+        role's own statement_timeout (ALTER ROLE ... SET, which no grant can deny) does on a
+        server slow there: those run before the run's limits take effect, behind a transaction
+        pooler in every transaction. Safe to send again: nothing after the limits ran and the
+        transaction rolled back; what rode with it (send_with_next) is safe to repeat."""
+        if not self._resend_cut or tries >= SETUP_CUT_TRIES:
+            return False
+        log.warning(
+            "a transaction was cancelled before its limits took effect (the role's own "
+            "statement_timeout?); sending it again",
+            extra={"reason": one_line(exc)},
         )
-        result = operation(cast(psycopg.Connection[Any], trip))
-        trip.send_rest()
-        return result
+        return True
 
     def _connect(self, budget: Budget | None = None) -> psycopg.Connection[Any]:
         if self._kept is not None:
@@ -526,6 +563,9 @@ class OneRoundTrip:
         self._keep_ms = keep_ms
         self._while_sent = while_sent
         self._sent = False
+        self._setup: set[int] = set()  # where each transaction's BEGIN and limits are in the group
+        # The group failed with a cancel at a BEGIN or limits: none of its statements ran after.
+        self.cut_at_its_limits = False
 
     def execute(self, statement: LiteralString, params: Any = None) -> Reply:
         if self._sent:
@@ -574,7 +614,10 @@ class OneRoundTrip:
         pipeline, conn = self._pipeline, self._conn
         try:
             return pipeline.read()
-        except psycopg.Error:
+        except psycopg.Error as exc:
+            self.cut_at_its_limits = (
+                isinstance(exc, psycopg.errors.QueryCanceled) and pipeline.failed_at in self._setup
+            )
             # A failed statement skipped the COMMIT, and a Sync does not end an explicit
             # transaction: roll it back, so that the connection is usable again.
             if not conn.broken and conn.info.transaction_status == TransactionStatus.INERROR:
@@ -604,7 +647,9 @@ class OneRoundTrip:
             limits = _captured(lambda c: store.session_limits(c, keep_ms))
         elif timeout_ms is not None:
             limits = _captured(lambda c: store.transaction_limits(c, timeout_ms))
-        group += [*_captured(store.transaction_begin), *limits, *statements]
+        setup = [*_captured(store.transaction_begin), *limits]
+        self._setup.update(range(len(group), len(group) + len(setup)))
+        group += [*setup, *statements]
         last = len(group) - 1
         group += _captured(store.transaction_commit)
         return last
