@@ -81,9 +81,10 @@ def _translate(name: str) -> str:
 
 
 def _wrap_result(statement: str, where: str) -> str:
-    """Keep the statement's final SELECT as it is, as one more CTE, and return its claimed
+    """Keep the statement's final SELECT (the first unindented one: the CTEs' are indented;
+    it may be several joined by UNION ALL) as it is, as one more CTE, and return its claimed
     rows' ids and tokens as two arrays for \\gset."""
-    cut = statement.rindex(where)
+    cut = statement.index(where)
     head, tail = statement[:cut], statement[cut + 1 :]
     body = f"{head},\nresult_rows AS (\n{tail}\n)\n"
     return body
