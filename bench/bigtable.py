@@ -26,6 +26,7 @@ holds a sequential scan of pgdrain.jobs. The statements as they were before migr
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Iterator
@@ -110,9 +111,14 @@ ORDER BY queue"""
 def _before_claim() -> LiteralString:
     """The claim without the empty-queue guard added with migration 0005."""
     statement = query("job_complete_and_claim")
-    start = statement.index("    CROSS JOIN LATERAL (\n        SELECT 1 FROM pgdrain.jobs")
-    end = statement.index(") AS has_ready\n") + len(") AS has_ready\n")
-    return statement[:start] + statement[end:]
+    guard = re.search(
+        r"^ *CROSS JOIN LATERAL \(\n *SELECT 1 FROM pgdrain\.\w+\n.*?^ *\) AS has_ready\n",
+        statement,
+        re.MULTILINE | re.DOTALL,
+    )
+    if guard is None:
+        raise ValueError("job_complete_and_claim has no empty-queue guard (has_ready) to remove")
+    return statement[: guard.start()] + statement[guard.end() :]
 
 
 def _claim(queues: list[str]) -> dict[str, Any]:

@@ -686,7 +686,7 @@ def _processes(count: int) -> str:
 def graphile_section(res: Results) -> list[str]:
     """`## graphile-worker, side by side`: its own run (`--only graphile`) or the whole run's."""
     info = res.info.get("graphile")
-    if not info:
+    if not info or ("env" not in info and "missing" not in info):  # not measured: notes alone
         return []
     lines = ["## graphile-worker, side by side", ""]
     if "missing" in info:

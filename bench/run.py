@@ -387,7 +387,9 @@ def graphile_side_by_side(server: Server, cfg: Config, res: Results, env: dict[s
     for procs in cfg.graphile_processes:
         steps += [gw(procs)] + [pg(b, procs) for b in batches]
     interleaved(cfg.reps, steps)
+    notes = res.info.get("graphile", {}).get("notes", [])  # written by hand: kept
     res.info["graphile"] = {
+        "notes": notes,
         "env": env,
         "version": graphile.version(),
         "node": graphile.node_version(),
@@ -761,6 +763,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         for section in ("profile", "history", "lifecycle", "scale", "queue_flow", "flow"):
             if kept.get(section):
                 res.info[section] = kept[section]
+        # What the graphile section's notes say was measured apart: kept with the new cells.
+        if kept.get("graphile", {}).get("notes"):
+            res.info["graphile"] = {"notes": kept["graphile"]["notes"]}
     res.info["env"] = environment(server, source)
     res.info["lambda"] = dataclasses.asdict(cost.template_function(REPO / "template.yaml"))
     log(f"server: {res.info['env']['server']}; load {load_average()}")
