@@ -1335,7 +1335,7 @@ def markdown(res: Results, png_name: str) -> str:
     add(f"pgbench {args} --file=ceiling.sql DBNAME")
     add("```")
     add("")
-    add("```")
+    add("```sql")
     add(str(res.info.get("ceiling_script", "")).rstrip())
     add("```")
     add("")
