@@ -6,7 +6,9 @@ variant, a fresh database migrated by pgdrain, then changed by the variant's DDL
 jobs enqueued; then one connection completes and claims them in a loop, `--batch` at a time,
 each statement completing the jobs the previous one claimed and claiming the next, in its own
 transaction, as a run at that batch does (no job function runs). WAL of that database alone
-(pg_waldump, as bench/lifecycle.py reads it), per job, with and without full-page images.
+(pg_waldump, as bench/lifecycle.py reads it), per job, with and without full-page images; and
+the loop's jobs/s, the server's work per job as one connection sees it (`--repeat N`: the
+variants in turn N times, medians, each against today's of the same turn).
 
 The loop's statement is a stripped-down job_complete_and_claim: one queue, no position, no
 limits, no pause, no payload bound; the completion moves the row to finished_jobs as the
@@ -31,6 +33,8 @@ Variants, each adding to the one before:
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 import uuid
 from typing import Any
 
@@ -60,6 +64,8 @@ CREATE INDEX jobs_sequence_idx ON pgdrain.active_jobs (sequence, id) WHERE seque
 DROP INDEX pgdrain.jobs_waiting_depends_on_idx;
 CREATE INDEX jobs_waiting_depends_on_idx ON pgdrain.active_jobs USING gin (depends_on)
     WHERE held;
+DROP INDEX pgdrain.jobs_waiting_queue_idx;
+CREATE INDEX jobs_waiting_queue_idx ON pgdrain.active_jobs (queue) WHERE held;
 CREATE TABLE pgdrain.leases (
     claim_id uuid PRIMARY KEY,
     expires_at timestamptz NOT NULL,
@@ -173,6 +179,7 @@ def measure(
         conn.execute("CHECKPOINT")
         sql = statement(variant)
         start = wal_lsn(conn)
+        began = time.perf_counter()
         done_ids: list[int] = []
         done_tokens: list[uuid.UUID] = []
         done_claim = uuid.uuid4()
@@ -196,6 +203,7 @@ def measure(
             done_ids = [r[0] for r in rows]
             done_tokens = [r[1] for r in rows]
             done_claim = claim_id
+        seconds = time.perf_counter() - began
         end = wal_lsn(conn)
         total, where = wal_of_database(conn, waldump, wal_dir, start, end)
         finished = conn.execute("SELECT count(*) FROM pgdrain.finished_jobs").fetchone()
@@ -210,6 +218,7 @@ def measure(
         "bytes_per_job": total / jobs,
         "bytes_per_job_no_fpw": (total - fpw) / jobs,
         "hot_updates": hot,
+        "jobs_per_s": jobs / seconds,
         "where": {k: v / jobs for k, v in where.most_common(14)},
     }
 
@@ -301,19 +310,37 @@ def main() -> None:
     parser.add_argument("--wal-dir", default="/var/lib/postgresql/15/main/pg_wal")
     parser.add_argument("--waldump", default="/usr/lib/postgresql/15/bin/pg_waldump")
     parser.add_argument("--only", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--no-layouts", action="store_true")
     args = parser.parse_args()
     admin_url, _ = resolve_server()
     server = Server(admin_url)
-    for name, per_row in row_layouts(server).items():
-        log(f"claim's row version, {name}: {per_row:.0f} B")
-    for name in args.only:
-        out = measure(server, name, args.jobs, args.batch, args.wal_dir, args.waldump)
+    if not args.no_layouts:
+        for name, per_row in row_layouts(server).items():
+            log(f"claim's row version, {name}: {per_row:.0f} B")
+    names = ["today", *[n for n in args.only if n != "today"]]
+    ratios: dict[str, list[float]] = {name: [] for name in names}
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(args.repeat):
+        today = 0.0
+        for name in names:
+            out = measure(server, name, args.jobs, args.batch, args.wal_dir, args.waldump)
+            today = today or out["jobs_per_s"]
+            rates[name].append(out["jobs_per_s"])
+            ratios[name].append(out["jobs_per_s"] / today)
+            log(
+                f"turn {turn + 1}, {name}: {out['jobs_per_s']:,.0f} jobs/s, "
+                f"{out['bytes_per_job']:.0f} B/job, {out['bytes_per_job_no_fpw']:.0f} without "
+                f"full-page images; HOT/all updates {out['hot_updates']}"
+            )
+            if turn == 0:
+                for key, value in out["where"].items():
+                    log(f"    {value:7.1f}  {key}")
+    for name in names:
         log(
-            f"{name}: {out['bytes_per_job']:.0f} B/job, {out['bytes_per_job_no_fpw']:.0f} "
-            f"without full-page images; HOT/all updates {out['hot_updates']}"
+            f"{name}: {statistics.median(rates[name]):,.0f} jobs/s at batch {args.batch}, "
+            f"{statistics.median(ratios[name]):.2f}x today's (median of {args.repeat})"
         )
-        for key, value in out["where"].items():
-            log(f"    {value:7.1f}  {key}")
 
 
 if __name__ == "__main__":
