@@ -359,7 +359,11 @@ def measure(server: Server, runs: int = 25, warmup: int = 6) -> dict[str, Any]:
                 " count(*) FILTER (WHERE status = 'queued'),"
                 " count(*) FILTER (WHERE status = 'queued' AND run_at <= now()),"
                 " count(*) FILTER (WHERE status = 'running'),"
-                " pg_total_relation_size('pgdrain.jobs')"
+                # The tables behind the jobs view (active_jobs, finished_jobs' partitions),
+                # or the one table before migration 0018.
+                " (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class AS c"
+                "  WHERE c.relnamespace = 'pgdrain'::regnamespace AND c.relkind = 'r'"
+                "    AND c.relname ~ '^(jobs|active_jobs|finished_jobs_.*)$')"
                 " FROM pgdrain.jobs"
             ).fetchone()
             assert row is not None
@@ -368,7 +372,7 @@ def measure(server: Server, runs: int = 25, warmup: int = 6) -> dict[str, Any]:
                 "queued": row[1],
                 "ready": row[2],
                 "running": row[3],
-                "table_mb": row[4] / 1e6,
+                "table_mb": float(row[4]) / 1e6,
             }
             for case in cases():
                 if case.version == "before" and not dropped:
