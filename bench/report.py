@@ -604,9 +604,10 @@ def bigtable_section(big: dict[str, Any] | None) -> list[str]:
         "are exact, read from the partial indexes of queued and running rows (their cost "
         "grows with the backlog). **done and failed are exact up to 10,000 per queue and "
         "read 10000 above that**: counting every finished row each time is what made stats "
-        "slow, so each count stops at the bound, an index-only scan of "
-        "`jobs_finished_queue_idx` (queue, status) over finished rows, and the queues that "
-        "only have history are found by skipping through that index, one probe per queue."
+        "slow, so each count stops at the bound: index scans of each finished_jobs "
+        "partition's (queue, status, id) index, and of `jobs_finished_queue_idx` for parked "
+        "jobs, which stay in active_jobs; the queues that only have history are found by "
+        "skipping through the same indexes, one probe per queue."
     )
     out.append("")
     return out

@@ -186,9 +186,10 @@ ORDER BY id DESC;
 -- running, waiting and expired_leases are exact, read from the partial indexes of queued,
 -- running and waiting rows (their cost grows with the backlog, not the history). done, failed, parked and
 -- cancelled are exact up to 10,000 per queue and read as 10000 above that: counting a history
--- of millions of rows each time is what made stats slow, so each count stops at the bound (an
--- index-only scan of jobs_finished_queue_idx). The queues that only have history are found by
--- skipping through the same index, one probe per queue.
+-- of millions of rows each time is what made stats slow, so each count stops at the bound
+-- (index scans of each finished_jobs partition's (queue, status, id) index, and of
+-- jobs_finished_queue_idx for parked jobs, which stay in active_jobs). The queues that only
+-- have history are found by skipping through the same indexes, one probe per queue.
 WITH RECURSIVE finished_queue AS (
     (SELECT queue FROM pgdrain.jobs
      WHERE status IN ('done', 'failed', 'parked', 'cancelled')
