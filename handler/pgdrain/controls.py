@@ -17,6 +17,9 @@ class Controls(NamedTuple):
 
     # Safety: each has a failing-control test (docs/reliability.md).
     heartbeat: bool = True
+    # The heartbeat beats, when due, between fan-out's invokes (Session.keep_alive): a slow
+    # Lambda API holds the run's thread for seconds per invoke.
+    beat_between_fanout_invokes: bool = True
     cap_lease_at_deadline: bool = True
     limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
     # A transaction cancelled at its BEGIN or limits (the role's own statement_timeout, before

@@ -6,12 +6,14 @@ serialise on the run_gate row lock. The race without the lock is reproduced dete
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
 import pytest
 
+import jobs as example_jobs
 from helpers.aws import (
     InvokeSpy,
     aws_environment,
@@ -25,9 +27,12 @@ from pgdrain.api.enqueue import build_job
 from pgdrain.aws import events
 from pgdrain.aws.fanout import MEASURE_JOBS_PER_SLOT, Spawner, runs_needed, useful_runs
 from pgdrain.aws.lambda_api import lambda_client
+from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.db.sql import query
+from pgdrain.runner.drain import drain_with
+from pgdrain.runner.summary import Counter
 from pgdrain.settings import ENV_VARIABLES
 
 Conn = psycopg.Connection[Any]
@@ -290,3 +295,62 @@ def test_a_run_at_the_hop_limit_does_not_fan_out(
     assert result["ok"] is True, result
     assert result["spawned"] == 0
     assert [e for e in spy.events() if e["pgdrain"]["reason"] == "fanout"] == []
+
+
+# -- the run's leases while it starts runs ------------------------------------------------------
+
+INVOKE_S = 0.5  # one invoke of a slow Lambda API (throttled, retried): seconds each
+ARN = "arn:aws:lambda:us-east-1:123456789012:function:drain"
+
+
+class _Spawning:
+    """The run's hooks: fan-out alone (as control.py calls it after each claim)."""
+
+    def __init__(self, spawner: Spawner) -> None:
+        self._spawner = spawner
+
+    def after_connect(self, session: Session) -> bool:
+        return True
+
+    def after_round_trip(
+        self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
+    ) -> None:
+        self._spawner.after_round_trip(session, counts, elapsed_s)
+
+    def before_exit(self, session: Session) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("beat", [True, False], ids=["beats-between-invokes", "control-no-beat"])
+def test_slow_invokes_while_fanning_out_do_not_let_the_leases_lapse(
+    db_url: str, conn: Conn, beat: bool
+) -> None:
+    """Six invokes of 0.5 s each hold the run's thread 3 s, twice its 1.5 s leases. During the
+    fifth another run starts and reclaims what has expired, as a spawned run's
+    first statement does. With the heartbeat between invokes nothing has expired and no job
+    runs twice; without it (the control), the jobs the run holds are reclaimed under it."""
+    settings = Settings(concurrency=2, max_runs=6, reserve_seconds=1.0, lease_seconds=1.5)
+    with conn.transaction():
+        enqueue_many(conn, [build_job("sleep", {"seconds": 0.3}) for _ in range(300)])
+    budget = Budget.seconds(6.0)
+    invoked: list[dict[str, Any]] = []
+    reclaimed: list[store.Reclaimed] = []
+
+    def slow_invoke(_arn: str, event: dict[str, Any]) -> None:
+        invoked.append(event)
+        time.sleep(INVOKE_S)
+        if len(invoked) == 5:
+            with psycopg.connect(db_url, autocommit=True) as another_run:
+                reclaimed.extend(store.job_reclaim_expired(another_run, 100))
+
+    spawner = Spawner(settings, events.Trigger("enqueue", ("default",)), budget, ARN, slow_invoke)
+    controls = Controls(beat_between_fanout_invokes=beat)
+    result = drain_with(
+        controls, settings, budget, example_jobs.jobs, db_url, hooks=_Spawning(spawner)
+    )
+
+    assert len(invoked) == 6, invoked  # max_runs 6 (this test's run is not registered)
+    if beat:
+        assert (reclaimed, result.lease_lost) == ([], 0), result
+    else:
+        assert reclaimed and result.lease_lost == len(reclaimed), (reclaimed, result)

@@ -146,6 +146,9 @@ class Spawner:
             SPAWN_RESERVE_SECONDS,
         )
         for run_id in reserved:
+            # Each invoke may take seconds (a slow or throttled Lambda API, retried): the leases
+            # this run holds are kept alive between them, or its jobs would run twice.
+            session.keep_alive()
             self._start(session, run_id)
         if reserved:
             log.info(
