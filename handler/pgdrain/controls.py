@@ -17,9 +17,9 @@ class Controls(NamedTuple):
 
     # Safety: each has a failing-control test (docs/reliability.md).
     heartbeat: bool = True
-    # The heartbeat beats, when due, between fan-out's invokes (Session.keep_alive): a slow
-    # Lambda API holds the run's thread for seconds per invoke.
-    beat_between_fanout_invokes: bool = True
+    # Fan-out invokes the Lambda API from a thread of its own (aws/fanout.py), not from the
+    # run's, which keeps the leases alive: a slow invoke takes seconds.
+    invoke_off_the_run_thread: bool = True
     cap_lease_at_deadline: bool = True
     limit_statements_to_budget: bool = True  # statement_timeout/lock_timeout per transaction
     # A transaction cancelled at its BEGIN or limits (the role's own statement_timeout, before

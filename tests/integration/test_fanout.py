@@ -273,6 +273,7 @@ def test_the_first_decision_comes_once_each_slot_has_finished_a_few_jobs(
     try:
         spawner.after_round_trip(session, {"done": finished}, 0.5)
     finally:
+        spawner.close()
         session.close()
 
     assert bool(invoked) is (finished == 10)  # runs started (this test's run is not registered)
@@ -299,7 +300,8 @@ def test_a_run_at_the_hop_limit_does_not_fan_out(
 
 # -- the run's leases while it starts runs ------------------------------------------------------
 
-INVOKE_S = 0.5  # one invoke of a slow Lambda API (throttled, retried): seconds each
+INVOKE_S = 3.0  # one invoke of a slow Lambda API (throttled, retried): twice the leases
+LEASE_S = 1.5
 ARN = "arn:aws:lambda:us-east-1:123456789012:function:drain"
 
 
@@ -318,39 +320,96 @@ class _Spawning:
         self._spawner.after_round_trip(session, counts, elapsed_s)
 
     def before_exit(self, session: Session) -> bool:
+        self._spawner.settle(session)
         return False
 
 
-@pytest.mark.parametrize("beat", [True, False], ids=["beats-between-invokes", "control-no-beat"])
-def test_slow_invokes_while_fanning_out_do_not_let_the_leases_lapse(
-    db_url: str, conn: Conn, beat: bool
+@pytest.mark.parametrize(
+    "off_the_run_thread", [True, False], ids=["invoked-off-the-run-thread", "control-inline"]
+)
+def test_a_slow_invoke_while_fanning_out_does_not_let_the_leases_lapse(
+    db_url: str, conn: Conn, off_the_run_thread: bool
 ) -> None:
-    """Six invokes of 0.5 s each hold the run's thread 3 s, twice its 1.5 s leases. During the
-    fifth another run starts and reclaims what has expired, as a spawned run's
-    first statement does. With the heartbeat between invokes nothing has expired and no job
-    runs twice; without it (the control), the jobs the run holds are reclaimed under it."""
-    settings = Settings(concurrency=2, max_runs=6, reserve_seconds=1.0, lease_seconds=1.5)
+    """One invoke takes 3 s, twice the run's 1.5 s leases. As it ends, another run starts and
+    reclaims what has expired, as a spawned run's first statement does. Invoked from a thread of
+    its own, the run's heartbeat went on meanwhile: nothing has expired and no job runs twice.
+    Invoked on the run's thread (the control), the jobs the run holds are reclaimed under it."""
+    settings = Settings(concurrency=2, max_runs=2, reserve_seconds=1.0, lease_seconds=LEASE_S)
     with conn.transaction():
         enqueue_many(conn, [build_job("sleep", {"seconds": 0.3}) for _ in range(300)])
-    budget = Budget.seconds(6.0)
+    budget = Budget.seconds(7.0)
     invoked: list[dict[str, Any]] = []
+    held: list[int] = []
     reclaimed: list[store.Reclaimed] = []
 
     def slow_invoke(_arn: str, event: dict[str, Any]) -> None:
         invoked.append(event)
+        if len(invoked) > 1:
+            return  # max_runs 2 reserves two runs (this test's run is not registered)
         time.sleep(INVOKE_S)
-        if len(invoked) == 5:
-            with psycopg.connect(db_url, autocommit=True) as another_run:
-                reclaimed.extend(store.job_reclaim_expired(another_run, 100))
+        with psycopg.connect(db_url, autocommit=True) as another_run:
+            row = another_run.execute(
+                "SELECT count(*) FROM pgdrain.jobs WHERE status = 'running'"
+            ).fetchone()
+            assert row is not None
+            held.append(row[0])
+            reclaimed.extend(store.job_reclaim_expired(another_run, 100))
 
-    spawner = Spawner(settings, events.Trigger("enqueue", ("default",)), budget, ARN, slow_invoke)
-    controls = Controls(beat_between_fanout_invokes=beat)
-    result = drain_with(
-        controls, settings, budget, example_jobs.jobs, db_url, hooks=_Spawning(spawner)
+    controls = Controls(invoke_off_the_run_thread=off_the_run_thread)
+    spawner = Spawner(
+        settings,
+        events.Trigger("enqueue", ("default",)),
+        budget,
+        ARN,
+        slow_invoke,
+        clock=lambda: 0.0,  # one decision: once each slot has finished a few jobs
+        controls=controls,
     )
+    try:
+        result = drain_with(
+            controls, settings, budget, example_jobs.jobs, db_url, hooks=_Spawning(spawner)
+        )
+    finally:
+        spawner.close()
 
-    assert len(invoked) == 6, invoked  # max_runs 6 (this test's run is not registered)
-    if beat:
+    assert len(invoked) == 2 and held == [2], (invoked, held)  # the run held jobs then
+    assert spawner.spawned == [event["pgdrain"]["run"] for event in invoked]
+    if off_the_run_thread:
         assert (reclaimed, result.lease_lost) == ([], 0), result
     else:
         assert reclaimed and result.lease_lost == len(reclaimed), (reclaimed, result)
+
+
+def test_a_run_whose_invoke_failed_leaves_the_cap(db_url: str, conn: Conn) -> None:
+    """An invoke that fails (off the run's thread) is taken up on the run's: counted, logged,
+    and its reservation unregistered before the run exits, so it holds no place in the cap."""
+    settings = Settings(concurrency=2, max_runs=2, reserve_seconds=1.0)
+    with conn.transaction():
+        enqueue_many(conn, [build_job("sleep", {"seconds": 0.05}) for _ in range(400)])
+    budget = Budget.seconds(3.0)
+    counted: dict[str, int] = {}
+    reserved_live: list[int] = []
+
+    def failing_invoke(_arn: str, _event: dict[str, Any]) -> None:
+        with psycopg.connect(db_url, autocommit=True) as other:
+            reserved_live.append(_live_runs(other))
+        raise RuntimeError("throttled")
+
+    spawner = Spawner(
+        settings,
+        events.Trigger("enqueue", ("default",)),
+        budget,
+        ARN,
+        failing_invoke,
+        count=lambda name, n: counted.__setitem__(name, counted.get(name, 0) + n),
+    )
+    try:
+        drain_with(
+            Controls(), settings, budget, example_jobs.jobs, db_url, hooks=_Spawning(spawner)
+        )
+    finally:
+        spawner.close()
+
+    assert reserved_live and min(reserved_live) >= 1  # reserved while it was being invoked
+    assert (spawner.spawned, counted) == ([], {"SpawnFailed": len(reserved_live)})
+    assert _live_runs(conn) == 0

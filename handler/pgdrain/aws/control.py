@@ -248,6 +248,8 @@ class RunControl:
     def before_exit(self, session: Session) -> bool:
         if self._before_exit_check is not None:
             self._before_exit_check()
+        if self._spawner is not None:
+            self._spawner.settle(session)  # a run that failed to start leaves the cap first
         if self._retention is None:
             # The run's housekeeping, when it has any, goes with its exit, in its round trip
             # (before it, each in a transaction of its own): one batch of finished jobs past
@@ -355,6 +357,11 @@ class RunControl:
         # Stayed to linger: the latest kick is younger than the window.
         linger = linger_step(check.kick_age_s, window, time_left) or window / LINGER_STEPS
         return ExitDecision(False, check, linger)
+
+    def close(self) -> None:
+        """After the drain, before the handler returns: the fan-out invokes still under way end."""
+        if self._spawner is not None:
+            self._spawner.close()
 
     def summary(self) -> dict[str, Any]:
         spawned = [] if self._spawner is None else self._spawner.spawned

@@ -14,7 +14,13 @@ counted in pgdrain.runs (a row past its deadline counts for nothing), and the re
 new runs serialises on the run_gate row lock, so the cap PGDRAIN_MAX_RUNS (each run holds one
 connection) holds however many runs decide at once. A spawned run carries the hop count
 (chain + 1): no chain reaches Lambda's recursive loop detection. Spawning happens inside a run,
-after it has connected, so spawned runs never stampede a database that is still waking."""
+after it has connected, so spawned runs never stampede a database that is still waking.
+
+The invokes go out from a thread of their own, one after another. An invoke may take seconds
+(a slow or throttled Lambda API: up to 2 tries of a 2 s connect and a 5 s read, lambda_api.py),
+and the run's own thread keeps the leases of the jobs it holds alive: held there, the leases
+would lapse and a spawned run would reclaim those jobs and run them again. Their outcomes are
+taken up on the run's thread (`settle`), which unregisters a run that failed to start."""
 
 from __future__ import annotations
 
@@ -22,10 +28,12 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from pgdrain.aws import events
 from pgdrain.budget import Budget
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.runner.summary import Counter
@@ -94,6 +102,7 @@ class Spawner:
         *,
         count: Callable[[str, int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        controls: Controls = ALL_ON,
     ) -> None:
         self._settings = settings
         self._trigger = trigger
@@ -107,7 +116,10 @@ class Spawner:
         # A spawned run gets a budget like this run's at its start (the function's timeout).
         self._run_seconds = budget.remaining() - settings.reserve_seconds
         self._useful_runs = useful_runs(settings, trigger.queues)
-        self.spawned: list[str] = []
+        self._off_the_run_thread = controls.invoke_off_the_run_thread
+        self._invoker: ThreadPoolExecutor | None = None
+        self._invoking: list[tuple[str, Future[None]]] = []
+        self.spawned: list[str] = []  # the runs whose invoke succeeded
 
     @property
     def enabled(self) -> bool:
@@ -116,6 +128,7 @@ class Spawner:
     def after_round_trip(
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
     ) -> None:
+        self.settle(session)
         finished = counts.get("done", 0) + counts.get("retried", 0) + counts.get("failed", 0)
         due = self._clock() >= self._next_check or finished >= self._measured_after
         if not self.enabled or not due or elapsed_s <= 0:
@@ -146,26 +159,56 @@ class Spawner:
             SPAWN_RESERVE_SECONDS,
         )
         for run_id in reserved:
-            # Each invoke may take seconds (a slow or throttled Lambda API, retried): the leases
-            # this run holds are kept alive between them, or its jobs would run twice.
-            session.keep_alive()
-            self._start(session, run_id)
+            self._start(run_id)
+        self.settle(session)  # the invokes that ended already
         if reserved:
             log.info(
                 "fan-out: started runs",
                 extra={"ready": ready, "jobs_per_s": round(rate, 1), "started": len(reserved)},
             )
 
-    def _start(self, session: Session, run_id: str) -> None:
+    def _start(self, run_id: str) -> None:
         assert self._target is not None
         event = events.fanout_event(self._trigger.queues, self._trigger.chain + 1, run_id)
-        try:
-            self._invoke(self._target, event)
-        except Exception as exc:  # any AWS failure: logged and counted, never fails the run
-            log.error("fan-out invoke failed", extra={"run": run_id, "error": str(exc)})
+        if self._off_the_run_thread:
+            if self._invoker is None:
+                self._invoker = ThreadPoolExecutor(1, thread_name_prefix="pgdrain-fanout")
+            future = self._invoker.submit(self._invoke, self._target, event)
+        else:  # control: on the run's thread, which waits for it
+            future = Future()
+            try:
+                self._invoke(self._target, event)
+                future.set_result(None)
+            except Exception as exc:
+                future.set_exception(exc)
+        self._invoking.append((run_id, future))
+
+    def settle(self, session: Session | None) -> None:
+        """Take up the invokes that ended: each counted, and a run that failed to start
+        unregistered, so that its reservation holds no place in the cap (with no session, it
+        counts until SPAWN_RESERVE_SECONDS pass). On the run's thread, which owns the session."""
+        under_way: list[tuple[str, Future[None]]] = []
+        for run_id, future in self._invoking:
+            if not future.done():
+                under_way.append((run_id, future))
+                continue
+            error = future.exception()
+            if error is None:
+                self.spawned.append(run_id)
+                self._count(SPAWNED_METRIC, 1)
+                continue
+            # Any AWS failure: logged and counted, never fails the run.
+            log.error("fan-out invoke failed", extra={"run": run_id, "error": str(error)})
             self._count(SPAWN_FAILED_METRIC, 1)
-            # The reservation must not hold a place in the cap for a run that never starts.
-            session.run(store.run_unregister, run_id)
-            return
-        self.spawned.append(run_id)
-        self._count(SPAWNED_METRIC, 1)
+            if session is not None:
+                # Safe to repeat: an unregistered run matches nothing.
+                session.run(store.run_unregister, run_id)
+        self._invoking = under_way
+
+    def close(self) -> None:
+        """Wait for the invokes under way, each bounded by the Lambda client's timeouts, and take
+        them up: Lambda freezes a thread still running when the handler returns."""
+        if self._invoker is not None:
+            self._invoker.shutdown(wait=True)
+            self._invoker = None
+        self.settle(None)

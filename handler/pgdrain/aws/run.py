@@ -138,6 +138,8 @@ def handle(
         except PgdrainError as exc:  # no database configured, or its secret unreadable
             logger.error("run failed: %s", exc)
             return {"ok": False, "error": str(exc), "trigger": run.trigger.reason}
+        finally:
+            control.close()
         progress.flush()
         finished = _finish(run, result, conninfo, control, context, logger, progress)
     summary = _summary(run.trigger, finished, control, logger)

@@ -130,7 +130,6 @@ class Session:
         # job while ours still runs it. None: the whole budget.
         self._lease_seconds_left = lease_seconds_left if controls.reconnect_within_leases else None
         self._on_reconnect = [] if on_reconnect is None else [on_reconnect]
-        self._keep_alive: Callable[[], None] = _nothing_to_keep
         self._with_next: list[WithNext] = []
         # Every one-statement operation's way out (pipeline.py), on this connection; and what
         # reads the claims sent ahead, called before any other statement goes out (settle_with).
@@ -167,16 +166,6 @@ class Session:
         """`call` runs after each reconnect, after those added before it (the run's heartbeat:
         due at once; its claims' positions: dropped)."""
         self._on_reconnect.append(call)
-
-    def keep_alive_with(self, call: Callable[[], None]) -> None:
-        """`call` keeps alive what the run holds (its heartbeat, when due): see keep_alive."""
-        self._keep_alive = call
-
-    def keep_alive(self) -> None:
-        """For work that keeps the run's thread off the database for long, between its calls
-        elsewhere (fan-out's invokes of the Lambda API, seconds each when that API is slow):
-        the heartbeat runs now if due, so the leases held do not lapse meanwhile."""
-        self._keep_alive()
 
     def settle_with(self, settle: Callable[[], None]) -> None:
         """`settle` reads every statement sent ahead (send_ahead): the session calls it before
@@ -507,10 +496,6 @@ class _KeptLimits:
 
     def forget(self) -> None:
         self._limit_ms = None
-
-
-def _nothing_to_keep() -> None:
-    """A session no run keeps alive (tests, the CLI's)."""
 
 
 @store.one_statement

@@ -24,8 +24,6 @@ class Heartbeat:
         self._enabled = controls.heartbeat
         self.interval = lease_seconds / BEATS_PER_LEASE
         self.next_at = time.monotonic() + self.interval
-        if controls.beat_between_fanout_invokes:
-            run.session.keep_alive_with(self.beat_if_due)  # between fan-out's invokes
 
     def start(self) -> None:
         """The first beat is due one interval after the first claim, not after the connect."""
