@@ -22,7 +22,7 @@ from typing import IO, Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgdrain.db.migrate import migrate
 from pgdrain.settings import Settings
@@ -205,12 +205,26 @@ def _size(options: Options) -> traces.Size:
 def _server() -> tuple[str, Any]:
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
-        return url, lambda: None
+        return _without_tls_when_the_server_has_none(url), lambda: None
     from pgdrain.cli import embedded
 
     folder = Path(tempfile.mkdtemp(prefix="pgdrain-sim-pg-"))
     url = embedded.start(folder, keep_running=False)
     return url, lambda: shutil.rmtree(folder, ignore_errors=True)
+
+
+def _without_tls_when_the_server_has_none(url: str) -> str:
+    """The function runs with template.yaml's PGSSLMODE (require): against a server without
+    TLS over TCP, every run would fail to connect and the trace would report its jobs lost.
+    The simulator measures the control plane, not TLS, so its URL then says sslmode=disable
+    (a sslmode in the URL wins over PGSSLMODE), and it says so. The embedded server is on a
+    Unix socket, where libpq uses no TLS at any sslmode."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SHOW ssl").fetchone()
+    if row is None or row[0] == "on" or "sslmode" in conninfo_to_dict(url):
+        return url
+    print("DATABASE_URL's server has no TLS: the function connects with sslmode=disable")
+    return make_conninfo(url, sslmode="disable")
 
 
 def _run_trace(
