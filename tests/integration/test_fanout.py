@@ -25,13 +25,19 @@ from helpers.fixtures import wait_for
 from pgdrain import Budget, Settings, enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.aws import events
-from pgdrain.aws.fanout import MEASURE_JOBS_PER_SLOT, Spawner, runs_needed, useful_runs
+from pgdrain.aws.fanout import (
+    MEASURE_JOBS_PER_SLOT,
+    Invoke,
+    Spawner,
+    runs_needed,
+    useful_runs,
+)
 from pgdrain.aws.lambda_api import lambda_client
-from pgdrain.controls import Controls
+from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.db.sql import query
-from pgdrain.runner.drain import drain_with
+from pgdrain.runner.drain import DrainResult, drain_with
 from pgdrain.runner.summary import Counter
 from pgdrain.settings import ENV_VARIABLES
 
@@ -324,6 +330,27 @@ class _Spawning:
         return False
 
 
+def _drain_fanning_out(
+    db_url: str,
+    settings: Settings,
+    budget: Budget,
+    invoke: Invoke,
+    controls: Controls = ALL_ON,
+    **spawner_options: Any,
+) -> tuple[DrainResult, Spawner]:
+    """A drain of the default queue whose only hooks are fan-out's, invoking with `invoke`;
+    the invokes under way have ended when it returns."""
+    trigger = events.Trigger("enqueue", ("default",))
+    spawner = Spawner(settings, trigger, budget, ARN, invoke, controls=controls, **spawner_options)
+    try:
+        hooks = _Spawning(spawner)
+        return drain_with(
+            controls, settings, budget, example_jobs.jobs, db_url, hooks=hooks
+        ), spawner
+    finally:
+        spawner.close()
+
+
 @pytest.mark.parametrize(
     "off_the_run_thread", [True, False], ids=["invoked-off-the-run-thread", "control-inline"]
 )
@@ -355,22 +382,15 @@ def test_a_slow_invoke_while_fanning_out_does_not_let_the_leases_lapse(
             held.append(row[0])
             reclaimed.extend(store.job_reclaim_expired(another_run, 100))
 
-    controls = Controls(invoke_off_the_run_thread=off_the_run_thread)
-    spawner = Spawner(
+    # One decision (no time passes): once each slot has finished a few jobs.
+    result, spawner = _drain_fanning_out(
+        db_url,
         settings,
-        events.Trigger("enqueue", ("default",)),
         budget,
-        ARN,
         slow_invoke,
-        clock=lambda: 0.0,  # one decision: once each slot has finished a few jobs
-        controls=controls,
+        Controls(invoke_off_the_run_thread=off_the_run_thread),
+        clock=lambda: 0.0,
     )
-    try:
-        result = drain_with(
-            controls, settings, budget, example_jobs.jobs, db_url, hooks=_Spawning(spawner)
-        )
-    finally:
-        spawner.close()
 
     assert len(invoked) == 2 and held == [2], (invoked, held)  # the run held jobs then
     assert spawner.spawned == [event["pgdrain"]["run"] for event in invoked]
@@ -395,20 +415,10 @@ def test_a_run_whose_invoke_failed_leaves_the_cap(db_url: str, conn: Conn) -> No
             reserved_live.append(_live_runs(other))
         raise RuntimeError("throttled")
 
-    spawner = Spawner(
-        settings,
-        events.Trigger("enqueue", ("default",)),
-        budget,
-        ARN,
-        failing_invoke,
-        count=lambda name, n: counted.__setitem__(name, counted.get(name, 0) + n),
-    )
-    try:
-        drain_with(
-            Controls(), settings, budget, example_jobs.jobs, db_url, hooks=_Spawning(spawner)
-        )
-    finally:
-        spawner.close()
+    def count(name: str, n: int) -> None:
+        counted[name] = counted.get(name, 0) + n
+
+    _, spawner = _drain_fanning_out(db_url, settings, budget, failing_invoke, count=count)
 
     assert reserved_live and min(reserved_live) >= 1  # reserved while it was being invoked
     assert (spawner.spawned, counted) == ([], {"SpawnFailed": len(reserved_live)})
