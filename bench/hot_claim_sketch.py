@@ -28,6 +28,8 @@ Variants, each adding to the one before:
 - fillfactor_40: active_jobs' pages filled to 40% (70 today).
 - advisory: candidates are taken with pg_try_advisory_xact_lock rather than FOR UPDATE SKIP
   LOCKED (a row lock is a WAL record of its own); the UPDATE rechecks status.
+
+And two that stand alone on today's claim: only_fillfactor_40, only_one_history_btree.
 """
 
 from __future__ import annotations
@@ -151,6 +153,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "hot": True,
         "advisory": True,
     },
+    # Alone, on today's claim (not HOT): a new row version that finds room on its own page is
+    # logged without the prefix and suffix it shares with the old one.
+    "only_fillfactor_40": {
+        "ddl": ["ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)"],
+        "hot": False,
+        "advisory": False,
+    },
+    "only_one_history_btree": {"ddl": [HISTORY_DDL], "hot": False, "advisory": False},
 }
 
 
