@@ -219,9 +219,11 @@ def _without_tls_when_the_server_has_none(url: str) -> str:
     The simulator measures the control plane, not TLS, so its URL then says sslmode=disable
     (a sslmode in the URL wins over PGSSLMODE), and it says so. The embedded server is on a
     Unix socket, where libpq uses no TLS at any sslmode."""
+    if "sslmode" in conninfo_to_dict(url):
+        return url
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SHOW ssl").fetchone()
-    if row is None or row[0] == "on" or "sslmode" in conninfo_to_dict(url):
+    if row is None or row[0] == "on":
         return url
     print("DATABASE_URL's server has no TLS: the function connects with sslmode=disable")
     return make_conninfo(url, sslmode="disable")

@@ -160,7 +160,6 @@ class Spawner:
         )
         for run_id in reserved:
             self._start(run_id)
-        self.settle(session)  # the invokes that ended already
         if reserved:
             log.info(
                 "fan-out: started runs",
