@@ -39,7 +39,8 @@ def _with_sslmode(url: str, mode: str) -> str:
 
 def test_the_templates_tls_is_what_invoke_runs_with(db_url: str) -> None:
     """The template requires TLS (DatabaseSslMode): `pgdrain invoke` runs with it, and a
-    server without it is refused at once, in one line; a sslmode in the URL wins."""
+    server without it is refused at once, in one line that says what to do; a sslmode in the
+    URL wins."""
     run = run_pgdrain(
         "invoke",
         "-e",
@@ -51,7 +52,9 @@ def test_the_templates_tls_is_what_invoke_runs_with(db_url: str) -> None:
         assert run.code == 0, run.err
         return
     assert run.code == 1
-    assert "server does not support SSL, but SSL was required" in run.result()["error"]
+    error = run.result()["error"]
+    assert "server does not support SSL, but SSL was required" in error
+    assert "end the URL with ?sslmode=disable" in error  # what to do, in the same line
 
 
 def _enqueue(conn: Conn, queue: str, count: int) -> None:

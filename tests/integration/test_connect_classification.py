@@ -137,6 +137,18 @@ def test_settings_that_cannot_work_fail_at_once(
     assert "\n" not in str(raised.value)
 
 
+def test_a_server_without_tls_is_told_with_what_to_do(server_url: str) -> None:
+    """A development server has no TLS and the template requires it: the one line says how to
+    connect without it, beside libpq's own words."""
+    host = str(psycopg.conninfo.conninfo_to_dict(server_url).get("host") or "")
+    if not host or host.startswith("/"):
+        pytest.skip("a Unix-socket server has no SSL to refuse (libpq ignores sslmode there)")
+    with pytest.raises(DatabaseMisconfigured) as raised:
+        connect(_with(server_url, sslmode="require"), FakeTime())
+    assert "server does not support SSL" in str(raised.value)
+    assert "end the URL with ?sslmode=disable" in str(raised.value)
+
+
 def test_a_database_that_does_not_exist_is_not_a_refusal_of_the_credentials(
     server_url: str,
 ) -> None:

@@ -157,6 +157,7 @@ def report(written: Written) -> str:
     steps = [] if folder == Path(".") else [f"cd {printable(shlex.quote(str(folder)))}"]
     steps += [
         "export DATABASE_URL=...    # a development database: invoke runs its ready jobs",
+        "                           # (a server without TLS: end the URL with ?sslmode=disable)",
         "export PYTHONPATH=handler    # where the pgdrain command finds handler/jobs.py",
         "pgdrain migrate",
         'pgdrain enqueue hello --payload \'{"name": "world"}\'',

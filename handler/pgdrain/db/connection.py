@@ -194,7 +194,7 @@ def connect(
                 raise AuthenticationFailed(f"database refused the credentials: {reason}") from None
             if is_misconfiguration(exc):
                 raise DatabaseMisconfigured(
-                    f"the database connection settings cannot work: {reason}"
+                    f"the database connection settings cannot work: {reason}{_hint(exc)}"
                 ) from None
             if not is_not_up_yet(exc):
                 raise DatabaseUnavailable(f"database connection failed: {reason}") from None
@@ -250,6 +250,20 @@ def is_not_up_yet(exc: psycopg.Error) -> bool:
         return True
     text = str(exc).lower()
     return any(fragment in text for fragment in _NOT_UP_YET_TEXTS)
+
+
+# What to do about a refusal whose fix is not in libpq's words. A server without TLS is the
+# usual development server (the postgres image, a local install), and template.yaml requires
+# TLS: `pgdrain invoke` there fails on its first connection.
+_NO_TLS_HINT = (
+    ": the server has no TLS and the connection requires it (the URL's sslmode, else"
+    " PGSSLMODE, which template.yaml's DatabaseSslMode sets); for a development server,"
+    " end the URL with ?sslmode=disable"
+)
+
+
+def _hint(exc: psycopg.Error) -> str:
+    return _NO_TLS_HINT if "server does not support ssl" in str(exc).lower() else ""
 
 
 def is_misconfiguration(exc: psycopg.Error) -> bool:
