@@ -2,10 +2,13 @@
 round, with vacuum keeping up or with a snapshot held open for the whole run.
 
 `python -m bench.lifecycle [--held] [--no-position] [--rounds 6] [--jobs 50000] [--batch 10]
-[--concurrency 10] [--json F]` (then `--record HELD.json KEEPS_UP.json`: into
+[--concurrency 10] [--short-runs 10] [--json F]` (then `--record HELD.json KEEPS_UP.json`: into
 docs/benchmarks.md): each round enqueues `--jobs` no-op jobs, drains them (by default at the
 defaults: batch 10, concurrency 10, one process), then VACUUMs the database (standing in for
-autovacuum, which is off on the machine's server). With `--held`, a REPEATABLE READ transaction
+autovacuum, which is off on the machine's server). Then `--short-runs` fresh runs, one after
+another, each of `--short-jobs` jobs enqueued then drained by a run of its own (as kicks start
+Lambda runs): a fresh run holds no claim position, so its claims start each queue from its
+start, behind every dead entry the rounds left. With `--held`, a REPEATABLE READ transaction
 on another connection takes its snapshot before the first round and keeps it to the end (a
 report, a pg_dump, a forgotten session): nothing a drain writes after it can be vacuumed away. A
 round that has not finished within `--round-seconds` is cut there; its throughput is what it
@@ -33,7 +36,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import REPO, Server, load_average, log, resolve_server
+from bench.common import REPO, Server, load_average, log, median, resolve_server
 from pgdrain import Budget, Settings
 from pgdrain.api.enqueue import build_job, enqueue_many
 from pgdrain.api.registry import load_registry
@@ -130,6 +133,8 @@ def one_round(
     wal_dir: str,
     waldump: str,
     controls: Controls,
+    short_runs: int = 0,
+    short_jobs: int = 50,
 ) -> dict[str, Any]:
     with psycopg.connect(url, autocommit=True) as conn:
         with conn.transaction():
@@ -154,7 +159,11 @@ def one_round(
         row = conn.execute(SCHEMA_BYTES).fetchone()
         relations = {name: int(size) for name, size in conn.execute(RELATION_BYTES)}
     assert row is not None
+    short = [
+        fresh_run(url, short_jobs, round_seconds, settings, controls) for _ in range(short_runs)
+    ]
     return {
+        "short_run_ms": median(short) * 1000 if short else None,
         "jobs_per_s": result.done / seconds,
         "done": result.done,
         "stop_reason": result.stop_reason,
@@ -166,6 +175,22 @@ def one_round(
     }
 
 
+def fresh_run(
+    url: str, jobs: int, budget_seconds: float, settings: Settings, controls: Controls
+) -> float:
+    """Enqueue `jobs` no-op jobs, then drain them in a run of its own: its seconds."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        with conn.transaction():
+            enqueue_many(conn, (build_job("noop") for _ in range(jobs)))
+    start = time.perf_counter()
+    result = drain_with(
+        controls, settings, Budget.seconds(budget_seconds), load_registry("jobs"), url
+    )
+    seconds = time.perf_counter() - start
+    assert result.done == jobs, f"a fresh run drained {result.done} of {jobs} jobs"
+    return seconds
+
+
 def run(
     rounds: int,
     jobs: int,
@@ -175,6 +200,8 @@ def run(
     wal_dir: str = "",
     waldump: str = "pg_waldump",
     controls: Controls = ALL_ON,
+    short_runs: int = 0,
+    short_jobs: int = 50,
 ) -> list[dict[str, Any]]:
     admin_url, source = resolve_server()
     server = Server(admin_url)
@@ -204,7 +231,16 @@ def run(
                 holder.execute("SELECT count(*) FROM pg_class")  # takes the snapshot
             for number in range(1, rounds + 1):
                 figure = one_round(
-                    url, admin, jobs, round_seconds, settings, wal_dir, waldump, controls
+                    url,
+                    admin,
+                    jobs,
+                    round_seconds,
+                    settings,
+                    wal_dir,
+                    waldump,
+                    controls,
+                    short_runs,
+                    short_jobs,
                 )
                 finished = sum(f["done"] for f in figures) + figure["done"]
                 figure["schema_mib_per_million"] = figure["schema_mib"] * 1e6 / max(finished, 1)
@@ -215,6 +251,11 @@ def run(
                     f"WAL {figure['wal_bytes_per_job']:,.0f} B/job, "
                     f"schema {figure['schema_mib']:,.1f} MiB "
                     f"({figure['schema_mib_per_million']:,.0f} MiB per million finished)"
+                    + (
+                        f"; a fresh run of {short_jobs} jobs: {figure['short_run_ms']:,.1f} ms"
+                        if short_runs
+                        else ""
+                    )
                 )
                 log(
                     "  "
@@ -258,6 +299,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="claim every queue from its start (Controls(claim_from_position=False))",
     )
+    parser.add_argument(
+        "--short-runs",
+        type=int,
+        default=0,
+        help="after each round, this many fresh runs of --short-jobs jobs each (median time)",
+    )
+    parser.add_argument("--short-jobs", type=int, default=50)
     parser.add_argument("--json", default="", help="also write the figures here")
     parser.add_argument(
         "--record",
@@ -281,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.wal_dir,
         args.pg_waldump,
         controls,
+        args.short_runs,
+        args.short_jobs,
     )
     if args.json:
         with open(args.json, "w") as out:
@@ -289,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "position": not args.no_position,
                 "jobs": args.jobs,
                 "batch": args.batch,
+                "short_runs": args.short_runs,
+                "short_jobs": args.short_jobs,
             }
             json.dump({**figure, **environment(), "rounds": figures}, out, indent=1)
 

@@ -785,10 +785,13 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
     if not life:
         return []
     held, free = life["held"], life["free"]
+    # Fresh runs after each round (--short-runs; runs recorded before it have none).
+    fresh = bool(held.get("short_runs")) and bool(free.get("short_runs"))
     rows = [
         "| round | vacuum keeps up | snapshot held | held / keeps up "
-        "| WAL B/job: keeps up, held | schema MiB: keeps up, held |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| WAL B/job: keeps up, held | schema MiB: keeps up, held |"
+        + (" fresh run, ms: keeps up, held |" if fresh else ""),
+        "|---:|---:|---:|---:|---:|---:|" + ("---:|" if fresh else ""),
     ]
     for n, (h, f) in enumerate(zip(held["rounds"], free["rounds"], strict=True), start=1):
         ratio = h["jobs_per_s"] / f["jobs_per_s"]
@@ -796,8 +799,17 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
             f"| {n} | {f['jobs_per_s']:,.0f} | {h['jobs_per_s']:,.0f} | {ratio:.2f} "
             f"| {f['wal_bytes_per_job']:,.0f}, {h['wal_bytes_per_job']:,.0f} "
             f"| {f['schema_mib']:,.1f}, {h['schema_mib']:,.1f} |"
+            + (f" {f['short_run_ms']:,.1f}, {h['short_run_ms']:,.1f} |" if fresh else "")
         )
     jobs = held["jobs"]
+    fresh_text = (
+        f" *Fresh run*: after each round's vacuum, {held['short_runs']} runs one after another, "
+        f"each of {held['short_jobs']} jobs enqueued then drained by a run of its own, as "
+        "kicks start Lambda runs (the median run's milliseconds): a fresh run holds no "
+        "position, so its claims start each queue from its start."
+        if fresh
+        else ""
+    )
     return [
         "## A snapshot held open: rounds of enqueue, then drain",
         "",
@@ -813,7 +825,7 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
         "each claim starts each queue after the last job the run claimed there "
         "(docs/decisions/0011-claim-from-a-keyset-position.md). jobs/s per round; WAL per job "
         "drained (claim and complete); the pgdrain schema's tables and indexes after the "
-        f"round's vacuum. {life['note']}",
+        f"round's vacuum.{fresh_text} {life['note']}",
         "",
         *rows,
         "",
