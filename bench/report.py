@@ -802,6 +802,7 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
             + (f" {f['short_run_ms']:,.1f}, {h['short_run_ms']:,.1f} |" if fresh else "")
         )
     jobs = held["jobs"]
+    short_flag = f" --short-runs {held['short_runs']}" if fresh else ""
     fresh_text = (
         f" *Fresh run*: after each round's vacuum, {held['short_runs']} runs one after another, "
         f"each of {held['short_jobs']} jobs enqueued then drained by a run of its own, as "
@@ -815,7 +816,7 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
         "",
         f"Measured at {life['commit']} on {life['date']} ({life['server']}; load "
         f"{life['load']}) by `python -m bench.lifecycle --held --rounds {len(held['rounds'])} "
-        f"--jobs {jobs}` and the same without `--held`, one run each, recorded by "
+        f"--jobs {jobs}{short_flag}` and the same without `--held`, one run each, recorded by "
         "`python -m bench.lifecycle --record` (the command and what it measures: the top of "
         f"`bench/lifecycle.py`). Each round enqueues {jobs:,} no-op jobs, drains them at the "
         "defaults (batch 10, concurrency 10, one process), then VACUUMs (autovacuum is off on "
