@@ -9,6 +9,7 @@ a kicked job runs in a drain woken by the kick, well before the safety net."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from helpers import worker_jobs
 from helpers.fixtures import wait_for
@@ -171,3 +173,84 @@ def test_a_stop_while_the_database_is_down_ends_the_worker(db_url: str, proxy: L
         wait_for(lambda: proxy.refused >= 2, timeout=EVENT_TIMEOUT, what="a retried connect")
     # running_worker's exit requested the stop and joined the thread: it returned.
     assert worker.summary is not None and worker.summary.drains == 1
+
+
+# -- the history: retention, as the function's scheduled runs keep it ----------------------------
+
+
+def _finished(conn: Conn, status: str, days_ago: float) -> int:
+    """A job that ended `status` `days_ago` days ago (it moves to finished_jobs)."""
+    job_id = enqueue(conn, "ok", {})
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = %s, attempts = 1,"
+        " finished_at = now() - %s * interval '1 day' WHERE id = %s",
+        (status, days_ago, job_id),
+    )
+    return job_id
+
+
+def _day_partitions(conn: Conn, *days: int) -> list[bool]:
+    """Whether the day partition of done jobs exists, for each day from today (negative: ago)."""
+    return [
+        conn.execute(
+            "SELECT to_regclass('pgdrain.finished_jobs_'"
+            " || to_char(current_date + %s::int, 'YYYYMMDD')) IS NOT NULL",
+            (day,),
+        ).fetchone()
+        == (True,)
+        for day in days
+    ]
+
+
+@pytest.mark.parametrize("retain_days", [7.0, 36500.0], ids=["retention", "control-kept-for-ever"])
+def test_a_worker_keeps_the_history_as_the_functions_scheduled_runs_do(
+    db_url: str, conn: Conn, retain_days: float
+) -> None:
+    """Was: a worker deleted nothing and made no partition, so one running for weeks kept
+    every finished job, and its done jobs went to the default partition once the days made by
+    `pgdrain migrate` ran out. Now its first drain is followed by retention: a day partition
+    past its age dropped, old failed jobs deleted, the days ahead made. The control keeps
+    everything for a hundred years: the same worker deletes nothing."""
+    conn.execute(
+        "SELECT pgdrain.finished_jobs_partition_ensure(current_date - 10, current_date - 10)"
+    )
+    row = conn.execute("SELECT 'finished_jobs_' || to_char(current_date + 2, 'YYYYMMDD')")
+    in_two_days = sql.Identifier("pgdrain", str(row.fetchone()[0]))  # type: ignore[index]
+    # As if `pgdrain migrate` last ran three days ago: the day after tomorrow's is not made yet.
+    conn.execute(
+        sql.SQL("ALTER TABLE pgdrain.finished_jobs_done DETACH PARTITION {}").format(in_two_days)
+    )
+    conn.execute(sql.SQL("DROP TABLE {}").format(in_two_days))
+    old_done, young_done = _finished(conn, "done", 10), _finished(conn, "done", 1)
+    old_failed = _finished(conn, "failed", 40)
+    settings = dataclasses.replace(
+        SETTINGS, retain_done_days=retain_days, retain_failed_days=retain_days
+    )
+
+    with running_worker(db_url, settings=settings) as worker:
+        assert worker.next_drain()[0] == "start"  # reported once retention has run
+        ids = {int(r[0]) for r in conn.execute("SELECT id FROM pgdrain.jobs")}
+        old_day, *ahead = _day_partitions(conn, -10, 0, 1, 2)
+
+    assert young_done in ids
+    if retain_days < 10:
+        assert (old_done in ids, old_failed in ids, old_day) == (False, False, False)
+    else:
+        assert (old_done in ids, old_failed in ids, old_day) == (True, True, True)
+    assert ahead == [True, True, True]
+
+
+def test_a_kicked_worker_keeps_the_history_once_per_safety_net_interval(
+    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kicks wake a busy worker again and again: retention follows its first drain, then waits
+    for the safety net's interval (an hour here), whatever woke the drains in between."""
+    settings = dataclasses.replace(SETTINGS, schedule_rate_seconds=3600.0)
+    with caplog.at_level(logging.INFO, logger="pgdrain.runner.worker"):
+        with running_worker(db_url, settings=settings) as worker:
+            assert worker.next_drain()[0] == "start"
+            for _ in range(2):
+                enqueue_and_kick(conn)
+                assert worker.next_drain()[0] == "kick"
+    kept = [r for r in caplog.records if r.getMessage() == "retention deleted finished jobs"]
+    assert len(kept) == 1

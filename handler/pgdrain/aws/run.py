@@ -43,11 +43,10 @@ log = logging.getLogger(__name__)
 # (connection.MIN_CONNECT_TIMEOUT_SECONDS plus a query).
 DEPTH_MIN_REMAINING_SECONDS = 2.5
 SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain invoke`
-# A scheduled run keeps this share of its budget (at most RETENTION_MAX_SECONDS) from the
+# A scheduled run keeps this share of its budget (at most retention.MAX_SECONDS) from the
 # drain for retention afterwards, when the database is awake: a queue busy enough to use every
 # run's whole budget still has its old jobs deleted.
 RETENTION_SHARE = 0.1
-RETENTION_MAX_SECONDS = 5.0
 
 # When this execution environment last ran retention (time.monotonic()): a run that stands in
 # for the safety net (below) runs it too, at most once per ScheduleRate per environment.
@@ -191,7 +190,7 @@ def _drain_budget(run: _Invocation) -> Budget:
     if not run.trigger.housekeeping:
         return run.budget
     budget = run.budget
-    kept = min(RETENTION_MAX_SECONDS, RETENTION_SHARE * budget.remaining())
+    kept = min(retention.MAX_SECONDS, RETENTION_SHARE * budget.remaining())
     return Budget(lambda: budget.remaining() - kept)
 
 
@@ -362,7 +361,7 @@ def _control(
         kick_hold_s=kick_hold_seconds(settings),
         periodics=registry.periodics,
         retention_batch=_retention_with_exit(settings, trigger),
-        retention_limit_ms=round(RETENTION_MAX_SECONDS * 1000),
+        retention_limit_ms=round(retention.MAX_SECONDS * 1000),
     )
 
 
@@ -416,13 +415,13 @@ def _retention(
     logger: Logger,
     already: retention.RetentionResult | None = None,
 ) -> retention.RetentionResult | None:
-    """Delete finished jobs past their retention, within RETENTION_MAX_SECONDS and never into
+    """Delete finished jobs past their retention, within retention.MAX_SECONDS and never into
     the reserve, on a short connection of its own (`already`: what the batch sent with the
     run's exit deleted). A failure is logged and skipped: the next scheduled run tries again."""
     started = budget.remaining()
     share = Budget(
         lambda: min(
-            RETENTION_MAX_SECONDS - (started - budget.remaining()),
+            retention.MAX_SECONDS - (started - budget.remaining()),
             budget.remaining() - settings.reserve_seconds,
         )
     )

@@ -43,6 +43,9 @@ DEFAULT_RETAIN_FAILED_DAYS = 30.0
 DEFAULT_BATCH = 1000
 # Rows that migration 0018 left in active_jobs, moved per statement.
 MOVE_BATCH = 10_000
+# The longest a run (the function's scheduled one, a worker's) spends on retention: what it
+# leaves goes with the next.
+MAX_SECONDS = 5.0
 # Stop starting batches when less than this is left of the run's budget: a batch is one
 # indexed DELETE of at most DEFAULT_BATCH rows, well under a second.
 MIN_REMAINING_SECONDS = 2.0

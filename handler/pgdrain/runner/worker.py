@@ -16,6 +16,13 @@ again as soon as that drain ends: none is lost between a drain's last claim and 
 drain has no deadline (a worker is not killed at a timeout): leases are a lease long, renewed
 by the heartbeat, and job.remaining() is NO_DEADLINE_SECONDS.
 
+After a drain, at most once per safety-net interval (the first drain included), it keeps the
+history as the function's scheduled runs do (db/retention.py): finished jobs past
+PGDRAIN_RETAIN_DONE / PGDRAIN_RETAIN_FAILED deleted, the day partitions of done jobs made ahead
+and dropped past their age. Otherwise a worker that runs for weeks, with nobody running
+`pgdrain purge` and `pgdrain migrate` from cron, keeps every finished job, and once its day
+partitions run out, done jobs go to the default partition, deleted by rows.
+
 A stop (SIGINT, SIGTERM: runner/stop.py) ends the wait at once, or makes the drain stop
 claiming, give running jobs the grace, release what has not started and end the leases of
 jobs still running (reclaimable at once). A listening connection that breaks is opened again,
@@ -24,6 +31,7 @@ lost, its job is not."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -40,9 +48,9 @@ from pgdrain.api.kick_target import LISTENER_APPLICATION_NAME, kicked_queues
 from pgdrain.api.registry import Registry
 from pgdrain.budget import Budget
 from pgdrain.controls import ALL_ON, Controls
-from pgdrain.db import connection, store
+from pgdrain.db import connection, retention, store
 from pgdrain.db.session import Session
-from pgdrain.errors import ConfigError, DatabaseUnavailable
+from pgdrain.errors import ConfigError, DatabaseUnavailable, PgdrainError
 from pgdrain.runner.drain import default_worker_id, drain_with
 from pgdrain.runner.stop import StopRequest
 from pgdrain.runner.summary import COUNTERS, Counter, DrainResult
@@ -122,6 +130,7 @@ class Worker:
         # worker's passes a stop on to the drain under way.
         self._drain_stop: StopRequest | None = None
         self._stopped_at: float | None = None
+        self._history_kept_at: float | None = None  # time.monotonic() of the last retention
         stop.on_request(self._stop_the_drain)
 
     def _stop_the_drain(self) -> None:
@@ -157,6 +166,9 @@ class Worker:
                         break  # stopped while the database was down
                     reason = "start" if reason == "start" else "reconnect"
                 result = self._drain()
+                if result.stop_reason in ("empty", "budget") and self._history_due():
+                    # Before the drain is reported: what the worker does for it is done then.
+                    self._keep_history()
                 summary.add(result, reason)
                 self._report(result, reason)
                 if result.stop_reason == "stopped":
@@ -184,6 +196,53 @@ class Worker:
             worker_id=self.worker_id,
             hooks=self.next_due,
             stop=stop,
+        )
+
+    def _history_due(self) -> bool:
+        """Retention after the first drain, then at most once per safety-net interval, however
+        often kicks wake the worker."""
+        last = self._history_kept_at
+        return last is None or time.monotonic() - last >= self.safety_net_s
+
+    def _keep_history(self) -> None:
+        """Finished jobs past their retention deleted and the day partitions kept, for at most
+        retention.MAX_SECONDS, on a connection of its own. Safe to repeat, and beside a function
+        or another worker doing the same (db/retention.py). A failure is logged and skipped: the
+        next interval tries again."""
+        started = time.monotonic()
+        self._history_kept_at = started
+        budget = Budget(
+            lambda: (
+                0.0
+                if self.stop.requested()
+                else retention.MAX_SECONDS - (time.monotonic() - started)
+            )
+        )
+        quick = dataclasses.replace(
+            self.settings, connect_timeout=min(self.settings.connect_timeout, retention.MAX_SECONDS)
+        )
+        try:
+            with connection.connect(self.conninfo, quick, budget) as conn:
+                deleted = retention.run_once(
+                    conn,
+                    retain_done_days=self.settings.retain_done_days,
+                    retain_failed_days=self.settings.retain_failed_days,
+                    budget=budget,
+                )
+        except (PgdrainError, psycopg.Error) as exc:
+            log.warning("retention skipped: %s", connection.one_line(exc))
+            return
+        log.info(
+            "retention deleted finished jobs",
+            extra={
+                "deleted_done": deleted.done,
+                "deleted_failed": deleted.failed,
+                "deleted_runs": deleted.runs,
+                "partitions_dropped": deleted.partitions_dropped,
+                "retention_complete": deleted.complete,
+                "retain_done_days": self.settings.retain_done_days,
+                "retain_failed_days": self.settings.retain_failed_days,
+            },
         )
 
     def _wait_after(self, result: DrainResult, listener: Listener) -> WakeReason | None:
