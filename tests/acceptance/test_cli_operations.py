@@ -475,6 +475,54 @@ def test_purge_dry_run_counts_and_queue_limits(conn: Conn, db_url: str) -> None:
     assert left == {old_beta, young, parked}
 
 
+def _day_partition_exists(conn: Conn, days_from_today: int) -> bool:
+    """Whether the partition of done jobs of that UTC day exists (the days are UTC days)."""
+    row = conn.execute(
+        "SELECT to_regclass('pgdrain.finished_jobs_'"
+        " || to_char((now() AT TIME ZONE 'UTC')::date + %s::int, 'YYYYMMDD')) IS NOT NULL",
+        (days_from_today,),
+    ).fetchone()
+    return row == (True,)
+
+
+@pytest.mark.parametrize(
+    ("queue_args", "dropped"),
+    [((), True), (("--queue", "default"), False)],
+    ids=["every-queue", "control: one queue, by rows"],
+)
+def test_purge_drops_whole_days_of_done_jobs_and_counts_their_jobs(
+    conn: Conn, db_url: str, queue_args: tuple[str, ...], dropped: bool
+) -> None:
+    """Was: purge deleted every done job row by row, its day's partition included, where
+    retention drops the partition. Now a purge of every queue drops each whole day past the
+    age and says how many jobs it held; what is left goes by rows. The control names one
+    queue: a day's partition holds every queue's jobs, so there only rows go. Both delete the
+    same jobs and say the same count, which is also --dry-run's."""
+    conn.execute(
+        "SELECT pgdrain.finished_jobs_partition_ensure(d, d)"
+        " FROM (SELECT (now() AT TIME ZONE 'UTC')::date - 10 AS d) AS ten_days_ago"
+    )
+    in_the_old_day = [enqueue(conn, "ok") for _ in range(3)]
+    old_failed, young = enqueue(conn, "ok"), enqueue(conn, "ok")
+    for job_id in in_the_old_day:
+        _finish(conn, job_id, "done")
+    conn.execute(  # noon of the UTC day 10 days ago: into that day's partition
+        "UPDATE pgdrain.jobs SET finished_at = ((now() AT TIME ZONE 'UTC')::date - 10)::timestamp"
+        " AT TIME ZONE 'UTC' + interval '12 hours' WHERE id = ANY(%s)",
+        (in_the_old_day,),
+    )
+    _finish(conn, old_failed, "failed", days_ago=40)
+    _finish(conn, young, "done", days_ago=1)
+    dry = pgdrain(db_url, "purge", "--older-than-days", "7", "--dry-run", "--json", *queue_args)
+    assert json.loads(dry.out)["deleted"] == 4
+
+    real = pgdrain(db_url, "purge", "--older-than-days", "7", "--json", *queue_args)
+
+    assert (real.code, json.loads(real.out)["deleted"], real.err) == (EXIT_OK, 4, "")
+    assert {int(r[0]) for r in conn.execute("SELECT id FROM pgdrain.jobs")} == {young}
+    assert _day_partition_exists(conn, -10) is not dropped
+
+
 # -- --help and bad input ---------------------------------------------------------------------
 
 

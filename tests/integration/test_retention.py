@@ -111,12 +111,7 @@ RETENTION_APP = "pgdrain-retention-test"
 
 
 def _retention_waiting_on_a_lock(conn: Conn) -> bool:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE application_name = %s AND wait_event_type = 'Lock'",
-        (RETENTION_APP,),
-    ).fetchone()
-    return bool(row and row[0])
+    return _waiting_on_a_lock(conn, RETENTION_APP)
 
 
 @pytest.mark.parametrize("limited", [True, False], ids=["limited", "control: unlimited"])
@@ -186,3 +181,87 @@ def test_a_retention_run_blocked_on_a_table_lock_returns_within_its_budget_only_
             # the next run, the budget being spent.
             assert (result.done, result.failed, result.stopped) == (3, 0, None)
         assert not old & _ids(conn)
+
+
+# -- purge's whole days ---------------------------------------------------------------------------
+
+
+def _old_day_of_done_jobs(conn: Conn, count: int) -> set[int]:
+    """`count` done jobs in the day partition of the UTC day 10 days ago, made for them."""
+    conn.execute(
+        "SELECT pgdrain.finished_jobs_partition_ensure(d, d)"
+        " FROM (SELECT (now() AT TIME ZONE 'UTC')::date - 10 AS d) AS ten_days_ago"
+    )
+    ids = {_job(conn, "done", 0) for _ in range(count)}
+    conn.execute(
+        "UPDATE pgdrain.jobs SET finished_at = ((now() AT TIME ZONE 'UTC')::date - 10)::timestamp"
+        " AT TIME ZONE 'UTC' + interval '12 hours' WHERE id = ANY(%s)",
+        (list(ids),),
+    )
+    return ids
+
+
+def _old_day_exists(conn: Conn) -> bool:
+    row = conn.execute(
+        "SELECT to_regclass('pgdrain.finished_jobs_'"
+        " || to_char((now() AT TIME ZONE 'UTC')::date - 10, 'YYYYMMDD')) IS NOT NULL"
+    ).fetchone()
+    return row == (True,)
+
+
+PURGE_APP = "pgdrain-purge-test"
+
+
+@pytest.mark.parametrize("limited", [True, False], ids=["limited", "control: unlimited"])
+def test_purge_of_whole_days_gives_way_to_a_reader_only_with_its_lock_limit(
+    db_url: str, conn: Conn, limited: bool
+) -> None:
+    """A reader of the history holds its lock (a long dashboard query, a report): dropping a
+    day's partition waits for it, and completions would queue behind that wait. With the limit
+    the drop gives up after PARTITION_LOCK_MS, while the reader still reads: nothing dropped, 0
+    jobs, and purge deletes them by rows. The control, without a limit, is still waiting past
+    it, and drops the day only when the reader ends."""
+    old = _old_day_of_done_jobs(conn, 3)
+    went: list[tuple[int, float]] = []
+    with psycopg.connect(db_url, autocommit=True, application_name=PURGE_APP) as own:
+
+        def purge() -> None:
+            started = time.monotonic()
+            jobs = retention.purge_whole_days(
+                own, 7, controls=Controls(limit_statements_to_budget=limited)
+            )
+            went.append((jobs, time.monotonic() - started))
+
+        thread = threading.Thread(target=purge, daemon=True)
+        with psycopg.connect(db_url) as reader:
+            reader.execute("SELECT count(*) FROM pgdrain.finished_jobs")  # its lock, held open
+            thread.start()
+            limit_s = retention.PARTITION_LOCK_MS / 1000
+            if limited:
+                thread.join(30)
+                assert not thread.is_alive()  # it returned while the reader still held its lock
+            else:
+                wait_for(lambda: _waiting_on_a_lock(conn, PURGE_APP), what="the drop to wait")
+                thread.join(limit_s + 1)  # bounded: it cannot return while blocked
+                assert thread.is_alive() and _waiting_on_a_lock(conn, PURGE_APP), "still blocked"
+            reader.rollback()
+        thread.join(30)
+    assert not thread.is_alive()
+    [(jobs, elapsed)] = went
+    if limited:
+        assert (jobs, _old_day_exists(conn)) == (0, True)
+        assert elapsed < limit_s + 5
+        assert old <= _ids(conn)  # left for purge's rows
+    else:
+        assert (jobs, _old_day_exists(conn)) == (3, False)
+        assert elapsed > limit_s
+        assert not old & _ids(conn)
+
+
+def _waiting_on_a_lock(conn: Conn, application_name: str) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (application_name,),
+    ).fetchone()
+    return bool(row and row[0])

@@ -42,7 +42,7 @@ from pgdrain.cli.report import (
     printable,
     run_as_dict,
 )
-from pgdrain.db import connection, store
+from pgdrain.db import connection, retention, store
 from pgdrain.db.migrate import migrate
 from pgdrain.db.session import ready_queues
 from pgdrain.errors import BadInput, JobsModuleNotFound, PgdrainError, UnknownJobKind
@@ -1154,7 +1154,9 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
         if args.dry_run:
             deleted = store.job_count_finished(conn, args.older_than_days, queue=args.queue)
         else:
-            deleted = 0
+            # Whole days of done jobs first, as retention drops them; then the rest by rows.
+            # With --queue only rows: a day's partition holds every queue's jobs.
+            deleted = 0 if args.queue else retention.purge_whole_days(conn, args.older_than_days)
             while True:  # batches, each its own short statement (autocommit)
                 batch = store.job_purge_finished(
                     conn, args.older_than_days, PURGE_BATCH, queue=args.queue

@@ -170,6 +170,31 @@ def run_once(
     return result._replace(complete=True)
 
 
+def purge_whole_days(
+    conn: store.Connection, older_than_days: float, *, controls: Controls = ALL_ON
+) -> int:
+    """`pgdrain purge`'s first step, for every queue: the done jobs of each day that ended more
+    than `older_than_days` ago go with their day's partition, not row by row; the rest is the
+    caller's, by rows. Returns how many jobs went. Its lock waits are limited to
+    PARTITION_LOCK_MS, as retention's partition step: past that nothing is dropped, and the
+    caller deletes those jobs by rows (slower, but completions never queue behind the drop); so
+    it does for a role without the right to drop partitions.
+    With limit_statements_to_budget off (a test's control), it waits as long as a lock is held."""
+    lock_timeout_ms = PARTITION_LOCK_MS if controls.limit_statements_to_budget else 0  # 0: none
+    try:
+        # One transaction, under the lock the partition functions take: no retention drops a
+        # day between the count and the drop, so the count is what went.
+        with conn.transaction():
+            store.finished_jobs_days_lock(conn, lock_timeout_ms)
+            jobs = store.finished_jobs_days_count(conn, older_than_days)
+            store.finished_jobs_days_drop(conn, older_than_days)
+        return jobs
+    except (psycopg.errors.LockNotAvailable, psycopg.errors.InsufficientPrivilege) as exc:
+        # A lock held past the limit, or a role that may delete rows but not drop partitions.
+        log.warning("purge: whole days not dropped; their jobs go by rows: %s", one_line(exc))
+        return 0
+
+
 def _stopped(exc: psycopg.Error, limit_ms: int, result: RetentionResult) -> RetentionResult:
     stopped = f"a batch was cancelled at its limit of {limit_ms} ms: {one_line(exc)}"
     log.warning(

@@ -115,6 +115,31 @@ WITH left_behind AS (
 )
 SELECT (SELECT count(*) FROM left_behind) + (SELECT count(*) FROM finished) AS deleted;
 
+-- name: finished_jobs_days_lock :exec
+-- Purge's whole days, in one transaction: first the partition functions' lock (held to its end,
+-- so that no retention drops a day between the count and the drop) and the limit on lock waits
+-- (%(lock_timeout_ms)s): the drop's DETACH takes ACCESS EXCLUSIVE on the done jobs' table, and
+-- completions queue behind it while it waits.
+SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout_ms)s::text, true),
+       pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('pgdrain.finished_jobs'));
+
+-- name: finished_jobs_days_count :one
+-- The done jobs in the day partitions whose whole UTC day ended more than %(days)s days ago:
+-- those finished_jobs_days_drop drops (a row of such a day finished before the first midnight at
+-- or before now() less the days). The default partition's are deleted by rows, not here.
+-- Read through finished_jobs, as a role granted only that table reads it.
+SELECT count(*) AS jobs
+FROM pgdrain.finished_jobs AS d
+WHERE d.status = 'done'
+  AND d.finished_at < (date_trunc('day', (now() - %(days)s * interval '1 day') AT TIME ZONE 'UTC')
+                       AT TIME ZONE 'UTC')
+  AND d.tableoid <> 'pgdrain.finished_jobs_done_default'::regclass;
+
+-- name: finished_jobs_days_drop :one
+-- Drop the day partitions finished_jobs_days_count counted (DETACH and DROP, a catalog change each, however many
+-- rows). Safe to run twice: a dropped day is gone.
+SELECT pgdrain.finished_jobs_partition_drop(%(days)s::float8) AS dropped;
+
 -- name: job_list :many
 -- The newest jobs matching the filters; a NULL filter matches every job. --since compares
 -- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).

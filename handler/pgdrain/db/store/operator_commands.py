@@ -155,6 +155,26 @@ def job_purge_finished(
     return int(row[0])
 
 
+def finished_jobs_days_lock(conn: Connection, lock_timeout_ms: int) -> None:
+    """In the caller's transaction: the partition functions' lock, and lock waits limited to
+    `lock_timeout_ms` (0: none) until the transaction ends."""
+    conn.execute(query("finished_jobs_days_lock"), {"lock_timeout_ms": lock_timeout_ms})
+
+
+def finished_jobs_days_count(conn: Connection, older_than_days: float) -> int:
+    """How many done jobs finished_jobs_days_drop would take."""
+    row = conn.execute(query("finished_jobs_days_count"), {"days": older_than_days}).fetchone()
+    assert row is not None  # one row: the count
+    return int(row[0])
+
+
+def finished_jobs_days_drop(conn: Connection, older_than_days: float) -> int:
+    """Drop the day partitions whose whole day ended more than `older_than_days` ago; how many."""
+    row = conn.execute(query("finished_jobs_days_drop"), {"days": older_than_days}).fetchone()
+    assert row is not None  # one row: the count
+    return int(row[0])
+
+
 def queue_stats(conn: Connection) -> list[QueueStats]:
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("queue_stats")).fetchall()
