@@ -29,6 +29,7 @@ from helpers.cli import (
     run_pgdrain,
 )
 from helpers.fixtures import claim_batch, complete_one, job_row, wait_for
+from helpers.history import day_partition_exists, finish_within_day, make_day_partition
 from pgdrain import enqueue
 from pgdrain.cli import embedded
 from pgdrain.db import store
@@ -475,16 +476,6 @@ def test_purge_dry_run_counts_and_queue_limits(conn: Conn, db_url: str) -> None:
     assert left == {old_beta, young, parked}
 
 
-def _day_partition_exists(conn: Conn, days_from_today: int) -> bool:
-    """Whether the partition of done jobs of that UTC day exists (the days are UTC days)."""
-    row = conn.execute(
-        "SELECT to_regclass('pgdrain.finished_jobs_'"
-        " || to_char((now() AT TIME ZONE 'UTC')::date + %s::int, 'YYYYMMDD')) IS NOT NULL",
-        (days_from_today,),
-    ).fetchone()
-    return row == (True,)
-
-
 @pytest.mark.parametrize(
     ("queue_args", "dropped"),
     [((), True), (("--queue", "default"), False)],
@@ -498,19 +489,12 @@ def test_purge_drops_whole_days_of_done_jobs_and_counts_their_jobs(
     age and says how many jobs it held; what is left goes by rows. The control names one
     queue: a day's partition holds every queue's jobs, so there only rows go. Both delete the
     same jobs and say the same count, which is also --dry-run's."""
-    conn.execute(
-        "SELECT pgdrain.finished_jobs_partition_ensure(d, d)"
-        " FROM (SELECT (now() AT TIME ZONE 'UTC')::date - 10 AS d) AS ten_days_ago"
-    )
+    make_day_partition(conn, -10)
     in_the_old_day = [enqueue(conn, "ok") for _ in range(3)]
     old_failed, young = enqueue(conn, "ok"), enqueue(conn, "ok")
     for job_id in in_the_old_day:
         _finish(conn, job_id, "done")
-    conn.execute(  # noon of the UTC day 10 days ago: into that day's partition
-        "UPDATE pgdrain.jobs SET finished_at = ((now() AT TIME ZONE 'UTC')::date - 10)::timestamp"
-        " AT TIME ZONE 'UTC' + interval '12 hours' WHERE id = ANY(%s)",
-        (in_the_old_day,),
-    )
+    finish_within_day(conn, in_the_old_day, -10)
     _finish(conn, old_failed, "failed", days_ago=40)
     _finish(conn, young, "done", days_ago=1)
     dry = pgdrain(db_url, "purge", "--older-than-days", "7", "--dry-run", "--json", *queue_args)
@@ -520,7 +504,7 @@ def test_purge_drops_whole_days_of_done_jobs_and_counts_their_jobs(
 
     assert (real.code, json.loads(real.out)["deleted"], real.err) == (EXIT_OK, 4, "")
     assert {int(r[0]) for r in conn.execute("SELECT id FROM pgdrain.jobs")} == {young}
-    assert _day_partition_exists(conn, -10) is not dropped
+    assert day_partition_exists(conn, -10) is not dropped
 
 
 # -- --help and bad input ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import wait_for
+from helpers.history import day_partition_exists, finish_within_day, make_day_partition
 from pgdrain import enqueue
 from pgdrain.budget import Budget
 from pgdrain.controls import Controls
@@ -186,29 +187,6 @@ def test_a_retention_run_blocked_on_a_table_lock_returns_within_its_budget_only_
 # -- purge's whole days ---------------------------------------------------------------------------
 
 
-def _old_day_of_done_jobs(conn: Conn, count: int) -> set[int]:
-    """`count` done jobs in the day partition of the UTC day 10 days ago, made for them."""
-    conn.execute(
-        "SELECT pgdrain.finished_jobs_partition_ensure(d, d)"
-        " FROM (SELECT (now() AT TIME ZONE 'UTC')::date - 10 AS d) AS ten_days_ago"
-    )
-    ids = {_job(conn, "done", 0) for _ in range(count)}
-    conn.execute(
-        "UPDATE pgdrain.jobs SET finished_at = ((now() AT TIME ZONE 'UTC')::date - 10)::timestamp"
-        " AT TIME ZONE 'UTC' + interval '12 hours' WHERE id = ANY(%s)",
-        (list(ids),),
-    )
-    return ids
-
-
-def _old_day_exists(conn: Conn) -> bool:
-    row = conn.execute(
-        "SELECT to_regclass('pgdrain.finished_jobs_'"
-        " || to_char((now() AT TIME ZONE 'UTC')::date - 10, 'YYYYMMDD')) IS NOT NULL"
-    ).fetchone()
-    return row == (True,)
-
-
 PURGE_APP = "pgdrain-purge-test"
 
 
@@ -221,7 +199,9 @@ def test_purge_of_whole_days_gives_way_to_a_reader_only_with_its_lock_limit(
     the drop gives up after PARTITION_LOCK_MS, while the reader still reads: nothing dropped, 0
     jobs, and purge deletes them by rows. The control, without a limit, is still waiting past
     it, and drops the day only when the reader ends."""
-    old = _old_day_of_done_jobs(conn, 3)
+    make_day_partition(conn, -10)
+    old = {_job(conn, "done", 0) for _ in range(3)}
+    finish_within_day(conn, old, -10)
     went: list[tuple[int, float]] = []
     with psycopg.connect(db_url, autocommit=True, application_name=PURGE_APP) as own:
 
@@ -249,11 +229,11 @@ def test_purge_of_whole_days_gives_way_to_a_reader_only_with_its_lock_limit(
     assert not thread.is_alive()
     [(jobs, elapsed)] = went
     if limited:
-        assert (jobs, _old_day_exists(conn)) == (0, True)
+        assert (jobs, day_partition_exists(conn, -10)) == (0, True)
         assert elapsed < limit_s + 5
         assert old <= _ids(conn)  # left for purge's rows
     else:
-        assert (jobs, _old_day_exists(conn)) == (3, False)
+        assert (jobs, day_partition_exists(conn, -10)) == (3, False)
         assert elapsed > limit_s
         assert not old & _ids(conn)
 

@@ -22,6 +22,7 @@ from psycopg import sql
 
 from helpers import worker_jobs
 from helpers.fixtures import wait_for
+from helpers.history import day_partition_exists, make_day_partition
 from helpers.lossy_proxy import LossyProxy
 from pgdrain import Settings, enqueue
 from pgdrain.aws.kick import kick
@@ -189,19 +190,6 @@ def _finished(conn: Conn, status: str, days_ago: float) -> int:
     return job_id
 
 
-def _day_partitions(conn: Conn, *days: int) -> list[bool]:
-    """Whether the day partition of done jobs exists, for each day from today (negative: ago)."""
-    return [
-        conn.execute(
-            "SELECT to_regclass('pgdrain.finished_jobs_'"
-            " || to_char(current_date + %s::int, 'YYYYMMDD')) IS NOT NULL",
-            (day,),
-        ).fetchone()
-        == (True,)
-        for day in days
-    ]
-
-
 @pytest.mark.parametrize("retain_days", [7.0, 36500.0], ids=["retention", "control-kept-for-ever"])
 def test_a_worker_keeps_the_history_as_the_functions_scheduled_runs_do(
     db_url: str, conn: Conn, retain_days: float
@@ -211,10 +199,10 @@ def test_a_worker_keeps_the_history_as_the_functions_scheduled_runs_do(
     `pgdrain migrate` ran out. Now its first drain is followed by retention: a day partition
     past its age dropped, old failed jobs deleted, the days ahead made. The control keeps
     everything for a hundred years: the same worker deletes nothing."""
-    conn.execute(
-        "SELECT pgdrain.finished_jobs_partition_ensure(current_date - 10, current_date - 10)"
+    make_day_partition(conn, -10)
+    row = conn.execute(
+        "SELECT 'finished_jobs_' || to_char((now() AT TIME ZONE 'UTC')::date + 2, 'YYYYMMDD')"
     )
-    row = conn.execute("SELECT 'finished_jobs_' || to_char(current_date + 2, 'YYYYMMDD')")
     in_two_days = sql.Identifier("pgdrain", str(row.fetchone()[0]))  # type: ignore[index]
     # As if `pgdrain migrate` last ran three days ago: the day after tomorrow's is not made yet.
     conn.execute(
@@ -230,7 +218,7 @@ def test_a_worker_keeps_the_history_as_the_functions_scheduled_runs_do(
     with running_worker(db_url, settings=settings) as worker:
         assert worker.next_drain()[0] == "start"  # reported once retention has run
         ids = {int(r[0]) for r in conn.execute("SELECT id FROM pgdrain.jobs")}
-        old_day, *ahead = _day_partitions(conn, -10, 0, 1, 2)
+        old_day, *ahead = [day_partition_exists(conn, day) for day in (-10, 0, 1, 2)]
 
     assert young_done in ids
     if retain_days < 10:
