@@ -136,8 +136,8 @@ WHERE d.status = 'done'
   AND d.tableoid <> 'pgdrain.finished_jobs_done_default'::regclass;
 
 -- name: finished_jobs_days_drop :one
--- Drop the day partitions finished_jobs_days_count counted (DETACH and DROP, a catalog change each, however many
--- rows). Safe to run twice: a dropped day is gone.
+-- Drop the day partitions finished_jobs_days_count counted (DETACH and DROP, a catalog change
+-- each, however many rows). Safe to run twice: a dropped day is gone.
 SELECT pgdrain.finished_jobs_partition_drop(%(days)s::float8) AS dropped;
 
 -- name: job_list :many
