@@ -31,7 +31,7 @@ from pgdrain.aws.safety_net import SafetyNet, SlideOutcome
 from pgdrain.aws.secrets import resolve_conninfo
 from pgdrain.aws.wake import Waker
 from pgdrain.budget import Budget
-from pgdrain.db import connection, retention, store
+from pgdrain.db import retention, store
 from pgdrain.db.session import Session
 from pgdrain.errors import BadEvent, BadInput, PgdrainError
 from pgdrain.runner.drain import DrainResult, Observer, drain
@@ -427,19 +427,8 @@ def _retention(
     )
     if share.exhausted(retention.MIN_REMAINING_SECONDS):
         return already
-    quick = dataclasses.replace(
-        settings, connect_timeout=max(0.5, min(settings.connect_timeout, share.remaining()))
-    )
-    try:
-        with connection.connect(conninfo, quick, share) as conn:
-            deleted = retention.run_once(
-                conn,
-                retain_done_days=settings.retain_done_days,
-                retain_failed_days=settings.retain_failed_days,
-                budget=share,
-            )
-    except (PgdrainError, psycopg.Error) as exc:
-        logger.warning("retention skipped: %s", exc)
+    deleted = retention.run_on_a_connection_of_its_own(conninfo, settings, share, logger)
+    if deleted is None:
         return already
     if already is not None:
         deleted = deleted._replace(
@@ -455,17 +444,7 @@ def _retention_ran(logger: Logger, settings: Settings, deleted: retention.Retent
     global _retention_ran_at
     with _retention_lock:
         _retention_ran_at = time.monotonic()
-    logger.info(
-        "retention deleted finished jobs",
-        extra={
-            "deleted_done": deleted.done,
-            "deleted_failed": deleted.failed,
-            "deleted_runs": deleted.runs,
-            "retention_complete": deleted.complete,
-            "retain_done_days": settings.retain_done_days,
-            "retain_failed_days": settings.retain_failed_days,
-        },
-    )
+    retention.log_result(logger, settings, deleted)
 
 
 def _failed_before_work(result: DrainResult) -> bool:

@@ -25,16 +25,19 @@ lines older than `retain_done_days` go with the done jobs, a run kept as long as
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import psycopg
 
 from pgdrain.budget import Budget
 from pgdrain.controls import ALL_ON, Controls
-from pgdrain.db import session, store
+from pgdrain.db import connection, session, store
 from pgdrain.db.connection import one_line
+from pgdrain.errors import PgdrainError
+from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +171,52 @@ def run_once(
             return _stopped(exc, limit_ms, result)
         result = result._replace(moved=result.moved + moved)
     return result._replace(complete=True)
+
+
+class Logger(Protocol):
+    """What retention logs to: the standard library's logger or Powertools' (the function's)."""
+
+    def info(self, msg: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def warning(self, msg: str, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def run_on_a_connection_of_its_own(
+    conninfo: str, settings: Settings, budget: Budget, logger: Logger = log
+) -> RetentionResult | None:
+    """run_once with the settings' ages (PGDRAIN_RETAIN_DONE, _FAILED), on a short connection
+    of its own, within `budget`: the function's scheduled runs and a worker run it so. A failure
+    (the database down, a setting that cannot work) is logged and gives None: the next run
+    tries again."""
+    quick = dataclasses.replace(
+        settings, connect_timeout=max(0.5, min(settings.connect_timeout, budget.remaining()))
+    )
+    try:
+        with connection.connect(conninfo, quick, budget) as conn:
+            return run_once(
+                conn,
+                retain_done_days=settings.retain_done_days,
+                retain_failed_days=settings.retain_failed_days,
+                budget=budget,
+            )
+    except (PgdrainError, psycopg.Error) as exc:
+        logger.warning("retention skipped: %s", one_line(exc))
+        return None
+
+
+def log_result(logger: Logger, settings: Settings, deleted: RetentionResult) -> None:
+    logger.info(
+        "retention deleted finished jobs",
+        extra={
+            "deleted_done": deleted.done,
+            "deleted_failed": deleted.failed,
+            "deleted_runs": deleted.runs,
+            "partitions_dropped": deleted.partitions_dropped,
+            "retention_complete": deleted.complete,
+            "retain_done_days": settings.retain_done_days,
+            "retain_failed_days": settings.retain_failed_days,
+        },
+    )
 
 
 def purge_whole_days(

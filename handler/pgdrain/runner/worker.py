@@ -31,7 +31,6 @@ lost, its job is not."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import os
@@ -50,7 +49,7 @@ from pgdrain.budget import Budget
 from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import connection, retention, store
 from pgdrain.db.session import Session
-from pgdrain.errors import ConfigError, DatabaseUnavailable, PgdrainError
+from pgdrain.errors import ConfigError, DatabaseUnavailable
 from pgdrain.runner.drain import default_worker_id, drain_with
 from pgdrain.runner.stop import StopRequest
 from pgdrain.runner.summary import COUNTERS, Counter, DrainResult
@@ -218,32 +217,9 @@ class Worker:
                 else retention.MAX_SECONDS - (time.monotonic() - started)
             )
         )
-        quick = dataclasses.replace(
-            self.settings, connect_timeout=min(self.settings.connect_timeout, retention.MAX_SECONDS)
-        )
-        try:
-            with connection.connect(self.conninfo, quick, budget) as conn:
-                deleted = retention.run_once(
-                    conn,
-                    retain_done_days=self.settings.retain_done_days,
-                    retain_failed_days=self.settings.retain_failed_days,
-                    budget=budget,
-                )
-        except (PgdrainError, psycopg.Error) as exc:
-            log.warning("retention skipped: %s", connection.one_line(exc))
-            return
-        log.info(
-            "retention deleted finished jobs",
-            extra={
-                "deleted_done": deleted.done,
-                "deleted_failed": deleted.failed,
-                "deleted_runs": deleted.runs,
-                "partitions_dropped": deleted.partitions_dropped,
-                "retention_complete": deleted.complete,
-                "retain_done_days": self.settings.retain_done_days,
-                "retain_failed_days": self.settings.retain_failed_days,
-            },
-        )
+        deleted = retention.run_on_a_connection_of_its_own(self.conninfo, self.settings, budget)
+        if deleted is not None:
+            retention.log_result(log, self.settings, deleted)
 
     def _wait_after(self, result: DrainResult, listener: Listener) -> WakeReason | None:
         """Wait for a kick or the next due moment; None when a stop came."""
