@@ -41,6 +41,8 @@ class WorkerProcess:
             {
                 "DATABASE_URL": url,
                 "PGDRAIN_JOBS": "helpers.worker_jobs",
+                # A worker that hangs is told where: SIGABRT prints every thread's stack.
+                "PYTHONFAULTHANDLER": "1",
                 "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "handler")]),
                 **(env or {}),
             }
@@ -82,9 +84,15 @@ class WorkerProcess:
     def stop(self, signum: int) -> tuple[int, str]:
         """Send `signum`; the exit code and what it wrote to stderr, once it has exited."""
         self.process.send_signal(signum)
-        self.process.wait(timeout=TIMEOUT)
-        self._reader.join(timeout=TIMEOUT)
         assert self.process.stderr is not None
+        try:
+            self.process.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            self.process.wait(timeout=TIMEOUT)
+            stacks = self.process.stderr.read()
+            raise AssertionError(f"the worker did not exit after {signum!r}:\n{stacks}") from None
+        self._reader.join(timeout=TIMEOUT)
         return self.process.returncode, self.process.stderr.read()
 
 
