@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
+
+import pytest
 
 from pgdrain.budget import FINAL_MARGIN_SECONDS, Budget
 from pgdrain.runner import stop
@@ -78,3 +84,70 @@ def test_a_budget_below_the_reserve_at_the_start_claims_nothing() -> None:
     stopping = stop.Stopping(stop.StopRequest(), Deadline(Budget(_Left(1.0)), 2.0), "w")
     stopping.check_budget_at_start()
     assert not stopping.may_claim(running=0) and stopping.reason_when_idle() == "budget"
+
+
+# A run at concurrency 1 (loop_thread.py): the calling thread waits on its slot's wake-up, which
+# a stop request gives from the signal's handler. The handler runs in that same thread, at any
+# bytecode, so here the signal is raised at the second line the thread runs inside the wait:
+# past the start of threading.Event's `with self._cond:`, as a SIGTERM can land.
+_SIGNAL_INSIDE_THE_WAIT = """
+import os, signal, sys, threading
+from pgdrain.runner import stop
+from pgdrain.runner.loop_thread import OneSlot, Wake
+
+
+class EventWake(threading.Event):
+    def wait_and_clear(self, seconds):
+        self.wait(seconds)
+        self.clear()
+
+
+slot = OneSlot(lambda job: None)
+if sys.argv[1] == "event":
+    slot.watch_wake = EventWake()
+inside = {Wake.wait_and_clear.__code__, threading.Event.wait.__code__}
+lines = 0
+
+
+def trace(frame, event, arg):
+    if event == "call" and frame.f_code in inside:
+        return trace_lines
+    return None
+
+
+def trace_lines(frame, event, arg):
+    global lines
+    if event == "line" and frame.f_code in inside:
+        lines += 1
+        if lines == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+    return trace_lines
+
+
+with stop.stop_on_signals() as request:
+    request.on_request(slot.wake)
+    sys.settrace(trace)
+    slot.watch_wake.wait_and_clear(0.0)
+    sys.settrace(None)
+    print("stop requested" if request.requested() else "no stop")
+"""
+
+
+@pytest.mark.parametrize(
+    ("wake", "exits"), [("wake", True), ("event", False)], ids=["wake", "control-event"]
+)
+def test_a_signal_inside_the_watching_threads_wait_wakes_it_only_with_a_reentrant_wake(
+    wake: str, exits: bool
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-c", textwrap.dedent(_SIGNAL_INSIDE_THE_WAIT), wake]
+    env = {"PYTHONPATH": str(root / "handler"), "PATH": "/usr/bin:/bin"}
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=10, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        assert not exits, "the handler waited for the lock its own thread held"
+        return
+    assert exits, done.stdout + done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, "stop requested"), done.stderr

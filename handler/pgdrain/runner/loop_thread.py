@@ -21,6 +21,7 @@ always starts this one: its loop runs there from the connect on."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
@@ -42,6 +43,29 @@ class GivenUp(BaseException):
     loop's takes it for a database error."""
 
 
+class Wake:
+    """A wake-up that one thread waits for and another, or a stop request's signal handler,
+    gives. Not a threading.Event: its set() takes the lock that its wait() and clear() hold for
+    a few bytecodes, and a handler that runs in the main thread while it is inside them would
+    wait on itself for ever. SimpleQueue.put is reentrant."""
+
+    def __init__(self) -> None:
+        self._given: queue.SimpleQueue[None] = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._given.put(None)
+
+    def wait_and_clear(self, seconds: float) -> None:
+        """Wait until given or `seconds` pass (0: not at all), then forget every wake-up given
+        so far: the waiter looks at what it was woken for itself."""
+        try:
+            self._given.get(timeout=seconds) if seconds > 0 else self._given.get_nowait()
+            while True:
+                self._given.get_nowait()
+        except queue.Empty:
+            pass
+
+
 class OneSlot(Generic[T]):
     """The WorkerPool of a run at concurrency 1, run by the loop's thread: `submit` keeps the
     job, `take` runs it there and then. `lock` is held by the loop's thread whenever it is not
@@ -54,8 +78,8 @@ class OneSlot(Generic[T]):
         self.lock = threading.Lock()
         self.job_running = False
         self.given_up = False  # set by the calling thread, under the lock, when it ends the run
-        self._loop_wake = threading.Event()  # the loop's thread, waiting with nothing to run
-        self.watch_wake = threading.Event()  # the calling thread, waiting for its next duty
+        self._loop_wake = Wake()  # the loop's thread, waiting with nothing to run
+        self.watch_wake = Wake()  # the calling thread, waiting for its next duty
 
     def submit(self, item: T) -> None:
         self._waiting.append(item)
@@ -65,9 +89,7 @@ class OneSlot(Generic[T]):
         seconds for a wake-up (a stop request) and return nothing. Called with `lock` held; it
         is let go while the job runs."""
         if not self._waiting:
-            if wait > 0:
-                self._loop_wake.wait(wait)
-            self._loop_wake.clear()  # the loop looks at what woke it (the stop request) itself
+            self._loop_wake.wait_and_clear(wait)  # the loop looks at what woke it itself
             return []
         item = self._waiting.popleft()
         self.job_running = True
@@ -88,7 +110,7 @@ class OneSlot(Generic[T]):
         return waiting
 
     def wake(self) -> None:
-        """Wake both threads (a stop request; safe from a signal handler: Event.set)."""
+        """Wake both threads (a stop request; safe from a signal handler: Wake)."""
         self._loop_wake.set()
         self.watch_wake.set()
 
@@ -143,8 +165,7 @@ class LoopThread(Generic[R]):
         slot = self._slot
         try:
             while True:
-                slot.watch_wake.wait(max(0.0, next_duty_at() - time.monotonic()))
-                slot.watch_wake.clear()
+                slot.watch_wake.wait_and_clear(max(0.0, next_duty_at() - time.monotonic()))
                 if self._done:
                     break
                 with slot.lock:  # waits while the loop's thread is in the loop, doing them

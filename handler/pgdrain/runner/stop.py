@@ -5,14 +5,15 @@
 Either way the run stops claiming and gives back what it claimed and did not start. At the
 reserve, running jobs may go on until the final margin before the deadline. At a request, they
 get a short grace, then the leases of those still running end at once (reclaimable now, not a
-lease later) and the run returns. request() may be called from a signal handler: it only sets
-an event and calls wakers that put an item on a SimpleQueue (reentrant)."""
+lease later) and the run returns. request() may be called from a signal handler, which runs in
+the main thread between any two bytecodes: it takes no lock (a lock the main thread holds there
+would be waited for ever), only sets a flag and calls wakers that put an item on a SimpleQueue
+(reentrant) or write to a pipe."""
 
 from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,18 +33,18 @@ class StopRequest:
     def __init__(self, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         self.grace_seconds = grace_seconds
         self.signum: int | None = None
-        self._event = threading.Event()
+        self._requested = False  # a flag, not a threading.Event: setting one takes a lock
         self._wakers: list[Callable[[], None]] = []
 
     def request(self, signum: int | None = None) -> None:
         if self.signum is None:
             self.signum = signum
-        self._event.set()
+        self._requested = True
         for wake in list(self._wakers):
             wake()
 
     def requested(self) -> bool:
-        return self._event.is_set()
+        return self._requested
 
     def on_request(self, wake: Callable[[], None]) -> None:
         """Call `wake` when a stop is requested (at once if it already was)."""
