@@ -90,6 +90,17 @@ def test_control_without_heartbeats_the_fence_refuses_every_stale_completion(
     assert figures.accepted_stale_completions == 0
 
 
+def test_control_results_dropped_without_a_word_are_caught_by_the_audit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The control of the audit's rule that every result not accepted was said lost by its run:
+    the timeline of the control above, with the runs' "lease lost" lines left unread."""
+    figures = run_soak(dataclasses.replace(CONTROL, read_lost_lines=False))
+    _report("control: heartbeat off, fence on, lost lines unread", figures, capsys)
+    assert figures.refused_stale_completions > 0, "the control lost no lease: it shows nothing"
+    assert any("not said lost" in v for v in figures.violations)
+
+
 def test_control_without_the_fence_the_audit_catches_an_accepted_stale_completion(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
