@@ -436,11 +436,11 @@ def test_cancel_a_running_job_tells_it_and_refuses_its_outcome(
     if cancel:
         assert seen == "lease lost"
         assert (row["status"], row["completed_token"]) == ("cancelled", None)
-        assert (result["done"], result["lease_lost"]) == (0, 1)
+        assert (result["done"], result["cancelled"], result["lease_lost"]) == (0, 1, 0)
     else:
         assert seen == "released"
         assert row["status"] == "done" and row["completed_token"] is not None
-        assert (result["done"], result["lease_lost"]) == (1, 0)
+        assert (result["done"], result["cancelled"], result["lease_lost"]) == (1, 0, 0)
 
 
 def test_cancel_revokes_the_lease_so_every_fenced_write_is_refused(conn: Conn, db_url: str) -> None:

@@ -28,6 +28,7 @@ METRIC_NAMES = (
     "JobsSucceeded",
     "JobsRetried",
     "JobsFailed",
+    "JobsCancelled",
     "LeasesLost",
     "Reclaimed",
     "QueueDepth",

@@ -77,8 +77,10 @@ def test_a_lease_taken_by_another_run_is_reported_lost(conn: Conn, run_state: Ru
     (unstarted,) = run_state.attempts.unstarted
     _taken_by_another_run(conn, running)
     _taken_by_another_run(conn, unstarted)
+    heartbeat = Heartbeat(run_state, lease_seconds=LEASE)
+    heartbeat.due_now()
 
-    Heartbeat(run_state, lease_seconds=LEASE).beat()
+    heartbeat.beat_if_due()
 
     assert run_state.counters.values["lease_lost"] == 2
     assert run_state.attempts.lost_tokens == {running.attempt_token}

@@ -597,7 +597,7 @@ def test_the_metrics_printed_match_the_database(
     assert totals["Reclaimed"] == _one(
         conn, "SELECT count(*) FROM pgdrain.jobs WHERE reclaim_count > 0"
     )
-    assert totals["LeasesLost"] == 0
+    assert totals["LeasesLost"] == totals["JobsCancelled"] == 0
     assert totals["QueueDepth"] == store.queue_depth(conn, ["default"]).ready == 0
     assert totals["OldestReadyAgeSeconds"] == 0
     assert (
@@ -633,6 +633,7 @@ def test_counts_are_flushed_while_the_run_goes_on(
         "JobsSucceeded": 3,
         "JobsRetried": 0,
         "JobsFailed": 0,
+        "JobsCancelled": 0,
         "LeasesLost": 0,
         "Reclaimed": 0,
     }

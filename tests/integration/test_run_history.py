@@ -49,9 +49,9 @@ def test_a_run_leaves_one_line_with_its_trigger_and_counts(function: None, conn:
         0,
         "empty",
     )
-    counted = (line.claimed, line.done, line.failed, line.retried, line.lease_lost)
-    assert counted == (5, 3, 1, 1, 0)
-    names = ("claimed", "done", "failed", "retried", "lease_lost")
+    counted = (line.claimed, line.done, line.failed, line.retried, line.cancelled, line.lease_lost)
+    assert counted == (5, 3, 1, 1, 0, 0)
+    names = ("claimed", "done", "failed", "retried", "cancelled", "lease_lost")
     assert counted == tuple(result[name] for name in names)
     assert line.started_at <= line.finished_at
     assert 0 <= line.duration_s <= result["elapsed_s"] + 1.0
@@ -112,6 +112,22 @@ def test_an_exit_sent_again_after_a_lost_reply_writes_one_line(conn: Conn, guard
             _exit(conn, "run-1", statement.replace(GUARD, ""))
             _exit(conn, "run-1", statement.replace(GUARD, ""))
         assert _lines(conn, "run-1") == (1 if guarded else 2)
+
+
+def test_a_line_keeps_cancelled_jobs_apart_from_failed_ones_and_lost_leases(conn: Conn) -> None:
+    counts = {"claimed": 4, "done": 1, "failed": 1, "cancelled": 2, "lease_lost": 0}
+    store.run_register(conn, "run-3", ["default"], 0, 60.0)
+    store.run_exit(
+        conn, "run-3", ["default"], record=store.RunRecord("wake", 0, 1.0, "empty", counts)
+    )
+    [line] = store.run_history_list(conn)
+    assert (line.claimed, line.done, line.failed, line.cancelled, line.lease_lost) == (
+        4,
+        1,
+        1,
+        2,
+        0,
+    )
 
 
 def test_a_run_that_stays_to_drain_again_writes_no_line_yet(conn: Conn) -> None:

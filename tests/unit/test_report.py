@@ -40,6 +40,14 @@ def test_a_drain_result_is_one_line_with_every_count_and_why_it_stopped() -> Non
     )
 
 
+def test_cancelled_jobs_are_counted_on_the_line_only_when_a_run_had_some() -> None:
+    result = DrainResult(claimed=3, done=1, failed=1, cancelled=1, elapsed_s=0.5)
+    assert format_result(result) == (
+        "claimed 3, done 1, retried 0, failed 1, cancelled 1, lease lost 0, reclaimed 0, "
+        "released 0; stopped: empty after 0.5s"
+    )
+
+
 def test_a_run_ended_by_an_error_says_it_on_the_same_line() -> None:
     result = DrainResult(stop_reason="error", error="connection refused\n\x1b[2J")
     line = format_result(result)

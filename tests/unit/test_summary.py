@@ -58,13 +58,30 @@ def test_a_lost_lease_is_counted_and_said_once_per_attempt(
     assert {getattr(r, "job_id", None) for r in caplog.records} == {7}
 
 
-def test_a_lease_lost_to_an_operators_cancel_says_so(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_lease_lost_to_an_operators_cancel_says_so_and_counts_as_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not a lost lease: LeasesLost (and its alarm) stay at 0 for an operator's decision."""
+    seen: list[tuple[str, int]] = []
+    counters = Counters(lambda name, n: seen.append((name, n)))
+    counters.lease_lost(Held(7, uuid.uuid4()), "found by the heartbeat")
+    counters.lease_lost(Held(8, uuid.uuid4()), "found by the heartbeat")
+    assert seen == []  # counted once why is known
+    counters.say_lost({7: "cancelled", 8: "queued"}, "w1")
+    assert [r.getMessage() for r in caplog.records] == [
+        "job 7 cancelled by an operator: this attempt's outcome will not be recorded",
+        "lease lost: another attempt may own this job; found by the heartbeat",
+    ]
+    assert seen == [("cancelled", 1), ("lease_lost", 1)]
+    assert (counters.values["cancelled"], counters.values["lease_lost"]) == (1, 1)
+
+
+def test_a_loss_whose_why_cannot_be_read_counts_as_a_lost_lease() -> None:
+    """A run ended by an error says what it lost without a statement: no status to tell."""
     counters = Counters(None)
     counters.lease_lost(Held(7, uuid.uuid4()), "found by the heartbeat")
-    counters.say_lost({7: "cancelled"}, "w1")
-    assert [r.getMessage() for r in caplog.records] == [
-        "job 7 cancelled by an operator: this attempt's outcome will not be recorded"
-    ]
+    counters.say_lost({}, "w1")
+    assert (counters.values["cancelled"], counters.values["lease_lost"]) == (0, 1)
 
 
 def test_the_result_holds_the_counts_and_how_the_run_ended() -> None:

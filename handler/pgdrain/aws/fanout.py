@@ -129,7 +129,7 @@ class Spawner:
         self, session: Session, counts: Mapping[Counter, int], elapsed_s: float
     ) -> None:
         self.settle(session)
-        finished = counts.get("done", 0) + counts.get("retried", 0) + counts.get("failed", 0)
+        finished = sum(counts.get(name, 0) for name in ("done", "retried", "failed", "cancelled"))
         due = self._clock() >= self._next_check or finished >= self._measured_after
         if not self.enabled or not due or elapsed_s <= 0:
             return

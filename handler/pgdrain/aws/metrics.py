@@ -23,6 +23,7 @@ COUNT_METRICS = {
     "done": "JobsSucceeded",
     "retried": "JobsRetried",
     "failed": "JobsFailed",
+    "cancelled": "JobsCancelled",
     "lease_lost": "LeasesLost",
     "reclaimed": "Reclaimed",
 }

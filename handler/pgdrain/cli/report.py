@@ -47,10 +47,13 @@ def plural(count: int, noun: str) -> str:
 def format_result(result: DrainResult) -> str:
     """The summary line, and a second when the run left ready jobs in queues it does not
     serve (a restriction: --queues, PGDRAIN_QUEUES)."""
+    # Cancelled only when a job was: the line most runs print stays as it was.
+    cancelled = f"cancelled {result.cancelled}, " if result.cancelled else ""
     line = (
         f"claimed {result.claimed}, done {result.done}, retried {result.retried}, "
-        f"failed {result.failed}, lease lost {result.lease_lost}, reclaimed {result.reclaimed}, "
-        f"released {result.released}; stopped: {result.stop_reason} after {result.elapsed_s}s"
+        f"failed {result.failed}, {cancelled}lease lost {result.lease_lost}, "
+        f"reclaimed {result.reclaimed}, released {result.released}; "
+        f"stopped: {result.stop_reason} after {result.elapsed_s}s"
     )
     line += f" ({printable(result.error)})" if result.error else ""
     if result.unserved:

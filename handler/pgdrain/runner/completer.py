@@ -96,9 +96,13 @@ class Completer:
             leases_lost(self._run, [claimed.held], "its failure was not recorded")
             return
         final = outcome.status != "queued"  # failed, or cancelled by the job itself
-        # A snooze counts as retried: the job is queued again (its attempt given back). A
-        # job's own Cancel counts as failed (the summary has no counter of its own for it).
-        self._counters.add("failed" if final else "retried", 1)
+        # A snooze counts as retried: the job is queued again (its attempt given back).
+        if not final:
+            self._counters.add("retried", 1)
+        elif outcome.status == "cancelled":
+            self._counters.add("cancelled", 1)
+        else:
+            self._counters.add("failed", 1)
         _log_failure(claimed, decision, final)
 
     def record_values(self, claimed: store.ClaimedJob) -> bool:

@@ -35,11 +35,12 @@ class Heartbeat:
         self.next_at = 0.0
 
     def beat_if_due(self) -> None:
-        say_lost(self._run)  # lost leases found since the last turn, said once each
         now = time.monotonic()
         if now >= self.next_at:
             self.beat()
             self.next_at = now + self.interval
+        # Leases found lost since the last turn, by this beat too: counted and said once each.
+        say_lost(self._run)
 
     def beat(self) -> None:
         if not self._enabled:

@@ -20,12 +20,15 @@ log = logging.getLogger(__name__)
 StopReason = Literal["empty", "budget", "error", "stopped", "at_cap"]
 # What kind of error ended it: the Lambda edge fetches a rotated secret again on "authentication".
 ErrorKind = Literal["authentication", "configuration", "unavailable", "database"]
-Counter = Literal["claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released"]
+Counter = Literal[
+    "claimed", "done", "retried", "failed", "cancelled", "lease_lost", "reclaimed", "released"
+]
 COUNTERS: tuple[Counter, ...] = (
     "claimed",
     "done",
     "retried",
     "failed",
+    "cancelled",
     "lease_lost",
     "reclaimed",
     "released",
@@ -48,6 +51,9 @@ class DrainResult:
     done: int = 0
     retried: int = 0
     failed: int = 0
+    # Ended as cancelled: by the job itself (Cancel), or by an operator while it ran. Not
+    # counted as failed or as a lost lease, so neither alarm fires for a decision.
+    cancelled: int = 0
     lease_lost: int = 0
     reclaimed: int = 0
     released: int = 0
@@ -94,12 +100,12 @@ class Counters:
                 self._observer(name, n)
 
     def lease_lost(self, held: Held, how: str) -> None:
-        """Count an attempt whose lease is gone, once (a heartbeat and its completion may both
-        find it); it is said once too, by say_lost, at the run's next safe point: why may take
-        a statement, and this may be called while a pipelined reply is being read."""
+        """Note an attempt whose lease is gone, once (a heartbeat and its completion may both
+        find it). It is counted and said once, by say_lost, at the run's next safe point: why
+        (an operator's cancel is not a lost lease) may take a statement, and this may be called
+        while a pipelined reply is being read."""
         if held not in self._lost:
             self._lost.add(held)
-            self.add("lease_lost", 1)
             self._unsaid.append((held, how))
 
     @property
@@ -107,17 +113,20 @@ class Counters:
         return [held for held, _ in self._unsaid]
 
     def say_lost(self, statuses: Mapping[int, str], worker: str) -> None:
-        """Log each lost attempt not said yet, one line each: why, when the job's status now
-        tells (`statuses`: cancelled by an operator), else what the run knows."""
+        """Count and log each lost attempt not said yet, one line each: cancelled when the
+        job's status now tells so (`statuses`: an operator cancelled it), else a lost lease,
+        with what the run knows (an empty `statuses`: why could not be read)."""
         for held, how in self._unsaid:
             extra = {"job_id": held.id, "attempt_token": str(held.token), "worker": worker}
             if statuses.get(held.id) == "cancelled":
+                self.add("cancelled", 1)
                 log.warning(
                     "job %d cancelled by an operator: this attempt's outcome will not be recorded",
                     held.id,
                     extra=extra,
                 )
             else:
+                self.add("lease_lost", 1)
                 log.warning("lease lost: another attempt may own this job; %s", how, extra=extra)
         self._unsaid.clear()
 

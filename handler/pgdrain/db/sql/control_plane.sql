@@ -494,12 +494,13 @@ WITH kick AS MATERIALIZED (
 ), recorded AS (
     INSERT INTO pgdrain.run_history (
         run_id, "trigger", queues, chain, started_at, finished_at, stop_reason,
-        claimed, done, retried, failed, lease_lost, reclaimed, released,
+        claimed, done, retried, failed, cancelled, lease_lost, reclaimed, released,
         drained_again, lingered, continued)
     SELECT %(run_id)s::text, %(trigger)s::text, coalesce(%(queues)s::text[], '{*}'),
            %(chain)s::int, now() - make_interval(secs => %(elapsed_s)s::float8), now(),
            %(stop_reason)s::text, %(claimed)s::int, %(done)s::int, %(retried)s::int,
-           %(failed)s::int, %(lease_lost)s::int, %(reclaimed)s::int, %(released)s::int,
+           %(failed)s::int, %(cancelled)s::int, %(lease_lost)s::int, %(reclaimed)s::int,
+           %(released)s::int,
            %(drained_again)s::int, %(lingered)s::int, %(continued)s::boolean
     WHERE %(record)s::boolean AND (SELECT exits FROM decided)
     ON CONFLICT (run_id) DO NOTHING  -- the exit repeated: the first line stands

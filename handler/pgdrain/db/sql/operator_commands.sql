@@ -446,7 +446,7 @@ LIMIT %(limit)s;
 -- %(limit)s: along run_history_finished_at_idx, backwards.
 SELECT run_id, "trigger", queues, chain, started_at, finished_at,
        extract(epoch FROM finished_at - started_at)::float8 AS duration_s,
-       stop_reason, claimed, done, retried, failed, lease_lost, reclaimed, released,
+       stop_reason, claimed, done, retried, failed, cancelled, lease_lost, reclaimed, released,
        drained_again, lingered, continued
 FROM pgdrain.run_history
 ORDER BY finished_at DESC, run_id

@@ -284,7 +284,16 @@ class ExitCheck:
 
 
 # The counts a run's history line keeps, as its summary names them (runner/summary.py).
-RUN_RECORD_COUNTS = ("claimed", "done", "retried", "failed", "lease_lost", "reclaimed", "released")
+RUN_RECORD_COUNTS = (
+    "claimed",
+    "done",
+    "retried",
+    "failed",
+    "cancelled",
+    "lease_lost",
+    "reclaimed",
+    "released",
+)
 
 
 @dataclass(frozen=True)

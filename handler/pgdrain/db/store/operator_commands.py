@@ -458,6 +458,7 @@ class RunHistoryRow:
     done: int
     retried: int
     failed: int
+    cancelled: int
     lease_lost: int
     reclaimed: int
     released: int
