@@ -58,6 +58,11 @@ class WorkerProcess:
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        # stderr is read as it comes too: a pipe nobody reads fills (64 KiB), and a worker
+        # whose log line cannot be written waits for ever, a stop included.
+        self._stderr: list[str] = []
+        self._err_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._err_reader.start()
 
     def __enter__(self) -> WorkerProcess:
         return self
@@ -66,6 +71,7 @@ class WorkerProcess:
         self.process.kill()
         self.process.wait(timeout=TIMEOUT)
         self._reader.join(timeout=TIMEOUT)
+        self._err_reader.join(timeout=TIMEOUT)
         for pipe in (self.process.stdout, self.process.stderr):
             if pipe is not None:
                 pipe.close()
@@ -74,6 +80,11 @@ class WorkerProcess:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.events.put(json.loads(line))
+
+    def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._stderr.append(line)
 
     def next_event(self) -> dict[str, Any]:
         try:
@@ -84,16 +95,17 @@ class WorkerProcess:
     def stop(self, signum: int) -> tuple[int, str]:
         """Send `signum`; the exit code and what it wrote to stderr, once it has exited."""
         self.process.send_signal(signum)
-        assert self.process.stderr is not None
         try:
             self.process.wait(timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
             self.process.send_signal(signal.SIGABRT)
             self.process.wait(timeout=TIMEOUT)
-            stacks = self.process.stderr.read()
+            self._err_reader.join(timeout=TIMEOUT)
+            stacks = "".join(self._stderr)
             raise AssertionError(f"the worker did not exit after {signum!r}:\n{stacks}") from None
         self._reader.join(timeout=TIMEOUT)
-        return self.process.returncode, self.process.stderr.read()
+        self._err_reader.join(timeout=TIMEOUT)
+        return self.process.returncode, "".join(self._stderr)
 
 
 def status(conn: Conn, job_id: int) -> tuple[str, int]:
