@@ -25,6 +25,10 @@ class Controls(NamedTuple):
     # A transaction cancelled at its BEGIN or limits (the role's own statement_timeout, before
     # the run's limits take effect) is sent again (db/session.py).
     resend_a_transaction_cut_at_its_limits: bool = True
+    # A statement PostgreSQL ended to break a deadlock (an application's transaction locking
+    # the same sequence keys in the other order) is sent again: it rolled back whole
+    # (db/session.py). Without it the run ends and the jobs it finished run again.
+    resend_a_deadlocked_statement: bool = True
     pin_read_committed: bool = True
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took

@@ -54,6 +54,8 @@ SEND_AHEAD_SLACK_SECONDS = 0.01
 # A transaction cancelled at its BEGIN or limits (Session._resend_cut_setup) is sent this many
 # times at most.
 SETUP_CUT_TRIES = 3
+# Tries of a statement ended to break a deadlock (resend_deadlocked).
+DEADLOCK_TRIES = 3
 # What migration 0021's trigger jobs_flow_finished says when a job it finished made others
 # ready (a sequence's next job, dependents).
 MADE_READY_NOTICE = "pgdrain: jobs made ready"
@@ -124,6 +126,7 @@ class Session:
         self._limit_to_budget = limit_to_budget = controls.limit_statements_to_budget
         self._read_committed = read_committed = controls.pin_read_committed
         self._resend_cut = controls.resend_a_transaction_cut_at_its_limits
+        self._resend_deadlocked = controls.resend_a_deadlocked_statement
         self._conn: psycopg.Connection[Any] | None = None
         # While the run holds leases, a reconnect may not outlast them: the heartbeat cannot
         # run until it succeeds, and a lease that expires meanwhile lets another run start the
@@ -445,6 +448,10 @@ class Session:
                 if not trip.cut_at_its_limits or not self._resend_cut_setup(exc, tries):
                     raise
                 while_sent = None  # its work is done: it ran once the first try was sent
+            except psycopg.errors.DeadlockDetected as exc:
+                if not self.resend_deadlocked(exc, tries):
+                    raise
+                while_sent = None
 
     def _resend_cut_setup(self, exc: psycopg.errors.QueryCanceled, tries: int) -> bool:
         """Whether to send again a transaction cancelled at its BEGIN or its limits, as the
@@ -457,6 +464,20 @@ class Session:
         log.warning(
             "a transaction was cancelled before its limits took effect (the role's own "
             "statement_timeout?); sending it again",
+            extra={"reason": one_line(exc)},
+        )
+        return True
+
+    def resend_deadlocked(self, exc: psycopg.errors.DeadlockDetected, tries: int) -> bool:
+        """Whether to send again a transaction PostgreSQL ended to break a deadlock. Safe: the
+        victim's transaction rolled back whole, so its statement did nothing (a fenced
+        completion records nothing, a claim claims nothing), and what rode with it is safe to
+        repeat. The other transaction holds its locks until it ends, so the next try waits for
+        it instead of meeting it again."""
+        if not self._resend_deadlocked or tries >= DEADLOCK_TRIES:
+            return False
+        log.warning(
+            "a statement was ended to break a deadlock; sending it again",
             extra={"reason": one_line(exc)},
         )
         return True

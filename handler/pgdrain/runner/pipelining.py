@@ -107,6 +107,17 @@ class PipelinedClaims:
         claim = self._on_wire[0]
         try:
             rows = self._session.read_ahead()
+        except psycopg.errors.DeadlockDetected as exc:
+            self._on_wire.popleft()
+            if not self._session.resend_deadlocked(exc, 1):
+                self.settle()
+                raise
+            # It rolled back whole: made again, in a round trip of its own once the claims
+            # behind it are read (run_recovering settles them first).
+            made = self._session.run_recovering(
+                self._statements.operation(claim), self._statements.recover(claim)
+            )
+            return self._claims.received(claim, *made)
         except psycopg.Error as exc:
             if self._session.broken():
                 return self._take_up(exc)[0]
