@@ -189,18 +189,18 @@ def test_a_delayed_job_past_the_horizon_is_woken_for_at_the_horizon(
     kicker = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
     with conn.transaction():
         enqueue(conn, "noop", {}, queue="emails", delay=365 * 86400)
-    before = dt.datetime.now(dt.UTC)
+    # A horizon ahead of the moment the kick (then the run) reads the clock, rounded up to the
+    # minute: at most a horizon and a minute after the call returned, whichever minute that
+    # moment fell in (a bound taken before the call fails when the call crosses a minute).
+    horizon = dt.timedelta(seconds=WAKE_HORIZON_SECONDS)
     kick(conn, ["emails"], settings=kicker, client=client)
     (request,) = spy.events()
     at = dt.datetime.fromisoformat(request["pgdrain"]["at"])
-    limit = before + dt.timedelta(seconds=WAKE_HORIZON_SECONDS + 60)
-    assert at <= limit
+    assert at <= dt.datetime.now(dt.UTC) + horizon + dt.timedelta(minutes=1)
     assert invoke_handler(request)["wake"] == "created"
-    # The run's horizon counts from the run, which may start in a later minute.
-    before_run = dt.datetime.now(dt.UTC)
     ran = invoke_handler({"pgdrain": {"reason": "enqueue", "queues": ["emails"]}})
-    limit_run = before_run + dt.timedelta(seconds=WAKE_HORIZON_SECONDS + 60)
-    assert dt.datetime.fromisoformat(ran["wake_at"]) <= limit_run
+    wake_at = dt.datetime.fromisoformat(ran["wake_at"])
+    assert wake_at <= dt.datetime.now(dt.UTC) + horizon + dt.timedelta(minutes=1)
 
 
 def test_the_horizon_bounds_the_moment_and_keeps_the_precision() -> None:

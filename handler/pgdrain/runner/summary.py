@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from pgdrain.db.connection import is_schema_missing
 from pgdrain.db.store import Held
@@ -23,16 +23,7 @@ ErrorKind = Literal["authentication", "configuration", "unavailable", "database"
 Counter = Literal[
     "claimed", "done", "retried", "failed", "cancelled", "lease_lost", "reclaimed", "released"
 ]
-COUNTERS: tuple[Counter, ...] = (
-    "claimed",
-    "done",
-    "retried",
-    "failed",
-    "cancelled",
-    "lease_lost",
-    "reclaimed",
-    "released",
-)
+COUNTERS: tuple[Counter, ...] = get_args(Counter)
 
 # A restricted run counts the ready jobs of each queue it does not serve up to this (more reads
 # as this many): the figure says "some are waiting", not how many to the last.
