@@ -16,9 +16,9 @@ from pgdrain.cli import init
 SCAFFOLD = {f.path: f.source.read_bytes() for f in init.scaffold_files()}
 
 
-def _init(cwd: Path, *args: str) -> Run:
+def _init(cwd: Path, *args: str, path: str = str(ROOT / "handler")) -> Run:
     assert not cwd.resolve().is_relative_to(ROOT)
-    run = run_pgdrain("init", *args, env={"PYTHONPATH": str(ROOT / "handler")}, cwd=cwd)
+    run = run_pgdrain("init", *args, env={"PYTHONPATH": path}, cwd=cwd)
     assert "Traceback" not in run.err, run.err
     return run
 
@@ -43,6 +43,32 @@ def test_init_writes_the_project_into_a_new_folder(tmp_path: Path) -> None:
     assert "  pgdrain invoke -e infra/events/enqueue.json" in " ".join(lines)
     for event in ("schedule", "enqueue", "continue", "wake"):
         assert (project / "infra" / "events" / f"{event}.json").is_file()
+
+
+INSTALL_PYYAML = "  pip install 'pgdrain[invoke]'    # PyYAML: invoke reads template.yaml"
+
+
+@pytest.mark.parametrize("pyyaml", ["installed", "missing"])
+def test_the_next_steps_install_pyyaml_before_invoke_only_where_it_is_missing(
+    tmp_path: Path, pyyaml: str
+) -> None:
+    """A plain `pip install pgdrain` has no PyYAML, which `pgdrain invoke` needs: the steps say
+    how to get it, before the step that needs it. Missing here: a `yaml` module first on the
+    path that cannot be imported."""
+    path = str(ROOT / "handler")
+    if pyyaml == "missing":
+        (tmp_path / "blocked").mkdir()
+        (tmp_path / "blocked" / "yaml.py").write_text("raise ImportError('no PyYAML here')\n")
+        path = f"{tmp_path / 'blocked'}:{path}"
+    (tmp_path / "repo").mkdir()
+    run = _init(tmp_path / "repo", path=path)
+    assert run.code == EXIT_OK, run
+    lines = run.out.splitlines()
+    invoke = next(i for i, line in enumerate(lines) if "pgdrain invoke" in line)
+    if pyyaml == "missing":
+        assert lines[invoke - 1] == INSTALL_PYYAML
+    else:
+        assert INSTALL_PYYAML not in lines
 
 
 def test_init_adds_the_project_beside_the_files_a_repository_already_has(tmp_path: Path) -> None:

@@ -147,6 +147,15 @@ def _replace(target: Path, source: Traversable | Path) -> None:
     os.replace(partial, target)
 
 
+def _has_yaml() -> bool:
+    """Is PyYAML, which `pgdrain invoke` needs (the [invoke] extra), importable here?"""
+    try:
+        import yaml  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def report(written: Written) -> str:
     """What was written, and the commands to run next (from the project's folder)."""
     folder = written.folder
@@ -161,6 +170,10 @@ def report(written: Written) -> str:
         "export PYTHONPATH=handler    # where the pgdrain command finds handler/jobs.py",
         "pgdrain migrate",
         'pgdrain enqueue hello --payload \'{"name": "world"}\'',
+    ]
+    if not _has_yaml():
+        steps.append("pip install 'pgdrain[invoke]'    # PyYAML: invoke reads template.yaml")
+    steps += [
         "pgdrain invoke -e infra/events/enqueue.json    # the function, run here as on Lambda",
         "sam validate --lint && sam build",
     ]
