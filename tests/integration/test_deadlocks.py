@@ -19,6 +19,7 @@ import pytest
 
 import jobs as example_jobs
 from helpers.fixtures import claim_batch, job_row, wait_for
+from helpers.lock_waits import someone_here_waits_on_a_lock
 from pgdrain import Budget, Settings, enqueue
 from pgdrain.controls import Controls
 from pgdrain.db import store
@@ -30,14 +31,6 @@ Conn = psycopg.Connection[Any]
 
 def _with_options(url: str, options: str) -> str:
     return psycopg.conninfo.make_conninfo(url, options=options)
-
-
-def _someone_waits_for_a_lock(conn: Conn) -> bool:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_catalog.pg_locks WHERE NOT granted AND pid IN"
-        " (SELECT pid FROM pg_catalog.pg_stat_activity WHERE datname = current_database())"
-    ).fetchone()
-    return row is not None and row[0] > 0
 
 
 @pytest.mark.parametrize("resend", [True, False], ids=["resent", "control: not resent"])
@@ -67,7 +60,7 @@ def test_a_completion_ended_by_a_deadlock_is_sent_again(
         completing = threading.Thread(target=complete)
         completing.start()
         # Only the run can be waiting: the application waits for nothing yet.
-        wait_for(lambda: _someone_waits_for_a_lock(conn), what="the run to wait for key b")
+        wait_for(lambda: someone_here_waits_on_a_lock(conn), what="the run to wait for key b")
         enqueue(app, "noop", {"n": 2}, sequence="a")  # waits for a, which the run holds
         app.commit()
     completing.join(timeout=30)
@@ -108,7 +101,7 @@ def test_a_drain_whose_completion_is_ended_by_a_deadlock_records_its_jobs_done(
             )
         )
         draining.start()
-        wait_for(lambda: _someone_waits_for_a_lock(conn), what="the run to wait for key b")
+        wait_for(lambda: someone_here_waits_on_a_lock(conn), what="the run to wait for key b")
         enqueue(app, "noop", {"n": 2}, sequence="a")  # waits for a, which the run holds
         app.commit()
     draining.join(timeout=60)

@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from helpers.fixtures import db_now, job_row, wait_for
+from helpers.lock_waits import named_waits_on_a_lock
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue
 from pgdrain.controls import Controls
 from pgdrain.runner.drain import drain_with
@@ -48,14 +49,6 @@ def in_background(
     return thread, results
 
 
-def drain_waiting_on_a_lock(conn: Conn) -> bool:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE application_name = 'pgdrain' AND wait_event_type = 'Lock'"
-    ).fetchone()
-    return bool(row and row[0])
-
-
 # On its own connection the drain's connection keeps the limits; behind a transaction pooler
 # each transaction carries its own (session.py). Both must hold.
 POOLERS = pytest.mark.parametrize("pooler", ["session", "transaction"])
@@ -86,11 +79,11 @@ def test_a_drain_blocked_on_a_table_lock_ends_by_its_deadline_only_with_the_limi
             assert result.error is not None and "timeout" in result.error
             assert result.elapsed_s <= budget
         else:
-            wait_for(lambda: drain_waiting_on_a_lock(conn), what="the drain to wait")
+            wait_for(lambda: named_waits_on_a_lock(conn, "pgdrain"), what="the drain to wait")
             wait_for(
                 lambda: (db_now(conn) - began).total_seconds() > budget + 1, what="deadline + 1"
             )
-            assert thread.is_alive() and drain_waiting_on_a_lock(conn), "still blocked"
+            assert thread.is_alive() and named_waits_on_a_lock(conn, "pgdrain"), "still blocked"
         locker.rollback()
     thread.join(30)
     assert not thread.is_alive()
@@ -119,7 +112,7 @@ def test_a_completion_that_waited_for_a_concurrent_update_is_recorded_under_any_
     with psycopg.connect(db_url) as other:  # e.g. an operator touching the row
         other.execute("UPDATE pgdrain.jobs SET updated_at = now() WHERE id = %s", (job_id,))
         gate.release.set()  # the job returns; its completion waits for `other`'s row lock
-        wait_for(lambda: drain_waiting_on_a_lock(conn), what="the completion to wait")
+        wait_for(lambda: named_waits_on_a_lock(conn, "pgdrain"), what="the completion to wait")
         other.commit()
     thread.join(30)
     [result] = results

@@ -28,6 +28,7 @@ from helpers.aws import (
     mocked_aws,
 )
 from helpers.fixtures import wait_for
+from helpers.lock_waits import waits_on_a_lock
 from pgdrain import enqueue
 from pgdrain.aws import events
 from pgdrain.aws import run as lambda_run
@@ -241,7 +242,7 @@ def test_two_copies_admitted_at_once_keep_the_cap(db_url: str, conn: Conn, gate:
             thread = threading.Thread(target=admit, args=(second, "two"))
             thread.start()
             if gate:
-                wait_for(lambda: _waiting_on_a_lock(conn, second_pid), what="the gate wait")
+                wait_for(lambda: waits_on_a_lock(conn, second_pid), what="the gate wait")
             else:
                 thread.join(TIMEOUT)
         thread.join(TIMEOUT)
@@ -264,10 +265,3 @@ def _register(c: Conn, run_id: str) -> None:
         " VALUES (%s, '{default}', 1, now() + interval '5 minutes')",
         (run_id,),
     )
-
-
-def _waiting_on_a_lock(conn: Conn, pid: int) -> bool:
-    row = conn.execute(
-        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return bool(row and row[0])

@@ -22,6 +22,7 @@ from helpers.aws import (
     mocked_aws,
 )
 from helpers.fixtures import wait_for
+from helpers.lock_waits import waits_on_a_lock
 from pgdrain import Budget, Settings, enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.aws import events
@@ -112,7 +113,7 @@ def test_two_decisions_at_once_keep_the_cap(db_url: str, conn: Conn, gate: bool)
             thread = threading.Thread(target=decide_second)
             thread.start()
             if gate:  # it waits on the gate until the first commits
-                wait_for(lambda: _waiting_on_a_lock(conn, second_pid), what="the gate wait")
+                wait_for(lambda: waits_on_a_lock(conn, second_pid), what="the gate wait")
             else:  # nothing holds it back: it counts before the first's rows are visible
                 thread.join(10)
         thread.join(10)
@@ -125,13 +126,6 @@ def test_two_decisions_at_once_keep_the_cap(db_url: str, conn: Conn, gate: bool)
         assert (reserved["second"], _live_runs(conn)) == (0, cap)
     else:
         assert (reserved["second"], _live_runs(conn)) == (2, cap + 2)  # the cap is broken
-
-
-def _waiting_on_a_lock(conn: Conn, pid: int) -> bool:
-    row = conn.execute(
-        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return bool(row and row[0])
 
 
 def test_many_runs_deciding_at_once_never_exceed_the_cap(db_url: str, conn: Conn) -> None:

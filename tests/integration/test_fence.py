@@ -23,6 +23,7 @@ from helpers.fixtures import (
     wait_for,
     without_line,
 )
+from helpers.lock_waits import waits_on_a_lock
 from pgdrain import enqueue
 from pgdrain.db import store
 from pgdrain.db.sql import query
@@ -282,16 +283,6 @@ def _retake(other: Conn, job_id: int) -> uuid.UUID:
     return token
 
 
-def _blocked_on_lock(conn: Conn, pid: int) -> bool:
-    row = conn.execute(
-        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    granted = conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", (pid,)
-    ).fetchone()
-    return bool(row and row[0]) and bool(granted and granted[0])
-
-
 def _race(
     conn: Conn, db_url: str, other: Conn, job_id: int, statement: str
 ) -> tuple[list[tuple[Any, ...]], uuid.UUID]:
@@ -313,7 +304,7 @@ def _race(
         thread.start()
         try:
             wait_for(
-                lambda: _blocked_on_lock(conn, pid) or not thread.is_alive(),
+                lambda: waits_on_a_lock(conn, pid) or not thread.is_alive(),
                 WAIT_SECONDS,
                 "the reclaim to wait on the re-taken row",
             )

@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, complete_one, wait_for, without_line
+from helpers.lock_waits import waits_on_a_lock
 from pgdrain import Budget, Settings, enqueue_many, pause_queue, resume_queue
 from pgdrain.api.enqueue import build_job
 from pgdrain.api.registry import Registry
@@ -81,13 +82,6 @@ def _sync(conn: Conn) -> None:
 
 def _wait_until(condition: Callable[[], bool]) -> None:
     wait_for(condition, what="the statement to wait on the held transaction's lock")
-
-
-def _waits_on_a_lock(observer: Conn, pid: int) -> bool:
-    row = observer.execute(
-        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return bool(row and row[0])
 
 
 def _function(name: str) -> str:
@@ -172,7 +166,7 @@ def test_a_limit_created_while_jobs_move_counts_them_exactly(
                 held.start(_claim_as_a_drain_does)
             pid = held.other.info.backend_pid
             if locked:  # it waits for the held transaction, seen waiting
-                _wait_until(lambda: _waits_on_a_lock(conn, pid))
+                _wait_until(lambda: waits_on_a_lock(conn, pid))
             else:  # nothing makes it wait
                 assert held.thread is not None
                 held.thread.join(30)
@@ -217,7 +211,7 @@ def test_a_count_left_too_high_stops_the_queue_for_good_without_the_lock(
             assert complete_one(held.holder, job.held)
             held.start(_sync)
             if locked:
-                _wait_until(lambda: _waits_on_a_lock(conn, held.other.info.backend_pid))
+                _wait_until(lambda: waits_on_a_lock(conn, held.other.info.backend_pid))
             else:
                 assert held.thread is not None
                 held.thread.join(30)

@@ -13,6 +13,7 @@ import pytest
 
 from helpers.fixtures import wait_for
 from helpers.history import day_partition_exists, finish_within_day, make_day_partition
+from helpers.lock_waits import named_waits_on_a_lock
 from pgdrain import enqueue
 from pgdrain.budget import Budget
 from pgdrain.controls import Controls
@@ -112,7 +113,7 @@ RETENTION_APP = "pgdrain-retention-test"
 
 
 def _retention_waiting_on_a_lock(conn: Conn) -> bool:
-    return _waiting_on_a_lock(conn, RETENTION_APP)
+    return named_waits_on_a_lock(conn, RETENTION_APP)
 
 
 @pytest.mark.parametrize("limited", [True, False], ids=["limited", "control: unlimited"])
@@ -221,9 +222,9 @@ def test_purge_of_whole_days_gives_way_to_a_reader_only_with_its_lock_limit(
                 thread.join(30)
                 assert not thread.is_alive()  # it returned while the reader still held its lock
             else:
-                wait_for(lambda: _waiting_on_a_lock(conn, PURGE_APP), what="the drop to wait")
+                wait_for(lambda: named_waits_on_a_lock(conn, PURGE_APP), what="the drop to wait")
                 thread.join(limit_s + 1)  # bounded: it cannot return while blocked
-                assert thread.is_alive() and _waiting_on_a_lock(conn, PURGE_APP), "still blocked"
+                assert thread.is_alive() and named_waits_on_a_lock(conn, PURGE_APP), "still blocked"
             reader.rollback()
         thread.join(30)
     assert not thread.is_alive()
@@ -236,12 +237,3 @@ def test_purge_of_whole_days_gives_way_to_a_reader_only_with_its_lock_limit(
         assert (jobs, day_partition_exists(conn, -10)) == (3, False)
         assert elapsed > limit_s
         assert not old & _ids(conn)
-
-
-def _waiting_on_a_lock(conn: Conn, application_name: str) -> bool:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE application_name = %s AND wait_event_type = 'Lock'",
-        (application_name,),
-    ).fetchone()
-    return bool(row and row[0])

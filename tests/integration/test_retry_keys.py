@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, job_row, wait_for, without_line
+from helpers.lock_waits import waits_on_a_lock
 from pgdrain import enqueue
 from pgdrain.db import store
 from pgdrain.db.sql import query
@@ -90,13 +91,6 @@ def test_of_several_jobs_retried_with_one_key_the_newest_takes_it(conn: Conn) ->
     assert [(r.id, r.retried, r.held_by) for r in again] == [(older, False, newer)]
 
 
-def _waits_on_a_lock(observer: Conn, pid: int) -> bool:
-    row = observer.execute(
-        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
-    return bool(row and row[0])
-
-
 def _in_a_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     out: dict[str, Any] = {}
 
@@ -141,7 +135,7 @@ def test_a_key_taken_by_a_concurrent_transaction_is_seen_not_raised(
                     lambda: second.execute(query("job_retry"), {"ids": [older]}).fetchall()
                 )
             pid = second.info.backend_pid
-            wait_for(lambda: _waits_on_a_lock(conn, pid), what="the retry to wait on the key")
+            wait_for(lambda: waits_on_a_lock(conn, pid), what="the retry to wait on the key")
         thread.join(30)
     assert not thread.is_alive()
     if again:
@@ -232,7 +226,7 @@ def test_a_retry_whose_concurrent_taker_rolls_back_takes_the_key(db_url: str, co
             assert taken.retried
             thread, out = _in_a_thread(lambda: store.job_retry(second, [older]))
             pid = second.info.backend_pid
-            wait_for(lambda: _waits_on_a_lock(conn, pid), what="the retry to wait on the key")
+            wait_for(lambda: waits_on_a_lock(conn, pid), what="the retry to wait on the key")
         thread.join(30)
     assert out == {"result": [store.Retry(older, "default", "noop", True, None)]}
     assert (_status(conn, older), _status(conn, newer)) == ("queued", "failed")

@@ -1,0 +1,40 @@
+"""Whether a backend is waiting on a heavyweight lock (a row, a table, an advisory lock), as
+the server reports it: how a race test knows the other side has reached the lock it holds,
+without sleeping. Each takes the observer's own connection, outside the transactions it
+watches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+Conn = psycopg.Connection[Any]
+
+
+def waits_on_a_lock(observer: Conn, pid: int) -> bool:
+    """The backend `pid` waits on a lock."""
+    row = observer.execute(
+        "SELECT wait_event_type = 'Lock' FROM pg_catalog.pg_stat_activity WHERE pid = %s", (pid,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def named_waits_on_a_lock(observer: Conn, application_name: str) -> bool:
+    """A backend of this application_name waits on a lock (for a backend the test cannot ask
+    its pid of, such as a drain's)."""
+    row = observer.execute(
+        "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+        " WHERE application_name = %s AND wait_event_type = 'Lock'",
+        (application_name,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def someone_here_waits_on_a_lock(observer: Conn) -> bool:
+    """A backend of the observer's database waits on a lock."""
+    row = observer.execute(
+        "SELECT count(*) FROM pg_catalog.pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return bool(row and row[0])
