@@ -47,6 +47,10 @@ class Controls(NamedTuple):
     # `pgdrain worker` LISTENs for kicks (runner/worker.py): without it, a kick wakes nothing
     # and the job waits for the worker's next wake-up (a due time, the safety net).
     listen_for_kicks: bool = True
+    # A signal the system hands to another thread than the main one (allowed off Linux: any
+    # thread that does not block it) ends the worker's idle wait, through the wake pipe
+    # (signal.set_wakeup_fd). Without it the stop waits for the wait's end: up to the safety net.
+    wake_the_wait_on_a_signal_to_any_thread: bool = True
 
     # Each invocation registers in pgdrain.runs under an id of its own, and a fan-out run takes
     # up its reservation once: a copy of its event (async delivery is at least once) neither

@@ -9,8 +9,12 @@ a kicked job runs in a drain woken by the kick, well before the safety net."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import queue
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +25,7 @@ import pytest
 from psycopg import sql
 
 from helpers import worker_jobs
+from helpers.cli import ROOT
 from helpers.fixtures import wait_for
 from helpers.history import day_partition_exists, make_day_partition
 from helpers.lossy_proxy import LossyProxy
@@ -242,3 +247,77 @@ def test_a_kicked_worker_keeps_the_history_once_per_safety_net_interval(
                 assert worker.next_drain()[0] == "kick"
     kept = [r for r in caplog.records if r.getMessage() == "retention deleted finished jobs"]
     assert len(kept) == 1
+
+
+# A worker in the main thread of a process of its own (only there do signals reach Python),
+# idle, waiting for the safety net. A thread of the process waits until the main thread sleeps
+# in the idle wait's select (its Python frame is Listener._select, /proc says it is in the
+# select system call), then sends SIGINT to itself: a signal the system handed to a thread
+# other than the main one, as systems other than Linux may. Prints the worker's summary and
+# whether it stopped at once: within half the wait, which the control sleeps out.
+_SIGNAL_TO_ANOTHER_THREAD = """
+import json, signal, sys, threading, time
+
+from helpers import worker_jobs
+from pgdrain import Settings
+from pgdrain.controls import Controls
+from pgdrain.runner.stop import StopRequest, stop_on_signals
+from pgdrain.runner.worker import Listener, Worker
+
+url, wakes, wait_s = sys.argv[1], sys.argv[2] == "wake", float(sys.argv[3])
+main = threading.main_thread()
+main_tid = threading.get_native_id()
+SELECT_CALLS = {"23", "270"}  # select, pselect6 (x86_64)
+
+
+def in_the_idle_wait() -> bool:
+    frame = sys._current_frames().get(main.ident)
+    if frame is None or frame.f_code is not Listener._select.__code__:
+        return False
+    with open(f"/proc/self/task/{main_tid}/syscall") as call:
+        in_select = call.read().split()[0] in SELECT_CALLS
+    frame = sys._current_frames().get(main.ident)
+    return in_select and frame is not None and frame.f_code is Listener._select.__code__
+
+
+shot: list[float] = []
+
+
+def shoot() -> None:
+    while not in_the_idle_wait():
+        time.sleep(0.01)
+    shot.append(time.monotonic())
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+
+settings = Settings(schedule_rate_seconds=wait_s, reserve_seconds=0.5)
+controls = Controls(wake_the_wait_on_a_signal_to_any_thread=wakes)
+threading.Thread(target=shoot, daemon=True).start()
+with stop_on_signals(StopRequest(0.5)) as stop:
+    summary = Worker(settings, worker_jobs.jobs, url, stop=stop, controls=controls).run()
+waited = time.monotonic() - shot[0]
+print(json.dumps({"drains": summary.drains, "signal": stop.signal_name,
+                  "at_once": waited < wait_s / 2}))
+"""
+
+
+@pytest.mark.parametrize("wakes", [True, False], ids=["wakes", "control: waits it out"])
+def test_a_signal_handed_to_another_thread_ends_the_idle_wait_at_once(
+    db_url: str, wakes: bool
+) -> None:
+    """The control waits for the safety net (WAIT_S) before it sees the stop; the worker with
+    the wake pipe as the signal's wake-up fd stops at once."""
+    wait_s = 8.0
+    command = [
+        sys.executable,
+        "-c",
+        _SIGNAL_TO_ANOTHER_THREAD,
+        db_url,
+        "wake" if wakes else "control",
+        str(wait_s),
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("handler", "tests"))}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"drains": 1, "signal": "SIGINT", "at_once": wakes}

@@ -35,6 +35,8 @@ import datetime as dt
 import logging
 import os
 import select
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -157,6 +159,7 @@ class Worker:
             self.stop,
             listen=self.controls.listen_for_kicks,
             queues=self.settings.queues,
+            signals_wake=self.controls.wake_the_wait_on_a_signal_to_any_thread,
         )
         try:
             while not self.stop.requested():
@@ -300,11 +303,13 @@ class Listener:
         *,
         listen: bool,
         queues: tuple[str, ...] | None,  # None: every queue
+        signals_wake: bool = True,
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
         self._stop = stop
         self._listen = listen
+        self._signals_wake = signals_wake
         self._queues = None if queues is None else frozenset(queues)
         self._conn: psycopg.Connection[Any] | None = None
         self._wake_r, self._wake_w = os.pipe()
@@ -382,7 +387,7 @@ class Listener:
             left = ends_at - time.monotonic()
             if left <= 0:
                 return "timeout"
-            ready, _, _ = select.select([conn.fileno(), self._wake_r], [], [], left)
+            ready = self._select([conn.fileno(), self._wake_r], left)
             if self._wake_r in ready:
                 self._drain_pipe()
 
@@ -398,10 +403,24 @@ class Listener:
 
     def _sleep(self, seconds: float) -> bool:
         """Wait, unless a stop comes first (True then)."""
-        ready, _, _ = select.select([self._wake_r], [], [], seconds)
-        if ready:
+        if self._select([self._wake_r], seconds):
             self._drain_pipe()
         return self._stop.requested()
+
+    def _select(self, fds: list[int], seconds: float) -> list[int]:
+        """Wait until one of `fds` is readable, or `seconds`. A signal interrupts the wait only
+        in the thread the system hands it to: Linux picks the main thread, other systems any
+        thread that does not block it (a job's thread, a library's). Python runs the handler in
+        the main thread, and only once that thread runs again. So, for the wait, the signal also
+        writes a byte to the wake pipe (set_wakeup_fd, the main thread's to set), whichever
+        thread took it, and the wait ends at once."""
+        if not self._signals_wake or threading.current_thread() is not threading.main_thread():
+            return select.select(fds, [], [], seconds)[0]
+        before = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        try:
+            return select.select(fds, [], [], seconds)[0]
+        finally:
+            signal.set_wakeup_fd(before)
 
     def _drain_pipe(self) -> None:
         try:
