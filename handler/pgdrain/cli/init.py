@@ -172,7 +172,8 @@ def report(written: Written) -> str:
         'pgdrain enqueue hello --payload \'{"name": "world"}\'',
     ]
     if not _has_yaml():
-        steps.append("pip install 'pgdrain[invoke]'    # PyYAML: invoke reads template.yaml")
+        # PyYAML itself, not `pgdrain[invoke]`: pgdrain is not on PyPI, where pip would look.
+        steps.append("pip install PyYAML    # invoke reads template.yaml (the [invoke] extra)")
     steps += [
         "pgdrain invoke -e infra/events/enqueue.json    # the function, run here as on Lambda",
         "sam validate --lint && sam build",
