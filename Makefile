@@ -2,6 +2,7 @@
 ## make help             this list
 ## make demo             migrate, enqueue example jobs, drain them, print what happened
 ## make test             the test suite (not the soak, not the simulator)
+## make test-runtime     the unit and handler tests again under python3.12, the function's runtime
 ## make lint             ruff check, ruff format --check, mypy
 ## make format           ruff format, then ruff check --fix
 ## make soak             the chaos soak and its controls (PGDRAIN_SOAK_JOBS sets its size)
@@ -22,7 +23,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 export PYTHONPATH := handler
 
-.PHONY: help demo test simulate-test lint format sam lock bench bench-scale soak clean
+.PHONY: help demo test test-runtime simulate-test lint format sam lock bench bench-scale soak clean
 
 # The function's locked dependencies first, their hashes checked: the suite runs what the
 # function runs (tests/unit/test_locked_dependencies.py fails if the two drift apart).
@@ -51,6 +52,22 @@ TEST_PATHS ?=
 TEST_WORKERS ?= 2
 test: $(INSTALLED)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "$(TEST_MARKERS)" $(TEST_PATHS)
+
+# The function runs python3.12 (template.yaml's Runtime), the suite above the python that made
+# .venv: the unit tests and the handler's own tests again in a virtualenv of python3.12 (pyenv's,
+# found as `make sam` finds it), so a change that breaks only there fails here.
+RUNTIME_VENV ?= .venv-runtime
+RUNTIME_TESTS := tests/unit tests/integration/test_lambda_handler.py \
+	tests/integration/test_lambda_job_errors.py tests/integration/test_recovery.py
+test-runtime:
+	@runtime="$$($(SAM_ENV) python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null)"; \
+	if [ -z "$$runtime" ]; then \
+		echo "make test-runtime: no python3.12 (the function's runtime) on PATH or in pyenv" >&2; \
+		exit 1; \
+	fi; \
+	$(MAKE) --no-print-directory VENV=$(RUNTIME_VENV) PYTHON="$$runtime" $(RUNTIME_VENV)/.installed
+	$(RUNTIME_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not sim" \
+		$(RUNTIME_TESTS)
 
 # The simulator's smoke form end to end (tests/sim; the full measurement is `make simulate`).
 simulate-test: $(INSTALLED)
@@ -148,7 +165,7 @@ bench-scale: $(BENCH_INSTALLED)
 	$(BENCH_VENV)/bin/python -m bench.scale --write $(SCALE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) $(SIM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SAM_VENV) $(BENCH_VENV) $(SIM_VENV) $(RUNTIME_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache
 
 # `make simulate` measures the control plane with the simulator (sim/, docs/simulate.md): the
 # real handler in processes, a stand-in for Lambda and EventBridge Scheduler, real PostgreSQL
