@@ -303,7 +303,7 @@ class Listener:
         *,
         listen: bool,
         queues: tuple[str, ...] | None,  # None: every queue
-        signals_wake: bool = True,
+        signals_wake: bool,
     ) -> None:
         self._conninfo = conninfo
         self._settings = settings
