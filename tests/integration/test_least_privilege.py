@@ -142,6 +142,8 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
             ("run_gate", "UPDATE"),
             # a run's exit writes its history line, retention deletes old ones; none changes
             *(("run_history", privilege) for privilege in ("DELETE", "INSERT", "SELECT")),
+            # the reclaim and a run's exit read the floor; only lease_floor_raise moves it
+            ("lease_floor", "SELECT"),
         ]
     )
     assert grants == expected
@@ -268,6 +270,33 @@ def test_a_role_granted_before_the_run_history_still_exits(
             return
         assert store.run_exit(worker, "old-grant", ["default"], record=record).exited
         assert [r.run_id for r in store.run_history_list(worker)] == ["old-grant"]
+
+
+@pytest.mark.parametrize("regranted", [True, False], ids=["by-0024", "control: not granted"])
+def test_a_role_granted_before_the_lease_floor_still_reclaims(
+    worker_url: str, granted: str, regranted: bool
+) -> None:
+    """A database whose worker role was granted before migration 0024: the migration grants it
+    the floor and its raise, so a run's reclaim (which now reads the one and sends the other)
+    does not fail before worker_role.sql is run again. The control takes them back."""
+    with psycopg.connect(granted, autocommit=True) as owner:
+        # As it was before 0024; then `pgdrain migrate`.
+        owner.execute("DROP TABLE pgdrain.lease_floor")
+        owner.execute("DROP FUNCTION pgdrain.lease_floor_raise()")
+        owner.execute("DROP FUNCTION pgdrain.lease_floor_lower() CASCADE")
+        owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0024'")
+        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0024"]
+        if not regranted:
+            owner.execute("REVOKE ALL ON pgdrain.lease_floor FROM pgdrain_worker")
+        enqueue(owner, "noop")
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        if not regranted:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                store.job_reclaim_expired(worker, 10)
+            return
+        [held] = claim_batch(worker, ["default"], 1, "w-dead", 30.0, 0.0)
+        store.lease_floor_raise(worker)
+        assert [r.id for r in store.job_reclaim_expired(worker, 10)] == [held.id]
 
 
 @pytest.mark.parametrize("statement", DDL)

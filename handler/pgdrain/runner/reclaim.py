@@ -4,7 +4,11 @@ again, or failed (or parked) when their attempts are spent.
 The reclaim goes with the run's first claim, in its round trip and before it, so that claim can
 take what it queued again (Session.read_with_next); it is reported once that round trip is
 back. Safe to send twice (after a lost connection): a lease taken back is no longer expired, so
-it matches nothing."""
+it matches nothing.
+
+Before it, in the same round trip, goes the raise of the floor its scan starts from (migration
+0024, docs/decisions/0017): behind a snapshot held open elsewhere, the scan no longer walks the
+dead index entries of every job that ran since."""
 
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ class Reclaim:
         self._reclaimed: Later[list[store.Reclaimed]] | None = None
 
     def send_with_next(self) -> None:
+        # First, in a transaction of its own: the floor the reclaim's scan starts from.
+        self._session.send_with_next(store.lease_floor_raise)
         self._reclaimed = self._session.read_with_next(
             store.job_reclaim_expired_statement(self._limit)
         )

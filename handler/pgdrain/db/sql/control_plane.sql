@@ -476,6 +476,9 @@ WITH kick AS MATERIALIZED (
                              AND j.run_at <= now())),
             (SELECT min(lease_expires_at) FROM pgdrain.active_jobs
              WHERE status = 'running'
+               -- from the floor, as the reclaim (migration 0024)
+               AND lease_expires_at >= coalesce((SELECT f.at FROM pgdrain.lease_floor AS f),
+                                                '-infinity')
                AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])))
         ) AS due_at
 ), decided AS MATERIALIZED (

@@ -545,6 +545,13 @@ WHERE j.id = ANY(%(ids)b::bigint[])
   AND CASE WHEN j.status = 'running' THEN j.attempt_token END = held.token
 RETURNING j.id, held.token;
 
+-- name: lease_floor_raise :exec
+-- Raise the floor of running jobs' leases (migration 0024) to the least lease a running job
+-- holds, unless a statement writing a running row is in flight. Sent as a transaction of its
+-- own, before the reclaim in the same round trip (runner/reclaim.py): it holds its lock until
+-- it commits. Safe to repeat: it computes the floor again from the jobs as they are.
+SELECT pgdrain.lease_floor_raise();
+
 -- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and
 -- attempts remain, failed when they are spent (a job that kills its worker every time must
@@ -553,6 +560,9 @@ WITH expired AS (
     SELECT id, attempt_token
     FROM pgdrain.active_jobs
     WHERE status = 'running'
+      -- From the floor no running job's lease is below (migration 0024): not through the dead
+      -- entries of every job that ran since a snapshot held open elsewhere began.
+      AND lease_expires_at >= coalesce((SELECT f.at FROM pgdrain.lease_floor AS f), '-infinity')
       AND lease_expires_at < now()
     ORDER BY lease_expires_at, id
     LIMIT %(limit)s

@@ -372,6 +372,12 @@ def job_fail(
 
 
 @one_statement
+def lease_floor_raise(conn: Connection) -> None:
+    """Raise the floor the reclaim starts from (migration 0024), unless a writer is in flight."""
+    conn.execute(query("lease_floor_raise"))
+
+
+@one_statement
 def job_reclaim_expired(conn: Connection, limit: int) -> list[Reclaimed]:
     return job_reclaim_expired_statement(limit).run(conn)
 

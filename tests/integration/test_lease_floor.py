@@ -1,0 +1,303 @@
+"""The floor the reclaim starts from (migration 0024, docs/decisions/0017) on a real database.
+
+Every statement that writes a running row takes a shared advisory lock and lowers the floor
+below its leases; only a transaction holding the lock exclusively raises it, and only tries to.
+Each test beside its control: the same timeline with one part of the protocol taken out, and a
+job whose lease expired that no reclaim ever takes back (a lost job)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from helpers.fixtures import claim_batch, wait_for, without_line
+from helpers.lock_waits import waits_on_a_lock
+from pgdrain import enqueue_many
+from pgdrain.api.enqueue import build_job
+from pgdrain.db import store
+from pgdrain.db.sql import query
+
+Conn = psycopg.Connection[Any]
+
+LOCKED = [True, False]
+LOCKED_IDS = ["locked", "control-no-lock"]
+
+
+def _floor(conn: Conn) -> str:
+    row = conn.execute("SELECT at::text FROM pgdrain.lease_floor").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _raise(conn: Conn) -> None:
+    store.lease_floor_raise(conn)
+
+
+def _reclaimed(conn: Conn) -> list[int]:
+    return sorted(r.id for r in store.job_reclaim_expired(conn, 100))
+
+
+def _function_without(conn: Conn, function: str, fragment: str, name: str) -> None:
+    """A test-only copy of a migration's function, named `name`, with the line holding
+    `fragment` removed: the control that shows what that line prevents."""
+    row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (function,)).fetchone()
+    assert row is not None
+    text = without_line(str(row[0]), fragment)
+    original = function.removesuffix("()")
+    assert original in text
+    conn.execute(text.replace(original, name, 1).encode())
+
+
+def _ended_at_once(conn: Conn) -> list[int]:
+    """A job claimed by a run that dies at once: its lease capped at 0 s, expired when read."""
+    enqueue_many(conn, [build_job("k")])
+    return [job.id for job in claim_batch(conn, ["default"], 1, "w-dead", 30.0, 0.0)]
+
+
+@pytest.fixture
+def other(db_url: str) -> Iterator[Conn]:
+    """A second autocommit connection: the other run."""
+    with psycopg.connect(db_url, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.mark.parametrize("locked", LOCKED, ids=LOCKED_IDS)
+def test_a_raise_while_a_claim_is_in_flight_leaves_the_floor_below_it(
+    conn: Conn, other: Conn, locked: bool
+) -> None:
+    raise_floor: Callable[[Conn], None] = _raise
+    if not locked:
+        _function_without(
+            conn,
+            "pgdrain.lease_floor_raise()",
+            "pg_try_advisory_xact_lock",
+            "pgdrain.raise_unlocked",
+        )
+
+        def raise_floor(c: Conn) -> None:
+            c.execute("SELECT pgdrain.raise_unlocked()")
+
+    # A run's claim, not yet committed: its job's lease is written, and already expired.
+    with other.transaction():
+        claimed = _ended_at_once(other)
+        # Another run raises the floor meanwhile. It cannot see the claimed job.
+        raise_floor(conn)
+    # The claim commits.
+
+    if locked:  # the claim held the lock: the raise moved nothing
+        assert _floor(conn) == "-infinity"
+        assert _reclaimed(conn) == claimed
+    else:  # raised past a lease it could not see: that job is never taken back
+        assert _floor(conn) == "infinity"
+        assert _reclaimed(conn) == []
+        assert conn.execute("SELECT status FROM pgdrain.jobs").fetchall() == [("running",)]
+
+
+@pytest.mark.parametrize("locked", LOCKED, ids=LOCKED_IDS)
+def test_a_claim_behind_a_raise_reads_the_raised_floor_and_lowers_it(
+    conn: Conn, other: Conn, db_url: str, locked: bool
+) -> None:
+    if not locked:
+        _function_without(
+            conn,
+            "pgdrain.lease_floor_lower()",
+            "pg_advisory_xact_lock_shared",
+            "pgdrain.lower_unlocked",
+        )
+        conn.execute(
+            "CREATE OR REPLACE TRIGGER jobs_lease_floor_update AFTER UPDATE ON pgdrain.active_jobs"
+            " REFERENCING NEW TABLE AS new_rows"
+            " FOR EACH STATEMENT EXECUTE FUNCTION pgdrain.lower_unlocked()"
+        )
+    enqueue_many(conn, [build_job("k")])
+    claimed: list[int] = []
+    error: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            with psycopg.connect(db_url, autocommit=True) as run:
+                claimed.extend(j.id for j in claim_batch(run, ["default"], 1, "w-dead", 30.0, 0.0))
+        except BaseException as exc:
+            error.append(exc)
+
+    with other.transaction():
+        _raise(other)  # nothing runs: raised to 'infinity', not yet committed
+        writer = threading.Thread(target=claim)
+        writer.start()
+        # The claim's statement has written its row; with the lock it now waits for the raise.
+        wait_for(
+            lambda: not writer.is_alive() or _someone_waits(conn),
+            what="the claim finished or waits for the raise",
+        )
+    writer.join(20)
+    assert not error and len(claimed) == 1
+
+    if locked:  # it read the floor after the raise committed, and lowered it to its lease
+        assert _floor(conn) != "infinity"
+        assert _reclaimed(conn) == claimed
+    else:  # it read the floor before the raise committed, and left it above its lease
+        assert _floor(conn) == "infinity"
+        assert _reclaimed(conn) == []
+
+
+def _someone_waits(observer: Conn) -> bool:
+    rows = observer.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid()"
+    ).fetchall()
+    return any(waits_on_a_lock(observer, pid) for (pid,) in rows)
+
+
+WRITERS = ["claim", "heartbeat", "update by hand", "insert by hand"]
+
+
+@pytest.mark.parametrize("triggers", [True, False], ids=["lowered", "control-no-trigger"])
+@pytest.mark.parametrize("writer", WRITERS)
+def test_every_write_of_a_running_row_lowers_the_floor_below_its_lease(
+    conn: Conn, writer: str, triggers: bool
+) -> None:
+    enqueue_many(conn, [build_job("k")])
+    if writer == "heartbeat":  # a lease far ahead, raised to: the floor is that lease
+        [held] = claim_batch(conn, ["default"], 1, "w", 600.0, None)
+    _raise(conn)
+    before = _floor(conn)
+    assert before != "-infinity"
+    if not triggers:
+        conn.execute(
+            "ALTER TABLE pgdrain.active_jobs DISABLE TRIGGER jobs_lease_floor_update,"
+            " DISABLE TRIGGER jobs_lease_floor_insert"
+        )
+
+    # Each writes a lease that is already over.
+    if writer == "claim":
+        [held] = claim_batch(conn, ["default"], 1, "w", 30.0, 0.0)
+        expired = [held.id]
+    elif writer == "heartbeat":  # a stopping run ends its leases: capped at 0 s
+        store.job_extend_leases(conn, [held.held], 30.0, 0.0)
+        expired = [held.id]
+    elif writer == "update by hand":
+        expired = [
+            r[0]
+            for r in conn.execute(
+                "UPDATE pgdrain.active_jobs SET status = 'running', attempts = 1,"
+                " attempt_token = gen_random_uuid(), leased_by = 'by hand',"
+                " heartbeat_at = now(), lease_expires_at = now() - interval '1 minute'"
+                " RETURNING id"
+            ).fetchall()
+        ]
+    else:
+        conn.execute("DELETE FROM pgdrain.active_jobs")
+        expired = [
+            r[0]
+            for r in conn.execute(
+                "INSERT INTO pgdrain.active_jobs (queue, kind, status, attempts,"
+                " attempt_token, leased_by, heartbeat_at, lease_expires_at)"
+                " VALUES ('default', 'k', 'running', 1, gen_random_uuid(), 'by hand', now(),"
+                " now() - interval '1 minute') RETURNING id"
+            ).fetchall()
+        ]
+
+    if triggers:
+        assert _floor(conn) != before
+        assert _reclaimed(conn) == expired
+    else:
+        assert _floor(conn) == before
+        assert _reclaimed(conn) == []
+
+
+@pytest.mark.parametrize("tries", [True, False], ids=["tries", "control-waits"])
+def test_a_raise_never_holds_up_a_claim(conn: Conn, other: Conn, db_url: str, tries: bool) -> None:
+    raise_statement = query("lease_floor_raise")
+    if not tries:  # the lock waited for, not tried
+        row = conn.execute(
+            "SELECT pg_get_functiondef('pgdrain.lease_floor_raise()'::regprocedure)"
+        ).fetchone()
+        assert row is not None
+        text = str(row[0])
+        tried = (
+            "IF NOT pg_try_advisory_xact_lock(hashtext('pgdrain.lease_floor')) THEN RETURN; END IF;"
+        )
+        assert tried in text
+        text = text.replace(
+            tried, "PERFORM pg_advisory_xact_lock(hashtext('pgdrain.lease_floor'));"
+        )
+        conn.execute(text.replace("pgdrain.lease_floor_raise", "pgdrain.raise_waiting", 1).encode())
+        raise_statement = "SELECT pgdrain.raise_waiting()"
+    enqueue_many(conn, [build_job("k") for _ in range(2)])
+    pids: dict[str, int] = {}
+
+    def run(name: str, call: Callable[[Conn], object]) -> threading.Thread:
+        def body() -> None:
+            with psycopg.connect(db_url, autocommit=True) as c:
+                pids[name] = c.info.backend_pid
+                c.execute("SET lock_timeout = '5s'")
+                call(c)
+
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        return thread
+
+    with other.transaction():  # an application's transaction that claims, still open
+        claim_batch(other, ["default"], 1, "w-slow", 30.0, None)
+        raiser = run("raise", lambda c: c.execute(raise_statement))
+        wait_for(
+            lambda: not raiser.is_alive() or waits_on_a_lock(conn, pids.get("raise", 0)),
+            what="the raise returned or waits",
+        )
+        claimer = run("claim", lambda c: claim_batch(c, ["default"], 1, "w-next", 30.0, None))
+        wait_for(
+            lambda: not claimer.is_alive() or waits_on_a_lock(conn, pids.get("claim", 0)),
+            what="the next claim returned or waits",
+        )
+        held_up = claimer.is_alive()
+    raiser.join(20)
+    claimer.join(20)
+
+    # With the try, the raise gave up at once and the next claim went on; waiting, the raise
+    # queued for the lock behind the open claim, and the next claim queued behind the raise.
+    assert held_up is (not tries)
+
+
+def _reclaim_scan_buffers(conn: Conn) -> int:
+    """The buffers the reclaim's scan for expired leases visits (its first part, cut from the
+    real statement), as EXPLAIN (ANALYZE, BUFFERS) counts them."""
+    statement = query("job_reclaim_expired")
+    scan = statement[statement.index("(") + 1 : statement.index("), requeued AS")]
+    assert "jobs" in scan and "LIMIT %(limit)s" in scan
+    row = conn.execute(
+        ("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + scan).encode(), {"limit": 100}
+    ).fetchone()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+
+@pytest.mark.parametrize("raised", [True, False], ids=["raised", "control-not-raised"])
+def test_behind_a_held_snapshot_the_reclaim_skips_the_jobs_that_ran_since(
+    conn: Conn, other: Conn, raised: bool
+) -> None:
+    with other.transaction():
+        # A report's snapshot, held while 2,000 jobs run.
+        other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT 1")
+        enqueue_many(conn, [build_job("k") for _ in range(2000)])
+        # Claimed with leases that are already over (as a day later), then done: each leaves
+        # a dead entry in jobs_lease_idx that no vacuum may remove while the snapshot is held.
+        claimed = claim_batch(conn, ["default"], 2000, "w", 30.0, 0.0)
+        done = store.job_complete_many(conn, [job.held for job in claimed])
+        assert len(done.applied_attempts) == 2000
+        conn.execute("VACUUM pgdrain.active_jobs")
+        if raised:
+            _raise(conn)  # the next run's, before its reclaim
+
+        visited = _reclaim_scan_buffers(conn)
+
+    # Raised past them, the scan starts after them; else it walks every one to find none.
+    if raised:
+        assert visited < 10
+    else:
+        assert visited > 50
