@@ -580,18 +580,21 @@ WITH expired AS (
         lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
         updated_at = now()
     FROM expired
-    WHERE j.id = expired.id
-      AND j.status = 'running'
-      AND j.attempt_token = expired.attempt_token
+    -- By primary key, the fence in a CASE, as the completions are: planned as a join on
+    -- running rows, the generic plan walked all of jobs_lease_idx for the rows to join (behind
+    -- a held snapshot, the dead entry of every job that ran since: 40 ms at 300,000, twice).
+    WHERE j.id = ANY(ARRAY(SELECT e.id FROM expired AS e))
+      AND j.id = expired.id
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token END = expired.attempt_token
       AND (j.recovery_policy = 'manual' OR j.attempts < j.max_attempts)
     RETURNING j.id, j.status, j.reclaim_count
 ), ended AS (
     -- Attempts spent: failed, and moved to finished_jobs in this statement.
     DELETE FROM pgdrain.active_jobs AS j
     USING expired
-    WHERE j.id = expired.id
-      AND j.status = 'running'
-      AND j.attempt_token = expired.attempt_token
+    WHERE j.id = ANY(ARRAY(SELECT e.id FROM expired AS e))  -- as above
+      AND j.id = expired.id
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token END = expired.attempt_token
       AND j.recovery_policy = 'auto' AND j.attempts >= j.max_attempts
     RETURNING j.*
 ), failed AS (
