@@ -6,6 +6,7 @@ payloads of 20 MB took one drain to 510 MB RSS against a 512 MB function)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -15,6 +16,7 @@ from psycopg import errors as pg_errors
 
 from helpers.fixtures import claim_batch, without_line
 from pgdrain import BadInput, enqueue_many
+from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
 from pgdrain.db.sql import query
 
@@ -145,3 +147,49 @@ def test_the_bound_is_the_statements(conn: Conn) -> None:
     text = query("job_complete_and_claim")
     assert f"c.before < {store.MAX_CLAIM_PAYLOAD_BYTES}" in text
     assert store.MAX_STORED_PAYLOAD_BYTES < store.MAX_CLAIM_PAYLOAD_BYTES
+
+
+# A run_at no client can read back (migration 0025): each writes through the statement other
+# drivers are given (pgdrain.enqueue_statement), run_at as text.
+UNREADABLE_RUN_AT = ["infinity", "10000-01-01 00:00:00+00", "-infinity"]
+
+
+def _insert_at(conn: Conn, run_at: str) -> None:
+    statement, params = store.job_insert_statement(build_job("k"))
+    conn.execute(statement, {**params, "run_at": run_at})
+
+
+@pytest.mark.parametrize("run_at", UNREADABLE_RUN_AT)
+@pytest.mark.parametrize("checked", [True, False], ids=["refused", "control-no-constraint"])
+def test_a_run_at_no_client_can_read_is_refused_before_it_breaks_every_exit(
+    conn: Conn, run_at: str, checked: bool
+) -> None:
+    if not checked:
+        conn.execute("ALTER TABLE pgdrain.active_jobs DROP CONSTRAINT jobs_run_at_readable_chk")
+    else:
+        with pytest.raises(pg_errors.CheckViolation) as refused:
+            _insert_at(conn, run_at)
+        assert refused.value.diag.constraint_name == "jobs_run_at_readable_chk"
+        assert _count(conn) == 0
+        run_at = "9999-12-29 00:00:00+00"  # the last day it takes: read back as any other
+    _insert_at(conn, run_at)
+
+    if checked or run_at == "-infinity":  # a past run_at is ready: nothing asks for its time
+        assert store.run_exit(conn, "a-run", None, may_stay=True) is not None
+    else:  # the exit check reads the next delayed job's run_at: every run's exit fails
+        with pytest.raises(psycopg.DataError, match="too large"):
+            store.run_exit(conn, "a-run", None, may_stay=True)
+
+
+@pytest.mark.parametrize(
+    "run_at",
+    [
+        dt.datetime(9999, 12, 31, tzinfo=dt.UTC),
+        dt.datetime(1, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+        dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=5))),
+    ],
+    ids=["year-9999-end", "year-1-west", "year-1-east"],
+)
+def test_build_job_refuses_such_a_run_at_in_one_line(run_at: dt.datetime) -> None:
+    with pytest.raises(BadInput, match="run_at must be after 0001-01-02 and before 9999-12-30"):
+        build_job("k", run_at=run_at)

@@ -29,6 +29,9 @@ RECOVERY_POLICIES: tuple[str, ...] = get_args(store.RecoveryPolicy)
 INT32_MAX = 2**31 - 1
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0  # a century: beyond, timestamps overflow soon
 MAX_DEPENDENCIES = 100  # jobs one job may wait for (migration 0021's CHECK)
+# The run_at every client can read back (migration 0025's CHECK): Python's datetime ends at 9999.
+RUN_AT_AFTER = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
+RUN_AT_BEFORE = dt.datetime(9999, 12, 30, tzinfo=dt.UTC)
 
 
 def build_job(
@@ -60,6 +63,8 @@ def build_job(
         raise BadInput(f"delay must be from 0 to {MAX_DELAY_SECONDS:g} seconds (got {delay})")
     if run_at is not None and (run_at.tzinfo is None or delay):
         raise BadInput("run_at must be timezone-aware, and not combined with delay")
+    if run_at is not None and not _readable(run_at):
+        raise BadInput("run_at must be after 0001-01-02 and before 9999-12-30 UTC")
     _check_int("priority", priority, -INT32_MAX, INT32_MAX)
     _check_int("max_attempts", max_attempts, 1, 1000)
     if recovery_policy not in RECOVERY_POLICIES:
@@ -284,6 +289,13 @@ def _check_fields(job: store.NewJob) -> None:
         raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters")
     if job.sequence is not None or job.after is not None:
         _check_flow(job.sequence, job.after)
+
+
+def _readable(run_at: dt.datetime) -> bool:
+    try:
+        return RUN_AT_AFTER < run_at < RUN_AT_BEFORE
+    except OverflowError:  # its UTC offset carries it past the calendar's end
+        return False
 
 
 def payload_size(payload: Any) -> int:
