@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, wait_for, without_line
-from helpers.lock_waits import waits_on_a_lock
+from helpers.lock_waits import someone_here_waits_on_a_lock, waits_on_a_lock
 from pgdrain import enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
@@ -130,7 +130,7 @@ def test_a_claim_behind_a_raise_reads_the_raised_floor_and_lowers_it(
         writer.start()
         # The claim's statement has written its row; with the lock it now waits for the raise.
         wait_for(
-            lambda: not writer.is_alive() or _someone_waits(conn),
+            lambda: not writer.is_alive() or someone_here_waits_on_a_lock(conn),
             what="the claim finished or waits for the raise",
         )
     writer.join(20)
@@ -142,14 +142,6 @@ def test_a_claim_behind_a_raise_reads_the_raised_floor_and_lowers_it(
     else:  # it read the floor before the raise committed, and left it above its lease
         assert _floor(conn) == "infinity"
         assert _reclaimed(conn) == []
-
-
-def _someone_waits(observer: Conn) -> bool:
-    rows = observer.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-        " AND pid <> pg_backend_pid()"
-    ).fetchall()
-    return any(waits_on_a_lock(observer, pid) for (pid,) in rows)
 
 
 WRITERS = ["claim", "heartbeat", "update by hand", "insert by hand"]

@@ -582,7 +582,7 @@ WITH expired AS (
     FROM expired
     -- By primary key, the fence in a CASE, as the completions are: planned as a join on
     -- running rows, the generic plan walked all of jobs_lease_idx for the rows to join (behind
-    -- a held snapshot, the dead entry of every job that ran since: 40 ms at 300,000, twice).
+    -- a held snapshot, the dead entry of every job that ran since; decision 0017).
     WHERE j.id = ANY(ARRAY(SELECT e.id FROM expired AS e))
       AND j.id = expired.id
       AND CASE WHEN j.status = 'running' THEN j.attempt_token END = expired.attempt_token

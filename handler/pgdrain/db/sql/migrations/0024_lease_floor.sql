@@ -2,7 +2,7 @@
 -- lease is below, not from the first entry of jobs_lease_idx (docs/decisions/0017). Behind a
 -- snapshot held open elsewhere (a report, a pg_dump, a forgotten session) every job that ran
 -- since keeps a dead entry there that no vacuum and no scan can remove, and each fresh run's
--- reclaim walked all of them: 90-115 ms of a 270-360 ms run after 300,000 jobs.
+-- reclaim walked all of them.
 --
 -- The protocol (decision 0017, option 4): every statement that writes a running row takes a
 -- shared transaction-level advisory lock, then lowers the floor below its leases (the triggers
@@ -95,8 +95,9 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION pgdrain.lease_floor_raise() FROM PUBLIC;
 
--- The reclaim and a run's exit read the floor, and a run raises it: a worker role granted before this migration would
--- fail every reclaim until worker_role.sql is run again, so the grants are made here too.
+-- The reclaim and a run's exit read the floor, and a run raises it: a worker role granted
+-- before this migration would fail every reclaim until worker_role.sql is run again, so the
+-- grants are made here too.
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgdrain_worker') THEN
