@@ -134,6 +134,27 @@ def test_a_failed_statement_is_raised_as_its_reply_is_read_and_the_next_one_runs
     assert drain_conn.execute("SELECT 1").fetchone() == (1,)
 
 
+def test_a_reply_this_client_cannot_read_is_raised_as_itself_and_the_next_one_runs(
+    conn: Conn, drain_conn: Conn
+) -> None:
+    """A value psycopg cannot hold (a timestamp past the year 9999) fails its statement's reply
+    as a DataError once the group is read; the statements behind it ran, and the connection
+    is the next group's (it was left busy, and every later statement failed with `cannot exit
+    pipeline mode while busy`)."""
+    enqueue_many(conn, [build_job("k")])
+    pipeline = Pipeline(drain_conn, prepare=True)
+    pipeline.send([("SELECT CAST(%(at)s AS timestamptz)", {"at": "infinity"})])
+    _send(pipeline, _claim(1))
+
+    with pytest.raises(psycopg.DataError, match="too large"):
+        pipeline.read()
+    assert len(_rows(pipeline)) == 1
+    pipeline.leave()
+
+    assert statuses(conn) == [("running", 1, 1)]
+    assert drain_conn.execute("SELECT 1").fetchone() == (1,)
+
+
 def test_a_statement_whose_prepare_failed_is_prepared_again_at_its_next_send(
     drain_conn: Conn,
 ) -> None:

@@ -175,7 +175,15 @@ class Pipeline:
             (result,) = self._conn.wait(generators.fetch_many(self._conn.pgconn))
             if result.status in _READ:
                 self._transformer.set_pgresult(result)
-                rows = self._transformer.load_rows(0, result.ntuples, tuple)
+                try:
+                    rows = self._transformer.load_rows(0, result.ntuples, tuple)
+                except psycopg.DataError as exc:  # a value this client cannot hold (a year
+                    # past 9999): raised as itself once the group's reply is read, or the
+                    # replies left unread would leave the connection busy and unusable
+                    replies.append(Reply([], 0))
+                    if failure is None:
+                        failure, self.failed_at = exc, at
+                    continue
                 replies.append(Reply(rows, result.command_tuples or 0))
             else:
                 replies.append(Reply([], 0))
