@@ -34,7 +34,7 @@ def _floor(conn: Conn) -> str:
 
 
 def _raise(conn: Conn) -> None:
-    store.lease_floor_raise(conn)
+    store.floors_raise(conn)
 
 
 def _reclaimed(conn: Conn) -> list[int]:
@@ -203,7 +203,7 @@ def test_every_write_of_a_running_row_lowers_the_floor_below_its_lease(
 
 @pytest.mark.parametrize("tries", [True, False], ids=["tries", "control-waits"])
 def test_a_raise_never_holds_up_a_claim(conn: Conn, other: Conn, db_url: str, tries: bool) -> None:
-    raise_statement = query("lease_floor_raise")
+    raise_statement = query("floors_raise")
     if not tries:  # the lock waited for, not tried
         row = conn.execute(
             "SELECT pg_get_functiondef('pgdrain.lease_floor_raise()'::regprocedure)"

@@ -6,9 +6,10 @@ take what it queued again (Session.read_with_next); it is reported once that rou
 back. Safe to send twice (after a lost connection): a lease taken back is no longer expired, so
 it matches nothing.
 
-Before it, in the same round trip, goes the raise of the floor its scan starts from (migration
-0024, docs/decisions/0017): behind a snapshot held open elsewhere, the scan no longer walks the
-dead index entries of every job that ran since."""
+Before it, in the same round trip, goes the raise of the floors the run's scans start from
+(docs/decisions/0017): the reclaim's (migration 0024) and each queue's, which the claims and the
+exit check read (0026). Behind a snapshot held open elsewhere, they no longer walk the dead
+index entries of every job that ran since."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ class Reclaim:
         self._reclaimed: Later[list[store.Reclaimed]] | None = None
 
     def send_with_next(self) -> None:
-        # First, in a transaction of its own: the floor the reclaim's scan starts from.
-        self._session.send_with_next(store.lease_floor_raise)
+        # First, in a transaction of its own: the floors the run's scans start from.
+        self._session.send_with_next(store.floors_raise)
         self._reclaimed = self._session.read_with_next(
             store.job_reclaim_expired_statement(self._limit)
         )

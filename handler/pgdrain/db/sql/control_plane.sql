@@ -200,23 +200,20 @@ WHERE queue IN (
 -- name: queue_depth :one
 -- Ready jobs in these queues (NULL: every queue, found as the claim finds them) and the age of
 -- the oldest: the backlog a run leaves behind (the QueueDepth and OldestReadyAgeSeconds
--- metrics). Exact, so its cost grows with the ready rows (never the finished ones): an
--- index-only scan of the range run_at <= now() in jobs_queued_run_at_idx, delayed rows not
--- visited.
-SELECT count(*) AS ready,
-       coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
-FROM pgdrain.active_jobs
-WHERE status = 'queued' AND run_at <= now()
-  AND queue = ANY(coalesce(%(queues)s::text[], ARRAY(
-        WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
-             ORDER BY j.queue LIMIT 1)
-            UNION ALL
-            SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.active_jobs AS j
-                WHERE j.status = 'queued' AND j.queue > walk.queue
-                ORDER BY j.queue LIMIT 1) AS next)
-        SELECT walk.queue FROM walk)));
+-- metrics). Exact, so its cost grows with the ready rows (never the finished ones): per queue,
+-- an index-only scan of jobs_queued_run_at_idx from its floor's ready_from (migration 0026) to
+-- now(), delayed rows not visited.
+SELECT coalesce(sum(d.ready), 0)::bigint AS ready,
+       coalesce(extract(epoch FROM now() - min(d.oldest)), 0)::float8 AS oldest_ready_age_s
+FROM unnest(coalesce(%(queues)s::text[],
+                     ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue))) AS q(name)
+JOIN pgdrain.queue_floors AS f ON f.queue = q.name  -- without a floor, nothing is queued
+CROSS JOIN LATERAL (
+    SELECT count(*) AS ready, min(j.run_at) AS oldest
+    FROM pgdrain.active_jobs AS j
+    WHERE j.status = 'queued' AND j.queue = q.name
+      AND j.run_at >= f.ready_from AND j.run_at <= now()
+) AS d;
 
 -- name: queue_depth_held :one
 -- The ready jobs of those of these queues (NULL: every queue) that no run may claim now, at
@@ -224,15 +221,18 @@ WHERE status = 'queued' AND run_at <= now()
 -- it found nothing it may claim (QueueDepth and OldestReadyAgeSeconds, which read 0 while a
 -- full or paused queue's jobs waited, so no alarm fired: a pause forgotten is a backlog too).
 -- With no limit full and no queue paused, one probe of pgdrain.queue_limits: no job is read.
-SELECT count(*) AS ready,
-       coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8 AS oldest_ready_age_s
-FROM pgdrain.active_jobs
-WHERE status = 'queued'
-  AND queue = ANY(ARRAY(
-      SELECT l.queue FROM pgdrain.queue_limits AS l
-      WHERE (%(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[]))
-        AND (l.running >= l.max_running OR l.paused_at IS NOT NULL)))
-  AND run_at <= now();
+SELECT coalesce(sum(d.ready), 0)::bigint AS ready,
+       coalesce(extract(epoch FROM now() - min(d.oldest)), 0)::float8 AS oldest_ready_age_s
+FROM pgdrain.queue_limits AS l
+JOIN pgdrain.queue_floors AS f ON f.queue = l.queue  -- from the floor, as queue_depth
+CROSS JOIN LATERAL (
+    SELECT count(*) AS ready, min(j.run_at) AS oldest
+    FROM pgdrain.active_jobs AS j
+    WHERE j.status = 'queued' AND j.queue = l.queue
+      AND j.run_at >= f.ready_from AND j.run_at <= now()
+) AS d
+WHERE (%(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[]))
+  AND (l.running >= l.max_running OR l.paused_at IS NOT NULL);
 
 -- name: queue_ready_count :one
 -- Ready jobs in these queues (NULL: every queue) that runs may claim now, counted up to
@@ -242,21 +242,15 @@ WHERE status = 'queued'
 -- started for them would claim nothing. Per queue, each count a range of
 -- jobs_queued_run_at_idx stopped at its bound.
 SELECT least(coalesce(sum(counted.n), 0), %(limit)s::int)::bigint AS ready
-FROM unnest(coalesce(%(queues)s::text[], ARRAY(
-        WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
-             ORDER BY j.queue LIMIT 1)
-            UNION ALL
-            SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.active_jobs AS j
-                WHERE j.status = 'queued' AND j.queue > walk.queue
-                ORDER BY j.queue LIMIT 1) AS next)
-        SELECT walk.queue FROM walk))) AS q(name)
+FROM unnest(coalesce(%(queues)s::text[],
+                     ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue))) AS q(name)
+JOIN pgdrain.queue_floors AS f ON f.queue = q.name  -- without a floor, nothing is queued
 LEFT JOIN pgdrain.queue_limits AS l ON l.queue = q.name
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM pgdrain.active_jobs
-        WHERE status = 'queued' AND queue = q.name AND run_at <= now()
+        WHERE status = 'queued' AND queue = q.name
+          AND run_at >= f.ready_from AND run_at <= now()
         LIMIT greatest(0, least(%(limit)s::int, CASE
             WHEN l.rate_limit IS NULL THEN %(limit)s::int
             WHEN l.window_start >= pgdrain.rate_window(l.rate_seconds)
@@ -269,22 +263,15 @@ WHERE l.paused_at IS NULL;
 -- name: queue_ready_elsewhere :many
 -- The queues outside %(queues)s with jobs ready, and how many (counted up to %(limit)s each):
 -- what a run restricted to %(queues)s leaves unserved, for its summary to say. The queues are
--- found as the claim finds every queue; one bounded count per queue.
+-- found as the claim finds every queue; one bounded count per queue, from its floor.
 SELECT q.name AS queue, ready.n AS ready
-FROM unnest(ARRAY(
-    WITH RECURSIVE walk AS (
-        (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
-         ORDER BY j.queue LIMIT 1)
-        UNION ALL
-        SELECT next.queue FROM walk CROSS JOIN LATERAL (
-            SELECT j.queue FROM pgdrain.active_jobs AS j
-            WHERE j.status = 'queued' AND j.queue > walk.queue
-            ORDER BY j.queue LIMIT 1) AS next)
-    SELECT walk.queue FROM walk)) AS q(name)
+FROM unnest(ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)) AS q(name)
+JOIN pgdrain.queue_floors AS f ON f.queue = q.name
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM pgdrain.active_jobs AS j
-        WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at <= now()
+        WHERE j.status = 'queued' AND j.queue = q.name
+          AND j.run_at >= f.ready_from AND j.run_at <= now()
         LIMIT %(limit)s::int
     ) AS bounded
 ) AS ready
@@ -407,16 +394,13 @@ WITH kick AS MATERIALIZED (
     ORDER BY queue
     FOR UPDATE
 ), served AS MATERIALIZED (
-    SELECT coalesce(%(queues)s::text[], ARRAY(
-        WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
-             ORDER BY j.queue LIMIT 1)
-            UNION ALL
-            SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.active_jobs AS j
-                WHERE j.status = 'queued' AND j.queue > walk.queue
-                ORDER BY j.queue LIMIT 1) AS next)
-        SELECT walk.queue FROM walk)) AS names
+    SELECT coalesce(%(queues)s::text[],
+                    ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)) AS names
+), floors AS MATERIALIZED (
+    -- Where each served queue's queued jobs start (migration 0026): no queued job has a run_at
+    -- before ready_from; a queue without a floor has none.
+    SELECT f.queue, f.ready_from FROM pgdrain.queue_floors AS f
+    WHERE f.queue = ANY((SELECT names FROM served)::text[])
 ), seen AS MATERIALIZED (
     SELECT
         coalesce((SELECT bool_or(requested_at >= now()) FROM kick), false) AS kicked,
@@ -434,17 +418,18 @@ WITH kick AS MATERIALIZED (
         -- sequential scan, which reads the whole history first.
         EXISTS (
             SELECT 1
-            FROM unnest((SELECT names FROM served)::text[]) AS q(name)
+            FROM floors AS q
             CROSS JOIN LATERAL (
                 SELECT 1 FROM pgdrain.active_jobs AS j
-                WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at <= now()
+                WHERE j.status = 'queued' AND j.queue = q.queue
+                  AND j.run_at >= q.ready_from AND j.run_at <= now()
                 ORDER BY j.run_at
                 LIMIT 1
                 FOR UPDATE OF j SKIP LOCKED
             ) AS one
             WHERE NOT EXISTS (
                 SELECT 1 FROM pgdrain.queue_limits AS l
-                WHERE l.queue = q.name
+                WHERE l.queue = q.queue
                   AND (l.running >= l.max_running OR l.paused_at IS NOT NULL
                        OR (l.window_started >= l.rate_limit
                            AND l.window_start >= pgdrain.rate_window(l.rate_seconds)))
@@ -454,12 +439,13 @@ WITH kick AS MATERIALIZED (
             -- The earliest delayed job, one probe per queue (over all queues at once, the
             -- minimum reads every delayed row); a paused queue's wait for its resume.
             (SELECT min(next.run_at)
-             FROM unnest((SELECT names FROM served)::text[]) AS q(name)
+             FROM floors AS q
              CROSS JOIN LATERAL (
                  SELECT j.run_at FROM pgdrain.active_jobs AS j
-                 WHERE j.status = 'queued' AND j.queue = q.name AND j.run_at > now()
+                 WHERE j.status = 'queued' AND j.queue = q.queue
+                   AND j.run_at >= q.ready_from AND j.run_at > now()
                    AND NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l
-                                   WHERE l.queue = q.name AND l.paused_at IS NOT NULL)
+                                   WHERE l.queue = q.queue AND l.paused_at IS NOT NULL)
                  ORDER BY j.run_at
                  LIMIT 1
              ) AS next),
@@ -467,13 +453,13 @@ WITH kick AS MATERIALIZED (
             -- of it is ready: the moment its next job may start.
             (SELECT min(l.window_start + make_interval(secs => l.rate_seconds))
              FROM pgdrain.queue_limits AS l
-             WHERE l.queue = ANY((SELECT names FROM served)::text[])
-               AND l.paused_at IS NULL
+             JOIN floors AS q ON q.queue = l.queue
+             WHERE l.paused_at IS NULL
                AND l.window_started >= l.rate_limit
                AND l.window_start >= pgdrain.rate_window(l.rate_seconds)
                AND EXISTS (SELECT 1 FROM pgdrain.active_jobs AS j
                            WHERE j.status = 'queued' AND j.queue = l.queue
-                             AND j.run_at <= now())),
+                             AND j.run_at >= q.ready_from AND j.run_at <= now())),
             (SELECT min(lease_expires_at) FROM pgdrain.active_jobs
              WHERE status = 'running'
                -- from the floor, as the reclaim (migration 0024)

@@ -231,19 +231,11 @@ WITH ended AS (
     RETURNING id, queue, completed_token AS token
 ), served AS MATERIALIZED (
     -- The queues this claim serves: %(queues)s, or when it is NULL (the run serves every
-    -- queue) each queue that has a queued job, found by skipping through the partial index of
-    -- queued rows, one probe per queue: the same walk in every statement that takes NULL for
-    -- every queue (a unit test keeps them in step). With the queues given, it never runs.
-    SELECT coalesce(%(queues)s::text[], ARRAY(
-        WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
-             ORDER BY j.queue LIMIT 1)
-            UNION ALL
-            SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.active_jobs AS j
-                WHERE j.status = 'queued' AND j.queue > walk.queue
-                ORDER BY j.queue LIMIT 1) AS next)
-        SELECT walk.queue FROM walk)) AS names
+    -- queue) each queue with a floor (migration 0026; a queue without one has no queued job):
+    -- the same list in every statement that takes NULL for every queue (a unit test keeps them
+    -- in step).
+    SELECT coalesce(%(queues)s::text[],
+                    ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)) AS names
 ), limits AS MATERIALIZED (
     -- Per-queue settings across all runs (pgdrain.queue_limits; most queues have none, and
     -- then nothing is locked): a concurrency limit (free: NULL when none), a rate limit
@@ -273,9 +265,14 @@ WITH ended AS (
            -- seconds, then the rest (interval * float8 is exact for both parts).
            'epoch'::timestamptz + (pos.run_at_us / 1000000) * interval '1 second'
                + mod(pos.run_at_us, 1000000) * interval '1 microsecond' AS after_run_at,
-           pos.id AS after_id
+           pos.id AS after_id,
+           -- Where its queued jobs start (migration 0026): no queued job sorts before the
+           -- floor's key, none has a run_at before ready_from; none at all without a floor.
+           f.priority AS floor_priority, f.run_at AS floor_run_at, f.id AS floor_id,
+           f.ready_from
     FROM unnest((SELECT names FROM served)::text[]) AS q(name)
     LEFT JOIN limits AS lim ON lim.queue = q.name
+    LEFT JOIN pgdrain.queue_floors AS f ON f.queue = q.name
     LEFT JOIN unnest(%(position_queue)s::text[], %(position_priority)s::int[],
                      %(position_run_at_us)s::bigint[], %(position_id)s::bigint[])
          AS pos(queue, priority, run_at_us, id) ON pos.queue = q.name
@@ -322,6 +319,7 @@ WITH ended AS (
             WHERE pos.found < q.n
               AND status = 'queued'
               AND queue = q.name
+              AND run_at >= q.ready_from
               AND run_at <= now()
             ORDER BY run_at
             LIMIT 1
@@ -331,6 +329,9 @@ WITH ended AS (
             FROM pgdrain.active_jobs
             WHERE status = 'queued'
               AND queue = q.name
+              -- From the floor: not through the dead entries of the jobs claimed before it,
+              -- kept while a snapshot held open elsewhere may see them (decision 0017).
+              AND (priority, run_at, id) >= (q.floor_priority, q.floor_run_at, q.floor_id)
               AND run_at <= now()
               -- not the position's range, read in full above
               AND NOT coalesce(priority = q.after_priority
@@ -545,12 +546,13 @@ WHERE j.id = ANY(%(ids)b::bigint[])
   AND CASE WHEN j.status = 'running' THEN j.attempt_token END = held.token
 RETURNING j.id, held.token;
 
--- name: lease_floor_raise :exec
--- Raise the floor of running jobs' leases (migration 0024) to the least lease a running job
--- holds, unless a statement writing a running row is in flight. Sent as a transaction of its
--- own, before the reclaim in the same round trip (runner/reclaim.py): it holds its lock until
--- it commits. Safe to repeat: it computes the floor again from the jobs as they are.
-SELECT pgdrain.lease_floor_raise();
+-- name: floors_raise :exec
+-- Raise the floors a run's scans start from: of running jobs' leases (migration 0024) to the
+-- least lease a running job holds, and of each queue (migration 0026) to its first queued job,
+-- each unless a statement writing such a row is in flight. Sent as a transaction of its own,
+-- before the reclaim in the same round trip (runner/reclaim.py): it holds its locks until it
+-- commits. Safe to repeat: it computes each floor again from the jobs as they are.
+SELECT pgdrain.lease_floor_raise(), pgdrain.queue_floors_raise();
 
 -- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and
@@ -618,25 +620,20 @@ SELECT id, status, reclaim_count FROM failed;
 
 -- name: queue_has_ready :one
 -- Is anything ready and claimable in these queues (NULL: in any queue)? Decides whether a run
--- out of budget continues itself. One probe per queue of the range run_at <= now() in
--- jobs_queued_run_at_idx (as `queue = ANY(...)` the planner may choose a sequential scan
--- through the history); every queue is found as the claim finds them.
+-- out of budget continues itself. One probe per queue of the range from its floor's ready_from
+-- (migration 0026) to now() in jobs_queued_run_at_idx (as `queue = ANY(...)` the planner may
+-- choose a sequential scan through the history); every queue is found as the claim finds them.
 SELECT EXISTS (
     SELECT 1
-    FROM unnest(coalesce(%(queues)s::text[], ARRAY(
-        WITH RECURSIVE walk AS (
-            (SELECT j.queue FROM pgdrain.active_jobs AS j WHERE j.status = 'queued'
-             ORDER BY j.queue LIMIT 1)
-            UNION ALL
-            SELECT next.queue FROM walk CROSS JOIN LATERAL (
-                SELECT j.queue FROM pgdrain.active_jobs AS j
-                WHERE j.status = 'queued' AND j.queue > walk.queue
-                ORDER BY j.queue LIMIT 1) AS next)
-        SELECT walk.queue FROM walk))) AS q(name)
+    FROM unnest(coalesce(%(queues)s::text[],
+                         ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)))
+         AS q(name)
+    JOIN pgdrain.queue_floors AS f ON f.queue = q.name  -- without a floor, nothing is queued
     CROSS JOIN LATERAL (
         SELECT 1 FROM pgdrain.active_jobs
         WHERE status = 'queued'
           AND queue = q.name
+          AND run_at >= f.ready_from
           AND run_at <= now()
         ORDER BY run_at
         LIMIT 1

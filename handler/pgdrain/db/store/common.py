@@ -47,7 +47,7 @@ class Statement(Generic[T]):
 
 def queue_names(queues: Sequence[str] | None) -> list[str] | None:
     """A statement's %(queues)s: the names, or NULL for every queue (the statements find every
-    queue with queued jobs themselves, one index probe per queue)."""
+    queue with queued jobs themselves, from the queues' floors: migration 0026)."""
     return None if queues is None else list(queues)
 
 

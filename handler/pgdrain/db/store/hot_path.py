@@ -372,9 +372,10 @@ def job_fail(
 
 
 @one_statement
-def lease_floor_raise(conn: Connection) -> None:
-    """Raise the floor the reclaim starts from (migration 0024), unless a writer is in flight."""
-    conn.execute(query("lease_floor_raise"))
+def floors_raise(conn: Connection) -> None:
+    """Raise the floors a run's scans start from: the reclaim's (migration 0024) and each
+    queue's (migration 0026), each unless a writer of its rows is in flight."""
+    conn.execute(query("floors_raise"))
 
 
 @one_statement

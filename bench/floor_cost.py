@@ -1,27 +1,16 @@
-"""A sketch, not the product: what the queue half of option 4 would cost the writers (issue 43,
-item 1; docs/decisions/0017). The lease half is built (migration 0024).
+"""What each queue's floor (migration 0026; docs/decisions/0017) costs its writers: the product's
+triggers, on and off (issue 43, item 1).
 
-`python -m bench.floor_sketch [--jobs 100000] [--single 5000] [--drain-jobs 20000] [--repeat 3]`
+`python -m bench.floor_cost [--jobs 100000] [--single 5000] [--drain-jobs 20000] [--repeat 3]`
 
-The queue half keeps, per queue, a floor under every queued job's claim key (priority, run_at,
-id) and under its run_at, so that a fresh run's walks start there. Every statement that writes
-a queued row lowers it below its rows (an AFTER STATEMENT trigger reading the statement's new
-rows), under a shared advisory lock, as the lease floor's writers do. Two choices differ from
-the first sketch, each against a cost it measured or a rule the record found:
-
-- the least key of a statement's rows is taken field by field (the least priority, run_at and
-  id of each queue's rows, which sorts at or before each of them), a hash aggregate where the
-  first sketch sorted every new row (enqueue_many 0.89);
-- a writer whose rows fall below the floor appends a row to a table of lowerings, which the
-  next raise folds in, instead of updating the floor's row: concurrent first enqueues into an
-  empty queue then take no row lock from each other (rule 5).
-
-Measured on fresh databases migrated by pgdrain, with and without these triggers, in turn
-`--repeat` times (medians, and the median of each turn's ratio): `enqueue_many` of `--jobs`
-jobs in one transaction; `--single` jobs enqueued one per transaction (as an application
-enqueues); a drain of `--drain-jobs` at batch 10 and at batch 250 (one process, as `make
-bench`'s). The floors start at the lowest key, so no statement lowers one: what is measured is
-the trigger, its aggregate and the lock in the common case.
+Every statement that writes a queued row runs `queue_floor_lower()` (an AFTER STATEMENT trigger
+reading the statement's new rows): per queue, the least priority, run_at and id of its rows, a
+shared advisory lock on the queue, and a probe of the queue's marks. Measured on fresh
+databases migrated by pgdrain, with the two triggers and without them (disabled, and a mark at
+the lowest key so that claims start at each queue's first entry, as before the floors), in turn
+`--repeat` times (medians, and the median of each turn's ratio): `enqueue_many` of `--jobs` jobs
+in one transaction; `--single` jobs enqueued one per transaction (as an application enqueues);
+a drain of `--drain-jobs` at batch 10 and at batch 250 (one process, as `make bench`'s).
 
 Uses DATABASE_URL if set, else the embedded server."""
 
@@ -42,52 +31,13 @@ from pgdrain.controls import ALL_ON
 from pgdrain.db.migrate import migrate
 from pgdrain.runner.drain import drain_with
 
-# The writers' side of the queue half. The floors start at the lowest key, so no statement
-# lowers one: what is measured is the aggregate, the lock and the read each statement adds.
-TRIGGERS = """
-CREATE TABLE pgdrain.sketch_queue_floors (
-    queue text PRIMARY KEY,
-    priority int NOT NULL, run_at timestamptz NOT NULL, id bigint NOT NULL,
-    ready_at timestamptz NOT NULL
-);
-INSERT INTO pgdrain.sketch_queue_floors
+# The triggers taken out, and the floor left at the lowest key: claims read the floors as the
+# product does, and start each queue at its first entry, as before migration 0026.
+WITHOUT = """
+ALTER TABLE pgdrain.active_jobs DISABLE TRIGGER jobs_queue_floor_insert,
+                                DISABLE TRIGGER jobs_queue_floor_update;
+INSERT INTO pgdrain.queue_floor_marks
     VALUES ('default', -2147483648, '-infinity', 0, '-infinity');
-CREATE TABLE pgdrain.sketch_queue_lowerings (
-    queue text NOT NULL, priority int NOT NULL, run_at timestamptz NOT NULL, id bigint NOT NULL
-);
-
-CREATE FUNCTION pgdrain.sketch_lower_queue_floors() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    queues text[]; priorities int[]; run_ats timestamptz[]; ids bigint[];
-BEGIN
-    SELECT array_agg(n.queue), array_agg(n.priority), array_agg(n.run_at), array_agg(n.id)
-    INTO queues, priorities, run_ats, ids
-    FROM (SELECT queue, min(priority) AS priority, min(run_at) AS run_at, min(id) AS id
-          FROM new_rows WHERE status = 'queued' GROUP BY queue) AS n;
-    IF queues IS NULL THEN
-        RETURN NULL;
-    END IF;
-    PERFORM pg_advisory_xact_lock_shared(20261207, 2);
-    INSERT INTO pgdrain.sketch_queue_lowerings
-    SELECT l.* FROM unnest(queues, priorities, run_ats, ids) AS l(queue, priority, run_at, id)
-    WHERE NOT EXISTS (
-        SELECT 1 FROM (SELECT f.queue, f.priority, f.run_at, f.id, f.ready_at
-                       FROM pgdrain.sketch_queue_floors AS f
-                       UNION ALL
-                       SELECT w.queue, w.priority, w.run_at, w.id, w.run_at
-                       FROM pgdrain.sketch_queue_lowerings AS w) AS x
-        WHERE x.queue = l.queue
-          AND (x.priority, x.run_at, x.id) <= (l.priority, l.run_at, l.id)
-          AND x.ready_at <= l.run_at);
-    RETURN NULL;
-END $$;
-
-CREATE TRIGGER sketch_lower_after_insert AFTER INSERT ON pgdrain.active_jobs
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION pgdrain.sketch_lower_queue_floors();
-CREATE TRIGGER sketch_lower_after_update AFTER UPDATE ON pgdrain.active_jobs
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION pgdrain.sketch_lower_queue_floors();
 """
 
 
@@ -95,8 +45,8 @@ def _migrated(server: Server, triggers: bool) -> str:
     name = server.create()
     with psycopg.connect(server.url(name), autocommit=True) as conn:
         migrate(conn)
-        if triggers:
-            conn.execute(TRIGGERS)
+        if not triggers:
+            conn.execute(WITHOUT)
     return name
 
 
