@@ -124,6 +124,7 @@ WRITERS = [
     "enqueue",
     "enqueue in a repeatable read transaction",
     "insert by hand",
+    "insert in replica mode",
     "retry of a failed attempt",
     "release by a stopping run",
     "reclaim of an expired lease",
@@ -145,14 +146,17 @@ def _make_urgent_job_queued(conn: Conn, writer: str, raise_floor: Callable[[Conn
         with conn.transaction():
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             return _enqueue(conn, URGENT)
-    if writer == "insert by hand":
+    if writer.startswith("insert"):
         _enqueue(conn)
         raise_floor(conn)
+        if writer == "insert in replica mode":  # as a copy of data: no ordinary trigger fires
+            conn.execute("SET session_replication_role = replica")
         row = conn.execute(
             "INSERT INTO pgdrain.active_jobs (queue, kind, priority) VALUES ('default', 'k', %s)"
             " RETURNING id",
             (URGENT,),
         ).fetchone()
+        conn.execute("RESET session_replication_role")
         assert row is not None
         return int(row[0])
     if writer == "update by hand":
@@ -202,7 +206,14 @@ def test_every_way_a_row_becomes_queued_marks_its_queue_below_it(
 ) -> None:
     def raise_floor(c: Conn) -> None:
         _raise(c)
-        if not triggers:  # taken out once the floor is up: from the start, no floor at all
+        # Taken out once the floor is up (from the start, no floor at all). In replica mode the
+        # control is the triggers enabled as ordinary ones, which such a session does not fire.
+        if not triggers and writer == "insert in replica mode":
+            c.execute(
+                "ALTER TABLE pgdrain.active_jobs ENABLE TRIGGER jobs_queue_floor_insert,"
+                " ENABLE TRIGGER jobs_queue_floor_update"
+            )
+        elif not triggers:
             _without_triggers(c)
 
     job_id = _make_urgent_job_queued(conn, writer, raise_floor)

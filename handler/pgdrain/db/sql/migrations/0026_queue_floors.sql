@@ -86,6 +86,15 @@ CREATE TRIGGER jobs_queue_floor_update
     AFTER UPDATE ON pgdrain.active_jobs
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION pgdrain.queue_floor_lower();
+-- Fired whatever the session's session_replication_role (a copy of data made in `replica` mode
+-- fires no ordinary trigger): a row queued without its mark is hidden from every claim, and an
+-- extra mark costs nothing but a lower floor. The lease floor's triggers (0024) likewise: a
+-- lease written without lowering it is never reclaimed.
+ALTER TABLE pgdrain.active_jobs
+    ENABLE ALWAYS TRIGGER jobs_queue_floor_insert,
+    ENABLE ALWAYS TRIGGER jobs_queue_floor_update,
+    ENABLE ALWAYS TRIGGER jobs_lease_floor_insert,
+    ENABLE ALWAYS TRIGGER jobs_lease_floor_update;
 
 -- Raise each queue's floor to its first queued job, walking from the floor: only the entries of
 -- the jobs claimed since the last raise. A queue with nothing queued loses its marks. It only
