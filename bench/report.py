@@ -790,8 +790,8 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
     rows = [
         "| round | vacuum keeps up | snapshot held | held / keeps up "
         "| WAL B/job: keeps up, held | schema MiB: keeps up, held |"
-        + (" fresh run, ms: keeps up, held |" if fresh else ""),
-        "|---:|---:|---:|---:|---:|---:|" + ("---:|" if fresh else ""),
+        + (" fresh run, ms: keeps up, held | fresh run: held / keeps up |" if fresh else ""),
+        "|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if fresh else ""),
     ]
     for n, (h, f) in enumerate(zip(held["rounds"], free["rounds"], strict=True), start=1):
         ratio = h["jobs_per_s"] / f["jobs_per_s"]
@@ -799,15 +799,22 @@ def lifecycle_section(life: dict[str, Any] | None) -> list[str]:
             f"| {n} | {f['jobs_per_s']:,.0f} | {h['jobs_per_s']:,.0f} | {ratio:.2f} "
             f"| {f['wal_bytes_per_job']:,.0f}, {h['wal_bytes_per_job']:,.0f} "
             f"| {f['schema_mib']:,.1f}, {h['schema_mib']:,.1f} |"
-            + (f" {f['short_run_ms']:,.1f}, {h['short_run_ms']:,.1f} |" if fresh else "")
+            + (
+                f" {f['short_run_ms']:,.1f}, {h['short_run_ms']:,.1f}"
+                f" | {f['short_run_ms'] / h['short_run_ms']:.2f} |"
+                if fresh
+                else ""
+            )
         )
     jobs = held["jobs"]
     short_flag = f" --short-runs {held['short_runs']}" if fresh else ""
     fresh_text = (
         f" *Fresh run*: after each round's vacuum, {held['short_runs']} runs one after another, "
         f"each of {held['short_jobs']} jobs enqueued then drained by a run of its own, as "
-        "kicks start Lambda runs (the median run's milliseconds): a fresh run holds no "
-        "position, so its claims start each queue from its start."
+        "kicks start Lambda runs (the median run's milliseconds; held / keeps up is the rate, "
+        "the keeps-up run's time over the held one's): a fresh run holds no position, so its "
+        "claims start each queue from its floor (migration 0026; before it, from the queue's "
+        "start)."
         if fresh
         else ""
     )
