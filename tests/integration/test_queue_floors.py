@@ -490,3 +490,55 @@ def test_behind_a_held_snapshot_a_fresh_run_skips_the_jobs_claimed_since(
         assert claim < 40 and ready < 20
     else:
         assert claim > 100 and ready > 40
+
+
+QUEUE_LOCK = "hashtext(low.queue) & 63"
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["64-at-most", "control-one-per-queue"])
+def test_an_enqueue_into_a_thousand_queues_takes_64_locks_at_most(
+    conn: Conn, bounded: bool
+) -> None:
+    """The server's lock table is shared by every transaction and bounded (about
+    max_locks_per_transaction x max_connections): a lock per queue would let one transaction
+    that fans out to a queue per tenant fill it, and fail every transaction that needs one."""
+    if not bounded:
+        row = conn.execute(
+            "SELECT pg_get_functiondef('pgdrain.queue_floor_lower()'::regprocedure)"
+        ).fetchone()
+        assert row is not None and QUEUE_LOCK in str(row[0])
+        text = str(row[0]).replace(QUEUE_LOCK, "hashtext(low.queue)")
+        conn.execute(
+            text.replace("pgdrain.queue_floor_lower", "pgdrain.lower_per_queue", 1).encode()
+        )
+        _lower_with(conn, "pgdrain.lower_per_queue")
+    with conn.transaction():
+        enqueue_many(conn, [build_job("k", queue_name=f"tenant-{n}") for n in range(1000)])
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        ).fetchone()
+    assert row is not None
+    if bounded:
+        assert row[0] <= 64
+    else:
+        assert row[0] > 900  # (hashtext collides a little)
+    assert len(_marks(conn)) == 1000
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["100-at-most", "control-every-queue"])
+def test_a_raise_visits_100_queues_at_most(conn: Conn, bounded: bool) -> None:
+    if not bounded:
+        _function_without(
+            conn, "pgdrain.queue_floors_raise()", "LIMIT 100", "pgdrain.raise_every_queue"
+        )
+    # 150 queues whose one job ran: each keeps its mark until a raise finds it empty.
+    enqueue_many(conn, [build_job("k", queue_name=f"tenant-{n}") for n in range(150)])
+    assert len(_claimed_until_empty(conn)) == 150
+    conn.execute(
+        "SELECT pgdrain.queue_floors_raise()" if bounded else "SELECT pgdrain.raise_every_queue()"
+    )
+    left = {queue for queue, _, _ in _marks(conn)}
+    assert len(left) == (50 if bounded else 0)
+    if bounded:  # the next raise takes the rest
+        _raise(conn)
+        assert _marks(conn) == []

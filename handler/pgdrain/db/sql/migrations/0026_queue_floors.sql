@@ -51,8 +51,11 @@ BEGIN
     LOOP
         IF read_committed THEN
             -- Held until this transaction ends: no raise of this queue runs until its rows are
-            -- visible, and a raise that ran before it committed before the probe below.
-            PERFORM pg_advisory_xact_lock_shared(hashtext('pgdrain.queue_floor'), hashtext(low.queue));
+            -- visible, and a raise that ran before it committed before the probe below. One of
+            -- 64 locks, by the queue's hash: a transaction that enqueues into thousands of
+            -- queues takes 64 at most (the server's lock table is shared, and bounded); two
+            -- queues that share one only make a raise pass over both while either is written.
+            PERFORM pg_advisory_xact_lock_shared(hashtext('pgdrain.queue_floor'), hashtext(low.queue) & 63);
             -- A statement of its own, so its snapshot is taken after the lock. The nearest mark
             -- below first: floors rise, so the marks a raise since left dead lie below it.
             PERFORM 1 FROM pgdrain.queue_floor_marks AS m
@@ -114,8 +117,14 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
     END IF;
-    FOR name IN SELECT DISTINCT m.queue FROM pgdrain.queue_floor_marks AS m LOOP
-        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('pgdrain.queue_floor'), hashtext(name));
+    -- At most 100 queues per raise, taken at random, so that a raise stays short however many
+    -- queues there are (a queue per tenant): a floor not raised this time is still a floor.
+    FOR name IN
+        SELECT q.queue FROM (SELECT DISTINCT m.queue FROM pgdrain.queue_floor_marks AS m) AS q
+        ORDER BY random()
+        LIMIT 100
+    LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('pgdrain.queue_floor'), hashtext(name) & 63);
         -- Each statement from here takes its snapshot after the lock: every mark and every
         -- queued row of the queue committed before it, and none can commit until this ends.
         SELECT f.priority, f.run_at, f.id, f.ready_from, f.marks INTO floor
