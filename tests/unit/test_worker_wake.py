@@ -6,6 +6,7 @@ than MIN_WAIT_SECONDS)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import pytest
 
@@ -18,7 +19,7 @@ from pgdrain.api.kick_target import (
 )
 from pgdrain.errors import ConfigError
 from pgdrain.runner.stop import StopRequest
-from pgdrain.runner.worker import DEFAULT_SAFETY_NET_SECONDS, MIN_WAIT_SECONDS, Worker
+from pgdrain.runner.worker import DEFAULT_SAFETY_NET_SECONDS, MIN_WAIT_SECONDS, Listener, Worker
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=dt.UTC)
 LAMBDA_ENV = {"AWS_LAMBDA_FUNCTION_NAME": "app-api"}
@@ -82,3 +83,44 @@ def test_a_due_moment_already_passed_waits_a_little_not_zero() -> None:
     worker = _worker()
     worker.next_due.due_at = NOW - dt.timedelta(seconds=3)
     assert worker.next_wake(NOW) == (MIN_WAIT_SECONDS, "due")
+
+
+@pytest.mark.parametrize(
+    "kept", [True, False], ids=["kept-while-referenced", "control-closed-at-shut"]
+)
+def test_a_wake_taken_before_the_shut_and_called_after_it_writes_to_no_other_file(
+    kept: bool,
+) -> None:
+    """A stop request on another thread copies the wakers, then calls them; meanwhile the worker
+    sees the stop and shuts its listener. Was: the shut closed the wake pipe at once, and the
+    wake then failed with EBADF (seen in CI), or wrote into a file the numbers went to. The
+    same timeline, in one thread: the pipe stays open while the wake can still be called."""
+    stop = StopRequest()
+    listener = Listener("", Settings(), stop, listen=False, queues=None, signals_wake=False)
+    [wake] = stop._wakers  # as request() copies them, before the shut
+    if not kept:  # as before: the pipe closed by shut()
+        listener._pipe_closer.detach()
+        os.close(listener._wake_r)
+        os.close(listener._wake_w)
+    listener.shut()
+    assert stop._wakers == []
+    # A file opened meanwhile takes the lowest free numbers: the pipe's, if they were freed.
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(read_end, False)
+        wake()
+        if kept:  # into the listener's own pipe, still open
+            with pytest.raises(BlockingIOError):
+                os.read(read_end, 1)
+        else:  # into the new file
+            assert os.read(read_end, 1) == b"\0"
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    # Once nothing refers to the listener (nor the wake taken from it), its pipe is closed.
+    numbers = (listener._wake_r, listener._wake_w)
+    del wake, listener
+    if kept:
+        for number in numbers:
+            with pytest.raises(OSError):
+                os.fstat(number)

@@ -52,6 +52,11 @@ class StopRequest:
         if self.requested():
             wake()
 
+    def forget(self, wake: Callable[[], None]) -> None:
+        """No longer call `wake`. A request() already under way on another thread may still
+        call it once: it iterates over a copy."""
+        self._wakers = [w for w in self._wakers if w != wake]
+
     @property
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else "a stop request"

@@ -38,6 +38,7 @@ import select
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -315,12 +316,13 @@ class Listener:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._shut = False
+        # The pipe is closed once nothing refers to this listener, not in shut(): a request() on
+        # another thread may have taken _wake before shut() and call it after. Its call holds
+        # the listener, so the pipe's numbers cannot have gone to another file by then.
+        self._pipe_closer = weakref.finalize(self, _close_pipe, self._wake_r, self._wake_w)
         stop.on_request(self._wake)
 
     def _wake(self) -> None:
-        if self._shut:  # the pipe is closed: its numbers may belong to other files by now
-            return
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:  # full: a wake is pending anyway
@@ -436,8 +438,12 @@ class Listener:
             self._conn = None
 
     def shut(self) -> None:
-        """Close the connection and the pipe: the worker returns."""
+        """Close the connection and stop being woken: the worker returns. (The pipe closes with
+        the listener.)"""
         self.close()
-        self._shut = True
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._stop.forget(self._wake)
+
+
+def _close_pipe(read_end: int, write_end: int) -> None:
+    os.close(read_end)
+    os.close(write_end)
