@@ -30,6 +30,12 @@ Variants, each adding to the one before:
   LOCKED (a row lock is a WAL record of its own); the UPDATE rechecks status.
 
 And two that stand alone on today's claim: only_fillfactor_40, only_one_history_btree.
+
+And what a done job kept nowhere would save (as graphile-worker and PgQueuer do: a completion
+that deletes the row, no history of done jobs): only_done_deleted on today's claim, and
+all_done_deleted on top of fillfactor_40. The product cannot do this as it is: a sequence's
+or a dependency's release, a completion's lost-reply recovery (completed_token) and the
+dependents' outputs all read the done row (docs/decisions/0015).
 """
 
 from __future__ import annotations
@@ -84,6 +90,14 @@ CREATE INDEX finished_jobs_failed_queue_idx ON pgdrain.finished_jobs_failed (que
 CREATE INDEX finished_jobs_done_queue_idx ON pgdrain.finished_jobs_done (queue, id);
 CREATE INDEX finished_jobs_done_id_brin ON pgdrain.finished_jobs_done USING brin (id);
 """
+
+COMPLETE_DELETE = """
+WITH ended AS (
+    DELETE FROM pgdrain.active_jobs AS j
+    WHERE j.id = ANY(%(done_ids)s::bigint[])
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token = ANY(%(done_tokens)s::uuid[]) END
+    RETURNING j.id
+){lease_done}"""
 
 COMPLETE = """
 WITH ended AS (
@@ -161,13 +175,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "advisory": False,
     },
     "only_one_history_btree": {"ddl": [HISTORY_DDL], "hot": False, "advisory": False},
+    # A done job kept nowhere: the completion deletes the row.
+    "only_done_deleted": {"ddl": [], "hot": False, "advisory": False, "keep_done": False},
+    "all_done_deleted": {
+        "ddl": [HOT_DDL, HISTORY_DDL, "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)"],
+        "hot": True,
+        "advisory": True,
+        "keep_done": False,
+    },
 }
 
 
 def statement(variant: dict[str, Any]) -> str:
     ready = "AND NOT held" if variant["hot"] else ""
     candidates = CANDIDATES_ADVISORY if variant["advisory"] else CANDIDATES_LOCKED
-    return COMPLETE.format(lease_done=LEASE_DONE if variant["hot"] else "") + CLAIM.format(
+    complete = COMPLETE if variant.get("keep_done", True) else COMPLETE_DELETE
+    return complete.format(lease_done=LEASE_DONE if variant["hot"] else "") + CLAIM.format(
         candidates=candidates.format(ready=ready),
         lease_new=LEASE_NEW if variant["hot"] else "",
     )
@@ -216,7 +239,12 @@ def measure(
         seconds = time.perf_counter() - began
         end = wal_lsn(conn)
         total, where = wal_of_database(conn, waldump, wal_dir, start, end)
-        finished = conn.execute("SELECT count(*) FROM pgdrain.finished_jobs").fetchone()
+        if variant.get("keep_done", True):
+            finished = conn.execute("SELECT count(*) FROM pgdrain.finished_jobs").fetchone()
+        else:  # deleted: every job that left active_jobs
+            finished = conn.execute(
+                "SELECT %s - count(*) FROM pgdrain.active_jobs", [jobs]
+            ).fetchone()
         hot = conn.execute(
             "SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'active_jobs'"
         ).fetchone()
