@@ -110,6 +110,8 @@ def test_a_queue_with_nothing_queued_has_no_floor_and_a_run_of_every_queue_skips
     assert _marks(conn) == [("default", 0, first)]
     _enqueue(conn)  # covered by the mark: nothing written
     assert _marks(conn) == [("default", 0, first)]
+    assert store.queue_depth(conn, None).ready == 2
+    assert store.queue_depth(conn, ["default", "default", "other"]).ready == 2
     assert len(_claimed_until_empty(conn)) == 2
     _raise(conn)
     assert _marks(conn) == []

@@ -205,15 +205,14 @@ WHERE queue IN (
 -- now(), delayed rows not visited.
 SELECT coalesce(sum(d.ready), 0)::bigint AS ready,
        coalesce(extract(epoch FROM now() - min(d.oldest)), 0)::float8 AS oldest_ready_age_s
-FROM unnest(coalesce(%(queues)s::text[],
-                     ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue))) AS q(name)
-JOIN pgdrain.queue_floors AS f ON f.queue = q.name  -- without a floor, nothing is queued
+FROM pgdrain.queue_floors AS f  -- a queue without a floor has nothing queued
 CROSS JOIN LATERAL (
     SELECT count(*) AS ready, min(j.run_at) AS oldest
     FROM pgdrain.active_jobs AS j
-    WHERE j.status = 'queued' AND j.queue = q.name
+    WHERE j.status = 'queued' AND j.queue = f.queue
       AND j.run_at >= f.ready_from AND j.run_at <= now()
-) AS d;
+) AS d
+WHERE %(queues)s::text[] IS NULL OR f.queue = ANY(%(queues)s::text[]);
 
 -- name: queue_depth_held :one
 -- The ready jobs of those of these queues (NULL: every queue) that no run may claim now, at
