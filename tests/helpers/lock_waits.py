@@ -5,6 +5,8 @@ watches."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -38,3 +40,21 @@ def someone_here_waits_on_a_lock(observer: Conn) -> bool:
         " WHERE datname = current_database() AND wait_event_type = 'Lock'"
     ).fetchone()
     return bool(row and row[0])
+
+
+def on_a_connection_of_its_own(
+    db_url: str, name: str, call: Callable[[Conn], object], pids: dict[str, int]
+) -> threading.Thread:
+    """`call` on a new autocommit connection, in a thread started now; the connection's
+    backend pid is put in `pids` under `name` first (for waits_on_a_lock), and it gives up on
+    a lock after 5 s rather than hang the test."""
+
+    def body() -> None:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            pids[name] = conn.info.backend_pid
+            conn.execute("SET lock_timeout = '5s'")
+            call(conn)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread

@@ -15,7 +15,12 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, wait_for, without_line
-from helpers.lock_waits import someone_here_waits_on_a_lock, waits_on_a_lock
+from helpers.lock_waits import (
+    on_a_connection_of_its_own,
+    someone_here_waits_on_a_lock,
+    waits_on_a_lock,
+)
+from helpers.sql_functions import function_replacing, function_without
 from pgdrain import enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
@@ -41,17 +46,6 @@ def _reclaimed(conn: Conn) -> list[int]:
     return sorted(r.id for r in store.job_reclaim_expired(conn, 100))
 
 
-def _function_without(conn: Conn, function: str, fragment: str, name: str) -> None:
-    """A test-only copy of a migration's function, named `name`, with the line holding
-    `fragment` removed: the control that shows what that line prevents."""
-    row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (function,)).fetchone()
-    assert row is not None
-    text = without_line(str(row[0]), fragment)
-    original = function.removesuffix("()")
-    assert original in text
-    conn.execute(text.replace(original, name, 1).encode())
-
-
 def _ended_at_once(conn: Conn) -> list[int]:
     """A job claimed by a run that dies at once: its lease capped at 0 s, expired when read."""
     enqueue_many(conn, [build_job("k")])
@@ -71,7 +65,7 @@ def test_a_raise_while_a_claim_is_in_flight_leaves_the_floor_below_it(
 ) -> None:
     raise_floor: Callable[[Conn], None] = _raise
     if not locked:
-        _function_without(
+        function_without(
             conn,
             "pgdrain.lease_floor_raise()",
             "pg_try_advisory_xact_lock",
@@ -102,7 +96,7 @@ def test_a_claim_behind_a_raise_reads_the_raised_floor_and_lowers_it(
     conn: Conn, other: Conn, db_url: str, locked: bool
 ) -> None:
     if not locked:
-        _function_without(
+        function_without(
             conn,
             "pgdrain.lease_floor_lower()",
             "pg_advisory_xact_lock_shared",
@@ -211,33 +205,20 @@ def test_every_write_of_a_running_row_lowers_the_floor_below_its_lease(
 def test_a_raise_never_holds_up_a_claim(conn: Conn, other: Conn, db_url: str, tries: bool) -> None:
     raise_statement = query("floors_raise")
     if not tries:  # the lock waited for, not tried
-        row = conn.execute(
-            "SELECT pg_get_functiondef('pgdrain.lease_floor_raise()'::regprocedure)"
-        ).fetchone()
-        assert row is not None
-        text = str(row[0])
-        tried = (
-            "IF NOT pg_try_advisory_xact_lock(hashtext('pgdrain.lease_floor')) THEN RETURN; END IF;"
+        function_replacing(
+            conn,
+            "pgdrain.lease_floor_raise()",
+            "IF NOT pg_try_advisory_xact_lock(hashtext('pgdrain.lease_floor'))"
+            " THEN RETURN; END IF;",
+            "PERFORM pg_advisory_xact_lock(hashtext('pgdrain.lease_floor'));",
+            "pgdrain.raise_waiting",
         )
-        assert tried in text
-        text = text.replace(
-            tried, "PERFORM pg_advisory_xact_lock(hashtext('pgdrain.lease_floor'));"
-        )
-        conn.execute(text.replace("pgdrain.lease_floor_raise", "pgdrain.raise_waiting", 1).encode())
         raise_statement = "SELECT pgdrain.raise_waiting()"
     enqueue_many(conn, [build_job("k") for _ in range(2)])
     pids: dict[str, int] = {}
 
     def run(name: str, call: Callable[[Conn], object]) -> threading.Thread:
-        def body() -> None:
-            with psycopg.connect(db_url, autocommit=True) as c:
-                pids[name] = c.info.backend_pid
-                c.execute("SET lock_timeout = '5s'")
-                call(c)
-
-        thread = threading.Thread(target=body, daemon=True)
-        thread.start()
-        return thread
+        return on_a_connection_of_its_own(db_url, name, call, pids)
 
     with other.transaction():  # an application's transaction that claims, still open
         claim_batch(other, ["default"], 1, "w-slow", 30.0, None)
