@@ -11,6 +11,8 @@ from typing import Any
 
 import psycopg
 
+from helpers.fixtures import wait_for
+
 Conn = psycopg.Connection[Any]
 
 
@@ -58,3 +60,36 @@ def on_a_connection_of_its_own(
     thread = threading.Thread(target=body, daemon=True)
     thread.start()
     return thread
+
+
+def a_raise_holds_up_the_next_write(
+    observer: Conn,
+    holder: Conn,
+    db_url: str,
+    first_write: Callable[[Conn], object],
+    raise_statement: str,
+    next_write: Callable[[Conn], object],
+) -> bool:
+    """A floor's raise (migrations 0024, 0026) against its writers: `first_write` in a
+    transaction of `holder` left open, then `raise_statement` and `next_write`, each on a
+    connection of its own. Whether `next_write` was held up while the first stayed open (a
+    raise that waits for the lock, rather than trying it, queues the next writer behind it)."""
+    pids: dict[str, int] = {}
+    with holder.transaction():
+        first_write(holder)
+        raiser = on_a_connection_of_its_own(
+            db_url, "raise", lambda conn: conn.execute(raise_statement.encode()), pids
+        )
+        wait_for(
+            lambda: not raiser.is_alive() or waits_on_a_lock(observer, pids.get("raise", 0)),
+            what="the raise returned or waits",
+        )
+        writer = on_a_connection_of_its_own(db_url, "write", next_write, pids)
+        wait_for(
+            lambda: not writer.is_alive() or waits_on_a_lock(observer, pids.get("write", 0)),
+            what="the next write returned or waits",
+        )
+        held_up = writer.is_alive()
+    raiser.join(20)
+    writer.join(20)
+    return held_up

@@ -16,9 +16,8 @@ import pytest
 
 from helpers.fixtures import claim_batch, wait_for, without_line
 from helpers.lock_waits import (
-    on_a_connection_of_its_own,
+    a_raise_holds_up_the_next_write,
     someone_here_waits_on_a_lock,
-    waits_on_a_lock,
 )
 from helpers.sql_functions import function_replacing, function_without
 from pgdrain import enqueue_many
@@ -215,26 +214,15 @@ def test_a_raise_never_holds_up_a_claim(conn: Conn, other: Conn, db_url: str, tr
         )
         raise_statement = "SELECT pgdrain.raise_waiting()"
     enqueue_many(conn, [build_job("k") for _ in range(2)])
-    pids: dict[str, int] = {}
-
-    def run(name: str, call: Callable[[Conn], object]) -> threading.Thread:
-        return on_a_connection_of_its_own(db_url, name, call, pids)
-
-    with other.transaction():  # an application's transaction that claims, still open
-        claim_batch(other, ["default"], 1, "w-slow", 30.0, None)
-        raiser = run("raise", lambda c: c.execute(raise_statement))
-        wait_for(
-            lambda: not raiser.is_alive() or waits_on_a_lock(conn, pids.get("raise", 0)),
-            what="the raise returned or waits",
-        )
-        claimer = run("claim", lambda c: claim_batch(c, ["default"], 1, "w-next", 30.0, None))
-        wait_for(
-            lambda: not claimer.is_alive() or waits_on_a_lock(conn, pids.get("claim", 0)),
-            what="the next claim returned or waits",
-        )
-        held_up = claimer.is_alive()
-    raiser.join(20)
-    claimer.join(20)
+    # An application's transaction that claims, still open; the raise; the next claim.
+    held_up = a_raise_holds_up_the_next_write(
+        conn,
+        other,
+        db_url,
+        lambda c: claim_batch(c, ["default"], 1, "w-slow", 30.0, None),
+        raise_statement,
+        lambda c: claim_batch(c, ["default"], 1, "w-next", 30.0, None),
+    )
 
     # With the try, the raise gave up at once and the next claim went on; waiting, the raise
     # queued for the lock behind the open claim, and the next claim queued behind the raise.

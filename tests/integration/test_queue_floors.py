@@ -18,7 +18,7 @@ import pytest
 
 from helpers.fixtures import claim_batch, complete_one, wait_for
 from helpers.lock_waits import (
-    on_a_connection_of_its_own,
+    a_raise_holds_up_the_next_write,
     someone_here_waits_on_a_lock,
     waits_on_a_lock,
 )
@@ -358,26 +358,10 @@ def test_a_raise_never_holds_up_an_enqueue(
         )
         raise_statement = "SELECT pgdrain.raise_waiting()"
     _enqueue(conn)  # the queue has a floor to raise
-    pids: dict[str, int] = {}
-
-    def run(name: str, call: Callable[[Conn], object]) -> threading.Thread:
-        return on_a_connection_of_its_own(db_url, name, call, pids)
-
-    with other.transaction():  # an application's transaction that enqueued, still open
-        _enqueue(other)
-        raiser = run("raise", lambda c: c.execute(raise_statement))
-        wait_for(
-            lambda: not raiser.is_alive() or waits_on_a_lock(conn, pids.get("raise", 0)),
-            what="the raise returned or waits",
-        )
-        enqueuer = run("enqueue", _enqueue)
-        wait_for(
-            lambda: not enqueuer.is_alive() or waits_on_a_lock(conn, pids.get("enqueue", 0)),
-            what="the next enqueue returned or waits",
-        )
-        held_up = enqueuer.is_alive()
-    raiser.join(20)
-    enqueuer.join(20)
+    # An application's transaction that enqueued, still open; the raise; the next enqueue.
+    held_up = a_raise_holds_up_the_next_write(
+        conn, other, db_url, _enqueue, raise_statement, _enqueue
+    )
 
     # With the try, the raise gave up at once and the next enqueue went on; waiting, the raise
     # queued for the lock behind the open enqueue, and the next enqueue queued behind the raise.
