@@ -524,3 +524,43 @@ def test_a_raise_visits_100_queues_at_most(conn: Conn, bounded: bool) -> None:
     if bounded:  # the next raise takes the rest
         _raise(conn)
         assert _marks(conn) == []
+
+
+def _marks_scans(conn: Conn, statement: store.Statement[Any]) -> list[int]:
+    """How many times each scan of the floors' marks ran in a claim (EXPLAIN ANALYZE)."""
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + statement.text, statement.params
+        ).fetchone()
+    assert row is not None
+    found: list[int] = []
+    nodes = [row[0][0]["Plan"]]
+    while nodes:
+        node = nodes.pop()
+        if node.get("Relation Name") == "queue_floor_marks":
+            found.append(int(node["Actual Loops"]))
+        nodes.extend(node.get("Plans", []))
+    return found
+
+
+@pytest.mark.parametrize("position", [True, False], ids=["from-a-position", "from-the-floor"])
+def test_a_claim_whose_position_fills_it_does_not_read_the_floor(
+    conn: Conn, position: bool
+) -> None:
+    """Behind a held snapshot the marks keep a dead version of each raise that moved them, so
+    the floor is read only where a claim needs it: a queue without a position, or one whose
+    position's range fell short. A run's claims from its positions read no mark."""
+    enqueue_many(conn, [build_job("k") for _ in range(20)])
+    before_every_job = store.ClaimPosition(0, 946_684_800_000_000, 0)  # 2000-01-01
+    claim = store.job_complete_and_claim_statement(
+        [],
+        ["default"],
+        10,
+        "w",
+        30,
+        None,
+        None,
+        positions={"default": before_every_job} if position else None,
+    )
+    scans = _marks_scans(conn, claim)
+    assert scans and all(loops == (0 if position else 1) for loops in scans)

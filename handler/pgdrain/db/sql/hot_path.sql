@@ -265,14 +265,9 @@ WITH ended AS (
            -- seconds, then the rest (interval * float8 is exact for both parts).
            'epoch'::timestamptz + (pos.run_at_us / 1000000) * interval '1 second'
                + mod(pos.run_at_us, 1000000) * interval '1 microsecond' AS after_run_at,
-           pos.id AS after_id,
-           -- Where its queued jobs start (migration 0026): no queued job sorts before the
-           -- floor's key, none has a run_at before ready_from; none at all without a floor.
-           f.priority AS floor_priority, f.run_at AS floor_run_at, f.id AS floor_id,
-           f.ready_from
+           pos.id AS after_id
     FROM unnest((SELECT names FROM served)::text[]) AS q(name)
     LEFT JOIN limits AS lim ON lim.queue = q.name
-    LEFT JOIN pgdrain.queue_floors AS f ON f.queue = q.name
     LEFT JOIN unnest(%(position_queue)s::text[], %(position_priority)s::int[],
                      %(position_run_at_us)s::bigint[], %(position_id)s::bigint[])
          AS pos(queue, priority, run_at_us, id) ON pos.queue = q.name
@@ -311,6 +306,15 @@ WITH ended AS (
         -- ran out before the limit (the next priority, a job that sorts before the position).
         SELECT from_start.*
         FROM (SELECT count(*)::int AS found FROM positioned AS p WHERE p.name = q.name) AS pos
+        -- Where the queue's queued jobs start (migration 0026): none sorts before the floor's
+        -- key, none has a run_at before ready_from, and a queue without a floor has none. Read
+        -- only when the position's range fell short: behind a held snapshot the floor's table
+        -- keeps a dead version of each raise, which a claim from a position need not read.
+        CROSS JOIN LATERAL (
+            SELECT f.priority, f.run_at, f.id, f.ready_from
+            FROM pgdrain.queue_floors AS f
+            WHERE f.queue = q.name AND pos.found < q.n
+        ) AS f
         -- A queue with nothing ready is passed over after one probe of jobs_queued_run_at_idx;
         -- without it the scan below walks every delayed row of the queue before finding nothing
         -- (the run's last, empty claim).
@@ -319,7 +323,7 @@ WITH ended AS (
             WHERE pos.found < q.n
               AND status = 'queued'
               AND queue = q.name
-              AND run_at >= q.ready_from
+              AND run_at >= f.ready_from
               AND run_at <= now()
             ORDER BY run_at
             LIMIT 1
@@ -331,7 +335,7 @@ WITH ended AS (
               AND queue = q.name
               -- From the floor: not through the dead entries of the jobs claimed before it,
               -- kept while a snapshot held open elsewhere may see them (decision 0017).
-              AND (priority, run_at, id) >= (q.floor_priority, q.floor_run_at, q.floor_id)
+              AND (priority, run_at, id) >= (f.priority, f.run_at, f.id)
               AND run_at <= now()
               -- not the position's range, read in full above
               AND NOT coalesce(priority = q.after_priority
