@@ -312,8 +312,13 @@ WITH ended AS (
         -- keeps a dead version of each raise, which a claim from a position need not read.
         CROSS JOIN LATERAL (
             SELECT f.priority, f.run_at, f.id, f.ready_from
-            FROM pgdrain.queue_floors AS f
-            WHERE f.queue = q.name AND pos.found < q.n
+            -- The floor is read through `needed`, so the nested loop reads none when it is
+            -- empty. OFFSET 0 keeps it a subquery of its own: pulled up, its condition became a
+            -- filter the planner put beside the count, and it read the floor first (PG 16).
+            FROM (SELECT q.name AS queue WHERE q.n > pos.found OFFSET 0) AS needed
+            CROSS JOIN LATERAL (
+                SELECT * FROM pgdrain.queue_floors AS f WHERE f.queue = needed.queue
+            ) AS f
         ) AS f
         -- A queue with nothing ready is passed over after one probe of jobs_queued_run_at_idx;
         -- without it the scan below walks every delayed row of the queue before finding nothing
