@@ -214,6 +214,14 @@ def conn(db_url: str) -> Iterator[psycopg.Connection[Any]]:
         yield connection
 
 
+@pytest.fixture
+def other(db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A second autocommit connection to the test's database: another run, or the
+    application."""
+    with psycopg.connect(db_url, autocommit=True) as connection:
+        yield connection
+
+
 @pytest.fixture(scope="module")
 def module_db_url(admin_url: str, template_db: str) -> Iterator[str]:
     """A migrated database shared by the tests of one module: for tests that only read, or

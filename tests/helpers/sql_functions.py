@@ -37,3 +37,14 @@ def function_replacing(conn: Conn, function: str, old: str, new: str, name: str)
         return text.replace(old, new)
 
     function_copy(conn, function, name, replace)
+
+
+def raise_without_its_try(conn: Conn, function: str) -> Callable[[Conn], None]:
+    """A floor's raise (migrations 0024, 0026) with its try of the lock taken out: the control
+    that shows a raise past a writer in flight, whose rows it cannot see."""
+    function_without(conn, function, "pg_try_advisory_xact_lock", "pgdrain.raise_unlocked")
+
+    def raise_unlocked(c: Conn) -> None:
+        c.execute("SELECT pgdrain.raise_unlocked()")
+
+    return raise_unlocked

@@ -8,7 +8,6 @@ job whose lease expired that no reclaim ever takes back (a lost job)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -19,7 +18,7 @@ from helpers.lock_waits import (
     a_raise_holds_up_the_next_write,
     someone_here_waits_on_a_lock,
 )
-from helpers.sql_functions import function_replacing, function_without
+from helpers.sql_functions import function_replacing, function_without, raise_without_its_try
 from pgdrain import enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
@@ -51,28 +50,11 @@ def _ended_at_once(conn: Conn) -> list[int]:
     return [job.id for job in claim_batch(conn, ["default"], 1, "w-dead", 30.0, 0.0)]
 
 
-@pytest.fixture
-def other(db_url: str) -> Iterator[Conn]:
-    """A second autocommit connection: the other run."""
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
-
-
 @pytest.mark.parametrize("locked", LOCKED, ids=LOCKED_IDS)
 def test_a_raise_while_a_claim_is_in_flight_leaves_the_floor_below_it(
     conn: Conn, other: Conn, locked: bool
 ) -> None:
-    raise_floor: Callable[[Conn], None] = _raise
-    if not locked:
-        function_without(
-            conn,
-            "pgdrain.lease_floor_raise()",
-            "pg_try_advisory_xact_lock",
-            "pgdrain.raise_unlocked",
-        )
-
-        def raise_floor(c: Conn) -> None:
-            c.execute("SELECT pgdrain.raise_unlocked()")
+    raise_floor = _raise if locked else raise_without_its_try(conn, "pgdrain.lease_floor_raise()")
 
     # A run's claim, not yet committed: its job's lease is written, and already expired.
     with other.transaction():

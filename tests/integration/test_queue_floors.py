@@ -10,7 +10,7 @@ job stuck for good)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -22,7 +22,8 @@ from helpers.lock_waits import (
     someone_here_waits_on_a_lock,
     waits_on_a_lock,
 )
-from helpers.sql_functions import function_replacing, function_without
+from helpers.plans import plan_nodes
+from helpers.sql_functions import function_replacing, function_without, raise_without_its_try
 from pgdrain import enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
@@ -87,13 +88,6 @@ def _without_triggers(conn: Conn) -> None:
         "ALTER TABLE pgdrain.active_jobs DISABLE TRIGGER jobs_queue_floor_insert,"
         " DISABLE TRIGGER jobs_queue_floor_update"
     )
-
-
-@pytest.fixture
-def other(db_url: str) -> Iterator[Conn]:
-    """A second autocommit connection: the application, or another run."""
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
 
 
 def test_a_queue_with_nothing_queued_has_no_floor_and_a_run_of_every_queue_skips_it(
@@ -231,17 +225,7 @@ LOCKED = [True, False]
 def test_a_raise_while_an_enqueue_is_in_flight_keeps_the_mark_it_relies_on(
     conn: Conn, other: Conn, locked: bool
 ) -> None:
-    raise_floor: Callable[[Conn], None] = _raise
-    if not locked:
-        function_without(
-            conn,
-            "pgdrain.queue_floors_raise()",
-            "pg_try_advisory_xact_lock",
-            "pgdrain.raise_unlocked",
-        )
-
-        def raise_floor(c: Conn) -> None:
-            c.execute("SELECT pgdrain.raise_unlocked()")
+    raise_floor = _raise if locked else raise_without_its_try(conn, "pgdrain.queue_floors_raise()")
 
     first = _enqueue(conn, URGENT)  # its mark is the queue's floor
     # The application's transaction: its urgent job, after the first, relies on that mark.
@@ -533,14 +517,11 @@ def _marks_scans(conn: Conn, statement: store.Statement[Any]) -> list[int]:
             "EXPLAIN (ANALYZE, FORMAT JSON) " + statement.text, statement.params
         ).fetchone()
     assert row is not None
-    found: list[int] = []
-    nodes = [row[0][0]["Plan"]]
-    while nodes:
-        node = nodes.pop()
-        if node.get("Relation Name") == "queue_floor_marks":
-            found.append(int(node["Actual Loops"]))
-        nodes.extend(node.get("Plans", []))
-    return found
+    return [
+        int(node["Actual Loops"])
+        for node in plan_nodes(row[0])
+        if node.get("Relation Name") == "queue_floor_marks"
+    ]
 
 
 @pytest.mark.parametrize("position", [True, False], ids=["from-a-position", "from-the-floor"])
