@@ -8,10 +8,10 @@ The positions are the run's, set from each claim's reply (claim_statement.py). A
 starts after its position and reads the rest of that priority's ready jobs; when those run out
 before the claim's limit, the same statement reads the queue from its floor (hot_path.sql; a key
 no queued job sorts before, migration 0026), so a claim still comes back short only when nothing
-more is ready. What sorts before a position (a
-more urgent job enqueued since, a job committed late with an earlier run_at, a job another run
-held locked or gave back) is found when the positions are dropped: at a short claim, after a
-reconnect, and at least every POSITION_MAX_AGE, so it waits at most that long. A run of every
+more is ready. What sorts before a position (a more urgent job enqueued since, a job committed
+late with an earlier run_at, a job another run held locked or gave back) is found when the
+positions are dropped: at a short claim, after a reconnect, and at least every
+POSITION_MAX_AGE, so it waits at most that long. A run of every
 queue also names the queues its last claim from the start found, for as long, so that its claims
 need not read the queues' floors again."""
 
