@@ -131,6 +131,7 @@ def _claim(queues: list[str]) -> dict[str, Any]:
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "keep_done": True,
         "position_queue": [],
         "position_priority": [],
         "position_run_at_us": [],

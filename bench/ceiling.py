@@ -36,6 +36,7 @@ PARAMS = {
     "lease_seconds": ":lease_seconds",
     "cap_seconds": ":cap_seconds",
     "claim_id": "gen_random_uuid()",  # a run binds one uuid per claim
+    "keep_done": "true",  # done jobs kept (PGDRAIN_RETAIN_DONE > 0, the default)
     # No position: every claim reads each queue from its start (a run's first claim).
     "position_queue": "NULL",
     "position_priority": "NULL",

@@ -289,6 +289,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument(
+        "--retain-done",
+        type=float,
+        default=7.0,
+        help="PGDRAIN_RETAIN_DONE, in days (0: a done job is deleted, not kept)",
+    )
+    parser.add_argument(
         "--wal-dir",
         default="",
         help="the server's pg_wal directory, readable here: count this database's WAL alone",
@@ -319,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         record(args.record[0], args.record[1], note=args.note)
         return
     controls = Controls(claim_from_position=not args.no_position)
-    settings = Settings(batch_size=args.batch, concurrency=args.concurrency)
+    settings = Settings(
+        batch_size=args.batch, concurrency=args.concurrency, retain_done_days=args.retain_done
+    )
     figures = run(
         args.rounds,
         args.jobs,
@@ -339,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "position": not args.no_position,
                 "jobs": args.jobs,
                 "batch": args.batch,
+                "retain_done": args.retain_done,
                 "short_runs": args.short_runs,
                 "short_jobs": args.short_jobs,
             }

@@ -82,6 +82,7 @@ class Config:
     # process counts, the same cfg.jobs, interleaved; graphile at its documented tuning.
     graphile_batches: tuple[int, ...] = (10, 250)
     graphile_processes: tuple[int, ...] = (1, 2)
+    graphile_not_kept_batches: tuple[int, ...] = (10, 250, 1000)
 
 
 @dataclass
@@ -160,15 +161,31 @@ def concurrency_for(cfg: Config, batch: int) -> int:
     return min(max(batch, cfg.default_concurrency), cfg.max_concurrency)
 
 
+def verify_pgdrain_not_kept(url: str, jobs: int, claimed: int) -> tuple[bool, str]:
+    """With done jobs not kept (PGDRAIN_RETAIN_DONE=0) no row is left to count: the table held
+    `jobs` jobs, each needs a claim to be deleted, so `jobs` claims in all and no row left
+    means each was claimed once."""
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone()
+    assert row is not None
+    left = int(row[0])
+    return left == 0 and claimed == jobs, f"{left} rows left, {claimed} claims"
+
+
 def rep_pgdrain(server: Server, template: str, fig: Figure, cfg: Config) -> None:
     batch, procs = fig.params["batch"], fig.params["processes"]
     argv = ["pgdrain", "--url", "", "--batch", str(batch)]
     argv += ["--concurrency", str(fig.params["concurrency"])]
+    kept = fig.params.get("retain_done", 7.0) > 0
+    argv += ["--retain-done", str(fig.params.get("retain_done", 7.0))]
     with server.fresh(template) as url:
         argv[2] = url
         wall, results = run_workers(procs, argv)
         done = sum(r["done"] for r in results)
-        ok, detail = verify_pgdrain(url, cfg.jobs)
+        if kept:
+            ok, detail = verify_pgdrain(url, cfg.jobs)
+        else:
+            ok, detail = verify_pgdrain_not_kept(url, cfg.jobs, sum(r["claimed"] for r in results))
         ok = ok and done == cfg.jobs and all(r["error"] is None for r in results)
     _record(fig, ok, cfg.jobs / wall, f"{detail}; drains counted {done}")
     if ok:
@@ -371,13 +388,15 @@ def graphile_side_by_side(server: Server, cfg: Config, res: Results, env: dict[s
         )
         return lambda: rep_graphile(server, gw_tpl, fig, cfg)
 
-    def pg(batch: int, procs: int) -> Step:
+    def pg(batch: int, procs: int, retain_done: float = 7.0) -> Step:
+        kept = "" if retain_done else "/not-kept"
         fig = res.figure(
-            f"{GRAPHILE}/pgdrain/{batch}/{procs}",
+            f"{GRAPHILE}/pgdrain/{batch}/{procs}{kept}",
             "pgdrain (beside graphile-worker)",
             batch=batch,
             processes=procs,
             concurrency=concurrency_for(cfg, batch),
+            retain_done=retain_done,
         )
         return lambda: rep_pgdrain(server, pg_tpl, fig, cfg)
 
@@ -386,6 +405,8 @@ def graphile_side_by_side(server: Server, cfg: Config, res: Results, env: dict[s
     steps: list[Step] = []
     for procs in cfg.graphile_processes:
         steps += [gw(procs)] + [pg(b, procs) for b in batches]
+        # Done jobs not kept (PGDRAIN_RETAIN_DONE=0): what graphile-worker does with its own.
+        steps += [pg(b, procs, retain_done=0.0) for b in cfg.graphile_not_kept_batches]
     interleaved(cfg.reps, steps)
     notes = res.info.get("graphile", {}).get("notes", [])  # written by hand: kept
     res.info["graphile"] = {
@@ -397,6 +418,7 @@ def graphile_side_by_side(server: Server, cfg: Config, res: Results, env: dict[s
         "jobs": cfg.jobs,
         "reps": cfg.reps,
         "batches": batches,
+        "not_kept_batches": list(cfg.graphile_not_kept_batches),
         "processes": list(cfg.graphile_processes),
     }
     server.drop(pg_tpl)

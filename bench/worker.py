@@ -60,7 +60,9 @@ def run_pgdrain(args: argparse.Namespace) -> None:
 
     registry = load_registry("jobs")  # handler/jobs.py, the example kinds (noop)
     concurrency = args.concurrency or Settings().concurrency
-    settings = Settings(batch_size=args.batch, concurrency=concurrency)
+    settings = Settings(
+        batch_size=args.batch, concurrency=concurrency, retain_done_days=args.retain_done
+    )
     profiler: Any = None
     if args.pyinstrument:
         from pyinstrument import Profiler
@@ -248,6 +250,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--url", required=True)
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=0, help="0: pgdrain's default")
+    p.add_argument("--retain-done", type=float, default=7.0, help="PGDRAIN_RETAIN_DONE, days")
     p.add_argument("--budget", type=float, default=600.0)
     p.add_argument("--pyinstrument", default="")
     p.add_argument(

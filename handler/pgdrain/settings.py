@@ -27,7 +27,9 @@ DEFAULT_CONNECT_TIMEOUT_SECONDS = 20.0  # an Aurora Serverless v2 resume takes a
 DEFAULT_RECLAIM_LIMIT = 500
 DEFAULT_MAX_CHAIN = 10  # Lambda stops pure Lambda->Lambda loops at about 16 hops
 DEFAULT_KICK_DEBOUNCE_SECONDS = 2.0
-DEFAULT_RETAIN_DONE_DAYS = 7.0  # the scheduled run deletes finished jobs older than these
+# The scheduled run deletes finished jobs older than these. Done jobs kept 0 days are not kept
+# at all: their completion deletes them (Settings.keeps_done).
+DEFAULT_RETAIN_DONE_DAYS = 7.0
 DEFAULT_RETAIN_FAILED_DAYS = 30.0  # failed and cancelled: kept longer, to read why
 MAX_RETAIN_DAYS = 36_500.0
 DEFAULT_MAX_RUNS = 10  # concurrent runs in all, fan-out included: each holds one connection
@@ -269,6 +271,13 @@ class Settings:
                 check_queue_name(name, "PGDRAIN_QUEUES")
         if not MODULE_NAME.match(self.jobs_module):
             raise ConfigError(f"PGDRAIN_JOBS: {self.jobs_module!r} is not a module name")
+
+    @property
+    def keeps_done(self) -> bool:
+        """Whether a done job moves to the history (finished_jobs). PGDRAIN_RETAIN_DONE=0: its
+        completion deletes it, as graphile-worker's and PgQueuer's do, unless its finish
+        releases another job (a sequence's next, its dependents)."""
+        return self.retain_done_days > 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

@@ -90,9 +90,11 @@ def unfenced(name: str) -> str:
         replaced, count = FENCE_ON_LIST.subn(running_only, statement)
         assert count == 1, f"{name}: one fence expected"
         if completion:
-            return replaced.replace(
-                "RETURNING j.*", "RETURNING j.*, held.token AS held_token", 1
-            ).replace("j.attempt_token AS completed_token", "j.held_token AS completed_token")
+            return (
+                replaced.replace("RETURNING j.*", "RETURNING j.*, held.token AS held_token", 1)
+                .replace("j.attempt_token AS completed_token", "j.held_token AS completed_token")
+                .replace("j.attempt_token AS token FROM ended", "j.held_token AS token FROM ended")
+            )
         return replaced
     if FENCE_ON_RUNNING.search(statement):
         replaced, count = FENCE_ON_RUNNING.subn("j.status = 'running'", statement)

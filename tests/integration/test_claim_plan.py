@@ -56,6 +56,7 @@ def _claim_scan(conn: Conn, *, sorts_allowed: bool) -> tuple[set[str], int]:
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "keep_done": True,
         "position_queue": [],
         "position_priority": [],
         "position_run_at_us": [],

@@ -69,6 +69,7 @@ class Run:
             queues=queues,
             worker_id="w",
             lease_seconds=600.0,
+            keep_done=True,
             controls=controls,
             clock=clock or Clock(),
         )

@@ -30,6 +30,7 @@ def _statements(attempts: Attempts, controls: Controls = ALL_ON) -> ClaimStateme
         queues=("default",),
         worker_id=WORKER,
         lease_seconds=30.0,
+        keep_done=True,
         controls=controls,
     )
 
@@ -107,7 +108,7 @@ def test_completions_are_recognised_by_completed_token_when_nothing_was_claimed(
         made_again.append(statements.statement(claim).run(c))
         return made_again[-1]
 
-    completed, claimed = after_a_lost_reply(make, claim.claim_id, claim.held)(conn)
+    completed, claimed = after_a_lost_reply(make, claim.claim_id, claim.held, keep_done=True)(conn)
 
     assert made_again == []
     assert completed.applied_attempts == frozenset(claim.held) and claimed == []

@@ -33,6 +33,7 @@ def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:
             "lease_seconds": 30,
             "cap_seconds": None,
             "claim_id": None,
+            "keep_done": True,
             "position_queue": [],
             "position_priority": [],
             "position_run_at_us": [],

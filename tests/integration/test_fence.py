@@ -65,6 +65,10 @@ def _held_params(held: store.Held) -> dict[str, Any]:
     return {"ids": [held.id], "tokens": [held.token]}
 
 
+def _complete_params(held: store.Held) -> dict[str, Any]:
+    return {**_held_params(held), "keep_done": True}
+
+
 def _fail_params(held: store.Held) -> dict[str, Any]:
     return {
         "id": held.id,
@@ -88,6 +92,7 @@ def _complete_and_claim_params(held: store.Held) -> dict[str, Any]:
         "lease_seconds": LEASE_SECONDS,
         "cap_seconds": None,
         "claim_id": None,
+        "keep_done": True,
         "position_queue": [],
         "position_priority": [],
         "position_run_at_us": [],
@@ -127,7 +132,7 @@ Params = Callable[[store.Held], dict[str, Any]]  # what store.py binds for the s
 
 # statement name -> (the real operation through pgdrain.db.store, its parameters for the control)
 OPERATIONS: dict[str, tuple[Operation, Params]] = {
-    "job_complete_many": (_complete, _held_params),
+    "job_complete_many": (_complete, _complete_params),
     "job_complete_and_claim": (_complete_and_claim, _complete_and_claim_params),
     "job_fail": (_fail, _fail_params),
     "job_extend_leases": (_extend, _extend_params),
@@ -202,7 +207,7 @@ def _list_params(name: str, held: list[store.Held]) -> dict[str, Any]:
         }
     if name == "job_extend_leases":
         return {**_extend_params(held[0]), **lists}
-    return lists
+    return {**lists, "keep_done": True}
 
 
 def _write_list(conn: Conn, name: str, held: list[store.Held], fenced: bool) -> set[int]:

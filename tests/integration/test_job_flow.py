@@ -375,7 +375,7 @@ def test_control_unfenced_a_stale_attempt_releases_the_sequence(conn: Conn) -> N
     stale, _current, nxt = _stale_head(conn)
     conn.execute(
         unfenced("job_complete_many"),
-        {"ids": [stale.id], "tokens": [stale.token]},
+        {"ids": [stale.id], "tokens": [stale.token], "keep_done": True},
     )
     assert job_row(conn, nxt)["status"] == "queued"  # while the current attempt runs
 
@@ -524,7 +524,7 @@ def _complete_while_a_dependent_is_enqueued(url: str, conn: Conn, statement: str
         pid = completer.info.backend_pid
         thread = threading.Thread(
             target=lambda: completer.execute(
-                statement, {"ids": [a], "tokens": [claimed.held.token]}
+                statement, {"ids": [a], "tokens": [claimed.held.token], "keep_done": True}
             )
         )
         thread.start()

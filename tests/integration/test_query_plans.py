@@ -149,6 +149,7 @@ def _claim_params(
         "lease_seconds": 30.0,
         "cap_seconds": None,
         "claim_id": None,
+        "keep_done": True,
         "position_queue": list(at),
         "position_priority": [p.priority for p in at.values()],
         "position_run_at_us": [p.run_at_us for p in at.values()],
@@ -294,7 +295,7 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
         {**HELD, "lease_seconds": 30.0, "cap_seconds": None},
         {"jobs_pkey"},
     ),
-    ("complete", "job_complete_many", HELD, {"jobs_pkey"}),
+    ("complete", "job_complete_many", {**HELD, "keep_done": True}, {"jobs_pkey"}),
     ("release", "job_release_many", HELD, {"jobs_pkey"}),
     (
         "fail",
@@ -314,7 +315,12 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     (
         "claim recovery",
         "job_claim_recover",
-        {"done_ids": RUNNING_IDS, "done_tokens": OTHER_TOKENS, "claim_id": OTHER_TOKENS[0]},
+        {
+            "done_ids": RUNNING_IDS,
+            "done_tokens": OTHER_TOKENS,
+            "claim_id": OTHER_TOKENS[0],
+            "keep_done": True,
+        },
         {"jobs_pkey", RUNNING_ROWS},
     ),
     # The operator's lists (pgdrain jobs, the dashboard): one status, the newest first.

@@ -110,9 +110,10 @@ def test_jobs_claimed_ahead_are_given_back_when_their_queue_is_paused(
         run_state,
         queues=None,
         lease_seconds=30.0,
+        keep_done=True,
         reclaim_limit=10,
         prefetch=Prefetch(10, 10),
-        completer=Completer(run_state),
+        completer=Completer(run_state, keep_done=True),
     )
     assert claims.complete_and_claim(10) == 5  # every job: none left queued
     if paused:
@@ -152,6 +153,7 @@ def _claim_params(worker: str) -> dict[str, Any]:
         "lease_seconds": 30,
         "cap_seconds": None,
         "claim_id": None,
+        "keep_done": True,
         "position_queue": [],
         "position_priority": [],
         "position_run_at_us": [],

@@ -52,6 +52,7 @@ def _params(worker: str) -> dict[str, Any]:
         "lease_seconds": 30,
         "cap_seconds": None,
         "claim_id": None,
+        "keep_done": True,
         "position_queue": [],
         "position_priority": [],
         "position_run_at_us": [],

@@ -289,6 +289,7 @@ def test_the_claim_uses_the_ready_index(conn: Conn) -> None:
             "lease_seconds": 30.0,
             "cap_seconds": None,
             "claim_id": None,
+            "keep_done": True,
             "position_queue": [],
             "position_priority": [],
             "position_run_at_us": [],

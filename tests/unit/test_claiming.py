@@ -35,9 +35,10 @@ def _claims(prefetch: Prefetch, run: RunState | None = None) -> Claims:
         run,
         queues=("default",),
         lease_seconds=30.0,
+        keep_done=True,
         reclaim_limit=100,
         prefetch=prefetch,
-        completer=Completer(run),
+        completer=Completer(run, keep_done=True),
     )
 
 

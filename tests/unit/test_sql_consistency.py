@@ -4,16 +4,16 @@ from pgdrain.db.sql import query
 
 
 def _set_and_fence(statement: str) -> list[str]:
-    """From the DELETE of the finished jobs from active_jobs up to the RETURNING of their INSERT
+    """From the DELETE of the finished jobs from active_jobs to the condition of their INSERT
     into finished_jobs, comments and the CTEs' own lines left out: which attempts a completion
-    admits and what it writes."""
+    admits and what it writes where."""
     lines = [line.strip() for line in statement.splitlines()]
     start = lines.index("DELETE FROM pgdrain.active_jobs AS j")
-    end = next(i for i in range(start, len(lines)) if lines[i].startswith("RETURNING id,"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("WHERE %(keep_done)s"))
     return [
         line
-        for line in lines[start:end]
-        if not line.startswith("--") and line not in ("), completed AS (", ")")
+        for line in lines[start : end + 1]
+        if not line.startswith("--") and line not in ("), moved AS (", ")")
     ]
 
 

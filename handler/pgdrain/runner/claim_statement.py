@@ -49,10 +49,12 @@ class ClaimStatements:
         queues: tuple[str, ...] | None,  # None: every queue
         worker_id: str,
         lease_seconds: float,
+        keep_done: bool,
         controls: Controls = ALL_ON,
         clock: Callable[[], float] = time.monotonic,  # the positions' age
     ) -> None:
         self._attempts = attempts
+        self._keep_done = keep_done
         self._deadline = deadline
         self._queues = queues
         self._worker_id = worker_id
@@ -82,6 +84,7 @@ class ClaimStatements:
             self._deadline.lease_cap(),
             claim.claim_id,
             positions=claim.start.positions,
+            keep_done=self._keep_done,
         )
         return store.Statement(made.text, made.params, lambda cur: self.read(claim, cur.fetchall()))
 
@@ -108,13 +111,15 @@ class ClaimStatements:
         make = self.operation(claim)
         if not self._recover_lost_replies:
             return make
-        return after_a_lost_reply(make, claim.claim_id, claim.held)
+        return after_a_lost_reply(make, claim.claim_id, claim.held, keep_done=self._keep_done)
 
 
 def after_a_lost_reply(
     make: Callable[[store.Connection], Result],
     claim_id: uuid.UUID | None,
     finished: list[store.Held],
+    *,
+    keep_done: bool,
 ) -> Callable[[store.Connection], Result]:
     """`make` (a statement that completes `finished` and claims under `claim_id`), safe to run
     after its reply was lost: if it committed, its completions (found by completed_token) or
@@ -123,7 +128,7 @@ def after_a_lost_reply(
     (or it claimed and completed nothing), so it is made now, once, under the same claim id."""
 
     def make_again(conn: store.Connection) -> Result:
-        done, claimed = store.job_claim_recover(conn, claim_id, finished)
+        done, claimed = store.job_claim_recover(conn, claim_id, finished, keep_done=keep_done)
         if done.applied_attempts or claimed:
             log.warning(
                 "a statement committed before its reply was lost; what it did is kept",

@@ -32,6 +32,7 @@ class Claims:
         *,
         queues: tuple[str, ...] | None,  # None: every queue
         lease_seconds: float,
+        keep_done: bool,
         reclaim_limit: int,
         prefetch: Prefetch,
         completer: Completer,
@@ -51,6 +52,7 @@ class Claims:
             queues=queues,
             worker_id=run.worker_id,
             lease_seconds=lease_seconds,
+            keep_done=keep_done,
             controls=controls,
         )
         self.pipelined = PipelinedClaims(self, self._statements, run.session, controls=controls)

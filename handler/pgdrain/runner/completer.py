@@ -29,8 +29,9 @@ COMPLETION_FLUSH_SECONDS = 0.1
 
 
 class Completer:
-    def __init__(self, run: RunState, *, controls: Controls = ALL_ON) -> None:
+    def __init__(self, run: RunState, *, keep_done: bool, controls: Controls = ALL_ON) -> None:
         self._run = run
+        self._keep_done = keep_done  # False: a done job is deleted (Settings.keeps_done)
         self._session = run.session
         self._attempts = run.attempts
         self._counters = run.counters
@@ -50,9 +51,13 @@ class Completer:
 
         @store.one_statement
         def complete(conn: store.Connection) -> Result:
-            return store.job_complete_many(conn, held), []
+            return store.job_complete_many(conn, held, keep_done=self._keep_done), []
 
-        again = after_a_lost_reply(complete, None, held) if self._recover_lost_replies else complete
+        again = (
+            after_a_lost_reply(complete, None, held, keep_done=self._keep_done)
+            if self._recover_lost_replies
+            else complete
+        )
         self.record_completions(self._session.run_recovering(complete, again)[0])
 
     def release_unstarted(self, queues: Collection[str] | None = None) -> None:

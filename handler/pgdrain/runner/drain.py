@@ -211,6 +211,7 @@ def _claims(
         state,
         queues=queues,
         lease_seconds=settings.lease_seconds,
+        keep_done=settings.keeps_done,
         reclaim_limit=settings.reclaim_limit,
         prefetch=Prefetch(settings.batch_size, settings.concurrency, controls=controls),
         completer=completer,
@@ -258,7 +259,7 @@ class _Run:
         self.session = _session(conninfo, settings, budget, controls, self.attempts)
         self.session.on_reconnect(lambda: self.heartbeat.due_now())
         state = RunState(self.session, self.attempts, self.deadline, self.counters, worker_id)
-        self.completer = Completer(state, controls=controls)
+        self.completer = Completer(state, keep_done=settings.keeps_done, controls=controls)
         self.claims = _claims(state, settings, controls, queues, self.completer)
         self.heartbeat = Heartbeat(state, lease_seconds=settings.lease_seconds, controls=controls)
         self.limits = LimitRecount(self.session, queues, controls=controls)

@@ -217,7 +217,7 @@ WITH ended AS (
           ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]))
       END END
     RETURNING j.*
-), completed AS (
+), moved AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
@@ -228,7 +228,13 @@ WITH ended AS (
            j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors,
            j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
-    RETURNING id, queue, completed_token AS token
+    -- Done jobs not kept (%(keep_done)s false: PGDRAIN_RETAIN_DONE=0) end with the DELETE,
+    -- save one whose finish releases another: its sequence's next job and its dependents are
+    -- released by its row's arrival here (jobs_flow_finished), and the dependents read its output.
+    WHERE %(keep_done)s OR j.sequence IS NOT NULL OR j.has_dependents
+), completed AS (
+    -- Every attempt the DELETE took, moved or not (a data-modifying CTE runs in full unread).
+    SELECT j.id, j.queue, j.attempt_token AS token FROM ended AS j
 ), served AS MATERIALIZED (
     -- The queues this claim serves: %(queues)s, or when it is NULL (the run serves every
     -- queue) each queue with a floor (migration 0026; a queue without one has no queued job):
@@ -443,6 +449,20 @@ JOIN pgdrain.jobs AS j ON j.id = held.id
 WHERE j.id = ANY(%(done_ids)b::bigint[])
   AND CASE WHEN j.status = 'done' THEN j.completed_token END = held.token
 UNION ALL
+-- Done jobs not kept (%(keep_done)s false): a completion deletes the job, so no row says it.
+-- While any of these attempts still holds its job (its token is on the row), the statement
+-- did not commit, and a job gone meanwhile was finished by another attempt: lost. When none
+-- does, it committed, and each job gone from both tables was completed by it. (Or the lease of
+-- every one was lost and each job finished under another attempt: then none is ours to
+-- complete, and counting them done strands nothing.)
+SELECT true, held.id, NULL, NULL, NULL, NULL, NULL, held.token, NULL, NULL
+FROM unnest(%(done_ids)b::bigint[], %(done_tokens)b::uuid[]) AS held(id, token)
+WHERE NOT %(keep_done)s
+  AND NOT EXISTS (SELECT 1 FROM pgdrain.jobs AS j WHERE j.id = held.id)
+  AND NOT EXISTS (SELECT 1 FROM pgdrain.active_jobs AS still
+                  WHERE still.id = ANY(%(done_ids)b::bigint[])
+                    AND still.attempt_token = ANY(%(done_tokens)b::uuid[]))
+UNION ALL
 (SELECT false, id, queue, kind, payload::text, attempts, max_attempts, attempt_token,
         priority, (extract(epoch FROM run_at) * 1000000)::bigint AS run_at_us  -- as the claim's
  FROM pgdrain.active_jobs
@@ -462,18 +482,20 @@ WITH ended AS (
           ELSE (j.id, j.attempt_token) IN (SELECT * FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]))
       END END
     RETURNING j.*
-)
-INSERT INTO pgdrain.finished_jobs
-    (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
-     recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
-     finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
+), moved AS (
+    INSERT INTO pgdrain.finished_jobs
+        (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+         recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
+         finished_at, completed_token, errors, sequence, depends_on, has_dependents, output,
          progress)
-SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
-       j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
-       j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors,
-       j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
-FROM ended AS j
-RETURNING id, completed_token AS token;
+    SELECT j.id, j.queue, j.kind, j.payload, 'done', j.priority, j.run_at, j.attempts,
+           j.max_attempts, j.recovery_policy, j.reclaim_count, j.idempotency_key, NULL,
+           j.created_at, now(), now(), j.attempt_token AS completed_token, j.errors,
+           j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
+    FROM ended AS j
+    WHERE %(keep_done)s OR j.sequence IS NOT NULL OR j.has_dependents
+)
+SELECT j.id, j.attempt_token AS token FROM ended AS j;
 
 -- name: job_fail :one
 -- A failed attempt: retry at now() + delay, or `failed` once attempts reach max_attempts

@@ -210,6 +210,8 @@ def job_complete_and_claim_statement(
     cap_seconds: float | None,
     claim_id: uuid.UUID | None,
     positions: Mapping[str, ClaimPosition] | None = None,
+    *,
+    keep_done: bool = True,
 ) -> Statement[tuple[Fenced, list[ClaimedJob]]]:
     """Mark `finished` done and claim up to `limit` ready jobs, in one statement (one commit),
     run by the run's claims (pipelined or not) and read by complete_and_claim_result. The
@@ -218,7 +220,9 @@ def job_complete_and_claim_statement(
     that shows what the cap prevents). claim_id, chosen by the caller, is stored on the
     claimed rows: job_claim_recover finds them by it after a lost reply. `positions`: per
     queue, the job after which its scan starts (runner/positions.py); a queue without one is
-    read from its start, and so is one whose jobs after the position run out."""
+    read from its start, and so is one whose jobs after the position run out. keep_done False
+    (PGDRAIN_RETAIN_DONE=0): a done job is deleted, not moved to finished_jobs, unless its
+    finish releases another."""
     at = positions or {}
     params = {
         "done_ids": [h.id for h in finished],
@@ -233,6 +237,7 @@ def job_complete_and_claim_statement(
         "lease_seconds": lease_seconds,
         "cap_seconds": cap_seconds,
         "claim_id": claim_id,
+        "keep_done": keep_done,
     }
 
     def read(cur: psycopg.Cursor[Any]) -> tuple[Fenced, list[ClaimedJob]]:
@@ -267,16 +272,22 @@ def claim_served_queues(rows: Sequence[Any]) -> tuple[str, ...] | None:
 
 @one_statement
 def job_claim_recover(
-    conn: Connection, claim_id: uuid.UUID | None, finished: Sequence[Held]
+    conn: Connection,
+    claim_id: uuid.UUID | None,
+    finished: Sequence[Held],
+    *,
+    keep_done: bool = True,
 ) -> tuple[Fenced, list[ClaimedJob]]:
     """What the claim `claim_id` already did (nothing, if it never committed): the attempts of
-    `finished` it recorded done, and the jobs it claimed. Reads only."""
+    `finished` it recorded done, and the jobs it claimed. Reads only. keep_done as the
+    completions were sent with (False: a completed job left no row)."""
     rows = conn.execute(
         query("job_claim_recover"),
         {
             "claim_id": claim_id,
             "done_ids": [h.id for h in finished],
             "done_tokens": [h.token for h in finished],
+            "keep_done": keep_done,
         },
     ).fetchall()
     return _completed_and_claimed(rows, finished)
@@ -296,9 +307,9 @@ def _completed_and_claimed(
 
 
 @one_statement
-def job_complete_many(conn: Connection, held: Sequence[Held]) -> Fenced:
-    """Mark finished jobs done (claiming nothing)."""
-    return _fenced(conn, query("job_complete_many"), held)
+def job_complete_many(conn: Connection, held: Sequence[Held], *, keep_done: bool = True) -> Fenced:
+    """Mark finished jobs done (claiming nothing); keep_done as job_complete_and_claim's."""
+    return _fenced(conn, query("job_complete_many"), held, keep_done=keep_done)
 
 
 @one_statement
