@@ -94,3 +94,25 @@ def test_cancel_waiting_cancels_the_waiting_jobs_and_leaves_the_rest(
     assert conn.execute(
         "SELECT count(*) FROM pgdrain.finished_jobs WHERE id = ANY(%s)", ([behind, dependent],)
     ).fetchone() == (2,)
+
+
+def test_with_done_jobs_not_kept_a_drain_deletes_them_but_a_sequences(
+    db_url: str, conn: Conn
+) -> None:
+    """PGDRAIN_RETAIN_DONE=0, as a user sets it: the drain deletes a plain done job, and moves
+    the jobs of a sequence (their rows release the next one)."""
+    plain = _enqueued(db_url)
+    first = _enqueued(db_url, "--sequence", "customer-7")
+    second = _enqueued(db_url, "--sequence", "customer-7")
+    env = {
+        "DATABASE_URL": db_url,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "handler"), str(HERE)]),
+        "PGDRAIN_JOBS": "operator_jobs",
+        "PGDRAIN_RETAIN_DONE": "0",
+    }
+    drained = run_pgdrain("drain", "--budget", "30", env=env)
+    assert drained.code == EXIT_OK, drained.err
+    assert [job_row(conn, i)["status"] for i in (first, second)] == ["done", "done"]
+    shown = pgdrain(db_url, "jobs", "show", str(plain))
+    assert shown.code != EXIT_OK
+    assert f"{plain}" in only_line(shown.err)

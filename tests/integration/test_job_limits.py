@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
 
 import psycopg
@@ -19,6 +20,7 @@ from pgdrain import BadInput, enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
 from pgdrain.db.sql import query
+from pgdrain.db.store import operator_commands
 
 Conn = psycopg.Connection[Any]
 INSERT = "INSERT INTO pgdrain.jobs (queue, kind, payload, idempotency_key) VALUES (%s, %s, %s, %s)"
@@ -179,6 +181,51 @@ def test_a_run_at_no_client_can_read_is_refused_before_it_breaks_every_exit(
     else:  # the exit check reads the next delayed job's run_at: every run's exit fails
         with pytest.raises(psycopg.DataError, match="too large"):
             store.run_exit(conn, "a-run", None, may_stay=True)
+
+
+# A run_at no client can read, listed as NULL (job_list, job_list_finished): the guard, as written.
+READABLE_GUARD = re.compile(
+    r"CASE WHEN run_at > '0001-01-02 00:00:00\+00' AND run_at < '9999-12-30 00:00:00\+00'\s+"
+    r"THEN (.*?) END AS"
+)
+
+
+def _finished_at(conn: Conn, run_at: str) -> int:
+    """A failed job in the history with this run_at, as one written before migration 0025 (it
+    constrains active_jobs only: the rows it found finished were already moved)."""
+    row = conn.execute(
+        """INSERT INTO pgdrain.finished_jobs
+               (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+                recovery_policy, reclaim_count, errors, created_at, updated_at, finished_at)
+           VALUES (nextval('pgdrain.jobs_id_seq'), 'default', 'k', '{}', 'failed', 0, %s, 1, 1,
+                   'retry', 0, '[]', now(), now(), now())
+           RETURNING id""",
+        (run_at,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("run_at", UNREADABLE_RUN_AT)
+@pytest.mark.parametrize("guarded", [True, False], ids=["listed", "control-unguarded"])
+@pytest.mark.parametrize("name", ["job_list", "job_list_finished"])
+def test_a_history_row_whose_run_at_no_client_can_read_is_listed(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch, run_at: str, guarded: bool, name: str
+) -> None:
+    job_id = _finished_at(conn, run_at)
+    if not guarded:
+        unguarded = READABLE_GUARD.sub(r"\1 AS", query(name))
+        assert unguarded != query(name)
+        monkeypatch.setattr(
+            operator_commands, "query", lambda n: unguarded if n == name else query(n)
+        )
+    statuses = ["failed"] if name == "job_list_finished" else ["failed", "done"]
+    if guarded:
+        [row] = store.job_list(conn, statuses, 10)
+        assert (row.id, row.status, row.run_at, row.due_in_s) == (job_id, "failed", None, None)
+    else:
+        with pytest.raises(psycopg.Error, match=r"infinite|too large|out of range"):
+            store.job_list(conn, statuses, 10)
 
 
 @pytest.mark.parametrize(

@@ -54,3 +54,13 @@ def test_every_statement_of_every_queue_finds_the_queues_as_the_claim_does() -> 
         assert text.count(EVERY_QUEUE) == (name != "queue_depth"), name
         assert "FROM pgdrain.queue_floors AS f" in text, name
         assert "WITH RECURSIVE" not in text, name
+
+
+def _select_list(statement: str) -> str:
+    """The columns a list of jobs returns: from its SELECT of rows to its FROM."""
+    start = statement.index("SELECT id, queue, kind, status")
+    return statement[start : statement.index("FROM pgdrain.jobs", start)]
+
+
+def test_a_list_of_finished_jobs_returns_what_any_list_does() -> None:
+    assert _select_list(query("job_list_finished")) == _select_list(query("job_list"))

@@ -150,7 +150,7 @@ def format_job_line(r: store.JobRow) -> str:
     """One listed job; kind, queue and error are job data, escaped for the terminal. A job
     waiting for its run_at says how long: "retrying in 12s", "scheduled in 5m"."""
     state = r.state
-    if state in ("retrying", "scheduled"):
+    if state in ("retrying", "scheduled") and r.due_in_s is not None:
         state += f" in {_duration(r.due_in_s)}"
     error = f"  {printable(r.last_error)}" if r.last_error else ""
     attempt = f"{r.attempts}/{r.max_attempts}"

@@ -145,9 +145,14 @@ SELECT pgdrain.finished_jobs_partition_drop(%(days)s::float8) AS dropped;
 -- updated_at: the job's last change of state (enqueued, claimed, failed, finished...).
 -- %(before)s pages: only jobs older than that id (the dashboard's next page; NULL: the newest).
 -- due_in_s: seconds until run_at on the database's clock (a queued job waits while above 0).
+-- A run_at no client can read (`infinity`, a year past 9999: a finished row written before
+-- migration 0025, which refuses them) is listed as NULL, as is its due_in_s.
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
-       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error,
-       extract(epoch FROM run_at - now())::float8 AS due_in_s,
+       CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
+            THEN run_at END AS run_at,
+       lease_expires_at, created_at, updated_at, finished_at, last_error,
+       CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
+            THEN extract(epoch FROM run_at - now())::float8 END AS due_in_s,
        sequence, depends_on, progress, output
 FROM pgdrain.jobs
 WHERE status = ANY(%(statuses)s::text[])
@@ -180,9 +185,13 @@ WITH RECURSIVE finished_queue AS (
     FROM finished_queue AS f
     WHERE f.queue IS NOT NULL
 )
+-- run_at and due_in_s as job_list gives them (a unit test keeps the two in step).
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
-       run_at, lease_expires_at, created_at, updated_at, finished_at, last_error,
-       extract(epoch FROM run_at - now())::float8 AS due_in_s,
+       CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
+            THEN run_at END AS run_at,
+       lease_expires_at, created_at, updated_at, finished_at, last_error,
+       CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
+            THEN extract(epoch FROM run_at - now())::float8 END AS due_in_s,
        sequence, depends_on, progress, output
 FROM pgdrain.jobs
 WHERE id = ANY(ARRAY(

@@ -57,13 +57,14 @@ class JobRow:
     attempts: int
     max_attempts: int
     reclaim_count: int
-    run_at: dt.datetime
+    # None: a finished row's run_at no client can read (written before migration 0025).
+    run_at: dt.datetime | None
     lease_expires_at: dt.datetime | None
     created_at: dt.datetime
     updated_at: dt.datetime
     finished_at: dt.datetime | None
     last_error: str | None
-    due_in_s: float  # until run_at, on the database's clock
+    due_in_s: float | None  # until run_at, on the database's clock
     sequence: str | None = None
     depends_on: list[int] | None = None
     progress: Any = None  # what the job recorded (JSON), if anything
@@ -75,7 +76,7 @@ class JobRow:
         (waiting out a backoff after a failed attempt) or scheduled (enqueued for later)."""
         if self.status != "queued":
             return self.status
-        if self.due_in_s <= 0:
+        if self.due_in_s is None or self.due_in_s <= 0:
             return "ready"
         return "retrying" if self.attempts > 0 else "scheduled"
 
