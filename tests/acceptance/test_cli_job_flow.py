@@ -14,6 +14,7 @@ import psycopg
 
 from helpers.cli import EXIT_BAD_INPUT, EXIT_OK, ROOT, Run, only_line, run_pgdrain
 from helpers.fixtures import job_row
+from pgdrain.cli.report import DONE_NOT_KEPT
 
 Conn = psycopg.Connection[Any]
 HERE = Path(__file__).resolve().parent
@@ -116,3 +117,8 @@ def test_with_done_jobs_not_kept_a_drain_deletes_them_but_a_sequences(
     shown = pgdrain(db_url, "jobs", "show", str(plain))
     assert shown.code != EXIT_OK
     assert f"{plain}" in only_line(shown.err)
+    # stats says what its done column counts now
+    stats = run_pgdrain("stats", env=env)
+    assert stats.code == EXIT_OK, stats.err
+    assert stats.out.splitlines()[-1] == DONE_NOT_KEPT
+    assert DONE_NOT_KEPT not in pgdrain(db_url, "stats").out

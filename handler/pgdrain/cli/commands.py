@@ -828,7 +828,7 @@ WATCH_STOP_CHECK_SECONDS = 0.1
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         if args.watch is None:
-            _print_stats(store.queue_stats(conn), args.json, clear=False, served=settings.queues)
+            _print_stats(store.queue_stats(conn), args.json, clear=False, settings=settings)
             return EXIT_OK
         clear = sys.stdout.isatty() and not args.json
         # Ctrl-C is how a watch ends, a normal exit. It only raises a flag: as an exception it
@@ -843,9 +843,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         previous = signal.signal(signal.SIGINT, stop)
         try:
             while not stopping:
-                _print_stats(
-                    store.queue_stats(conn), args.json, clear=clear, served=settings.queues
-                )
+                _print_stats(store.queue_stats(conn), args.json, clear=clear, settings=settings)
                 deadline = time.monotonic() + args.watch
                 while not stopping and (left := deadline - time.monotonic()) > 0:
                     time.sleep(min(left, WATCH_STOP_CHECK_SECONDS))
@@ -859,7 +857,7 @@ def _print_stats(
     as_json: bool,
     *,
     clear: bool,
-    served: tuple[str, ...] | None,
+    settings: Settings,
 ) -> None:
     if as_json:
         print(json.dumps([dataclasses.asdict(r) for r in rows]), flush=True)
@@ -867,7 +865,8 @@ def _print_stats(
     if clear:
         print("\x1b[H\x1b[2J", end="")  # home and clear: the view redraws in place
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    print(f"{stamp}\n{format_stats(rows, served)}", flush=True)
+    shown = format_stats(rows, settings.queues, keeps_done=settings.keeps_done)
+    print(f"{stamp}\n{shown}", flush=True)
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:

@@ -78,11 +78,23 @@ def _bounded(count: int, bound: int) -> str:
     return f"{count}+" if count >= bound else str(count)
 
 
-def format_stats(rows: Sequence[store.QueueStats], served: tuple[str, ...] | None = None) -> str:
+# The line `stats` ends with when done jobs are not kept: its done column counts only those moved.
+DONE_NOT_KEPT = (
+    "done: PGDRAIN_RETAIN_DONE=0, so only jobs of a sequence or with dependents are kept done; "
+    "`pgdrain runs` counts every run's done jobs"
+)
+
+
+def format_stats(
+    rows: Sequence[store.QueueStats],
+    served: tuple[str, ...] | None = None,
+    *,
+    keeps_done: bool = True,
+) -> str:
     """One line per queue: what an operator reads first (ready, running, delayed, waiting,
     failed, parked, the oldest ready job's wait), then done, cancelled and expired leases. With
     `served` (PGDRAIN_QUEUES restricts the drains), a last line names the queues with ready
-    jobs that such a drain leaves."""
+    jobs that such a drain leaves; without `keeps_done`, one says what the done column counts."""
     header = (
         f"{'queue':<16}{'ready':>8}{'running':>9}{'delayed':>9}{'waiting':>9}{'failed':>8}"
         f"{'parked':>8}"
@@ -104,6 +116,8 @@ def format_stats(rows: Sequence[store.QueueStats], served: tuple[str, ...] | Non
     if unserved:
         outside = f"outside PGDRAIN_QUEUES={describe_queues(served)}"
         lines.append(format_unserved(unserved, outside))
+    if not keeps_done:
+        lines.append(DONE_NOT_KEPT)
     return "\n".join(lines)
 
 
