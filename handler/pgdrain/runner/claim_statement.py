@@ -122,7 +122,8 @@ def after_a_lost_reply(
     keep_done: bool,
 ) -> Callable[[store.Connection], Result]:
     """`make` (a statement that completes `finished` and claims under `claim_id`), safe to run
-    after its reply was lost: if it committed, its completions (found by completed_token) or
+    after its reply was lost: if it committed, its completions (found by completed_token; with
+    done jobs not kept, `keep_done` False, by none of its attempts still holding its job) or
     its claims (found by claim_id) say so, and they are taken as its result: nothing is
     claimed twice, no completion is counted lost. If neither exists, nothing of it committed
     (or it claimed and completed nothing), so it is made now, once, under the same claim id."""
