@@ -240,10 +240,14 @@ def test_every_page_renders_and_its_screenshot_is_taken(
     assert p.locator("svg rect").count() > 50  # bars of both charts
     _screenshot(p, "queues", tmp_path)
 
-    p.click("header >> text=Jobs")
+    # A click that navigates returns once the new page starts loading: each waits for its load,
+    # or what is read next may come from a page half parsed.
+    with p.expect_navigation():
+        p.click("header >> text=Jobs")
     p.select_option("select[name=status]", "failed")
     p.fill("input[name=queue]", "emails")
-    p.click("button:has-text('Filter')")
+    with p.expect_navigation():
+        p.click("button:has-text('Filter')")
     assert p.url.endswith("/jobs?queue=emails&kind=&status=failed&since=")
     assert p.locator("tbody tr").count() >= 1
     _screenshot(p, "jobs", tmp_path)
@@ -254,7 +258,8 @@ def test_every_page_renders_and_its_screenshot_is_taken(
     assert "ada@example.com" in p.inner_text("pre")  # the payload
     _screenshot(p, "job", tmp_path)
 
-    p.click("header >> text=Control plane")
+    with p.expect_navigation():
+        p.click("header >> text=Control plane")
     main = p.inner_text("main")
     assert "pgdrain-drain:4b1e0c7a" in main and "live" in main
     assert "emails,reports" in main  # the pending wake-up
@@ -279,7 +284,8 @@ def test_the_jobs_page_pages_newest_first(conn: Conn, dashboard: Dashboard, page
     p.goto(dashboard.base + "/jobs")
     first = [int(t) for t in p.locator("tbody tr td:first-child").all_inner_texts()]
     assert first == sorted(ids, reverse=True)[: ui_app.PAGE_SIZE]
-    p.click("text=older »")
+    with p.expect_navigation():
+        p.click("text=older »")
     second = [int(t) for t in p.locator("tbody tr td:first-child").all_inner_texts()]
     assert second == sorted(ids, reverse=True)[ui_app.PAGE_SIZE :]
     assert p.locator("text=older »").count() == 0
