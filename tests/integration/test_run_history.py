@@ -3,6 +3,7 @@ and retention's bound on it. What `pgdrain runs` and the dashboard's control pag
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from helpers.aws import aws_environment, handler_env, invoke_handler, mocked_aws
 from pgdrain import Budget, enqueue
 from pgdrain.db import retention, store
 from pgdrain.db.sql import query
+from pgdrain.db.store import control_plane
 from pgdrain.ui import pages
 
 Conn = psycopg.Connection[Any]
@@ -176,6 +178,37 @@ def test_control_a_longer_retention_keeps_them_all(conn: Conn) -> None:
     )
     assert deleted.runs == 0
     assert len(store.run_history_list(conn)) == 3
+
+
+# With done jobs not kept, the lines are kept as long as failed jobs: a written-out copy of the
+# rule, without it, is the control.
+RUNS_AS_LONG_AS_FAILED = re.compile(
+    r"CASE WHEN %\(done_days\)s::float8 > 0 THEN %\(done_days\)s::float8\s+"
+    r"ELSE %\(failed_days\)s::float8 END"
+)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "control-with-the-done-jobs"])
+def test_with_done_jobs_not_kept_the_lines_are_kept_as_long_as_failed_jobs(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch, kept: bool
+) -> None:
+    """PGDRAIN_RETAIN_DONE=0: the run history is the only count of done jobs left, so its
+    lines stay PGDRAIN_RETAIN_FAILED days; the control deletes them all at every pass."""
+    if not kept:
+        text = RUNS_AS_LONG_AS_FAILED.sub("%(done_days)s::float8", query("job_retention_batch"))
+        assert text != query("job_retention_batch")
+        monkeypatch.setattr(
+            control_plane, "query", lambda n: text if n == "job_retention_batch" else query(n)
+        )
+    recent = _ended_days_ago(conn, 2, 2)
+    _ended_days_ago(conn, 31, 2)
+
+    deleted = retention.run_once(
+        conn, retain_done_days=0, retain_failed_days=30, budget=Budget.seconds(60)
+    )
+
+    assert deleted.runs == (2 if kept else 4)
+    assert {r.run_id for r in store.run_history_list(conn)} == (recent if kept else set())
 
 
 def test_the_control_page_lists_the_lines_as_text(conn: Conn) -> None:

@@ -21,7 +21,9 @@ run returns with what it deleted so far (`stopped` says why) instead of waiting 
 deadline.
 
 The same batches bound the run history (pgdrain.run_history, one line per run that exited):
-lines older than `retain_done_days` go with the done jobs, a run kept as long as its jobs."""
+lines older than `retain_done_days` go with the done jobs, a run kept as long as its jobs; with
+done jobs not kept (0 days), lines older than `retain_failed_days`: they are then the only count
+of done jobs."""
 
 from __future__ import annotations
 

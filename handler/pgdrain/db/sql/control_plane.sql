@@ -20,7 +20,8 @@
 -- `due`: whether partitions are to be made or dropped, or history to be moved
 -- (retention.run_once then carries on); and at most %(runs_limit)s lines of
 -- pgdrain.run_history older than %(done_days)s days (a run is kept as long as the done jobs it
--- ran). Safe to run twice: a deleted row matches nothing. The
+-- ran; with done jobs not kept, 0 days, as long as failed ones: its lines are then the only
+-- count of done jobs). Safe to run twice: a deleted row matches nothing. The
 -- rows go by id (an array of ids, as the claim's), whatever the generic plan guesses of the
 -- cutoff (`id IN (...)` may be planned as a sequential scan).
 WITH done_left AS (
@@ -66,7 +67,8 @@ WITH done_left AS (
     DELETE FROM pgdrain.run_history
     WHERE run_id = ANY(ARRAY(
         SELECT run_id FROM pgdrain.run_history
-        WHERE finished_at < now() - %(done_days)s * interval '1 day'
+        WHERE finished_at < now() - CASE WHEN %(done_days)s::float8 > 0 THEN %(done_days)s::float8
+                                         ELSE %(failed_days)s::float8 END * interval '1 day'
         ORDER BY finished_at
         LIMIT %(runs_limit)s
     ))

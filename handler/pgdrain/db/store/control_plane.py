@@ -38,7 +38,8 @@ def job_retention_batch(
     runs_limit: int = 0,
 ) -> RetentionBatch:
     """Delete one batch of done jobs older than done_days, one of failed and cancelled jobs
-    older than failed_days, and one of run history lines older than done_days, in one
+    older than failed_days, and one of run history lines older than done_days (failed_days when
+    done_days is 0: done jobs not kept), in one
     statement; returns how many of each, and whether partition housekeeping is due
     (pgdrain.db.retention)."""
     return job_retention_batch_statement(
