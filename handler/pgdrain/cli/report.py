@@ -81,7 +81,7 @@ def _bounded(count: int, bound: int) -> str:
 # The line `stats` ends with when done jobs are not kept: its done column counts only those moved.
 DONE_NOT_KEPT = (
     "done: PGDRAIN_RETAIN_DONE=0, so only jobs of a sequence or with dependents are kept done; "
-    "`pgdrain runs` counts every run's done jobs"
+    "`pgdrain runs` counts the done jobs of the function's runs"
 )
 
 
