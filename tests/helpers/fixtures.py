@@ -49,6 +49,13 @@ def without_line(statement: str, fragment: str) -> str:
     return "\n".join(kept)
 
 
+def serve_instead(monkeypatch: pytest.MonkeyPatch, module: object, texts: dict[str, str]) -> None:
+    """Test-only copies of real statements (`texts`, by name), served in place of theirs to
+    `module` (a pgdrain.db.store module: it reads its statements with query()): the control
+    that shows what the part taken out of them prevents."""
+    monkeypatch.setattr(module, "query", lambda name: texts.get(name) or query(name))
+
+
 # The fence written for a plan that reads by primary key: the token of a running row.
 FENCE_ON_RUNNING = re.compile(
     r"CASE WHEN j\.status = 'running' THEN j\.attempt_token END"

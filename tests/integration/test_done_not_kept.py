@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from helpers.fixtures import claim_batch, job_row, without_line
+from helpers.fixtures import claim_batch, job_row, serve_instead, without_line
 from helpers.lossy_proxy import LossyProxy, losing_the_second_claims_reply
 from pgdrain import Budget, DrainResult, Job, Registry, Settings, drain, enqueue, workflow
 from pgdrain.controls import ALL_ON
@@ -87,7 +87,7 @@ def test_a_job_that_releases_others_is_moved_and_they_run(
             for name in ("job_complete_and_claim", "job_complete_many")
         }
         assert all(EVERY_DONE_DELETED not in text for text in texts.values())
-        monkeypatch.setattr(hot_path, "query", lambda name: texts.get(name) or query(name))
+        serve_instead(monkeypatch, hot_path, texts)
     with workflow(conn) as wf:
         first = wf.enqueue("step", {"n": 1}, sequence="k")
         second = wf.enqueue("step", {"n": 2}, sequence="k")
@@ -169,11 +169,7 @@ def test_a_completion_that_never_committed_is_made_though_another_job_is_gone(
     a second time when its lease ends."""
     if not guarded:
         unguarded = without_line(query("job_claim_recover"), STILL_HELD)
-        monkeypatch.setattr(
-            hot_path,
-            "query",
-            lambda name: unguarded if name == "job_claim_recover" else query(name),
-        )
+        serve_instead(monkeypatch, hot_path, {"job_claim_recover": unguarded})
     first, second = _finished_attempts(conn, 2)
     conn.execute("DELETE FROM pgdrain.active_jobs WHERE id = %s", (second.id,))  # done elsewhere
     made_again: list[store.Fenced] = []

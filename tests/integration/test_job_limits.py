@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from helpers.fixtures import claim_batch, without_line
+from helpers.fixtures import claim_batch, serve_instead, without_line
 from pgdrain import BadInput, enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
@@ -216,9 +216,7 @@ def test_a_history_row_whose_run_at_no_client_can_read_is_listed(
     if not guarded:
         unguarded = READABLE_GUARD.sub(r"\1 AS", query(name))
         assert unguarded != query(name)
-        monkeypatch.setattr(
-            operator_commands, "query", lambda n: unguarded if n == name else query(n)
-        )
+        serve_instead(monkeypatch, operator_commands, {name: unguarded})
     statuses = ["failed"] if name == "job_list_finished" else ["failed", "done"]
     if guarded:
         [row] = store.job_list(conn, statuses, 10)

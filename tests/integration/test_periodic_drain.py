@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.fixtures import without_line
+from helpers.fixtures import serve_instead, without_line
 from pgdrain import Budget, Job, Registry, Settings, drain
 from pgdrain.db.sql import query
 from pgdrain.db.store import hot_path
@@ -61,11 +61,7 @@ def test_control_without_the_slot_guard_every_run_enqueues_the_slot_again(
     db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     unguarded = without_line(query("periodic_enqueue"), "WHERE p.slot < excluded.slot")
-
-    def query_without_guard(name: str) -> str:
-        return unguarded if name == "periodic_enqueue" else query(name)
-
-    monkeypatch.setattr(hot_path, "query", query_without_guard)
+    serve_instead(monkeypatch, hot_path, {"periodic_enqueue": unguarded})
     run(db_url)
     run(db_url)
     assert _statuses(conn) == ["done", "done"]

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from helpers.aws import aws_environment, handler_env, invoke_handler, mocked_aws
+from helpers.fixtures import serve_instead
 from pgdrain import Budget, enqueue
 from pgdrain.db import retention, store
 from pgdrain.db.sql import query
@@ -197,9 +198,7 @@ def test_with_done_jobs_not_kept_the_lines_are_kept_as_long_as_failed_jobs(
     if not kept:
         text = RUNS_AS_LONG_AS_FAILED.sub("%(done_days)s::float8", query("job_retention_batch"))
         assert text != query("job_retention_batch")
-        monkeypatch.setattr(
-            control_plane, "query", lambda n: text if n == "job_retention_batch" else query(n)
-        )
+        serve_instead(monkeypatch, control_plane, {"job_retention_batch": text})
     recent = _ended_days_ago(conn, 2, 2)
     _ended_days_ago(conn, 31, 2)
 
