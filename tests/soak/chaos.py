@@ -22,7 +22,14 @@ The pytest entry points are in test_soak.py (`make soak`). The audit's rules:
   found the lease gone, or the fence refused its result), or one that never reached the
   database (its process was killed, or its run was past the deadline or lost the database); a
   process that exited normally names each of its own, but those it abandoned at its end, which
-  it counts."""
+  it counts.
+
+With done jobs not kept (`keep_done=False`: the drains run with PGDRAIN_RETAIN_DONE=0, and a
+completion deletes the job), no row says which attempt's result was accepted. A trigger the
+soak adds to pgdrain.active_jobs (soak.deleted, not pgdrain's) keeps each deleted row as it
+was, with the time: a job deleted while running was completed under the attempt whose token it
+held, and that attempt must have returned before the deletion (a result taken from another
+attempt while the holder still ran is a stale completion accepted)."""
 
 from __future__ import annotations
 
@@ -100,6 +107,9 @@ class SoakConfig:
     # Each drain starts with a limit of its own on the busy queue (none, 8, 16 or 32), so its
     # start creates, changes or drops the limit row while other drains claim and complete.
     limit_changes: bool = False
+    # False: the drains run with PGDRAIN_RETAIN_DONE=0 (a completion deletes the job), and the
+    # audit reads the accepted completions from soak.deleted.
+    keep_done: bool = True
 
 
 # The soak with all of the drain loop's faults on.
@@ -111,6 +121,40 @@ FAULTS = {
     "serializable": True,
     "limit_changes": True,
 }
+
+
+# Every job and how it ended, done jobs kept: the attempt whose completion was accepted is
+# completed_token (no time: a kept row's finish is checked by the attempt alone).
+JOBS_KEPT = """
+SELECT id, status, attempts, max_attempts, completed_token, reclaim_count, NULL::timestamptz
+FROM pgdrain.jobs ORDER BY id"""
+
+# Not kept: a job deleted while running is done, under the token it held, at deleted_at.
+JOBS_NOT_KEPT = """
+SELECT id, status, attempts, max_attempts, completed_token, reclaim_count, NULL::timestamptz
+FROM pgdrain.jobs
+UNION ALL
+SELECT d.id, 'done', d.attempts, d.max_attempts, d.attempt_token, d.reclaim_count, d.deleted_at
+FROM soak.deleted AS d
+WHERE d.status = 'running' AND NOT EXISTS (SELECT 1 FROM pgdrain.jobs AS j WHERE j.id = d.id)
+ORDER BY 1"""
+
+# The soak's own record of what left active_jobs by DELETE (a completion, or a failure's move to
+# finished_jobs), as it was, and when: with done jobs not kept, no pgdrain row says it.
+DELETED_DDL = """
+CREATE TABLE soak.deleted (
+    LIKE pgdrain.active_jobs,
+    deleted_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION soak.record_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO soak.deleted SELECT (OLD).*;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER soak_record_deleted AFTER DELETE ON pgdrain.active_jobs
+    FOR EACH ROW EXECUTE FUNCTION soak.record_deleted();
+"""
 
 
 @dataclass
@@ -188,6 +232,8 @@ class Soak:
         with psycopg.connect(self.url, autocommit=True) as conn:
             migrate(conn)
             conn.execute(soak_jobs.LEDGER_DDL)
+            if not self.config.keep_done:
+                conn.execute(DELETED_DDL)
             if self.config.serializable:
                 # New sessions (every drain's) default to serializable; pgdrain pins its own.
                 conn.execute(
@@ -237,6 +283,8 @@ class Soak:
             PGDRAIN_RESERVE_SECONDS=str(self.config.reserve_seconds),
             PGDRAIN_CONNECT_TIMEOUT="5",
         )
+        if not self.config.keep_done:
+            env["PGDRAIN_RETAIN_DONE"] = "0"
         if self.config.concurrency is not None:
             env["PGDRAIN_CONCURRENCY"] = str(self.config.concurrency)
         if self.config.limit_changes:
@@ -328,15 +376,16 @@ class Soak:
         raise RuntimeError("the soak's monitor lost the database for good")
 
     def progress(self) -> tuple[int, int, int, int]:
-        """(finished, ready, running, expired leases)."""
+        """(finished, ready, running, expired leases). Finished: every job enqueued but those
+        still in active_jobs (a done job not kept is in no table)."""
         row = self._query(
-            "SELECT count(*) FILTER (WHERE status IN ('done', 'failed')),"
+            "SELECT count(*) FILTER (WHERE status NOT IN ('done', 'failed', 'cancelled')),"
             " count(*) FILTER (WHERE status = 'queued' AND run_at <= now()),"
             " count(*) FILTER (WHERE status = 'running'),"
             " count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now())"
             " FROM pgdrain.jobs"
         )
-        return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+        return self.config.jobs - int(row[0]), int(row[1]), int(row[2]), int(row[3])
 
     # -- the phases ----------------------------------------------------------------------
 
@@ -420,20 +469,27 @@ class Soak:
 
     def _audit(self, conn: psycopg.Connection[Any], figures: Figures) -> None:
         violations = figures.violations
-        jobs = conn.execute(
-            "SELECT id, status, attempts, max_attempts, completed_token, reclaim_count"
-            " FROM pgdrain.jobs ORDER BY id"
-        ).fetchall()
+        jobs = conn.execute(JOBS_KEPT if self.config.keep_done else JOBS_NOT_KEPT).fetchall()
+        if not self.config.keep_done:
+            # Deleted not as a completion (not running), or deleted twice: a job lost.
+            for job_id, status, times in conn.execute(
+                "SELECT id, min(status), count(*) FROM soak.deleted GROUP BY id"
+                " HAVING count(*) > 1 OR min(status) <> 'running'"
+            ).fetchall():
+                violations.append(f"job {job_id} deleted {times} times, from {status}")
+            kept = conn.execute("SELECT count(*) FROM pgdrain.finished_jobs WHERE status = 'done'")
+            if kept_done := int(kept.fetchone()[0]):  # type: ignore[index]
+                violations.append(f"{kept_done} done jobs kept with PGDRAIN_RETAIN_DONE=0")
         starts: dict[int, int] = {}
         for job_id, attempt in conn.execute(
             "SELECT job_id, max(attempt) FROM soak.ledger WHERE phase = 'start' GROUP BY job_id"
         ).fetchall():
             starts[job_id] = attempt
-        returns: dict[int, list[tuple[Any, int, int]]] = {}
-        for job_id, token, attempt, pid in conn.execute(
-            "SELECT job_id, token, attempt, pid FROM soak.ledger WHERE phase = 'return'"
+        returns: dict[int, list[tuple[Any, int, int, Any]]] = {}
+        for job_id, token, attempt, pid, at in conn.execute(
+            "SELECT job_id, token, attempt, pid, at FROM soak.ledger WHERE phase = 'return'"
         ).fetchall():
-            returns.setdefault(job_id, []).append((token, attempt, pid))
+            returns.setdefault(job_id, []).append((token, attempt, pid, at))
         started = conn.execute("SELECT count(*) FROM soak.ledger WHERE phase = 'start'")
         figures.attempts_started = int(started.fetchone()[0])  # type: ignore[index]
 
@@ -457,7 +513,7 @@ class Soak:
                 violations.append(f"queue {queue}'s limit counts {counted} running, not {running}")
 
         stale_by_pid: dict[int, list[str]] = {}  # the tokens of returns not accepted
-        for job_id, status, attempts, max_attempts, completed, _reclaims in jobs:
+        for job_id, status, attempts, max_attempts, completed, _reclaims, ended_at in jobs:
             job_returns = returns.get(job_id, [])
             if status == "failed" and attempts < max_attempts:
                 violations.append(f"job {job_id} failed with attempts left ({attempts})")
@@ -473,7 +529,13 @@ class Soak:
                         f"job {job_id}: the completion of attempt {accepted[0][1]} was accepted "
                         f"after attempt {starts.get(job_id)} had started (a stale completion)"
                     )
-            for token, _attempt, pid in job_returns:
+                elif ended_at is not None and accepted[0][3] > ended_at:
+                    figures.accepted_stale_completions += 1
+                    violations.append(
+                        f"job {job_id}: deleted as done under attempt {accepted[0][1]} before "
+                        "that attempt returned (a stale completion)"
+                    )
+            for token, _attempt, pid, _at in job_returns:
                 if status != "done" or token != completed:
                     figures.stale_returns += 1
                     stale_by_pid.setdefault(pid, []).append(str(token))

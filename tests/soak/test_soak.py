@@ -80,6 +80,23 @@ def test_the_chaos_soak_loses_no_job_and_accepts_no_stale_completion(
     assert figures.serializable_default
 
 
+def test_with_done_jobs_not_kept_the_chaos_soak_loses_no_job_and_accepts_no_stale_completion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """PGDRAIN_RETAIN_DONE=0: a completion deletes the job, and a lost reply's recovery tells a
+    committed completion by the attempts that no longer hold their jobs (decision 0018). Half
+    the soak's jobs, every fault on."""
+    jobs = max(SOAK_JOBS // 2, 1000)
+    config = SoakConfig(jobs=jobs, keep_done=False, **FAULTS)  # type: ignore[arg-type]
+    figures = run_soak(config)
+    _report("soak, done jobs not kept", figures, capsys)
+    assert figures.violations == []
+    assert figures.done + figures.failed_by_policy == jobs
+    assert figures.killed > 0 and figures.database_restarts == 1
+    assert figures.accepted_stale_completions == 0
+    assert figures.lost_replies > 0 and figures.pauses > 0
+
+
 def test_control_without_heartbeats_the_fence_refuses_every_stale_completion(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -108,3 +125,22 @@ def test_control_without_the_fence_the_audit_catches_an_accepted_stale_completio
     _report("control: heartbeat off, fence off", figures, capsys)
     assert figures.accepted_stale_completions > 0
     assert any("a stale completion" in v for v in figures.violations)
+
+
+@pytest.mark.parametrize("fenced", [True, False], ids=["fence on", "fence off"])
+def test_control_with_done_jobs_not_kept_the_fence_alone_keeps_stale_completions_out(
+    fenced: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The controls' timeline with done jobs deleted: the audit reads the accepted completion
+    from the soak's record of deleted rows, and catches one taken from a stale attempt."""
+    figures = run_soak(dataclasses.replace(CONTROL, fenced=fenced, keep_done=False))
+    _report(
+        f"control, done not kept: heartbeat off, fence {'on' if fenced else 'off'}", figures, capsys
+    )
+    if fenced:
+        assert figures.refused_stale_completions > 0, "the control lost no lease: it shows nothing"
+        assert figures.violations == []
+        assert figures.accepted_stale_completions == 0
+    else:
+        assert figures.accepted_stale_completions > 0
+        assert any("a stale completion" in v for v in figures.violations)
