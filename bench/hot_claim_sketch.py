@@ -36,6 +36,14 @@ that deletes the row, no history of done jobs): only_done_deleted on today's cla
 all_done_deleted on top of fillfactor_40. The product cannot do this as it is: a sequence's
 or a dependency's release, a completion's lost-reply recovery (completed_token) and the
 dependents' outputs all read the done row (docs/decisions/0015).
+
+And a history of done jobs kept at a lower price per job (docs/decisions/0019): one row per
+completion statement, `done_batches`, holding its jobs' columns as arrays (found by a GiST of
+its id range, listed by a BRIN on finished_at), in place of a row and two index entries per job:
+only_batch_history on today's claim, hot_batch_history on the HOT claim without advisory
+locks, all_batch_history on top of fillfactor_40, and all_batch_history_lz4 with the batch row's
+columns compressed by lz4 rather than pglz (PostgreSQL compresses a row only from about 2 KB:
+at batch 10 neither compresses).
 """
 
 from __future__ import annotations
@@ -90,6 +98,55 @@ CREATE INDEX finished_jobs_failed_queue_idx ON pgdrain.finished_jobs_failed (que
 CREATE INDEX finished_jobs_done_queue_idx ON pgdrain.finished_jobs_done (queue, id);
 CREATE INDEX finished_jobs_done_id_brin ON pgdrain.finished_jobs_done USING brin (id);
 """
+
+# One history row per completion: what a done job's finished_jobs row holds, column by column,
+# as arrays in id order (status is 'done', finished_at and updated_at the row's own).
+BATCH_HISTORY_DDL = """
+CREATE TABLE pgdrain.done_batches (
+    finished_at timestamptz NOT NULL, first_id bigint NOT NULL, last_id bigint NOT NULL,
+    id bigint[] NOT NULL, queue text[] NOT NULL, kind text[] NOT NULL, payload jsonb[] NOT NULL,
+    priority integer[] NOT NULL, run_at timestamptz[] NOT NULL, attempts integer[] NOT NULL,
+    max_attempts integer[] NOT NULL, recovery_policy text[] NOT NULL,
+    reclaim_count integer[] NOT NULL, idempotency_key text[] NOT NULL,
+    created_at timestamptz[] NOT NULL, completed_token uuid[] NOT NULL, errors jsonb[] NOT NULL,
+    output jsonb[] NOT NULL
+);
+CREATE INDEX done_batches_ids_idx ON pgdrain.done_batches
+    USING gist (int8range(first_id, last_id, '[]'));
+CREATE INDEX done_batches_finished_brin ON pgdrain.done_batches USING brin (finished_at);
+"""
+
+# lz4 in place of pglz for the row's columns. A row is compressed only once it passes about
+# 2 KB (TOAST_TUPLE_THRESHOLD; toast_tuple_target does not lower that): at batch 250, not 10.
+BATCH_HISTORY_LZ4_DDL = """
+ALTER TABLE pgdrain.done_batches
+    ALTER COLUMN id SET COMPRESSION lz4, ALTER COLUMN queue SET COMPRESSION lz4,
+    ALTER COLUMN kind SET COMPRESSION lz4, ALTER COLUMN payload SET COMPRESSION lz4,
+    ALTER COLUMN run_at SET COMPRESSION lz4, ALTER COLUMN created_at SET COMPRESSION lz4,
+    ALTER COLUMN completed_token SET COMPRESSION lz4, ALTER COLUMN errors SET COMPRESSION lz4,
+    ALTER COLUMN recovery_policy SET COMPRESSION lz4;
+"""
+
+COMPLETE_BATCH = """
+WITH ended AS (
+    DELETE FROM pgdrain.active_jobs AS j
+    WHERE j.id = ANY(%(done_ids)s::bigint[])
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token = ANY(%(done_tokens)s::uuid[]) END
+    RETURNING j.*
+), completed AS (
+    INSERT INTO pgdrain.done_batches
+    SELECT now(), min(j.id), max(j.id), array_agg(j.id ORDER BY j.id),
+           array_agg(j.queue ORDER BY j.id), array_agg(j.kind ORDER BY j.id),
+           array_agg(j.payload ORDER BY j.id), array_agg(j.priority ORDER BY j.id),
+           array_agg(j.run_at ORDER BY j.id), array_agg(j.attempts ORDER BY j.id),
+           array_agg(j.max_attempts ORDER BY j.id), array_agg(j.recovery_policy ORDER BY j.id),
+           array_agg(j.reclaim_count ORDER BY j.id), array_agg(j.idempotency_key ORDER BY j.id),
+           array_agg(j.created_at ORDER BY j.id), array_agg(j.attempt_token ORDER BY j.id),
+           array_agg(j.errors ORDER BY j.id), array_agg(j.output ORDER BY j.id)
+    FROM ended AS j
+    HAVING count(*) > 0
+    RETURNING 1
+){lease_done}"""
 
 COMPLETE_DELETE = """
 WITH ended AS (
@@ -183,13 +240,59 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "advisory": True,
         "keep_done": False,
     },
+    # Done history kept, one row per completion (decision 0019).
+    "only_batch_history": {
+        "ddl": [BATCH_HISTORY_DDL],
+        "hot": False,
+        "advisory": False,
+        "history": "batch",
+    },
+    # Every step but the advisory locks (a row lock record per job stays): see 0015 on the
+    # shared lock table advisory locks would fill.
+    "hot_batch_history": {
+        "ddl": [
+            HOT_DDL,
+            HISTORY_DDL,
+            "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)",
+            BATCH_HISTORY_DDL,
+        ],
+        "hot": True,
+        "advisory": False,
+        "history": "batch",
+    },
+    "all_batch_history": {
+        "ddl": [
+            HOT_DDL,
+            HISTORY_DDL,
+            "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)",
+            BATCH_HISTORY_DDL,
+        ],
+        "hot": True,
+        "advisory": True,
+        "history": "batch",
+    },
+    "all_batch_history_lz4": {
+        "ddl": [
+            HOT_DDL,
+            HISTORY_DDL,
+            "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)",
+            BATCH_HISTORY_DDL,
+            BATCH_HISTORY_LZ4_DDL,
+        ],
+        "hot": True,
+        "advisory": True,
+        "history": "batch",
+    },
 }
 
 
 def statement(variant: dict[str, Any]) -> str:
     ready = "AND NOT held" if variant["hot"] else ""
     candidates = CANDIDATES_ADVISORY if variant["advisory"] else CANDIDATES_LOCKED
-    complete = COMPLETE if variant.get("keep_done", True) else COMPLETE_DELETE
+    if variant.get("history") == "batch":
+        complete = COMPLETE_BATCH
+    else:
+        complete = COMPLETE if variant.get("keep_done", True) else COMPLETE_DELETE
     return complete.format(lease_done=LEASE_DONE if variant["hot"] else "") + CLAIM.format(
         candidates=candidates.format(ready=ready),
         lease_new=LEASE_NEW if variant["hot"] else "",
@@ -239,7 +342,11 @@ def measure(
         seconds = time.perf_counter() - began
         end = wal_lsn(conn)
         total, where = wal_of_database(conn, waldump, wal_dir, start, end)
-        if variant.get("keep_done", True):
+        if variant.get("history") == "batch":
+            finished = conn.execute(
+                "SELECT coalesce(sum(cardinality(id)), 0) FROM pgdrain.done_batches"
+            ).fetchone()
+        elif variant.get("keep_done", True):
             finished = conn.execute("SELECT count(*) FROM pgdrain.finished_jobs").fetchone()
         else:  # deleted: every job that left active_jobs
             finished = conn.execute(
@@ -247,6 +354,14 @@ def measure(
             ).fetchone()
         hot = conn.execute(
             "SELECT n_tup_hot_upd, n_tup_upd FROM pg_stat_user_tables WHERE relname = 'active_jobs'"
+        ).fetchone()
+        # The history's storage: every table of the schema but active_jobs, with its indexes
+        # and TOAST.
+        history = conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class AS c"
+            " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'pgdrain' AND c.relkind = 'r' AND c.relname LIKE ANY"
+            " (ARRAY['finished_jobs%', 'done_batches'])"
         ).fetchone()
     server.drop(db)
     assert finished is not None and finished[0] == jobs == claimed_total, (finished, claimed_total)
@@ -257,6 +372,7 @@ def measure(
         "bytes_per_job_no_fpw": (total - fpw) / jobs,
         "hot_updates": hot,
         "jobs_per_s": jobs / seconds,
+        "history_bytes_per_job": float(history[0] or 0) / jobs if history else 0.0,
         "where": {k: v / jobs for k, v in where.most_common(14)},
     }
 
@@ -369,7 +485,8 @@ def main() -> None:
             log(
                 f"turn {turn + 1}, {name}: {out['jobs_per_s']:,.0f} jobs/s, "
                 f"{out['bytes_per_job']:.0f} B/job, {out['bytes_per_job_no_fpw']:.0f} without "
-                f"full-page images; HOT/all updates {out['hot_updates']}"
+                f"full-page images; HOT/all updates {out['hot_updates']}; history "
+                f"{out['history_bytes_per_job']:.0f} B/job stored"
             )
             if turn == 0:
                 for key, value in out["where"].items():
