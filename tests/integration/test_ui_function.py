@@ -18,15 +18,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from helpers.dashboard import ADA, SECRET, dashboard_event, dashboard_function
 from helpers.fixtures import job_row
 from pgdrain import enqueue
 from pgdrain.db import store
 from pgdrain.ui import app as ui_app
-from pgdrain.ui import lambda_entry, local
+from pgdrain.ui import lambda_entry
 
 Conn = psycopg.Connection[Any]
-ADA = "arn:aws:iam::123456789012:user/ada"
-SECRET = "s" * 40
 
 
 def _finish(conn: Conn, ids: list[int], status: str, ago: dt.timedelta) -> None:
@@ -92,23 +91,8 @@ def test_job_list_pages_before_an_id(conn: Conn) -> None:
 # -- the function, as a Function URL invokes it ------------------------------------------------
 
 
-def _event(method: str, target: str, form: str = "", caller: str = ADA) -> dict[str, Any]:
-    host = "abc123.lambda-url.eu-west-1.on.aws"
-    headers = {"host": host, "origin": f"https://{host}"}
-    event = local.to_event(method, target, headers, form.encode(), "203.0.113.9")
-    event["requestContext"]["authorizer"] = {"iam": {"userArn": caller}}
-    return event
-
-
-def _function(url: str, actions: bool = True) -> Any:
-    env = {"DATABASE_URL": url, "PGDRAIN_UI_SECRET": SECRET}
-    if actions:
-        env["PGDRAIN_UI_ACTIONS"] = "true"
-    return lambda_entry._build(env)
-
-
 def _token(function: Any, job_id: int, caller: str = ADA) -> str:
-    page = function.resolve(_event("GET", f"/jobs/{job_id}", caller=caller), None)
+    page = function.resolve(dashboard_event("GET", f"/jobs/{job_id}", caller=caller), None)
     match = re.search(r'name="token" value="([^"]+)"', page["body"])
     assert match, "the page offers no action"
     return match.group(1)
@@ -126,12 +110,12 @@ def _failed(conn: Conn) -> int:
 
 def test_the_function_serves_every_page(db_url: str, conn: Conn) -> None:
     job_id = _failed(conn)
-    function = _function(db_url)
+    function = dashboard_function(db_url)
     for target in ("/", "/jobs", "/jobs?status=failed", f"/jobs/{job_id}", "/control"):
-        answer = function.resolve(_event("GET", target), None)
+        answer = function.resolve(dashboard_event("GET", target), None)
         assert answer["statusCode"] == 200, (target, answer["body"][-300:])
         assert "default-src 'none'" in answer["headers"]["Content-Security-Policy"]
-    assert function.resolve(_event("GET", "/nope"), None)["statusCode"] == 404
+    assert function.resolve(dashboard_event("GET", "/nope"), None)["statusCode"] == 404
 
 
 def test_a_jobs_page_shows_its_output_progress_sequence_and_dependencies_escaped(
@@ -144,16 +128,16 @@ def test_a_jobs_page_shows_its_output_progress_sequence_and_dependencies_escaped
         "UPDATE pgdrain.active_jobs SET output = %s, progress = %s WHERE id = ANY(%s)",
         ('{"html": "<b>out</b>"}', '{"step": "<i>2</i>"}', [first, job_id]),
     )
-    function = _function(db_url)
-    body = function.resolve(_event("GET", f"/jobs/{job_id}"), None)["body"]
+    function = dashboard_function(db_url)
+    body = function.resolve(dashboard_event("GET", f"/jobs/{job_id}"), None)["body"]
     assert f'<dt>depends_on</dt><dd><a href="/jobs/{dependency}">{dependency}</a></dd>' in body
     assert "<h2>Output</h2>" in body and "&lt;b&gt;out&lt;/b&gt;" in body
     assert "&lt;i&gt;2&lt;/i&gt;" in body
     assert "<b>" not in body and "<i>" not in body
-    body = function.resolve(_event("GET", f"/jobs/{first}"), None)["body"]
+    body = function.resolve(dashboard_event("GET", f"/jobs/{first}"), None)["body"]
     assert "<dt>sequence</dt><dd>&lt;s&gt;</dd>" in body
     assert "<s>" not in body
-    body = function.resolve(_event("GET", f"/jobs/{dependency}"), None)["body"]
+    body = function.resolve(dashboard_event("GET", f"/jobs/{dependency}"), None)["body"]
     assert "<dt>has_dependents</dt><dd>True</dd>" in body
     assert '<h2>Output</h2><p class="muted">None recorded.</p>' in body
 
@@ -162,9 +146,11 @@ def test_the_dashboard_cancels_a_waiting_job_and_what_waits_on_it(db_url: str, c
     dependency = enqueue(conn, "step")
     waiting = enqueue(conn, "step", after=[dependency])
     behind = enqueue(conn, "step", after=[waiting])
-    function = _function(db_url)
+    function = dashboard_function(db_url)
     answer = function.resolve(
-        _event("POST", f"/jobs/{waiting}/cancel", f"confirm=1&token={_token(function, waiting)}"),
+        dashboard_event(
+            "POST", f"/jobs/{waiting}/cancel", f"confirm=1&token={_token(function, waiting)}"
+        ),
         None,
     )
     assert answer["statusCode"] == 303
@@ -184,9 +170,9 @@ def test_the_handler_builds_the_dashboard_once_from_its_environment(
     monkeypatch.setattr(lambda_entry, "_app", None)
     monkeypatch.setenv("DATABASE_URL", db_url)
     monkeypatch.setenv("PGDRAIN_UI_SECRET", SECRET)
-    first = lambda_entry.lambda_handler(_event("GET", "/control"), None)
+    first = lambda_entry.lambda_handler(dashboard_event("GET", "/control"), None)
     built = lambda_entry._app
-    second = lambda_entry.lambda_handler(_event("GET", "/"), None)
+    second = lambda_entry.lambda_handler(dashboard_event("GET", "/"), None)
     assert (first["statusCode"], second["statusCode"]) == (200, 200)
     assert built is not None and lambda_entry._app is built  # per environment, not per request
 
@@ -195,18 +181,22 @@ def test_the_function_retries_for_the_caller_it_issued_the_token_to(
     db_url: str, conn: Conn
 ) -> None:
     job_id = _failed(conn)
-    function = _function(db_url)
+    function = dashboard_function(db_url)
     eve = "arn:aws:iam::123456789012:user/eve"
     stolen = function.resolve(
-        _event("POST", f"/jobs/{job_id}/retry", f"confirm=1&token={_token(function, job_id)}", eve),
+        dashboard_event(
+            "POST", f"/jobs/{job_id}/retry", f"confirm=1&token={_token(function, job_id)}", eve
+        ),
         None,
     )
     assert stolen["statusCode"] == 403  # Ada's token, sent by Eve's request
     assert job_row(conn, job_id)["status"] == "failed"
     # Another execution environment (another cold start) shares the key: the token holds.
-    other = _function(db_url)
+    other = dashboard_function(db_url)
     answer = other.resolve(
-        _event("POST", f"/jobs/{job_id}/retry", f"confirm=1&token={_token(function, job_id)}"),
+        dashboard_event(
+            "POST", f"/jobs/{job_id}/retry", f"confirm=1&token={_token(function, job_id)}"
+        ),
         None,
     )
     assert answer["statusCode"] == 303
@@ -216,12 +206,12 @@ def test_the_function_retries_for_the_caller_it_issued_the_token_to(
 
 def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:
     job_id = _failed(conn)
-    function = _function(db_url, actions=False)
-    page = function.resolve(_event("GET", f"/jobs/{job_id}"), None)
+    function = dashboard_function(db_url, actions=False)
+    page = function.resolve(dashboard_event("GET", f"/jobs/{job_id}"), None)
     assert 'method="post"' not in page["body"]
     tokens = lambda_entry.config_from_env({"PGDRAIN_UI_SECRET": SECRET}).tokens
     form = f"confirm=1&token={tokens.issue(ADA)}"
-    answer = function.resolve(_event("POST", f"/jobs/{job_id}/retry", form), None)
+    answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/retry", form), None)
     assert answer["statusCode"] == 403
     assert job_row(conn, job_id)["status"] == "failed"
 
@@ -303,11 +293,11 @@ def test_the_read_only_role_serves_every_page_and_changes_nothing(
 ) -> None:
     job_id = _failed(conn)
     url = _as(granted, reader)
-    function = _function(url)  # actions on in the function: the role is what holds
+    function = dashboard_function(url)  # actions on in the function: the role is what holds
     for target in ("/", "/jobs", f"/jobs/{job_id}", "/control"):
-        assert function.resolve(_event("GET", target), None)["statusCode"] == 200, target
+        assert function.resolve(dashboard_event("GET", target), None)["statusCode"] == 200, target
     form = f"confirm=1&token={_token(function, job_id)}"
-    answer = function.resolve(_event("POST", f"/jobs/{job_id}/retry", form), None)
+    answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/retry", form), None)
     assert answer["statusCode"] == 503 and "permission denied" in answer["body"]
     assert job_row(conn, job_id)["status"] == "failed"
     with psycopg.connect(url, autocommit=True) as as_reader:
@@ -322,15 +312,15 @@ def test_the_actions_role_retries_and_cancels_and_nothing_more(
     failed, queued = _failed(conn), enqueue(conn, "k", delay=3600)
     conn.execute("INSERT INTO pgdrain.queue_limits (queue, max_running) VALUES ('default', 2)")
     url = _as(granted, operator)
-    function = _function(url)
+    function = dashboard_function(url)
     for job_id, verb, status in ((failed, "retry", "queued"), (queued, "cancel", "cancelled")):
         form = f"confirm=1&token={_token(function, job_id)}"
-        answer = function.resolve(_event("POST", f"/jobs/{job_id}/{verb}", form), None)
+        answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/{verb}", form), None)
         assert answer["statusCode"] == 303, answer["body"][-300:]
         assert job_row(conn, job_id)["status"] == status
     for verb, paused in (("pause", True), ("resume", False)):  # a pause is a row; resume kicks
         form = f"confirm=1&token={_token(function, failed)}"
-        answer = function.resolve(_event("POST", f"/queues/default/{verb}", form), None)
+        answer = function.resolve(dashboard_event("POST", f"/queues/default/{verb}", form), None)
         assert answer["statusCode"] == 303, answer["body"][-300:]
         assert [q.queue for q in store.queue_stats(conn) if q.paused] == (
             ["default"] if paused else []
@@ -354,11 +344,13 @@ def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str
 def _page_behind_a_lock(url: str, conn: Conn) -> tuple[threading.Thread, list[dict[str, Any]]]:
     """GET /jobs while another session holds the jobs table: the page's read waits on it."""
     answers: list[dict[str, Any]] = []
-    function = _function(url, actions=False)
+    function = dashboard_function(url, actions=False)
     conn.execute("BEGIN")
     conn.execute("LOCK TABLE pgdrain.jobs IN ACCESS EXCLUSIVE MODE")
     thread = threading.Thread(
-        target=lambda: answers.append(function.resolve(_event("GET", "/jobs?kind=k"), None))
+        target=lambda: answers.append(
+            function.resolve(dashboard_event("GET", "/jobs?kind=k"), None)
+        )
     )
     thread.start()
     return thread, answers
