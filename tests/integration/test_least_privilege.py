@@ -257,11 +257,11 @@ def test_a_role_granted_before_the_run_history_still_exits(
     the new table to it, so the worker's exit (which now writes its line there) does not fail
     before worker_role.sql is run again. The control takes the grant back after migrating."""
     with psycopg.connect(granted, autocommit=True) as owner:
-        # As it was before 0019: no table, no ledger entry (nor of 0023, its column); then
-        # `pgdrain migrate`.
+        # As it was before 0019: no table, no ledger entry (nor of 0023 and 0027, its
+        # columns); then `pgdrain migrate`.
         owner.execute("DROP TABLE pgdrain.run_history")
-        owner.execute("DELETE FROM pgdrain.migrations WHERE version IN ('0019', '0023')")
-        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0019", "0023"]
+        owner.execute("DELETE FROM pgdrain.migrations WHERE version IN ('0019', '0023', '0027')")
+        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0019", "0023", "0027"]
         if not regranted:
             owner.execute("REVOKE ALL ON pgdrain.run_history FROM pgdrain_worker")
     record = store.RunRecord("schedule", 0, 1.0, "empty", {})

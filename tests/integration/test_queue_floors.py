@@ -417,7 +417,7 @@ EXIT_PARAMS = {
     "record": False,
     **dict.fromkeys(("trigger", "chain", "elapsed_s", "stop_reason", "drained_again")),
     **dict.fromkeys(("lingered", "continued", "claimed", "done", "retried", "failed")),
-    **dict.fromkeys(("cancelled", "lease_lost", "reclaimed", "released")),
+    **dict.fromkeys(("cancelled", "lease_lost", "reclaimed", "released", "done_kept")),
 }
 
 

@@ -11,8 +11,11 @@ import psycopg
 import pytest
 
 from helpers.aws import aws_environment, handler_env, invoke_handler, mocked_aws
+from helpers.cli import run_pgdrain
+from helpers.dashboard import dashboard_event, dashboard_function
 from helpers.fixtures import serve_instead
 from pgdrain import Budget, enqueue
+from pgdrain.cli.report import DONE_NOT_KEPT
 from pgdrain.db import retention, store
 from pgdrain.db.sql import query
 from pgdrain.db.store import control_plane
@@ -208,6 +211,31 @@ def test_with_done_jobs_not_kept_the_lines_are_kept_as_long_as_failed_jobs(
 
     assert deleted.runs == (2 if kept else 4)
     assert {r.run_id for r in store.run_history_list(conn)} == (recent if kept else set())
+
+
+@pytest.mark.parametrize("retain_done", ["0", "7"], ids=["not-kept", "control-kept"])
+def test_a_run_records_whether_it_kept_its_done_jobs_and_stats_and_the_dashboard_say_so(
+    function: None, db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, retain_done: str
+) -> None:
+    """PGDRAIN_RETAIN_DONE is the function's setting: the operator's shell and the dashboard
+    function do not have it. The run's line records it (migration 0027), so there `stats` and
+    the queues page say that done jobs are missing from their counts. The control: the same run
+    with done jobs kept, and neither says it."""
+    monkeypatch.setenv("PGDRAIN_RETAIN_DONE", retain_done)
+    enqueue(conn, "noop", {})
+    assert store.runs_keep_done(conn) is None  # no run has said
+
+    summary = invoke_handler(KICK)
+
+    assert summary["ok"] is True, summary
+    not_kept = retain_done == "0"
+    assert store.runs_keep_done(conn) is not not_kept
+    stats = run_pgdrain("stats", env={"DATABASE_URL": db_url})  # no PGDRAIN_ variable
+    assert stats.code == 0, stats.err
+    assert (stats.out.splitlines()[-1] == DONE_NOT_KEPT) is not_kept
+    page = dashboard_function(db_url).resolve(dashboard_event("GET", "/"), None)
+    assert page["statusCode"] == 200
+    assert ("Done jobs are not kept" in page["body"]) is not_kept
 
 
 def test_the_control_page_lists_the_lines_as_text(conn: Conn) -> None:

@@ -111,6 +111,7 @@ class RunControl:
         periodics: Sequence[periodic.Periodic] = (),
         retention_batch: Callable[[], store.Statement[store.RetentionBatch] | None] = lambda: None,
         retention_limit_ms: int | None = None,
+        done_kept: bool = True,
         controls: Controls = ALL_ON,
     ) -> None:
         self.trigger = trigger
@@ -144,6 +145,7 @@ class RunControl:
         self._periodics = tuple(periodics)
         self._retention_batch = retention_batch
         self._retention_limit_ms = retention_limit_ms
+        self._done_kept = done_kept  # for its history line: Settings.keeps_done
         self._retention: Later[store.RetentionBatch] | None = None
         self._controls = controls
         self._exit_depth: Later[store.QueueDepth] | None = None
@@ -180,6 +182,7 @@ class RunControl:
             drained_again=self.drained_again,
             lingered=self.lingered,
             continued=continued,
+            done_kept=self._done_kept,
         )
 
     def after_connect(self, session: Session) -> bool:

@@ -362,6 +362,7 @@ def _control(
         periodics=registry.periodics,
         retention_batch=_retention_with_exit(settings, trigger),
         retention_limit_ms=round(retention.MAX_SECONDS * 1000),
+        done_kept=settings.keeps_done,
     )
 
 

@@ -828,7 +828,7 @@ WATCH_STOP_CHECK_SECONDS = 0.1
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         if args.watch is None:
-            _print_stats(store.queue_stats(conn), args.json, clear=False, settings=settings)
+            _print_stats(conn, args.json, clear=False, settings=settings)
             return EXIT_OK
         clear = sys.stdout.isatty() and not args.json
         # Ctrl-C is how a watch ends, a normal exit. It only raises a flag: as an exception it
@@ -843,7 +843,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         previous = signal.signal(signal.SIGINT, stop)
         try:
             while not stopping:
-                _print_stats(store.queue_stats(conn), args.json, clear=clear, settings=settings)
+                _print_stats(conn, args.json, clear=clear, settings=settings)
                 deadline = time.monotonic() + args.watch
                 while not stopping and (left := deadline - time.monotonic()) > 0:
                     time.sleep(min(left, WATCH_STOP_CHECK_SECONDS))
@@ -852,20 +852,18 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
 
 
-def _print_stats(
-    rows: Sequence[store.QueueStats],
-    as_json: bool,
-    *,
-    clear: bool,
-    settings: Settings,
-) -> None:
+def _print_stats(conn: store.Connection, as_json: bool, *, clear: bool, settings: Settings) -> None:
+    rows = store.queue_stats(conn)
     if as_json:
         print(json.dumps([dataclasses.asdict(r) for r in rows]), flush=True)
         return
     if clear:
         print("\x1b[H\x1b[2J", end="")  # home and clear: the view redraws in place
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    shown = format_stats(rows, settings.queues, keeps_done=settings.keeps_done)
+    # Done jobs are missing from the counts when this process deletes them, or the function's
+    # runs do (their own PGDRAIN_RETAIN_DONE, recorded on their history lines).
+    keeps_done = settings.keeps_done and store.runs_keep_done(conn) is not False
+    shown = format_stats(rows, settings.queues, keeps_done=keeps_done)
     print(f"{stamp}\n{shown}", flush=True)
 
 

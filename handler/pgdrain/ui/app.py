@@ -269,6 +269,7 @@ class _Dashboard:
             kicks = store.kick_list(conn)
             now = dt.datetime.now(dt.UTC)
             throughput = store.job_finished_per_minute(conn, now - CHART_WINDOW)
+            done_kept = store.runs_keep_done(conn) is not False
         body = pages.queues_page(
             stats,
             limits,
@@ -277,6 +278,7 @@ class _Dashboard:
             kicks=kicks,
             token=self._token(request),
             notice_key=request.arg("notice"),
+            done_kept=done_kept,
         )
         return html_response(200, "Queues", body, active="/", refresh=self._refresh(request))
 

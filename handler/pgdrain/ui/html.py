@@ -129,6 +129,7 @@ white-space:pre-wrap;word-break:break-all}
 .notice{background:#ecfdf5;border:1px solid #a7f3d0;padding:8px 12px;margin-bottom:12px}
 .error{background:#fef2f2;border:1px solid #fecaca;padding:8px 12px;margin-bottom:12px}
 .confirm{background:#fffbeb;border:1px solid #fde68a;padding:12px;margin:12px 0}
+.not-kept{background:#fffbeb;border:1px solid #fde68a;padding:8px 12px;margin-bottom:12px}
 form.inline{display:inline}form.filters{margin-bottom:12px}
 form.filters label{margin-right:10px}
 button{font:inherit;padding:4px 12px;cursor:pointer}

@@ -92,6 +92,7 @@ def queues_page(
     kicks: Sequence[store.KickRow] = (),
     token: str | None = None,
     notice_key: str | None = None,
+    done_kept: bool = True,
 ) -> str:
     hour = now.replace(second=0, microsecond=0) - dt.timedelta(minutes=59)
     day_step = dt.timedelta(minutes=15)
@@ -145,9 +146,20 @@ def queues_page(
             f'<p class="muted">The charts count the newest {store.THROUGHPUT_BOUND:,} finished '
             f"jobs: before {moment(throughput.counted_from)} (grey) they are not counted.</p>"
         )
+    # With done jobs not kept (the runs' PGDRAIN_RETAIN_DONE=0, as they record it), the done
+    # column and the charts' green leave them out: said above the table, not found out later.
+    not_kept = (
+        ""
+        if done_kept
+        else '<p class="not-kept">Done jobs are not kept: the runs delete them as they finish '
+        "(PGDRAIN_RETAIN_DONE=0), so the done column and the charts count only jobs of a "
+        'sequence or with dependents. The <a href="/control">control plane</a>\'s run history '
+        "counts each run's done jobs.</p>"
+    )
     return (
         "<h1>Queues</h1>"
         + notice(notice_key)
+        + not_kept
         + f'<p class="muted">As of {moment(now)}. Finished counts above '
         f"{store.STATS_HISTORY_BOUND:,} show as {store.STATS_HISTORY_BOUND:,}+. "
         f'<a href="{url("/", {"refresh": 5})}">Refresh every 5 s</a></p>'

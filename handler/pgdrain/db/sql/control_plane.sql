@@ -384,8 +384,8 @@ DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
 -- A run of every queue (%(queues)s NULL) locks every kick row, and finds the queues to look
 -- in as the claim finds them.
 -- Exiting with %(record)s, the run leaves its line in pgdrain.run_history (migration 0019):
--- its trigger, queues, start (%(elapsed_s)s before now, as the run measured it), counts and
--- stop reason, in this statement, so the history costs no round trip of its own.
+-- its trigger, queues, start (%(elapsed_s)s before now, as the run measured it), counts, stop
+-- reason and whether it kept its done jobs (migration 0027), in this statement, so the history costs no round trip of its own.
 -- Safe to repeat: the check only reads, and the exit clears and deletes what is already
 -- cleared or gone, and writes no second history line (ON CONFLICT on the run's id: the
 -- statement sent again after a lost reply finds the line the first one wrote).
@@ -485,13 +485,14 @@ WITH kick AS MATERIALIZED (
     INSERT INTO pgdrain.run_history (
         run_id, "trigger", queues, chain, started_at, finished_at, stop_reason,
         claimed, done, retried, failed, cancelled, lease_lost, reclaimed, released,
-        drained_again, lingered, continued)
+        drained_again, lingered, continued, done_kept)
     SELECT %(run_id)s::text, %(trigger)s::text, coalesce(%(queues)s::text[], '{*}'),
            %(chain)s::int, now() - make_interval(secs => %(elapsed_s)s::float8), now(),
            %(stop_reason)s::text, %(claimed)s::int, %(done)s::int, %(retried)s::int,
            %(failed)s::int, %(cancelled)s::int, %(lease_lost)s::int, %(reclaimed)s::int,
            %(released)s::int,
-           %(drained_again)s::int, %(lingered)s::int, %(continued)s::boolean
+           %(drained_again)s::int, %(lingered)s::int, %(continued)s::boolean,
+           %(done_kept)s::boolean
     WHERE %(record)s::boolean AND (SELECT exits FROM decided)
     ON CONFLICT (run_id) DO NOTHING  -- the exit repeated: the first line stands
 )

@@ -461,6 +461,16 @@ FROM pgdrain.run_history
 ORDER BY finished_at DESC, run_id
 LIMIT %(limit)s;
 
+-- name: runs_keep_done :one
+-- Whether the newest run whose line says kept its done jobs (migration 0027): false when it ran
+-- with PGDRAIN_RETAIN_DONE=0. No row when no line says (no run yet, or only lines written before
+-- 0027). Along run_history_finished_at_idx, backwards, to the first line that says.
+SELECT done_kept
+FROM pgdrain.run_history
+WHERE done_kept IS NOT NULL
+ORDER BY finished_at DESC
+LIMIT 1;
+
 -- name: wake_list :many
 -- Wake-ups (one-shot schedules) recorded per set of queues, the soonest first: `pending` while
 -- still to come.

@@ -133,6 +133,7 @@ from pgdrain.db.store.operator_commands import (
     queue_stats,
     run_history_list,
     run_list,
+    runs_keep_done,
     wake_list,
 )
 from pgdrain.db.store.worker import kick_listen, kick_notify
@@ -251,6 +252,7 @@ __all__ = [
     "run_register",
     "run_spawn",
     "run_unregister",
+    "runs_keep_done",
     "session_limits",
     "transaction_begin",
     "transaction_commit",

@@ -310,6 +310,7 @@ class RunRecord:
     drained_again: int = 0
     lingered: int = 0
     continued: bool = False
+    done_kept: bool = True  # False: its done jobs deleted (Settings.keeps_done)
 
     def params(self) -> dict[str, Any]:
         return {
@@ -322,6 +323,7 @@ class RunRecord:
             "drained_again": self.drained_again,
             "lingered": self.lingered,
             "continued": self.continued,
+            "done_kept": self.done_kept,
         }
 
 
@@ -329,7 +331,16 @@ class RunRecord:
 _NO_RECORD: dict[str, Any] = {
     "record": False,
     **dict.fromkeys(
-        ("trigger", "chain", "elapsed_s", "stop_reason", "drained_again", "lingered", "continued")
+        (
+            "trigger",
+            "chain",
+            "elapsed_s",
+            "stop_reason",
+            "drained_again",
+            "lingered",
+            "continued",
+            "done_kept",
+        )
     ),
     **dict.fromkeys(RUN_RECORD_COUNTS),
 }

@@ -475,6 +475,13 @@ def run_history_list(conn: Connection, limit: int = RUN_HISTORY_ROWS) -> list[Ru
     return [RunHistoryRow(**row) for row in rows]
 
 
+def runs_keep_done(conn: Connection) -> bool | None:
+    """Whether the function's runs keep their done jobs, as the newest run that recorded it
+    did (PGDRAIN_RETAIN_DONE=0: False); None when no run has said."""
+    row = conn.execute(query("runs_keep_done")).fetchone()
+    return None if row is None else bool(row[0])
+
+
 @dataclass(frozen=True)
 class WakeRow:
     """A wake-up recorded for a set of queues (pgdrain.wakes)."""
