@@ -449,14 +449,19 @@ def test_behind_a_held_snapshot_a_fresh_run_skips_the_jobs_claimed_since(
         exit_check = _buffers(
             conn, store.Statement(query("run_exit"), EXIT_PARAMS, lambda cursor: None)
         )
+        # And a resume's look for a ready job (`pgdrain resume`, the dashboard's Resume).
+        resume = _buffers(
+            conn,
+            store.Statement(query("queue_ready_any"), {"queue": "default"}, lambda cursor: None),
+        )
 
     # Raised past them, each scan starts at the new job; else each walks the 2,000 dead entries
     # (and visits the pages of their rows) to reach it.
     # (Measured: 26, 10 and 18 raised; 132, 58 and 157 not.)
     if raised:
-        assert claim < 40 and ready < 20 and exit_check < 30
+        assert claim < 40 and ready < 20 and exit_check < 30 and resume < 20, resume
     else:
-        assert claim > 100 and ready > 40 and exit_check > 100
+        assert claim > 100 and ready > 40 and exit_check > 100 and resume > 40, resume
 
 
 QUEUE_LOCK = "hashtext(low.queue) & 63"

@@ -22,6 +22,7 @@ from helpers.dashboard import ADA, SECRET, dashboard_event, dashboard_function
 from helpers.fixtures import job_row
 from pgdrain import enqueue
 from pgdrain.db import store
+from pgdrain.db.migrate import migrate
 from pgdrain.ui import app as ui_app
 from pgdrain.ui import lambda_entry
 
@@ -329,6 +330,32 @@ def test_the_actions_role_retries_and_cancels_and_nothing_more(
         for statement in ACTIONS_REFUSED:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 as_operator.execute(statement)
+
+
+@pytest.mark.parametrize("regranted", [True, False], ids=["by-0028", "control: not granted"])
+def test_a_dashboard_role_granted_before_the_floors_were_read_still_resumes(
+    granted: str, conn: Conn, operator: str, regranted: bool
+) -> None:
+    """A database whose dashboard roles were granted before migration 0028: a resume now looks
+    for a ready job from its queue's floor, and the migration grants the floors, so Resume does
+    not fail before dashboard_role.sql is run again. The control takes the grant back."""
+    with psycopg.connect(granted, autocommit=True) as owner:
+        # As it was before 0028; then `pgdrain migrate`.
+        owner.execute("REVOKE SELECT ON pgdrain.queue_floors FROM pgdrain_dashboard")
+        owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0028'")
+        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0028"]
+        if not regranted:
+            owner.execute("REVOKE SELECT ON pgdrain.queue_floors FROM pgdrain_dashboard")
+    enqueue(conn, "k")
+    store.queue_pause(conn, "default")
+    function = dashboard_function(_as(granted, operator))
+    form = f"confirm=1&token={_token(function, enqueue(conn, 'k'))}"
+    answer = function.resolve(dashboard_event("POST", "/queues/default/resume", form), None)
+    if regranted:
+        assert answer["statusCode"] == 303, answer["body"][-300:]
+        assert not any(q.paused for q in store.queue_stats(conn))
+    else:
+        assert answer["statusCode"] == 503 and "permission denied" in answer["body"]
 
 
 def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str) -> None:

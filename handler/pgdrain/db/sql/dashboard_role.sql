@@ -2,8 +2,9 @@
 -- Dashboard function of template.yaml), apart from the drain's pgdrain_worker.
 --
 -- pgdrain_dashboard (NOLOGIN) reads: CONNECT to this database; USAGE on schema pgdrain;
--- SELECT on pgdrain.jobs (the view), the tables it reads (active_jobs, finished_jobs) and the
--- control plane's tables (runs, run_history, wakes, kicks, queue_limits).
+-- SELECT on pgdrain.jobs (the view), the tables it reads (active_jobs, finished_jobs), the
+-- control plane's tables (runs, run_history, wakes, kicks, queue_limits) and the queues' floors
+-- (pgdrain.queue_floors: where a resume looks for a ready job).
 -- It writes nothing, so a dashboard that connects with it cannot change a job, whatever it is
 -- asked (the function's PGDRAIN_UI_ACTIONS=false hides the buttons; this is what holds).
 --
@@ -51,7 +52,8 @@ $$;
 
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_dashboard;
 GRANT SELECT ON pgdrain.jobs, pgdrain.active_jobs, pgdrain.finished_jobs, pgdrain.runs,
-                pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits, pgdrain.run_history
+                pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits, pgdrain.run_history,
+                pgdrain.queue_floors
     TO pgdrain_dashboard;
 
 GRANT UPDATE ON pgdrain.jobs, pgdrain.active_jobs TO pgdrain_dashboard_actions;

@@ -513,6 +513,20 @@ SELECT pgdrain.queue_resume(%(queue)s::text) AS was_paused;
 
 -- name: queue_ready_any :one
 -- Whether a job of %(queue)s is ready now (a resume kicks the drain function then): one probe
--- of jobs_queued_run_at_idx.
-SELECT EXISTS (SELECT 1 FROM pgdrain.active_jobs
-               WHERE status = 'queued' AND queue = %(queue)s AND run_at <= now()) AS ready;
+-- of jobs_queued_run_at_idx from its floor's ready_from (migration 0026), as queue_has_ready:
+-- from the start of the range it walks the dead entry of every job claimed since a snapshot
+-- held open elsewhere. A queue without a floor has no queued job.
+SELECT EXISTS (
+    SELECT 1
+    FROM pgdrain.queue_floors AS f
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM pgdrain.active_jobs
+        WHERE status = 'queued'
+          AND queue = f.queue
+          AND run_at >= f.ready_from
+          AND run_at <= now()
+        ORDER BY run_at
+        LIMIT 1
+    ) AS one
+    WHERE f.queue = %(queue)s
+) AS ready;
