@@ -99,6 +99,15 @@ CREATE INDEX finished_jobs_done_queue_idx ON pgdrain.finished_jobs_done (queue, 
 CREATE INDEX finished_jobs_done_id_brin ON pgdrain.finished_jobs_done USING brin (id);
 """
 
+# The fenced DELETE every completion starts with; RETURNING what the rest reads of each row.
+ENDED = """
+WITH ended AS (
+    DELETE FROM pgdrain.active_jobs AS j
+    WHERE j.id = ANY(%(done_ids)s::bigint[])
+      AND CASE WHEN j.status = 'running' THEN j.attempt_token = ANY(%(done_tokens)s::uuid[]) END
+    RETURNING j.{returning}
+)"""
+
 # One history row per completion: what a done job's finished_jobs row holds, column by column,
 # as arrays in id order (status is 'done', finished_at and updated_at the row's own).
 BATCH_HISTORY_DDL = """
@@ -127,13 +136,7 @@ ALTER TABLE pgdrain.done_batches
     ALTER COLUMN recovery_policy SET COMPRESSION lz4;
 """
 
-COMPLETE_BATCH = """
-WITH ended AS (
-    DELETE FROM pgdrain.active_jobs AS j
-    WHERE j.id = ANY(%(done_ids)s::bigint[])
-      AND CASE WHEN j.status = 'running' THEN j.attempt_token = ANY(%(done_tokens)s::uuid[]) END
-    RETURNING j.*
-), completed AS (
+COMPLETE_BATCH = """{ended}, completed AS (
     INSERT INTO pgdrain.done_batches
     SELECT now(), min(j.id), max(j.id), array_agg(j.id ORDER BY j.id),
            array_agg(j.queue ORDER BY j.id), array_agg(j.kind ORDER BY j.id),
@@ -148,21 +151,9 @@ WITH ended AS (
     RETURNING 1
 ){lease_done}"""
 
-COMPLETE_DELETE = """
-WITH ended AS (
-    DELETE FROM pgdrain.active_jobs AS j
-    WHERE j.id = ANY(%(done_ids)s::bigint[])
-      AND CASE WHEN j.status = 'running' THEN j.attempt_token = ANY(%(done_tokens)s::uuid[]) END
-    RETURNING j.id
-){lease_done}"""
+COMPLETE_DELETE = """{ended}{lease_done}"""
 
-COMPLETE = """
-WITH ended AS (
-    DELETE FROM pgdrain.active_jobs AS j
-    WHERE j.id = ANY(%(done_ids)s::bigint[])
-      AND CASE WHEN j.status = 'running' THEN j.attempt_token = ANY(%(done_tokens)s::uuid[]) END
-    RETURNING j.*
-), completed AS (
+COMPLETE = """{ended}, completed AS (
     INSERT INTO pgdrain.finished_jobs
         (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
          recovery_policy, reclaim_count, idempotency_key, last_error, created_at, updated_at,
@@ -293,7 +284,9 @@ def statement(variant: dict[str, Any]) -> str:
         complete = COMPLETE_BATCH
     else:
         complete = COMPLETE if variant.get("keep_done", True) else COMPLETE_DELETE
-    return complete.format(lease_done=LEASE_DONE if variant["hot"] else "") + CLAIM.format(
+    ended = ENDED.format(returning="id" if complete is COMPLETE_DELETE else "*")
+    lease_done = LEASE_DONE if variant["hot"] else ""
+    return complete.format(ended=ended, lease_done=lease_done) + CLAIM.format(
         candidates=candidates.format(ready=ready),
         lease_new=LEASE_NEW if variant["hot"] else "",
     )
