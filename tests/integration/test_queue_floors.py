@@ -452,7 +452,7 @@ def test_behind_a_held_snapshot_a_fresh_run_skips_the_jobs_claimed_since(
         # And a resume's look for a ready job (`pgdrain resume`, the dashboard's Resume).
         resume = _buffers(
             conn,
-            store.Statement(query("queue_ready_any"), {"queue": "default"}, lambda cursor: None),
+            store.Statement(query("queue_has_ready"), {"queues": ["default"]}, lambda cursor: None),
         )
 
     # Raised past them, each scan starts at the new job; else each walks the 2,000 dead entries

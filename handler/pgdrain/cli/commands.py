@@ -1103,7 +1103,7 @@ def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
     statement of its own, so a second resume finds it resumed and kicks again at worst."""
     with _connect(settings) as conn:
         was_paused = resume_queue(conn, args.queue)
-        ready = store.queue_ready_any(conn, args.queue)
+        ready = store.queue_has_ready(conn, [args.queue])
         kicked = _kick(conn, settings, [args.queue]) if ready else []
     if args.json:
         print(json.dumps({"queue": args.queue, "was_paused": was_paused, "ready": ready}))

@@ -298,7 +298,7 @@ class _Dashboard:
                 key = "paused"
             else:
                 was_paused = store.queue_resume(conn, queue)
-                kicked = store.queue_ready_any(conn, queue) and _kick(conn, queue)
+                kicked = store.queue_has_ready(conn, [queue]) and _kick(conn, queue)
                 key = ("resumed-kicked" if kicked else "resumed") if was_paused else "not-paused"
         log.info("dashboard %s", verb, extra={"queue": queue, "by": request.identity, "key": key})
         return redirect(f"/?notice={key}")

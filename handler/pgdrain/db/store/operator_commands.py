@@ -546,8 +546,3 @@ def queue_resume(conn: Connection, queue: str) -> bool:
     row = conn.execute(query("queue_resume"), {"queue": queue}).fetchone()
     assert row is not None
     return bool(row[0])
-
-
-def queue_ready_any(conn: Connection, queue: str) -> bool:
-    row = conn.execute(query("queue_ready_any"), {"queue": queue}).fetchone()
-    return bool(row and row[0])

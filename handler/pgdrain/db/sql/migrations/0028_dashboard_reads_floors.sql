@@ -1,5 +1,5 @@
 -- pgdrain 0028: a resume (`pgdrain resume`, the dashboard's Resume) looks for a ready job from
--- its queue's floor (queue_ready_any, as every claim and check since 0026), so the dashboard's
+-- its queue's floor (queue_has_ready, as every claim and check since 0026), so the dashboard's
 -- role reads pgdrain.queue_floors. A dashboard role granted before this migration would fail
 -- every Resume until dashboard_role.sql is run again: the grant is made here too, where the
 -- role exists (the role file makes it on a database that has none yet).
