@@ -471,6 +471,31 @@ def test_pause_a_queue_see_its_kick_held_then_resume_it(
     assert page.dialogs == []
 
 
+@pytest.mark.parametrize("done_kept", [False, True], ids=["not-kept", "control-kept"])
+def test_with_done_jobs_not_kept_the_queues_page_says_so_and_links_to_the_runs(
+    conn: Conn, dashboard: Dashboard, page: Page, done_kept: bool
+) -> None:
+    """The function's runs deleted their done jobs (PGDRAIN_RETAIN_DONE=0, on their history
+    lines): the queues page says its done column leaves them out, and its link opens the run
+    history, which counts them. The control: the same run with done jobs kept."""
+    enqueue(conn, "ok", queue="emails")
+    counts = {"claimed": 40, "done": 40}
+    record = store.RunRecord("schedule", 0, 1.0, "empty", counts, done_kept=done_kept)
+    store.run_exit(conn, "pgdrain-drain:today", ["emails"], record=record)
+    p = page.page
+    p.goto(dashboard.base + "/")
+    note = p.locator(".not-kept")
+    if done_kept:
+        assert note.count() == 0
+        return
+    assert note.inner_text().startswith("Done jobs are not kept")
+    with p.expect_navigation():
+        note.locator("a").click()
+    assert p.locator("h1").inner_text() == "Control plane"
+    assert "schedule" in p.inner_text("body")
+    assert page.dialogs == []
+
+
 def test_a_pause_without_its_token_is_refused(conn: Conn, dashboard: Dashboard, page: Page) -> None:
     url = f"{dashboard.base}/queues/emails/pause"
     headers = {"Origin": dashboard.base}
