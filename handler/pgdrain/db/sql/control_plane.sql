@@ -385,7 +385,8 @@ DELETE FROM pgdrain.runs WHERE run_id = %(run_id)s;
 -- in as the claim finds them.
 -- Exiting with %(record)s, the run leaves its line in pgdrain.run_history (migration 0019):
 -- its trigger, queues, start (%(elapsed_s)s before now, as the run measured it), counts, stop
--- reason and whether it kept its done jobs (migration 0027), in this statement, so the history costs no round trip of its own.
+-- reason and whether it kept its done jobs (migration 0027), in this statement, so the history
+-- costs no round trip of its own.
 -- Safe to repeat: the check only reads, and the exit clears and deletes what is already
 -- cleared or gone, and writes no second history line (ON CONFLICT on the run's id: the
 -- statement sent again after a lost reply finds the line the first one wrote).

@@ -330,18 +330,8 @@ class RunRecord:
 # run_exit's history parameters when it writes none.
 _NO_RECORD: dict[str, Any] = {
     "record": False,
-    **dict.fromkeys(
-        (
-            "trigger",
-            "chain",
-            "elapsed_s",
-            "stop_reason",
-            "drained_again",
-            "lingered",
-            "continued",
-            "done_kept",
-        )
-    ),
+    **dict.fromkeys(("trigger", "chain", "elapsed_s", "stop_reason", "drained_again")),
+    **dict.fromkeys(("lingered", "continued", "done_kept")),
     **dict.fromkeys(RUN_RECORD_COUNTS),
 }
 
