@@ -49,10 +49,11 @@ at batch 10 neither compresses).
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 import uuid
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
@@ -450,6 +451,73 @@ def row_layouts(server: Server, rows: int = 10_000) -> dict[str, float]:
     return out
 
 
+# Done jobs two ways for lookups by id: a row each with a b-tree on id, and a row per completion
+# of 10 ids in a row, one row in 100 trading its first id with the row 500 before it (a slow job
+# finished with later ones), found by a GiST of the id range.
+LOOKUP_DDL = """
+CREATE TABLE per_job (id bigint NOT NULL, queue text NOT NULL, kind text NOT NULL,
+    payload jsonb NOT NULL, attempts int NOT NULL, created_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL, completed_token uuid);
+INSERT INTO per_job
+SELECT g, 'default', 'noop', '{}', 1, now(), now(), gen_random_uuid()
+FROM generate_series(1, %(batches)s * 10) AS g;
+CREATE INDEX per_job_id_idx ON per_job (id);
+CREATE TABLE done_batches (finished_at timestamptz NOT NULL, first_id bigint NOT NULL,
+    last_id bigint NOT NULL, id bigint[] NOT NULL, queue text[] NOT NULL, kind text[] NOT NULL,
+    payload jsonb[] NOT NULL, attempts int[] NOT NULL, created_at timestamptz[] NOT NULL,
+    completed_token uuid[] NOT NULL);
+INSERT INTO done_batches
+SELECT now(), min(x), max(x), array_agg(x ORDER BY x), array_agg('default'::text),
+       array_agg('noop'::text), array_agg('{}'::jsonb), array_agg(1), array_agg(now()),
+       array_agg(gen_random_uuid())
+FROM (SELECT b, CASE WHEN mod(b, 100) = 0 AND k = 0
+                     THEN mod(b + %(batches)s - 500, %(batches)s) * 10 + 1
+                     ELSE b * 10 + k + 1 END AS x
+      FROM generate_series(0, %(batches)s - 1) AS b, generate_series(0, 9) AS k) AS s
+GROUP BY b;
+CREATE INDEX done_batches_ids_idx ON done_batches USING gist (int8range(first_id, last_id, '[]'));
+"""
+
+LOOKUPS: dict[str, LiteralString] = {
+    "a row per job (b-tree on id)": "SELECT id, completed_token FROM per_job WHERE id = %(id)s",
+    "a row per completion (GiST on the id range)": (
+        "SELECT u.id, u.token FROM done_batches AS b"
+        " CROSS JOIN LATERAL unnest(b.id, b.completed_token) AS u(id, token)"
+        " WHERE int8range(b.first_id, b.last_id, '[]') @> %(id)s::bigint AND u.id = %(id)s"
+    ),
+}
+
+
+def lookups(server: Server, batches: int = 100_000, reads: int = 2000) -> None:
+    """A done job read by id (`jobs show`, retry, lost-reply recovery) from each history: the
+    median and p99 ms of `reads` random ids, and the buffers one read visits."""
+    db = server.create()
+    with psycopg.connect(server.url(db), autocommit=True) as conn:
+        # Several statements with a parameter: bound on the client (a ClientCursor).
+        psycopg.ClientCursor(conn).execute(LOOKUP_DDL, {"batches": batches})
+        conn.execute("VACUUM ANALYZE")
+        rng = random.Random(7)
+        ids = [rng.randint(1, batches * 10) for _ in range(reads)]
+        for name, statement in LOOKUPS.items():
+            times, found = [], 0
+            for job_id in ids:
+                began = time.perf_counter()
+                found += len(conn.execute(statement, {"id": job_id}, prepare=True).fetchall())
+                times.append((time.perf_counter() - began) * 1000)
+            plan = conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, {"id": ids[0]}
+            ).fetchone()
+            assert plan is not None and found == reads, (name, found)
+            top = plan[0][0]["Plan"]
+            times.sort()
+            log(
+                f"{name}: {reads} reads, median {statistics.median(times):.2f} ms, p99 "
+                f"{times[int(reads * 0.99)]:.2f} ms, "
+                f"{top['Shared Hit Blocks'] + top['Shared Read Blocks']} buffers"
+            )
+    server.drop(db)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000)
@@ -459,9 +527,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=list(VARIANTS))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--no-layouts", action="store_true")
+    parser.add_argument("--lookups", action="store_true", help="only the reads by id")
     args = parser.parse_args()
     admin_url, _ = resolve_server()
     server = Server(admin_url)
+    if args.lookups:
+        lookups(server)
+        return
     if not args.no_layouts:
         for name, per_row in row_layouts(server).items():
             log(f"claim's row version, {name}: {per_row:.0f} B")
