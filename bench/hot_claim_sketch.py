@@ -44,6 +44,9 @@ only_batch_history on today's claim, hot_batch_history on the HOT claim without 
 locks, all_batch_history on top of fillfactor_40, and all_batch_history_lz4 with the batch row's
 columns compressed by lz4 rather than pglz (PostgreSQL compresses a row only from about 2 KB:
 at batch 10 neither compresses).
+
+`--lookups` reads done jobs by id from each history instead: a row per job with a b-tree on id,
+a row per completion through its range.
 """
 
 from __future__ import annotations
