@@ -207,6 +207,10 @@ LEASE_NEW = """, lease_new AS (
     HAVING count(*) > 0
 )"""
 
+FILLFACTOR_40 = "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)"
+# Every step of decision 0015's HOT claim (the advisory locks are a switch of their own).
+HOT_STEPS_DDL = [HOT_DDL, HISTORY_DDL, FILLFACTOR_40]
+
 VARIANTS: dict[str, dict[str, Any]] = {
     "today": {"ddl": [], "hot": False, "advisory": False},
     "hot": {"ddl": [HOT_DDL], "hot": True, "advisory": False},
@@ -215,14 +219,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Room on each page for every row's new version: a batch's updates cannot be pruned
     # before it commits, and a version that finds no room on its page is not HOT.
     "fillfactor_40": {
-        "ddl": [HOT_DDL, HISTORY_DDL, "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)"],
+        "ddl": HOT_STEPS_DDL,
         "hot": True,
         "advisory": True,
     },
     # Alone, on today's claim (not HOT): a new row version that finds room on its own page is
     # logged without the prefix and suffix it shares with the old one.
     "only_fillfactor_40": {
-        "ddl": ["ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)"],
+        "ddl": [FILLFACTOR_40],
         "hot": False,
         "advisory": False,
     },
@@ -230,7 +234,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # A done job kept nowhere: the completion deletes the row.
     "only_done_deleted": {"ddl": [], "hot": False, "advisory": False, "keep_done": False},
     "all_done_deleted": {
-        "ddl": [HOT_DDL, HISTORY_DDL, "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)"],
+        "ddl": HOT_STEPS_DDL,
         "hot": True,
         "advisory": True,
         "keep_done": False,
@@ -245,35 +249,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Every step but the advisory locks (a row lock record per job stays): see 0015 on the
     # shared lock table advisory locks would fill.
     "hot_batch_history": {
-        "ddl": [
-            HOT_DDL,
-            HISTORY_DDL,
-            "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)",
-            BATCH_HISTORY_DDL,
-        ],
+        "ddl": [*HOT_STEPS_DDL, BATCH_HISTORY_DDL],
         "hot": True,
         "advisory": False,
         "history": "batch",
     },
     "all_batch_history": {
-        "ddl": [
-            HOT_DDL,
-            HISTORY_DDL,
-            "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)",
-            BATCH_HISTORY_DDL,
-        ],
+        "ddl": [*HOT_STEPS_DDL, BATCH_HISTORY_DDL],
         "hot": True,
         "advisory": True,
         "history": "batch",
     },
     "all_batch_history_lz4": {
-        "ddl": [
-            HOT_DDL,
-            HISTORY_DDL,
-            "ALTER TABLE pgdrain.active_jobs SET (fillfactor = 40)",
-            BATCH_HISTORY_DDL,
-            BATCH_HISTORY_LZ4_DDL,
-        ],
+        "ddl": [*HOT_STEPS_DDL, BATCH_HISTORY_DDL, BATCH_HISTORY_LZ4_DDL],
         "hot": True,
         "advisory": True,
         "history": "batch",
