@@ -77,14 +77,24 @@ def _drain_concurrently(url: str, settings: Settings, runs: int = 3) -> list[Dra
     return results
 
 
-def test_concurrent_drains_pass_through_the_transaction_pooler(conn: Conn, pooled_url: str) -> None:
+@pytest.mark.parametrize("retain_done", ["7", "0"], ids=["done-kept", "done-not-kept"])
+def test_concurrent_drains_pass_through_the_transaction_pooler(
+    conn: Conn, pooled_url: str, retain_done: str
+) -> None:
+    """With done jobs kept they are moved to the history; not kept (PGDRAIN_RETAIN_DONE=0),
+    deleted: the same drains, through the same pooler."""
+    settings = Settings.from_env(
+        {"PGDRAIN_POOLER": "transaction", "PGDRAIN_RESERVE_SECONDS": "0.5",
+         "PGDRAIN_RETAIN_DONE": retain_done}
+    )  # fmt: skip
     _enqueue(conn, 300)
-    results = _drain_concurrently(pooled_url, TRANSACTION)
+    results = _drain_concurrently(pooled_url, settings)
     assert [r.stop_reason for r in results] == ["empty"] * 3, [r.error for r in results]
     assert sum(r.done for r in results) == 300
-    assert conn.execute("SELECT count(*) FROM pgdrain.jobs WHERE status = 'done'").fetchone() == (
-        300,
+    left = conn.execute(
+        "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FROM pgdrain.jobs"
     )
+    assert left.fetchone() == ((300, 300) if retain_done != "0" else (0, 0))
 
 
 def test_a_dependent_is_claimed_by_the_run_that_completed_its_dependency(
