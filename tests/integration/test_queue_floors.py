@@ -414,10 +414,8 @@ EXIT_PARAMS = {
     "may_stay": True,
     "linger_window_s": 0.0,
     "clear_kicks": False,
+    **store.RunRecord("schedule", 0, 1.0, "empty", {}).params(),
     "record": False,
-    **dict.fromkeys(("trigger", "chain", "elapsed_s", "stop_reason", "drained_again")),
-    **dict.fromkeys(("lingered", "continued", "claimed", "done", "retried", "failed")),
-    **dict.fromkeys(("cancelled", "lease_lost", "reclaimed", "released", "done_kept")),
 }
 
 

@@ -327,12 +327,10 @@ class RunRecord:
         }
 
 
-# run_exit's history parameters when it writes none.
+# run_exit's history parameters when it writes none: every one a record has, NULL.
 _NO_RECORD: dict[str, Any] = {
+    **dict.fromkeys(RunRecord("", 0, 0.0, "", {}).params()),
     "record": False,
-    **dict.fromkeys(("trigger", "chain", "elapsed_s", "stop_reason", "drained_again")),
-    **dict.fromkeys(("lingered", "continued", "done_kept")),
-    **dict.fromkeys(RUN_RECORD_COUNTS),
 }
 
 
