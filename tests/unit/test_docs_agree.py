@@ -37,6 +37,7 @@ from helpers.docs import (
     pages,
     prose,
     section,
+    split_row,
     table,
 )
 from pgdrain.aws import local_invoke
@@ -439,14 +440,21 @@ RATIO = re.compile(r"(?<![\w.])(\d+\.\d+)x\b")
 TIMING = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(?:ms|s)\b")
 ABOUT_STARTING = re.compile(r"\bimport|cold start", re.IGNORECASE)
 SENTENCE_END = re.compile(r"(?<=[.;])\s+(?=[A-Z(`])")
+# A table row whose first cell names a rate: each of its figures with a thousands separator.
+RATE_ROW = re.compile(r"per second|jobs/s", re.IGNORECASE)
+GROUPED = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?!\d|,\d)")
 # Pages that state figures of their own: the measured pages, and the decision records, each
 # with where and when it measured (docs/decisions/README.md).
 MEASURED = {DOCS / "benchmarks.md", DOCS / "simulate.md"}
 
 
 def quoted_figures(text: str) -> list[str]:
-    """Throughput (jobs/s), ratios (1.02x) and import or cold-start times a page states."""
+    """Throughput (jobs/s, and a rate row's figures), ratios (1.02x) and import or cold-start
+    times a page states."""
     figures = []
+    for line in prose(text).splitlines():
+        if line.startswith("|") and RATE_ROW.search(split_row(line)[0]):
+            figures += GROUPED.findall(" ".join(split_row(line)[1:]))
     for paragraph in re.split(r"\n\s*\n", prose(text)):
         flat = " ".join(paragraph.split())
         figures += THROUGHPUT.findall(flat) + RATIO.findall(flat)
@@ -507,6 +515,17 @@ def test_control_figures_from_an_earlier_run_fail(tmp_path: Path) -> None:
     stale = [old_rate, other_rate, old_ratio, old_import, old_start]
     assert quoted_figures(text) == [*stale, rate, ratio]
     assert unmeasured(quoted_figures(text), measured) == stale
+
+
+def test_control_a_rate_row_from_an_earlier_run_fails(tmp_path: Path) -> None:
+    """What README.md's comparison said before: a row of jobs drained per second, its figures
+    without "jobs/s" beside them, from an earlier run than the one benchmarks.md holds."""
+    measured = rendered_benchmarks() + rendered_simulate(tmp_path)
+    rate = THROUGHPUT.findall(" ".join(prose(measured).split()))[0]
+    old_rate = _not_in(measured, 13014, lambda n: f"{n:,}")
+    row = f"| No-op jobs drained per second | {old_rate} at batch 10, {rate} at batch 1000 | 833 |"
+    assert quoted_figures(row) == [old_rate, rate]
+    assert unmeasured(quoted_figures(row), measured) == [old_rate]
 
 
 # -- the kick lines docs/operations.md shows ---------------------------------------------------
