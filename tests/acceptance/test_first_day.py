@@ -466,6 +466,7 @@ def test_retry_and_purge_speak_json(project: Project, conn: Conn) -> None:
         "dry_run": True,
         "queued_again": [job_id],
         "key_held": {},
+        "dependency_ended": {},
         "not_queued_again": [],
     }
     purge = json.loads(project.run("purge", "--dry-run", "--json").out)

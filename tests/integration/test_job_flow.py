@@ -562,13 +562,90 @@ def test_control_a_move_that_drops_has_dependents_strands_the_dependent(
     assert _complete_while_a_dependent_is_enqueued(db_url, conn, statement) == "waiting"
 
 
-def test_a_retried_dependent_of_a_failed_job_is_cancelled_again_in_the_history(
+def _retry_without_judging_dependencies(conn: Conn, ids: list[int]) -> list[store.Retry]:
+    """job_retry as it was before migration 0029: not judging the dependencies itself, and not
+    marking its transaction as a retry's."""
+    statement = query("job_retry")
+    assert statement.count("AND r.dependency IS NULL") == 1
+    statement = statement.replace("AND r.dependency IS NULL", "")
+    with conn.transaction():
+        rows = conn.execute(statement, {"ids": ids}).fetchall()
+    return [store.Retry(r[0], r[1], r[2], r[4], r[3]) for r in rows]
+
+
+def test_a_dependent_cancelled_by_a_failed_job_is_not_retried_and_says_why(
     db_url: str, conn: Conn
 ) -> None:
     a = enqueue(conn, "refuse")
     b = enqueue(conn, "step", after=[a])
     run(db_url)
-    assert [r.retried for r in store.job_retry(conn, [b])] == [True]
+    before = job_row(conn, b)
+    [retry] = store.job_retry(conn, [b])
+    assert not retry.retried
+    assert retry.why_not() == f"job {a}, which it depends on, failed"
+    assert job_row(conn, b) == before  # untouched
+    assert ran == [a]
+
+
+def test_control_unjudged_a_retried_dependent_is_said_queued_and_cancelled_again(
+    db_url: str, conn: Conn
+) -> None:
+    a = enqueue(conn, "refuse")
+    b = enqueue(conn, "step", after=[a])
+    run(db_url)
+    assert [r.retried for r in _retry_without_judging_dependencies(conn, [b])] == [True]
     assert job_row(conn, b)["status"] == "cancelled"
     assert conn.execute("SELECT count(*) FROM pgdrain.active_jobs").fetchone() == (0,)
     assert ran == [a]
+
+
+def test_a_dependent_retried_after_its_dependency_waits_for_it(db_url: str, conn: Conn) -> None:
+    a = enqueue(conn, "refuse")
+    b = enqueue(conn, "step", after=[a])
+    run(db_url)
+    assert [r.retried for r in store.job_retry(conn, [a])] == [True]
+    assert [r.retried for r in store.job_retry(conn, [b])] == [True]
+    assert job_row(conn, b)["status"] == "waiting"
+
+
+def _failed_dependent_of_a_deleted_job(db_url: str, conn: Conn) -> tuple[int, int, int]:
+    """A done job, its dependent failed, and a failed job besides; then the done job deleted,
+    as retention deletes it after 7 days (the failed ones are kept 30)."""
+    a = enqueue(conn, "step")
+    b = enqueue(conn, "refuse", after=[a])
+    other = enqueue(conn, "refuse")
+    run(db_url)
+    assert [job_row(conn, j)["status"] for j in (a, b, other)] == ["done", "failed", "failed"]
+    conn.execute("DELETE FROM pgdrain.finished_jobs WHERE id = %s", (a,))
+    return a, b, other
+
+
+def test_a_failed_dependent_is_retried_once_retention_deleted_its_dependency(
+    db_url: str, conn: Conn
+) -> None:
+    a, b, other = _failed_dependent_of_a_deleted_job(db_url, conn)
+    found = store.job_retry_matching(conn, ["failed"])
+    assert sorted(r.id for r in found if r.retried) == [b, other]
+    assert job_row(conn, b)["status"] == "queued"  # it ran once: its dependency was done
+    with pytest.raises(BadInput, match="a dependency"):  # an enqueue is judged as before
+        enqueue(conn, "step", after=[a])
+
+
+def test_control_unmarked_a_deleted_dependency_fails_the_whole_retry(
+    db_url: str, conn: Conn
+) -> None:
+    a, b, other = _failed_dependent_of_a_deleted_job(db_url, conn)
+    with pytest.raises(psycopg.errors.ForeignKeyViolation, match=f"job {a} \\(a dependency\\)"):
+        _retry_without_judging_dependencies(conn, [b, other])
+    assert [job_row(conn, j)["status"] for j in (b, other)] == ["failed", "failed"]
+
+
+def test_a_cancelled_dependent_of_a_deleted_job_is_not_retried(db_url: str, conn: Conn) -> None:
+    a = enqueue(conn, "step")
+    b = enqueue(conn, "step", after=[a])
+    store.job_cancel(conn, [b])
+    run(db_url)
+    conn.execute("DELETE FROM pgdrain.finished_jobs WHERE id = %s", (a,))
+    [retry] = store.job_retry(conn, [b])
+    assert (retry.retried, retry.dependency, retry.dependency_status) == (False, a, None)
+    assert retry.why_not() == f"job {a}, which it depends on, is no longer kept"

@@ -7,6 +7,7 @@ retry and cancel and nothing more. The control: the schema's owner can do what t
 from __future__ import annotations
 
 import datetime as dt
+import html
 import re
 import threading
 import uuid
@@ -25,6 +26,7 @@ from pgdrain.db import store
 from pgdrain.db.migrate import migrate
 from pgdrain.ui import app as ui_app
 from pgdrain.ui import lambda_entry
+from pgdrain.ui.pages import NOTICES
 
 Conn = psycopg.Connection[Any]
 
@@ -203,6 +205,41 @@ def test_the_function_retries_for_the_caller_it_issued_the_token_to(
     assert answer["statusCode"] == 303
     assert answer["headers"]["Location"] == f"/jobs/{job_id}?notice=retried&refresh=2"
     assert job_row(conn, job_id)["status"] == "queued"
+
+
+def _key_held(conn: Conn) -> int:
+    """A failed job whose idempotency key a newer queued job holds."""
+    job_id = enqueue(conn, "k", idempotency_key="welcome-42")
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = 'failed', finished_at = now() WHERE id = %s", (job_id,)
+    )
+    enqueue(conn, "k", idempotency_key="welcome-42")
+    return job_id
+
+
+def _dependency_failed(conn: Conn) -> int:
+    """A job cancelled because the job it depends on failed."""
+    failed = _failed(conn)
+    return enqueue(conn, "k", after=[failed])
+
+
+@pytest.mark.parametrize(
+    ("make", "notice"),
+    [(_key_held, "not-retried-key"), (_dependency_failed, "not-retried-dependency")],
+    ids=["key-held", "dependency-failed"],
+)
+def test_a_retry_that_queues_nothing_says_why(
+    db_url: str, conn: Conn, make: Any, notice: str
+) -> None:
+    job_id = make(conn)
+    before = job_row(conn, job_id)["status"]
+    function = dashboard_function(db_url)
+    form = f"confirm=1&token={_token(function, job_id)}"
+    answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/retry", form), None)
+    assert answer["headers"]["Location"] == f"/jobs/{job_id}?notice={notice}"
+    assert job_row(conn, job_id)["status"] == before
+    page = function.resolve(dashboard_event("GET", answer["headers"]["Location"]), None)
+    assert html.escape(NOTICES[notice], quote=False) in page["body"]
 
 
 def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:

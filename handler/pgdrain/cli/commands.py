@@ -693,7 +693,8 @@ def _add_operator_commands(commands: Any) -> None:
         help="queue failed, parked or cancelled jobs again: by id, or by filter",
         description="`retry ID...`, or `retry --failed|--parked [--queue Q] [--kind K] "
         "[--since T]`. A retried job starts again with a fresh set of attempts; one whose "
-        "idempotency key another job holds is not retried, and named.",
+        "idempotency key another job holds is not retried, and named; so is a cancelled one "
+        "whose dependency failed, was cancelled or is no longer kept.",
     )
     p.add_argument("ids", nargs="*", type=_positive_int, help="job ids")
     p.add_argument("--failed", action="store_true", help="every failed job matching the filters")
@@ -957,39 +958,45 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
             if args.dry_run:  # the same statement, rolled back: exactly what a real run does
                 raise psycopg.Rollback(tx)
         retried = sorted((r for r in found if r.retried), key=lambda r: r.id)
-        held = sorted((r for r in found if r.held_by is not None), key=lambda r: r.id)
+        refused = sorted((r for r in found if not r.retried and r.why_not()), key=lambda r: r.id)
         if not found and not args.ids:
             _check_queue(conn, args.queue)
         kicked: list[str] = []
         if retried and not args.dry_run and settings.function_name:
             kicked = _kick(conn, settings, store.job_queues(conn, [r.id for r in retried]))
-    missing = sorted(set(args.ids) - {r.id for r in (*retried, *held)})
+    missing = sorted(set(args.ids) - {r.id for r in (*retried, *refused)})
     if args.json:
         print(
             json.dumps(
                 {
                     "dry_run": args.dry_run,
                     "queued_again": [r.id for r in retried],
-                    "key_held": {str(r.id): r.held_by for r in held},
+                    "key_held": {
+                        str(r.id): r.held_by
+                        for r in refused
+                        if r.held_by is not None and r.dependency is None
+                    },
+                    "dependency_ended": {
+                        str(r.id): {"id": r.dependency, "status": r.dependency_status}
+                        for r in refused
+                        if r.dependency is not None
+                    },
                     "not_queued_again": missing,
                 }
             )
         )
     elif args.ids:
         print(f"{verb}: {[r.id for r in retried] or 'none'}")
-        for r in held:
-            print(f"not retried: {r.id} (key held by job {r.held_by})")
+        for r in refused:
+            print(f"not retried: {r.id} ({r.why_not()})")
     else:
         print(f"{verb}: {plural(len(retried), 'job')}")
         for r in retried:
             print(f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind)}")
-        if held:
-            print(f"not retried: {plural(len(held), 'job')}")
-            for r in held:
-                print(
-                    f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind)}"
-                    f" (key held by job {r.held_by})"
-                )
+        if refused:
+            print(f"not retried: {plural(len(refused), 'job')}")
+            for r in refused:
+                print(f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind)} ({r.why_not()})")
     if not args.json:
         for line in kicked:
             print(line)
@@ -999,7 +1006,9 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
-    return EXIT_OK  # a job whose key is held is not an error: the holder does the work
+    # Not an error: a job whose key is held (the holder does the work), or whose dependency
+    # ended (said on its line).
+    return EXIT_OK
 
 
 CancelStatus = Literal["queued", "running", "parked", "waiting"]

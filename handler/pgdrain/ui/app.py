@@ -207,6 +207,15 @@ def _kick(conn: store.Connection, queue: str) -> bool:
         return False
 
 
+def _not_retried(outcome: list[store.Retry]) -> str:
+    """The notice of a retry that queued nothing again: why, where the statement said."""
+    if any(r.dependency is not None for r in outcome):
+        return "not-retried-dependency"
+    if any(r.held_by is not None for r in outcome):
+        return "not-retried-key"
+    return "not-retried"
+
+
 def _too_long(_exc: Exception) -> Response[str]:
     message = (
         f"the query took longer than {READ_TIMEOUT_MS / 1000:g} s and was stopped: narrow it "
@@ -352,8 +361,9 @@ class _Dashboard:
             return html_response(200, title, pages.confirm_page(found, verb, token), active="/jobs")
         with self._connect() as conn:
             if verb == "retry":
-                done = bool(store.job_retry(conn, [found["id"]]))
-                key = "retried" if done else "not-retried"
+                outcome = store.job_retry(conn, [found["id"]])
+                done = any(r.retried for r in outcome)
+                key = "retried" if done else _not_retried(outcome)
             else:
                 done = bool(store.job_cancel(conn, [found["id"]]))
                 key = "cancelled" if done else "not-cancelled"

@@ -25,8 +25,10 @@ from pgdrain.ui.html import (
 NOTICES = {
     "retried": "Queued again: a run will pick it up (the page refreshes while it waits).",
     "cancelled": "Cancelled.",
-    "not-retried": "Not retried: it is no longer failed, parked or cancelled (or a newer job "
-    "holds its key).",
+    "not-retried": "Not retried: it is no longer failed, parked or cancelled.",
+    "not-retried-key": "Not retried: a newer job holds its idempotency key and does its work.",
+    "not-retried-dependency": "Not retried: a job it depends on failed, was cancelled or is no "
+    "longer kept, so it would never run.",
     "not-cancelled": "Not cancelled: it had already finished.",
     "paused": "Paused: no run claims its jobs; its kicks are recorded and held until it is "
     "resumed.",
@@ -386,7 +388,7 @@ def bulk_page(
         )
         if held
         else ""
-    )
+    )  # by filter: failed or parked jobs, whose dependencies were done (store.Retry)
     shown = sorted(matched, key=lambda m: m.id)[:100]
     listing = table(
         ["id", "queue", "kind"],

@@ -41,6 +41,12 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
+-- name: job_retry_mark :exec
+-- In the caller's transaction, around a retry statement: the jobs it puts back into active_jobs
+-- are queued again, not enqueued (jobs_flow_enqueued, migration 0029); '' takes it back. Only
+-- sets a setting of the transaction: safe to run twice.
+SELECT pg_catalog.set_config('pgdrain.queued_again', %(value)s, true);
+
 -- name: job_retry :many
 -- Operator action: put failed, parked or cancelled jobs back in the queue with a fresh set of
 -- attempts. One row per job named that was in one of those states: `retried`, or `held_by`, the
@@ -51,9 +57,14 @@ INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 -- retried nor held changed state meanwhile (another operator retried or cancelled it).
 -- A key taken by a transaction that commits while this statement runs makes it fail with a
 -- unique violation: store.job_retry runs it again, and its new snapshot sees the holder.
+-- A cancelled job with dependencies is not retried while one of them failed, was cancelled or
+-- is no longer kept (`dependency`, with its status, NULL when gone): queued again it would be
+-- cancelled at once, or wait for a job no run will finish. A failed or parked job ran, so its
+-- dependencies were done: it is retried, and store.job_retry marks the transaction
+-- (pgdrain.queued_again) so that those retention deleted since count as done (migration 0029).
 -- Safe to run twice: a job queued again no longer matches.
 WITH candidate AS (
-    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key
+    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key, j.depends_on
     FROM pgdrain.jobs AS j
     WHERE j.id = ANY(%(ids)s::bigint[])
       AND j.status IN ('failed', 'parked', 'cancelled')
@@ -67,19 +78,31 @@ WITH candidate AS (
                nullif(max(c.id) FILTER (WHERE c.status <> 'parked')
                           OVER (PARTITION BY c.queue, c.idempotency_key),
                       c.id))
-           END AS held_by
+           END AS held_by,
+           ended.id AS dependency, ended.status AS dependency_status
     FROM candidate AS c
+    LEFT JOIN LATERAL (
+        SELECT d.id, j.status
+        FROM unnest(c.depends_on) AS d(id)
+        LEFT JOIN pgdrain.jobs AS j ON j.id = d.id
+        WHERE c.status = 'cancelled'
+          AND (j.id IS NULL OR j.status IN ('failed', 'cancelled'))
+        ORDER BY d.id
+        LIMIT 1
+    ) AS ended ON true
 ), retried AS (
     UPDATE pgdrain.jobs AS j
     SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
     FROM judged AS r
     WHERE j.id = r.id
       AND r.held_by IS NULL
+      AND r.dependency IS NULL
       AND j.status IN ('failed', 'parked', 'cancelled')  -- never a row with a lease
       AND j.status = r.status  -- still in the state judged (a concurrent change is re-read)
     RETURNING j.id
 )
-SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried
+SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried,
+       r.dependency, r.dependency_status
 FROM judged AS r
 ORDER BY r.id;
 
@@ -321,7 +344,7 @@ ORDER BY d.id;
 -- test keeps them in step). `--dry-run` runs it in a transaction that is rolled back. Safe to
 -- run twice: a job queued again no longer matches.
 WITH candidate AS (
-    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key
+    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key, j.depends_on
     FROM pgdrain.jobs AS j
     WHERE j.status IN ('failed', 'parked')
       AND j.status = ANY(%(statuses)s::text[])
@@ -338,19 +361,31 @@ WITH candidate AS (
                nullif(max(c.id) FILTER (WHERE c.status <> 'parked')
                           OVER (PARTITION BY c.queue, c.idempotency_key),
                       c.id))
-           END AS held_by
+           END AS held_by,
+           ended.id AS dependency, ended.status AS dependency_status
     FROM candidate AS c
+    LEFT JOIN LATERAL (
+        SELECT d.id, j.status
+        FROM unnest(c.depends_on) AS d(id)
+        LEFT JOIN pgdrain.jobs AS j ON j.id = d.id
+        WHERE c.status = 'cancelled'
+          AND (j.id IS NULL OR j.status IN ('failed', 'cancelled'))
+        ORDER BY d.id
+        LIMIT 1
+    ) AS ended ON true
 ), retried AS (
     UPDATE pgdrain.jobs AS j
     SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
     FROM judged AS r
     WHERE j.id = r.id
       AND r.held_by IS NULL
+      AND r.dependency IS NULL
       AND j.status IN ('failed', 'parked', 'cancelled')  -- never a row with a lease
       AND j.status = r.status  -- still in the state judged (a concurrent change is re-read)
     RETURNING j.id
 )
-SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried
+SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried,
+       r.dependency, r.dependency_status
 FROM judged AS r
 ORDER BY r.id;
 

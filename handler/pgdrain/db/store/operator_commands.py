@@ -91,8 +91,24 @@ class Retry:
     kind: str
     retried: bool
     # Not retried: the job that holds its idempotency key (it does the work). None with
-    # retried False: the job changed state while the retry ran (another operator's action).
+    # retried False and no dependency: the job changed state while the retry ran (another
+    # operator's action).
     held_by: int | None
+    # Not retried (a cancelled job): a job it depends on that failed or was cancelled, or that
+    # is no longer kept (dependency_status None). Queued again, it would never run.
+    dependency: int | None = None
+    dependency_status: str | None = None
+
+    def why_not(self) -> str:
+        """Why it was not retried, for a person: "" when it was, or when it changed state."""
+        if self.dependency is not None:
+            ended = {"failed": "failed", "cancelled": "was cancelled"}
+            return f"job {self.dependency}, which it depends on, " + ended.get(
+                self.dependency_status or "", "is no longer kept"
+            )
+        if self.held_by is not None:
+            return f"key held by job {self.held_by}"
+        return ""
 
 
 # How many times a retry runs again after a concurrent transaction took a key it was about to
@@ -113,12 +129,22 @@ def job_retry(conn: Connection, ids: Sequence[int]) -> list[Retry]:
     return _retried(conn, lambda: conn.execute(query("job_retry"), {"ids": list(ids)}).fetchall())
 
 
+def job_retry_mark(conn: Connection, on: bool) -> None:
+    """In the caller's transaction: whether what a statement puts back into active_jobs is
+    queued again by a retry, not enqueued (migration 0029)."""
+    conn.execute(query("job_retry_mark"), {"value": "on" if on else ""})
+
+
 def _retried(conn: Connection, attempt: Callable[[], list[tuple[Any, ...]]]) -> list[Retry]:
     """Run a retry statement until no concurrent transaction took a key it was taking."""
     for _ in range(RETRY_TRIES):
         try:
             with conn.transaction():  # a savepoint in the caller's transaction: undone whole
+                # What the statement puts back is queued again: a dependency retention has
+                # deleted since does not refuse it (the statement judged the dependencies).
+                job_retry_mark(conn, True)
                 rows = attempt()
+                job_retry_mark(conn, False)
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != ACTIVE_KEY_INDEX:
                 raise
@@ -130,7 +156,7 @@ def _retried(conn: Connection, attempt: Callable[[], list[tuple[Any, ...]]]) -> 
             # Two retries took two keys in opposite orders; the other one goes on. Safe to
             # run again, as above.
             continue
-        return [Retry(int(r[0]), str(r[1]), str(r[2]), bool(r[4]), r[3]) for r in rows]
+        return [Retry(int(r[0]), str(r[1]), str(r[2]), bool(r[4]), r[3], r[5], r[6]) for r in rows]
     raise RetryContended(
         f"retry gave up after {RETRY_TRIES} tries: concurrent transactions kept taking the "
         "idempotency keys of the jobs it was retrying; nothing was changed, run it again"
