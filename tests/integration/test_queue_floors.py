@@ -16,14 +16,20 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.fixtures import claim_batch, complete_one, wait_for
+from helpers.fixtures import claim_batch, complete_one, wait_for, without_line
 from helpers.lock_waits import (
     a_raise_holds_up_the_next_write,
+    on_a_connection_of_its_own,
     someone_here_waits_on_a_lock,
     waits_on_a_lock,
 )
 from helpers.plans import plan_nodes
-from helpers.sql_functions import function_replacing, function_without, raise_without_its_try
+from helpers.sql_functions import (
+    function_copy,
+    function_replacing,
+    function_without,
+    raise_without_its_try,
+)
 from pgdrain import enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
@@ -324,6 +330,59 @@ def test_an_enqueue_in_an_older_snapshot_marks_without_reading_the_floor(
         assert claimed == [job_id, later]
     else:  # it saw the first job's mark, gone since: the job stays queued
         assert claimed == [later]
+        assert _status(conn, job_id) == "queued"
+
+
+def _lock_the_marks(conn: Conn) -> None:
+    with conn.transaction():
+        conn.execute("LOCK TABLE pgdrain.queue_floor_marks IN SHARE MODE")
+
+
+@pytest.mark.parametrize("locked", LOCKED, ids=["locks-too", "control-rc-only"])
+def test_an_enqueue_in_an_older_snapshot_that_commits_during_a_raise_keeps_its_mark(
+    conn: Conn, other: Conn, db_url: str, locked: bool
+) -> None:
+    if not locked:  # as before migration 0030: the lock under READ COMMITTED alone
+        function_copy(
+            conn,
+            "pgdrain.queue_floor_lower()",
+            "pgdrain.lower_locked_in_rc",
+            lambda text: without_line(text, "pg_advisory_xact_lock_shared").replace(
+                "IF read_committed THEN",
+                "IF read_committed THEN PERFORM pg_advisory_xact_lock_shared("
+                "hashtext('pgdrain.queue_floor'), hashtext(low.queue) & 63);",
+            ),
+        )
+        _lower_with(conn, "pgdrain.lower_locked_in_rc")
+    first = _enqueue(conn)  # its mark is the floor
+    [held] = claim_batch(conn, ["default"], 1, "w", 30.0, None)
+    assert complete_one(conn, held.held)
+    pids: dict[str, int] = {}
+    with other.transaction():
+        # The application's REPEATABLE READ transaction enqueues, and stays open.
+        other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        job_id = _enqueue(other, URGENT)
+        # A session whose lock of the marks waits behind that enqueue's, and holds the raise at
+        # its DELETE of the marks: between its read of the jobs and that DELETE.
+        locker = on_a_connection_of_its_own(db_url, "locker", _lock_the_marks, pids)
+        wait_for(lambda: "locker" in pids and waits_on_a_lock(conn, pids["locker"]), what="lock")
+        raiser = on_a_connection_of_its_own(db_url, "raiser", _raise, pids)
+        wait_for(
+            lambda: (
+                not raiser.is_alive()
+                or ("raiser" in pids and waits_on_a_lock(conn, pids["raiser"]))
+            ),
+            what="the raise passed over the queue or waits at its DELETE",
+        )
+    # The application commits while the raise is where it was; then the locker, then the raise.
+    locker.join(10)
+    raiser.join(10)
+    if locked:  # the raise passed over the queue: its writer held the lock
+        assert _marks(conn) == [("default", URGENT, job_id), ("default", 0, first)]
+        assert _claimed_until_empty(conn) == [job_id]
+    else:  # the raise's DELETE saw the mark committed after its read of the jobs, and took it
+        assert _marks(conn) == []
+        assert _claimed_until_empty(conn) == []
         assert _status(conn, job_id) == "queued"
 
 
