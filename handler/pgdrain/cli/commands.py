@@ -853,6 +853,25 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
 
 
+def _keeps_done(conn: store.Connection, settings: Settings) -> bool:
+    """Whether done jobs are kept: not when this process deletes them, nor when the function's
+    runs do (their own PGDRAIN_RETAIN_DONE, recorded on their history lines)."""
+    return settings.keeps_done and store.runs_keep_done(conn) is not False
+
+
+def _no_job(conn: store.Connection, settings: Settings, ids: Sequence[int]) -> str:
+    """The error line for ids no job has."""
+    return f"pgdrain: error: no job {', '.join(map(str, ids))}{_gone(conn, settings)}"
+
+
+def _gone(conn: store.Connection, settings: Settings) -> str:
+    """Where done jobs are not kept, a job that finished done has no row: said after a line
+    about ids that matched nothing, so that they are not taken for wrong ids."""
+    if _keeps_done(conn, settings):
+        return ""
+    return " (done jobs are not kept, PGDRAIN_RETAIN_DONE=0: one that finished done is gone)"
+
+
 def _print_stats(conn: store.Connection, as_json: bool, *, clear: bool, settings: Settings) -> None:
     rows = store.queue_stats(conn)
     if as_json:
@@ -861,10 +880,7 @@ def _print_stats(conn: store.Connection, as_json: bool, *, clear: bool, settings
     if clear:
         print("\x1b[H\x1b[2J", end="")  # home and clear: the view redraws in place
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    # Done jobs are missing from the counts when this process deletes them, or the function's
-    # runs do (their own PGDRAIN_RETAIN_DONE, recorded on their history lines).
-    keeps_done = settings.keeps_done and store.runs_keep_done(conn) is not False
-    shown = format_stats(rows, settings.queues, keeps_done=keeps_done)
+    shown = format_stats(rows, settings.queues, keeps_done=_keeps_done(conn, settings))
     print(f"{stamp}\n{shown}", flush=True)
 
 
@@ -910,9 +926,9 @@ def _check_queue(conn: store.Connection, queue: str | None) -> None:
 def _show_job(args: argparse.Namespace, settings: Settings) -> int:
     with _connect(settings) as conn:
         job = store.job_show(conn, args.id)
-    if job is None:
-        print(f"pgdrain: error: no job {args.id}", file=sys.stderr)
-        return EXIT_FAILURE
+        if job is None:
+            print(_no_job(conn, settings, [args.id]), file=sys.stderr)
+            return EXIT_FAILURE
     as_json = args.show_json or args.json
     print(json.dumps(job, sort_keys=True) if as_json else format_job(job))
     return EXIT_OK
@@ -964,7 +980,8 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
         kicked: list[str] = []
         if retried and not args.dry_run and settings.function_name:
             kicked = _kick(conn, settings, store.job_queues(conn, [r.id for r in retried]))
-    missing = sorted(set(args.ids) - {r.id for r in (*retried, *refused)})
+        missing = sorted(set(args.ids) - {r.id for r in (*retried, *refused)})
+        gone = _gone(conn, settings) if missing else ""
     if args.json:
         print(
             json.dumps(
@@ -1002,7 +1019,7 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
             print(line)
     if missing:
         print(
-            f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}",
+            f"pgdrain: error: not failed, parked or cancelled (or unknown): {missing}{gone}",
             file=sys.stderr,
         )
         return EXIT_FAILURE
@@ -1049,13 +1066,14 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         kicked: list[str] = []
         if made_ready and not args.dry_run and settings.function_name:
             kicked = _kick(conn, settings, sorted(made_ready))
-    unknown = [i for i in left if i not in found]
+        unknown = [i for i in left if i not in found]
+        error = _no_job(conn, settings, unknown) if unknown else ""
     _print_cancelled(args, cancelled, {i: found[i] for i in left if i in found}, unknown)
     if not args.json:
         for line in kicked:
             print(line)
     if unknown:
-        print(f"pgdrain: error: no job {', '.join(map(str, unknown))}", file=sys.stderr)
+        print(error, file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
 
