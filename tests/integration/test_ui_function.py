@@ -26,7 +26,7 @@ from pgdrain.db import store
 from pgdrain.db.migrate import migrate
 from pgdrain.ui import app as ui_app
 from pgdrain.ui import lambda_entry
-from pgdrain.ui.pages import NOTICES
+from pgdrain.ui.pages import DONE_NOT_KEPT_GONE, NOTICES
 
 Conn = psycopg.Connection[Any]
 
@@ -240,6 +240,18 @@ def test_a_retry_that_queues_nothing_says_why(
     assert job_row(conn, job_id)["status"] == before
     page = function.resolve(dashboard_event("GET", answer["headers"]["Location"]), None)
     assert html.escape(NOTICES[notice], quote=False) in page["body"]
+
+
+@pytest.mark.parametrize("done_kept", [False, True], ids=["not-kept", "control-kept"])
+def test_a_job_not_found_where_done_jobs_are_not_kept_may_be_gone(
+    db_url: str, conn: Conn, done_kept: bool
+) -> None:
+    record = store.RunRecord("schedule", 0, 0.1, "empty", {}, done_kept=done_kept)
+    store.run_exit(conn, "run-1", ["default"], may_stay=False, clear_kicks=False, record=record)
+    function = dashboard_function(db_url)
+    page = function.resolve(dashboard_event("GET", "/jobs/4242"), None)
+    assert page["statusCode"] == 404
+    assert (DONE_NOT_KEPT_GONE in page["body"]) is not done_kept
 
 
 def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:

@@ -345,8 +345,11 @@ class _Dashboard:
             raise Refused(404, "No such job.")
         with self._reading() as conn:
             found = store.job_show(conn, int(job_id))
+            # The function's runs delete their done jobs: the id may be one of those.
+            gone = found is None and store.runs_keep_done(conn) is False
         if found is None:
-            raise Refused(404, f"No job {int(job_id)}.")
+            note = f" {pages.DONE_NOT_KEPT_GONE}" if gone else ""
+            raise Refused(404, f"No job {int(job_id)}.{note}")
         return found
 
     def act(self, job_id: str, verb: str) -> Response[str]:

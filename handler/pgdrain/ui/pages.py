@@ -36,6 +36,10 @@ NOTICES = {
     "resumed-kicked": "Resumed, and the drain function was kicked for its ready jobs.",
     "not-paused": "It was not paused: nothing changed.",
 }
+# A job page not found, where the function's runs do not keep their done jobs.
+DONE_NOT_KEPT_GONE = (
+    "Done jobs are not kept (PGDRAIN_RETAIN_DONE=0): one that finished done is gone."
+)
 RETRYABLE = ("failed", "parked", "cancelled")
 CANCELLABLE = ("queued", "running", "parked", "waiting")
 BULK_STATUSES = ("failed", "parked")  # what retry by filter takes, as `pgdrain retry --failed`
