@@ -4,6 +4,7 @@ the one mechanism switched off."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,6 +175,43 @@ def test_depending_on_a_done_job_is_queued_at_once(db_url: str, conn: Conn) -> N
     run(db_url)
     b = enqueue(conn, "step", after=[a])
     assert job_row(conn, b)["status"] == "queued"
+
+
+def _released_at_now(conn: Conn) -> None:
+    """jobs_flow_finished as it was before migration 0031: the job it releases queued at now()."""
+    row = conn.execute(
+        "SELECT pg_get_functiondef('pgdrain.jobs_flow_finished()'::regprocedure)"
+    ).fetchone()
+    assert row is not None
+    text = str(row[0])
+    for alias in ("j", "d"):
+        kept = f"greatest({alias}.run_at, now())"
+        assert text.count(kept) == 1
+        text = text.replace(kept, "now()")
+    conn.execute(text.encode())
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["keeps-its-delay", "control-at-now"])
+@pytest.mark.parametrize("flow", ["sequence", "dependency"])
+def test_a_delayed_job_released_by_its_flow_keeps_its_delay(
+    db_url: str, conn: Conn, flow: str, kept: bool
+) -> None:
+    if not kept:
+        _released_at_now(conn)
+    first = enqueue(conn, "step", sequence="s1" if flow == "sequence" else None)
+    later = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(hours=1)
+    held = {"sequence": "s1"} if flow == "sequence" else {"after": [first]}
+    delayed = enqueue(conn, "step", run_at=later, **held)
+    assert job_row(conn, delayed)["status"] == "waiting"
+    run(db_url)
+    if kept:  # queued when the first finished, due an hour from its enqueue, as asked
+        assert ran == [first]
+        assert (job_row(conn, delayed)["status"], job_row(conn, delayed)["run_at"]) == (
+            "queued",
+            later,
+        )
+    else:  # run at once
+        assert ran == [first, delayed]
 
 
 def test_a_missing_dependency_is_refused_and_nothing_is_written(conn: Conn) -> None:
