@@ -162,14 +162,49 @@ def test_two_drains_at_once_never_run_more_than_the_limit(ledger_url: str, conn:
 
     assert errors == []
     assert sum(done) == 12
-    # The most attempts ever running at once, from the ledger of starts and returns.
+    assert _most_at_once(conn) <= LIMIT
+    assert _running(conn) == (0, 0)
+
+
+class _LimitsUnwritten:
+    """A run's hooks that write no limit: `pgdrain drain` and `pgdrain worker` as they were."""
+
+    def after_connect(self, session: Any) -> bool:
+        return True
+
+    def after_round_trip(self, session: Any, counts: Any, elapsed_s: float) -> None:
+        pass
+
+    def before_exit(self, session: Any) -> bool:
+        return False
+
+
+def _most_at_once(conn: Conn) -> int:
+    """The most attempts ever running at once, from the ledger of starts and returns."""
     row = conn.execute(
         "SELECT max(c) FROM (SELECT sum(CASE phase WHEN 'start' THEN 1 ELSE -1 END)"
         " OVER (ORDER BY at, CASE phase WHEN 'start' THEN 1 ELSE 0 END) AS c"
         " FROM public.ledger) AS s"
     ).fetchone()
-    assert row is not None and row[0] <= LIMIT
-    assert _running(conn) == (0, 0)
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("writes", [True, False], ids=["writes-its-limit", "control-unwritten"])
+def test_a_drain_outside_the_function_keeps_its_configured_limit(
+    ledger_url: str, conn: Conn, writes: bool
+) -> None:
+    settings = Settings(
+        queues=("emails",), concurrency=4, reserve_seconds=0.5, queue_limits=(("emails", 1),)
+    )
+    _enqueue(conn, 4, kind="slow", seconds=0.3)
+    hooks = None if writes else _LimitsUnwritten()
+    assert drain(settings, Budget.seconds(60), registry, ledger_url, hooks=hooks).done == 4
+    if writes:  # as `pgdrain drain` and `pgdrain worker` run: the limit row written, and kept
+        assert _most_at_once(conn) == 1
+        assert _running(conn) == (0, 0)
+    else:  # no row holds the limit: the four run at once
+        assert _most_at_once(conn) > 1
 
 
 def test_a_scheduled_run_drops_a_limit_no_longer_configured(db_url: str, conn: Conn) -> None:

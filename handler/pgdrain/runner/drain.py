@@ -44,7 +44,7 @@ from pgdrain.runner.claiming import Claims, claim_and_start, claim_size
 from pgdrain.runner.completer import COMPLETION_FLUSH_SECONDS, Completer, record_outcomes
 from pgdrain.runner.deadline import Deadline
 from pgdrain.runner.heartbeat import Heartbeat
-from pgdrain.runner.limits import LimitRecount
+from pgdrain.runner.limits import LimitRecount, send_configured_limits
 from pgdrain.runner.loop_thread import GivenUp, LoopThread, OneSlot
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.stop import Stopping, StopRequest
@@ -89,8 +89,15 @@ class RunHooks(Protocol):
     def before_exit(self, session: Session) -> bool: ...
 
 
-class _NoHooks:
+class _Standalone:
+    """A run of its own (no control plane): it writes its queue limits, nothing more."""
+
+    def __init__(self, settings: Settings, queues: Sequence[str] | None) -> None:
+        self._settings = settings
+        self._queues = queues
+
     def after_connect(self, session: Session) -> bool:
+        send_configured_limits(session, self._settings, self._queues)
         return True
 
     def after_round_trip(
@@ -162,17 +169,18 @@ def drain_with(
     """`drain` with some of its mechanisms switched off: for tests' controls and benchmarks
     only (pgdrain.controls)."""
     queues, worker_id, stop = options.get("queues"), options.get("worker_id"), options.get("stop")
+    served = settings.queues if queues is None else tuple(queues)
     hooks = options.get("hooks")
     return _Run(
         settings,
         budget,
         registry,
         conninfo,
-        queues=settings.queues if queues is None else tuple(queues),
+        queues=served,
         worker_id=worker_id or default_worker_id(),
         observer=options.get("observer"),
         controls=controls,
-        hooks=hooks or _NoHooks(),
+        hooks=hooks or _Standalone(settings, served),
         stop=stop or stop_module.current() or StopRequest(),
     ).execute()
 

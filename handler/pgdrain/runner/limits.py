@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import store
 from pgdrain.db.session import Later, Session
+from pgdrain.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -60,3 +61,22 @@ class LimitRecount:
         if self._recounted is not None and not self._recounted.received:
             self._session.send_pending()
         return self.report()
+
+
+def send_configured_limits(
+    session: Session,
+    settings: Settings,
+    queues: Sequence[str] | None,  # None: every queue
+) -> None:
+    """For a run outside the function's control plane (`pgdrain drain`, `pgdrain worker`, the
+    Python API): write, with its first claim, the limits PGDRAIN_QUEUE_LIMITS configures for
+    the queues it drains, as each of the function's runs does (pgdrain.aws.control). A limit
+    binds a run only once a row holds it. Only the rows of the queues it limits are written, so
+    a process that configures none leaves the function's as they are. Safe to send twice: the
+    rows are set to the same values, and a paused queue stays paused."""
+    served = None if queues is None else set(queues)
+    limits = [(q, n) for q, n in settings.queue_limits if served is None or q in served]
+    rates = [r for r in settings.queue_rates if served is None or r[0] in served]
+    limited = sorted({q for q, _ in limits} | {r[0] for r in rates})
+    if limited:
+        session.send_with_next(store.queue_limit_sync, limited, limits, rates)

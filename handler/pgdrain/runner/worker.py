@@ -54,6 +54,7 @@ from pgdrain.db import connection, retention, store
 from pgdrain.db.session import Session
 from pgdrain.errors import ConfigError, DatabaseUnavailable
 from pgdrain.runner.drain import default_worker_id, drain_with
+from pgdrain.runner.limits import send_configured_limits
 from pgdrain.runner.stop import StopRequest
 from pgdrain.runner.summary import COUNTERS, Counter, DrainResult
 from pgdrain.settings import Settings
@@ -125,7 +126,7 @@ class Worker:
         self.controls = controls
         self.worker_id = default_worker_id()
         self.safety_net_s = settings.schedule_rate_seconds or DEFAULT_SAFETY_NET_SECONDS
-        self.next_due = NextDue(self.worker_id, settings.queues)
+        self.next_due = NextDue(self.worker_id, settings)
         self._report = report or (lambda _result, _reason: None)
         self._retry_s = FIRST_RETRY_SECONDS
         # Each drain gets a stop request of its own (its pool registers a waker on it); the
@@ -266,15 +267,18 @@ class NextDue:
     """The drain's hooks: before it exits, the statement a Lambda run ends with
     (store.run_exit) says whether a job became ready after its last claim (drain again) and
     when work is next due in its queues. The worker is no Lambda run: it registers nothing
-    and clears no kick window (pgdrain.kicks belongs to the function's kicks)."""
+    and clears no kick window (pgdrain.kicks belongs to the function's kicks). It writes its queue
+    limits, as a run does (send_configured_limits)."""
 
-    def __init__(self, worker_id: str, queues: tuple[str, ...] | None) -> None:
+    def __init__(self, worker_id: str, settings: Settings) -> None:
         self._worker_id = worker_id
-        self._queues = queues
+        self._settings = settings
+        self._queues = settings.queues
         self.due_at: dt.datetime | None = None
 
     def after_connect(self, session: Session) -> bool:
         self.due_at = None
+        send_configured_limits(session, self._settings, self._queues)
         return True  # one worker process: no fan-out cap to keep
 
     def after_round_trip(
