@@ -310,7 +310,7 @@ def test_the_bad_event_control_the_listener_sees_a_connection_attempt(
     function.configure(
         DATABASE_URL=f"postgresql://pgdrain@127.0.0.1:{port}/nowhere", PGDRAIN_CONNECT_TIMEOUT="2"
     )
-    result = function.invoke(SCHEDULED_EVENT, remaining_s=3.0)
+    result = function.invoke(SCHEDULED_EVENT, remaining_s=4.0)
     assert result["ok"] is False
     assert _attempts(listener) >= 1
 
@@ -509,19 +509,31 @@ def test_a_scheduled_run_continues_with_chain_one(
     assert spy.events() == [{"pgdrain": {"reason": "continue", "chain": 1}}]
 
 
-@pytest.mark.parametrize(
-    ("remaining_s", "stop_reason"),
-    [(30.0, "empty"), (2.0, "budget")],  # 2 s is below the reserve: it stops at once
-    ids=["with-time-left", "out-of-time"],
-)
-def test_an_empty_queue_never_continues(
-    function: Function, spy: InvokeSpy, remaining_s: float, stop_reason: str
-) -> None:
-    result = function.invoke(SCHEDULED_EVENT, remaining_s=remaining_s)
+def test_an_empty_queue_never_continues(function: Function, spy: InvokeSpy) -> None:
+    result = function.invoke(SCHEDULED_EVENT, remaining_s=30.0)
     assert result["ok"] is True, result
-    assert (result["result"]["stop_reason"], result["result"]["more_ready"]) == (stop_reason, False)
+    assert (result["result"]["stop_reason"], result["result"]["more_ready"]) == ("empty", False)
     assert result["continued"] is False
     assert spy.calls == []
+
+
+@pytest.mark.parametrize("reserve", ["60", "5"], ids=["takes-the-timeout", "control-below-it"])
+def test_a_reserve_that_takes_the_whole_timeout_is_a_configuration_error(
+    function: Function, conn: Conn, spy: InvokeSpy, reserve: str
+) -> None:
+    """Each run would claim nothing, and continue itself, to no end (a red team's report)."""
+    function.configure(PGDRAIN_RESERVE_SECONDS=reserve)
+    _enqueue(conn, "default", 3)
+    result = function.invoke(
+        {"pgdrain": {"reason": "enqueue", "queues": ["default"]}}, remaining_s=30.0
+    )
+    if reserve == "60":  # said at once, nothing touched: no continuation, no wake-up
+        assert (result["ok"], result["error_kind"]) == (False, "configuration"), result
+        assert "PGDRAIN_RESERVE_SECONDS (60 s)" in result["error"]
+        assert spy.calls == []
+        assert _statuses(conn) == {("default", "queued"): 3}
+    else:
+        assert (result["ok"], result["result"]["done"]) == (True, 3), result
 
 
 def test_a_continuation_at_the_cap_does_not_continue(

@@ -205,6 +205,16 @@ BAD: list[tuple[str, Any, str]] = [
     ("later moment not a time", _later(at="soon"), "'at' is not an ISO 8601 time: 'soon'"),
     ("later moment naive", _later(at="2026-12-01T14:05:00"), "'at' has no UTC offset"),
     ("later moment too long", _later(at="2" * 41), "'at' must be an ISO 8601 time"),
+    (
+        "later moment before year 1 in UTC",
+        _later(at="0001-01-01T00:00:00+01:00"),
+        "'at' is out of range in UTC",
+    ),
+    (
+        "later moment after 9999 in UTC",
+        _later(at="9999-12-31T23:59:00-01:00"),
+        "'at' is out of range in UTC",
+    ),
     ("later without its id", _later(reserved_by=None), "'reserved_by' must be a run id"),
     ("later with a chain", _later(chain=1), "unexpected key(s) chain"),
     ("oversized", {**RULE_EVENT, "detail": {"pad": "x" * 20_000}}, "bytes; the limit is 16384"),

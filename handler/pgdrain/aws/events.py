@@ -272,7 +272,10 @@ def _moment(body: dict[str, Any]) -> dt.datetime:
         raise BadEvent(f"{where}: 'at' is not an ISO 8601 time: {raw!r}") from None
     if moment.tzinfo is None:
         raise BadEvent(f"{where}: 'at' has no UTC offset: {raw!r}")
-    return moment.astimezone(dt.UTC)
+    try:
+        return moment.astimezone(dt.UTC)
+    except OverflowError:  # its offset takes it past year 1 or 9999
+        raise BadEvent(f"{where}: 'at' is out of range in UTC: {raw!r}") from None
 
 
 def _on_the_precision(moment: dt.datetime, precision_seconds: float) -> None:

@@ -177,6 +177,16 @@ def _parse(
             extra={"unserved": list(trigger.unserved)},
         )
     budget = budget_from_context(context)
+    if budget.remaining() <= runtime.settings.reserve_seconds:
+        # At its start an invocation has the function's whole Timeout: a reserve that takes it
+        # all leaves no run anything to claim, and each would continue itself, to no end.
+        error = (
+            f"PGDRAIN_RESERVE_SECONDS ({runtime.settings.reserve_seconds:g} s) leaves nothing of "
+            f"the {budget.remaining():.1f} s this invocation has (the function's Timeout): no "
+            "job could be claimed; lower it or raise Timeout"
+        )
+        logger.error("configuration error: %s", error)
+        return {"ok": False, "error": error, "error_kind": "configuration"}
     logger.info(
         "run starting",
         extra={"queues": _queue_list(trigger), "remaining_s": round(budget.remaining(), 1)},
