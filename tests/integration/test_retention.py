@@ -58,6 +58,22 @@ def test_each_status_is_kept_for_its_own_age(conn: Conn) -> None:
     assert not {old_done, old_failed, old_cancelled} & _ids(conn)
 
 
+def test_kick_rows_nothing_kicked_or_held_for_a_day_go(conn: Conn) -> None:
+    """Every run of every queue renews every kick row: rows of queues no longer kicked (a
+    tenant gone, names in an event sent by hand) would cost each run for good."""
+    conn.execute(
+        "INSERT INTO pgdrain.kicks (queue, kicked_at, requested_at, run_until) VALUES"
+        " ('tenant_gone', now() - interval '3 days', now() - interval '3 days', NULL),"
+        " ('named_by_hand', '-infinity', '-infinity', now() - interval '2 days'),"
+        " ('kicked', now() - interval '1 hour', now() - interval '1 hour', NULL),"
+        " ('requested', now() - interval '3 days', now() - interval '1 minute', NULL),"
+        " ('held', '-infinity', '-infinity', now() + interval '1 minute')"
+    )
+    retention.run_once(conn, retain_done_days=7, retain_failed_days=30, budget=_plenty())
+    left = {str(r[0]) for r in conn.execute("SELECT queue FROM pgdrain.kicks")}
+    assert left == {"kicked", "requested", "held"}
+
+
 def test_it_runs_again_safely(conn: Conn) -> None:
     _job(conn, "done", 8)
     first = retention.run_once(conn, retain_done_days=7, retain_failed_days=30, budget=_plenty())

@@ -134,6 +134,27 @@ def test_a_run_that_ends_with_a_delayed_job_schedules_one_wake_up(
     assert (trigger.reason, trigger.queues, trigger.chain) == ("wake", ("default", "emails"), 0)
 
 
+def test_a_wake_event_naming_other_queues_starts_no_chain_of_its_own(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's report: a wake event sent by hand, naming a set of queues of its own, made
+    its run wake up for that set, and each woken run again, for as long as work was due in it:
+    one chain of wake-ups per set of names sent. Now every run wakes the function's queues."""
+    _handler_env(monkeypatch, db_url)
+    run_at = _delayed(conn, "emails", 600)
+    expected = wake_time(run_at, 60)
+
+    by_hand = invoke_handler({"pgdrain": {"reason": "wake", "queues": ["emails"]}})
+    kicked = invoke_handler(ENQUEUE_EMAILS)
+
+    assert (by_hand["wake"], kicked["wake"]) == ("created", "pending"), (by_hand, kicked)
+    (schedule,) = _schedules(scheduler)
+    assert schedule["Name"] == schedule_name(["emails", "default"], expected)
+    assert json.loads(schedule["Target"]["Input"]) == events.wake_event(["default", "emails"])
+    # A wake-up for the event's own set would have been a schedule of its own.
+    assert schedule_name(["emails"], expected) != schedule["Name"]
+
+
 def test_runs_ending_one_after_another_make_one_schedule_and_an_earlier_one_wins(
     db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,7 +306,7 @@ def test_runs_ending_at_the_same_moment_create_one_schedule(
             try:
                 waker = Waker(settings, FUNCTION_ARN, client=client)
                 barrier.wait()
-                outcomes.append(waker.ensure(session, ["emails"], due, f"run-{i}").action)
+                outcomes.append(waker.ensure(session, due, f"run-{i}").action)
             finally:
                 session.close()
         except BaseException as exc:
@@ -425,8 +446,9 @@ def test_a_wake_up_request_that_cannot_create_its_schedule_becomes_a_run_that_do
     forgotten: bool,
 ) -> None:
     """The creation fails: the request drops the kick's record and drains as a kicked run,
-    whose own wake-up then succeeds. The control keeps the record (as if nothing dropped it):
-    the run believes the wake-up pending, and no schedule exists for the delayed job."""
+    whose own wake-up (the function's) then succeeds. The control keeps the record (as if
+    nothing dropped it): it stays, saying a wake-up of the kicked queues is pending that does
+    not exist, which the next kicks of those queues would trust."""
     from botocore.stub import Stubber
 
     from pgdrain.aws import wake, wake_request
@@ -446,10 +468,9 @@ def test_a_wake_up_request_that_cannot_create_its_schedule_becomes_a_run_that_do
 
     assert result["ok"] is True, result
     assert result["result"]["stop_reason"] == "empty"  # it drained: nothing was ready
-    if forgotten:
-        assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
-    else:
-        assert result["wake"] == "pending"  # the stale record: no schedule for the job
+    assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
+    kicked_record = conn.execute("SELECT 1 FROM pgdrain.wakes WHERE queue_set = 'emails'")
+    assert len(kicked_record.fetchall()) == (0 if forgotten else 1)  # the control: stale
 
 
 def _latest_next_step(after: dt.datetime) -> dt.datetime:

@@ -208,8 +208,11 @@ def test_the_function_cannot_touch_the_rate_schedule(expanded: dict[str, Any]) -
         ("my-secret-name", False),
     ],
 )
-def test_the_secret_is_one_whole_arn(template: dict[str, Any], value: str, allowed: bool) -> None:
-    pattern = template["Parameters"]["DatabaseSecretArn"]["AllowedPattern"]
+@pytest.mark.parametrize("parameter", ["DatabaseSecretArn", "WebDashboardDatabaseSecretArn"])
+def test_the_secret_is_one_whole_arn(
+    template: dict[str, Any], parameter: str, value: str, allowed: bool
+) -> None:
+    pattern = template["Parameters"][parameter]["AllowedPattern"]
     assert (re.fullmatch(pattern, value) is not None) == allowed
 
 

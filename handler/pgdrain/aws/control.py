@@ -285,7 +285,7 @@ class RunControl:
             self._sleep(decision.linger_s)
             return True
         due_at = self._with_periodic_slot(decision.check.due_at)
-        self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
+        self.wake = self._waker.ensure(session, due_at, self.run_id)
         return False
 
     @property
@@ -314,7 +314,7 @@ class RunControl:
             now = dt.datetime.now(dt.UTC)
             due_at = now if due_at is None else min(due_at, now)
         due_at = self._with_periodic_slot(due_at)
-        self.wake = self._waker.ensure(session, self.trigger.queues, due_at, self.run_id)
+        self.wake = self._waker.ensure(session, due_at, self.run_id)
 
     def _with_periodic_slot(self, due_at: dt.datetime | None) -> dt.datetime | None:
         """The earlier of the queues' next due moment and the next slot of a periodic kind:

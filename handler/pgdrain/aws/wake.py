@@ -180,15 +180,14 @@ class Scheduling:
 
 
 class Waker(Scheduling):
-    """Makes sure of one wake-up for a run's queues at its next due moment."""
+    """Makes sure of one wake-up of the function at a run's next due moment."""
 
-    def ensure(
-        self,
-        session: Session,
-        queues: Sequence[str] | None,
-        due_at: dt.datetime | None,
-        run_id: str,
-    ) -> WakeOutcome:
+    def ensure(self, session: Session, due_at: dt.datetime | None, run_id: str) -> WakeOutcome:
+        """For the function's queues (PGDRAIN_QUEUES), whichever of them the run drained: every
+        run's wake-up is then one of the function's own, pending once. A wake-up for the run's
+        own set would start a chain of its own for each set of names that events sent by hand
+        carried, renewed by each woken run for as long as work is due in one of them."""
+        queues = self._settings.queues
         if due_at is None:
             return WakeOutcome(None, "none")
         # Work already due (a lease that expired while this run found nothing to claim) is

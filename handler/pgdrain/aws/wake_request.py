@@ -101,9 +101,10 @@ def _recorded(trigger: Trigger, settings: Settings, budget: Budget, horizon: flo
 
 
 def forget(trigger: Trigger, settings: Settings, budget: Budget) -> None:
-    """Drop the kick's record of the wake-up, so that the run this invocation becomes can make
-    it. Safe to repeat: it deletes only the kick's own row, if it is still there. A failure
-    is logged: the run after it reports the database's state in its own words."""
+    """Drop the kick's record of the wake-up it could not make: the next kicks of its queues
+    would trust it (the run this invocation becomes makes the function's own). Safe to repeat:
+    it deletes only the kick's own row, if it is still there. A failure is logged: the run
+    after it reports the database's state in its own words."""
     assert trigger.wake_at is not None and trigger.reserved_by is not None
     try:
         conninfo = resolve_conninfo(settings)

@@ -21,7 +21,8 @@
 -- (retention.run_once then carries on); and at most %(runs_limit)s lines of
 -- pgdrain.run_history older than %(done_days)s days (a run is kept as long as the done jobs it
 -- ran; with done jobs not kept, 0 days, as long as failed ones: its lines are then the only
--- count of done jobs). Safe to run twice: a deleted row matches nothing. The
+-- count of done jobs); and at most %(runs_limit)s kick rows idle for a day. Safe to run twice:
+-- a deleted row matches nothing. The
 -- rows go by id (an array of ids, as the claim's), whatever the generic plan guesses of the
 -- cutoff (`id IN (...)` may be planned as a sequential scan).
 WITH done_left AS (
@@ -71,6 +72,23 @@ WITH done_left AS (
                                          ELSE %(failed_days)s::float8 END * interval '1 day'
         ORDER BY finished_at
         LIMIT %(runs_limit)s
+    ))
+    RETURNING 1
+), idle_kicks AS (
+    -- A queue's kick row that nothing kicked or held for a day: a run of every queue renews
+    -- every row at its registration, its holds and its exit, so the rows of queues no longer
+    -- kicked (a tenant gone, names in an event sent by hand) would cost every run for good.
+    -- Deleted, the next kick of that queue makes its row again and invokes. A row a kick or a
+    -- run has locked is passed over (SKIP LOCKED; queue order, as every statement on them).
+    DELETE FROM pgdrain.kicks AS k
+    WHERE k.queue = ANY(ARRAY(
+        SELECT i.queue FROM pgdrain.kicks AS i
+        WHERE i.kicked_at < now() - interval '1 day'
+          AND i.requested_at < now() - interval '1 day'
+          AND (i.run_until IS NULL OR i.run_until < now() - interval '1 day')
+        ORDER BY i.queue
+        LIMIT %(runs_limit)s
+        FOR UPDATE SKIP LOCKED
     ))
     RETURNING 1
 )
