@@ -142,9 +142,8 @@ WAKE_SCHEDULES = (
     "arn:${AWS::Partition}:scheduler:${AWS::Region}:${AWS::AccountId}:"
     "schedule/${AWS::StackName}-wake/pgdrain-wake-*"
 )
-OWN_LOG_STREAMS = (
-    "arn:${AWS::Partition}:logs:${AWS::Region}:${AWS::AccountId}:log-group:${DrainLogGroup}:*"
-)
+LOG_GROUPS = "arn:${AWS::Partition}:logs:${AWS::Region}:${AWS::AccountId}:log-group:"
+OWN_LOG_STREAMS = (LOG_GROUPS + "${DrainLogGroup}:*", LOG_GROUPS + "${WebDashboardLogGroup}:*")
 ON_ANY_RESOURCE = ("ManageVpcNetworkInterfaces", "WriteTraces")
 FUNCTION_ARN_SUB = (
     "arn:${AWS::Partition}:lambda:${AWS::Region}:${AWS::AccountId}:function:${AWS::StackName}-drain"
@@ -157,7 +156,7 @@ def test_no_policy_has_a_wildcard_action_or_resource(template: dict[str, Any]) -
     for statement in statements:
         for key in ("Action", "Resource", "NotAction", "NotResource"):
             for text in _strings(statement.get(key)):
-                if key == "Resource" and text in (WAKE_SCHEDULES, OWN_LOG_STREAMS):
+                if key == "Resource" and text in (WAKE_SCHEDULES, *OWN_LOG_STREAMS):
                     continue
                 if key == "Resource" and text == "*" and statement["Sid"] in ON_ANY_RESOURCE:
                     continue
@@ -409,6 +408,7 @@ def test_the_dashboard_graphs_every_metric_the_function_emits(template: dict[str
 
 DASHBOARD_RESOURCES = {
     "WebDashboardFunction",
+    "WebDashboardFunctionRole",
     "WebDashboardTokenSecret",
     "WebDashboardLogGroup",
     "WebDashboardInvokePolicy",

@@ -156,6 +156,43 @@ def test_control_the_role_sam_makes_holds_what_the_function_never_uses(
     assert "Condition" not in trust
 
 
+DASHBOARD = {"WebDashboard": "true"}
+DASHBOARD_SETTINGS: dict[str, dict[str, Any]] = {
+    "read-only": DASHBOARD,
+    "actions": DASHBOARD | {"WebDashboardActions": "true"},
+    "secret": DASHBOARD | {"WebDashboardDatabaseSecretArn": SECRET},
+    "vpc": DASHBOARD | SETTINGS["vpc"],
+}
+
+
+@pytest.mark.parametrize("setting", DASHBOARD_SETTINGS)
+def test_the_dashboard_may_do_what_its_settings_need_and_nothing_else(
+    expanded: dict[str, Any], setting: str
+) -> None:
+    """A red team's report: the dashboard ran on SAM's role, with logs on every log group."""
+    resources = resolve(expanded, **DASHBOARD_SETTINGS[setting])
+    assert set(_roles(resources)) == {
+        "DrainFunctionRole",
+        "WakeSchedulerRole",
+        "WebDashboardFunctionRole",
+    }
+    function = resources["WebDashboardFunction"]["Properties"]
+    assert function["Role"] == {"Fn::GetAtt": ["WebDashboardFunctionRole", "Arn"]}
+    role = resources["WebDashboardFunctionRole"]
+    assert "ManagedPolicyArns" not in role["Properties"]
+    sids = {s["Sid"] for s in role_statements(role)}
+    expected = {"WriteOwnLogs"}
+    expected |= {"KickDrainFunction"} if setting == "actions" else set()
+    expected |= {"ReadWebDashboardDatabaseSecret"} if setting == "secret" else set()
+    expected |= {"ManageVpcNetworkInterfaces"} if setting == "vpc" else set()
+    assert sids == expected
+    (logs,) = [s for s in role_statements(role) if s["Sid"] == "WriteOwnLogs"]
+    assert logs["Resource"] == {
+        "Fn::Sub": "arn:${AWS::Partition}:logs:${AWS::Region}:${AWS::AccountId}"
+        ":log-group:${WebDashboardLogGroup}:*"
+    }
+
+
 def test_the_schedules_role_trusts_the_stacks_group_only(expanded: dict[str, Any]) -> None:
     resources = resolve(expanded)
     role = resources["WakeSchedulerRole"]["Properties"]
