@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from helpers.cli import run_pgdrain
 from pgdrain import Settings, enqueue
 from pgdrain.api import kick_target
 from pgdrain.api.kick_target import AWS_VARIABLES, CHANNEL, LISTENER_APPLICATION_NAME
@@ -106,3 +107,20 @@ def test_a_worker_kick_inside_an_open_transaction_is_refused(db_url: str, listen
         app_conn.commit()
         assert kick(app_conn, ["emails"], settings=Settings()) == ("emails",)
         assert received(listener, app_conn) == ["emails"]
+
+
+@pytest.mark.parametrize("kick", ["", "off"], ids=["wakes-the-workers", "control-kicks-off"])
+def test_an_operators_retry_wakes_the_workers_as_a_kick_does(
+    db_url: str, conn: Conn, listener: Conn, kick: str
+) -> None:
+    """A red team's report: `pgdrain retry`, `cancel` (freeing a sequence) and `resume` kicked
+    only a function; without one, a `pgdrain worker` found their jobs at its safety net."""
+    job_id = enqueue(conn, "noop", queue="emails")
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = 'failed', finished_at = now() WHERE id = %s", (job_id,)
+    )
+    env = {"DATABASE_URL": db_url, "PGDRAIN_KICK": kick} if kick else {"DATABASE_URL": db_url}
+    done = run_pgdrain("retry", str(job_id), env=env, drop=("PGDRAIN_", *AWS_VARIABLES))
+    assert done.code == 0, done.err
+    assert done.out.splitlines() == [f"queued again: [{job_id}]"]  # it says nothing of the kick
+    assert received(listener, conn) == ([] if kick else ["emails"])

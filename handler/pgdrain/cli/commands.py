@@ -24,6 +24,7 @@ import psycopg
 
 from pgdrain.api import jsonbound, periodic
 from pgdrain.api.enqueue import MAX_PAYLOAD_BYTES, build_job, enqueue_many, payload_size
+from pgdrain.api.kick_target import LISTENER_APPLICATION_NAME, notify_payload
 from pgdrain.api.queues import pause_queue, resume_queue
 from pgdrain.api.registry import Registry, load_registry
 from pgdrain.budget import Budget
@@ -434,9 +435,17 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 def _kick(conn: store.Connection, settings: Settings, queues: Sequence[str]) -> list[str]:
     """After the command's commit, start the drain function for `queues`, as the application
     does with pgdrain.kick() (PGDRAIN_FUNCTION_NAME, debounced); returns the lines saying what
-    it did. Without a function configured (local use) it says nothing: a drain or the
-    schedule takes the jobs. Never fails the command: what it wrote is committed."""
-    if not settings.function_name or not queues:
+    it did. Without a function configured (local use) it wakes the `pgdrain worker`s of the
+    database, as kick() does there, and says nothing: a NOTIFY nobody hears costs nothing, and
+    a drain or the schedule takes the jobs. Never fails the command: what it wrote is
+    committed."""
+    if not queues or settings.kick == "off":
+        return []
+    if not settings.function_name:
+        try:
+            store.kick_notify(conn, notify_payload(queues), LISTENER_APPLICATION_NAME)
+        except psycopg.Error as exc:
+            log.warning("could not wake the workers: %s", connection.describe(exc))
         return []
     from pgdrain.aws.kick import KickOutcome, kick_outcome
 
@@ -978,7 +987,7 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
         if not found and not args.ids:
             _check_queue(conn, args.queue)
         kicked: list[str] = []
-        if retried and not args.dry_run and settings.function_name:
+        if retried and not args.dry_run:
             kicked = _kick(conn, settings, store.job_queues(conn, [r.id for r in retried]))
         missing = sorted(set(args.ids) - {r.id for r in (*retried, *refused)})
         gone = _gone(conn, settings) if missing else ""
@@ -1064,7 +1073,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         if not cancelled and not args.ids:
             _check_queue(conn, args.queue)
         kicked: list[str] = []
-        if made_ready and not args.dry_run and settings.function_name:
+        if made_ready and not args.dry_run:
             kicked = _kick(conn, settings, sorted(made_ready))
         unknown = [i for i in left if i not in found]
         error = _no_job(conn, settings, unknown) if unknown else ""
