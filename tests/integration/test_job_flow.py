@@ -611,12 +611,18 @@ def _retry_without_judging_dependencies(conn: Conn, ids: list[int]) -> list[stor
     return [store.Retry(r[0], r[1], r[2], r[4], r[3]) for r in rows]
 
 
-def test_a_dependent_cancelled_by_a_failed_job_is_not_retried_and_says_why(
-    db_url: str, conn: Conn
-) -> None:
+def _dependent_of_a_failed_job(db_url: str, conn: Conn) -> tuple[int, int]:
+    """A job that failed for good, and its dependent, cancelled by that."""
     a = enqueue(conn, "refuse")
     b = enqueue(conn, "step", after=[a])
     run(db_url)
+    return a, b
+
+
+def test_a_dependent_cancelled_by_a_failed_job_is_not_retried_and_says_why(
+    db_url: str, conn: Conn
+) -> None:
+    a, b = _dependent_of_a_failed_job(db_url, conn)
     before = job_row(conn, b)
     [retry] = store.job_retry(conn, [b])
     assert not retry.retried
@@ -628,9 +634,7 @@ def test_a_dependent_cancelled_by_a_failed_job_is_not_retried_and_says_why(
 def test_control_unjudged_a_retried_dependent_is_said_queued_and_cancelled_again(
     db_url: str, conn: Conn
 ) -> None:
-    a = enqueue(conn, "refuse")
-    b = enqueue(conn, "step", after=[a])
-    run(db_url)
+    a, b = _dependent_of_a_failed_job(db_url, conn)
     assert [r.retried for r in _retry_without_judging_dependencies(conn, [b])] == [True]
     assert job_row(conn, b)["status"] == "cancelled"
     assert conn.execute("SELECT count(*) FROM pgdrain.active_jobs").fetchone() == (0,)
@@ -638,9 +642,7 @@ def test_control_unjudged_a_retried_dependent_is_said_queued_and_cancelled_again
 
 
 def test_a_dependent_retried_after_its_dependency_waits_for_it(db_url: str, conn: Conn) -> None:
-    a = enqueue(conn, "refuse")
-    b = enqueue(conn, "step", after=[a])
-    run(db_url)
+    a, b = _dependent_of_a_failed_job(db_url, conn)
     assert [r.retried for r in store.job_retry(conn, [a])] == [True]
     assert [r.retried for r in store.job_retry(conn, [b])] == [True]
     assert job_row(conn, b)["status"] == "waiting"
