@@ -254,6 +254,47 @@ def test_a_job_not_found_where_done_jobs_are_not_kept_may_be_gone(
     assert (DONE_NOT_KEPT_GONE in page["body"]) is not done_kept
 
 
+@pytest.mark.parametrize(
+    ("target", "status"),
+    [
+        ("/jobs?before=%C2%B2", 400),  # '²': str.isdigit() takes it, int() refuses it
+        ("/?refresh=%C2%B2", 200),
+        ("/jobs/" + "1" * 5000, 404),  # past int()'s 4,300 digits
+        ("/control?refresh=" + "9" * 5000, 200),
+    ],
+)
+def test_a_number_no_int_reads_is_answered_not_raised(
+    db_url: str, target: str, status: int
+) -> None:
+    """A red team's report: each failed the request (a 502 from the Function URL)."""
+    function = dashboard_function(db_url)
+    assert function.resolve(dashboard_event("GET", target), None)["statusCode"] == status
+
+
+def test_a_token_whose_time_is_no_int_is_refused(db_url: str, conn: Conn) -> None:
+    job_id = _failed(conn)
+    function = dashboard_function(db_url)
+    answer = function.resolve(
+        dashboard_event("POST", f"/jobs/{job_id}/retry", "confirm=1&token=%C2%B2.x"), None
+    )
+    assert answer["statusCode"] == 403
+
+
+def test_a_retry_by_filter_redirects_so_that_a_reload_repeats_nothing(
+    db_url: str, conn: Conn
+) -> None:
+    first, second = _failed(conn), _failed(conn)
+    function = dashboard_function(db_url)
+    form = f"status=failed&since=2h&confirm=1&token={_token(function, first)}"
+    answer = function.resolve(dashboard_event("POST", "/retry", form), None)
+    assert answer["statusCode"] == 303
+    location = answer["headers"]["Location"]
+    assert location == "/jobs?since=2h&status=failed&notice=bulk-retried&retried=2&held=0"
+    assert {job_row(conn, i)["status"] for i in (first, second)} == {"queued"}
+    page = function.resolve(dashboard_event("GET", location), None)
+    assert '<div class="notice">Queued again: 2 jobs.</div>' in page["body"]
+
+
 def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:
     job_id = _failed(conn)
     function = dashboard_function(db_url, actions=False)

@@ -52,7 +52,6 @@ def test_job_data_is_escaped_on_every_page_that_shows_it() -> None:
                 store.Retry(8, "emails", HOSTILE, False, 7),
             ],
             token=token,
-            done=False,
         ),
     ]
     for body in rendered:

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import psycopg
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver, Response
@@ -98,6 +98,15 @@ class Request:
         return value or None
 
 
+def whole_number(text: str | None, digits: int = 19) -> int | None:
+    """`text` as a whole number when it is one in ASCII digits, at most `digits` long; else
+    None. str.isdigit() alone takes digits int() refuses ('²'), and int() refuses more than
+    4,300 digits: either would fail the request instead of answering it."""
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > digits:
+        return None
+    return int(text)
+
+
 def parse_filters(request: Request) -> dict[str, str | None]:
     """The jobs filters as given (text, for links and forms), each checked as the CLI checks
     its options: one line saying what is wrong (400) otherwise."""
@@ -109,7 +118,7 @@ def parse_filters(request: Request) -> dict[str, str | None]:
         raise BadInput(f"{kind[:40]!r} is not a job kind")
     if status is not None and status not in store.STATUSES:
         raise BadInput(f"status must be one of {', '.join(store.STATUSES)}")
-    if before is not None and not (before.isdigit() and 0 < int(before) < 2**63):
+    if before is not None and not 0 < (whole_number(before) or 0) < 2**63:
         raise BadInput("before must be a job id")
     since_at = request.arg("since_at")
     if since_at is not None:  # a confirmation carries the time its preview computed
@@ -265,10 +274,10 @@ class _Dashboard:
         return self._config.tokens.issue(request.identity)
 
     def _refresh(self, request: Request) -> int | None:
-        value = request.arg("refresh")
-        if value is None or not value.isdigit():
+        seconds = whole_number(request.arg("refresh"), 9)
+        if seconds is None:
             return None
-        return min(max(int(value), 1), MAX_REFRESH_SECONDS)
+        return min(max(seconds, 1), MAX_REFRESH_SECONDS)
 
     def queues(self) -> Response[str]:
         request = self._request()
@@ -328,7 +337,15 @@ class _Dashboard:
             )
         next_before = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
         shown = {k: v for k, v in filters.items() if k != "since_at"}
-        body = pages.jobs_page(shown, rows[:PAGE_SIZE], next_before, token=self._token(request))
+        retried = None
+        if request.arg("notice") == "bulk-retried":  # after a retry by filter: its counts
+            retried = (
+                whole_number(request.arg("retried"), 9),
+                whole_number(request.arg("held"), 9),
+            )
+        body = pages.jobs_page(
+            shown, rows[:PAGE_SIZE], next_before, token=self._token(request), retried=retried
+        )
         return html_response(200, "Jobs", body, active="/jobs")
 
     def job(self, job_id: str) -> Response[str]:
@@ -341,7 +358,7 @@ class _Dashboard:
         return html_response(200, f"Job {found['id']}", body, active="/jobs", refresh=refresh)
 
     def _find(self, job_id: str) -> dict[str, Any]:
-        if not job_id.isdigit() or not 0 < int(job_id) < 2**63:
+        if not 0 < (whole_number(job_id) or 0) < 2**63:
             raise Refused(404, "No such job.")
         with self._reading() as conn:
             found = store.job_show(conn, int(job_id))
@@ -402,13 +419,18 @@ class _Dashboard:
             )
             if not confirmed:
                 raise psycopg.Rollback(tx)  # the dry run: exactly what the retry would do
-        if confirmed:
-            log.info(
-                "dashboard retry by filter",
-                extra={"jobs": sum(r.retried for r in matched), "by": request.identity},
-            )
-        body = pages.bulk_page(filters, matched, token=token, done=confirmed)
-        return html_response(200, "Retry by filter", body, active="/jobs")
+        if not confirmed:
+            body = pages.bulk_page(filters, matched, token=token)
+            return html_response(200, "Retry by filter", body, active="/jobs")
+        retried = sum(r.retried for r in matched)
+        log.info("dashboard retry by filter", extra={"jobs": retried, "by": request.identity})
+        # To the jobs it matched, as every action redirects (303): a reload repeats nothing.
+        since = filters["since"] or filters.get("since_at")
+        shown = {"queue": filters["queue"], "kind": filters["kind"], "since": since}
+        query = {k: v for k, v in shown.items() if v} | {"status": filters["status"]}
+        held = sum(r.held_by is not None for r in matched)
+        counts = {"notice": "bulk-retried", "retried": retried, "held": held}
+        return redirect("/jobs?" + urlencode(query | counts))
 
     def control(self) -> Response[str]:
         request = self._request()

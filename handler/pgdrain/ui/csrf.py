@@ -34,7 +34,7 @@ class Tokens:
         if not token or token.count(".") != 1:
             return False
         issued, mac = token.split(".")
-        if not issued.isdigit() or len(issued) > 12:
+        if not (issued.isascii() and issued.isdigit()) or len(issued) > 12:
             return False
         age = self._clock() - int(issued)
         if not -CLOCK_SKEW_SECONDS <= age <= TOKEN_LIFETIME_SECONDS:

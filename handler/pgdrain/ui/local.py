@@ -11,6 +11,7 @@ import http.server
 import logging
 import secrets
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any, cast
@@ -27,6 +28,7 @@ from pgdrain.ui.app import MAX_BODY_BYTES, UiConfig, build
 from pgdrain.ui.csrf import Tokens
 
 HOST = "127.0.0.1"  # never another interface
+REQUEST_TIMEOUT_SECONDS = 30  # how long a connection may send nothing
 DEFAULT_PORT = 8080
 
 
@@ -66,31 +68,48 @@ def to_event(
     }
 
 
-class Server(http.server.HTTPServer):
-    """Serves the dashboard's resolver on 127.0.0.1, one request at a time (the resolver keeps
-    the current request on itself), to requests addressed to 127.0.0.1 or localhost only."""
+class Server(http.server.ThreadingHTTPServer):
+    """Serves the dashboard's resolver on 127.0.0.1, to requests addressed to 127.0.0.1 or
+    localhost only. A thread per connection, so that one left idle (a browser opens sockets
+    ahead) holds up no other; the resolver answers one request at a time (it keeps the current
+    request on itself)."""
+
+    daemon_threads = True
 
     def __init__(self, app: LambdaFunctionUrlResolver, port: int) -> None:
         super().__init__((HOST, port), _Handler)
         self.app = app
-        bound = self.server_address[1]
-        self.allowed_hosts = frozenset({f"{HOST}:{bound}", f"localhost:{bound}"})
+        self.resolving = threading.Lock()
+        self.allowed_hosts = allowed_hosts(self.server_address[1])
+
+
+def allowed_hosts(port: int) -> frozenset[str]:
+    """The Host headers the dashboard on `port` answers: 127.0.0.1 and localhost, with the
+    port, or without it on 80 (a browser leaves out the scheme's own port)."""
+    hosts = {f"{HOST}:{port}", f"localhost:{port}"}
+    if port == 80:
+        hosts |= {HOST, "localhost"}
+    return frozenset(hosts)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: Server
     server_version = "pgdrain-ui"
     sys_version = ""
+    timeout = REQUEST_TIMEOUT_SECONDS  # a connection that sends nothing is closed
 
     def do_GET(self) -> None:
         self._serve(b"")
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
+        text = self.headers.get("Content-Length") or "0"
+        if not (text.isascii() and text.isdigit()) or len(text) > 12:
+            self._plain(400, "Content-Length is not a number of bytes")
+            return
+        if int(text) > MAX_BODY_BYTES:
             self._plain(413, "the form is too large")
             return
-        self._serve(self.rfile.read(length))
+        self._serve(self.rfile.read(int(text)))
 
     def _serve(self, body: bytes) -> None:
         # A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) sends its own
@@ -100,7 +119,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         headers = dict(self.headers.items())
         event = to_event(self.command, self.path, headers, body, self.client_address[0])
-        result = self.server.app.resolve(event, cast(LambdaContext, None))
+        with self.server.resolving:
+            result = self.server.app.resolve(event, cast(LambdaContext, None))
         payload = result.get("body") or ""
         data = base64.b64decode(payload) if result.get("isBase64Encoded") else payload.encode()
         self.send_response(int(result.get("statusCode", 200)))

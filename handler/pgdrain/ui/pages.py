@@ -207,9 +207,12 @@ def jobs_page(
     next_before: int | None,
     *,
     token: str | None,
+    retried: tuple[int | None, int | None] | None = None,
 ) -> str:
-    """A page of jobs, newest first; `token` is None when actions are off."""
+    """A page of jobs, newest first; `token` is None when actions are off. `retried`: what the
+    retry by filter this page follows queued again, and left to the jobs that hold its keys."""
     body = [
+        _retried_notice(*retried) if retried else "",
         "<h1>Jobs</h1>",
         _filter_form(filters),
         table(
@@ -362,16 +365,22 @@ def confirm_queue_page(queue: str, verb: str, token: str) -> str:
     )
 
 
+def _retried_notice(queued: int | None, held: int | None) -> str:
+    if queued is None:
+        return ""
+    kept = f" Not retried: {held:,} (a newer job holds its key)." if held else ""
+    return f'<div class="notice">Queued again: {queued:,} jobs.{kept}</div>'
+
+
 def bulk_page(
     filters: Mapping[str, str | None],
     found: Sequence[store.Retry],
     *,
     token: str,
-    done: bool,
 ) -> str:
     """Retry by filter: what would be queued again (a dry run: the same statement rolled back)
-    with the button that does it; or, `done`, what was. A job whose idempotency key another
-    job holds is listed apart: it is not retried (the CLI's `retry` says the same)."""
+    with the button that does it. A job whose idempotency key another job holds is listed
+    apart: it is not retried (the CLI's `retry` says the same)."""
     status = filters.get("status") or "failed"
     matched = [r for r in found if r.retried]
     held = sorted((r for r in found if r.held_by is not None), key=lambda r: r.id)[:100]
@@ -404,16 +413,10 @@ def bulk_page(
         if len(matched) > 100
         else ""
     )
-    back = url("/jobs", {k: filters.get(k) for k in ("queue", "kind", "status")})
+    back = url("/jobs", {k: filters.get(k) for k in ("queue", "kind", "status", "since")})
     described = "".join(
         f"<li>{k}: {text(v)}</li>" for k, v in filters.items() if v and k != "since_at"
     )
-    if done:
-        return (
-            f'<div class="notice">Queued again: {len(matched):,} jobs.</div>'
-            f"<h1>Retried {len(matched):,} {text(status)} jobs</h1><ul>{described}</ul>"
-            f'{listing}{more}{not_retried}<p><a href="{back}">Back to the jobs</a></p>'
-        )
     if not matched:
         return (
             f"<h1>No {text(status)} job matches</h1><ul>{described}</ul>"
