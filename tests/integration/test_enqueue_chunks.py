@@ -3,6 +3,7 @@ all in one transaction, from an iterator that is consumed lazily."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -11,8 +12,10 @@ import psycopg
 import pytest
 
 from helpers.cli import count_jobs
+from pgdrain import enqueue
 from pgdrain.api.enqueue import CHUNK_BYTES, CHUNK_ROWS, build_job, enqueue_many
 from pgdrain.db import store
+from pgdrain.errors import BadInput
 
 Conn = psycopg.Connection[Any]
 
@@ -93,3 +96,38 @@ def test_each_job_keeps_its_own_payload_across_chunks(conn: Conn) -> None:
     ]
     assert [r[0] for r in rows] == ids
     assert [r[1] for r in rows] == expected
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+HAND_BUILT_BAD = {  # a NewJob made without build_job: enqueue_many checks it as build_job does
+    "NaN payload": {"payload": {"x": float("nan")}},
+    "NUL in the kind": {"kind": "send\x00email"},
+    "NUL in the key": {"idempotency_key": "a\x00b"},
+    "lone surrogate in the payload": {"payload": {"a": "\ud800"}},
+    "payload nested 3,000 deep": {"payload": _nested(3000)},
+}
+
+
+@pytest.mark.parametrize("fields", HAND_BUILT_BAD.values(), ids=HAND_BUILT_BAD.keys())
+def test_a_hand_built_job_is_refused_with_one_line_and_nothing_written(
+    conn: Conn, fields: dict[str, Any]
+) -> None:
+    good = build_job("noop", {})
+    bad = dataclasses.replace(good, **fields)
+    with pytest.raises(BadInput) as refused:
+        enqueue_many(conn, [good, bad])
+    assert "\n" not in str(refused.value)
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+
+
+def test_a_payload_over_the_limit_only_as_stored_is_bad_input(conn: Conn) -> None:
+    """40,007 bytes of JSON text, which jsonb writes out in full: over 1 MiB in the table."""
+    with pytest.raises(BadInput, match="over 1 MiB as stored"):
+        enqueue(conn, "noop", {"v": [1e308] * 5000})
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)

@@ -68,6 +68,22 @@ def test_without_a_function_name_a_kick_notifies_the_workers(conn: Conn, listene
     assert kick_rows(conn) == 0  # the function's debounce is not involved
 
 
+def test_a_kick_on_a_connection_that_is_not_autocommit_is_delivered(
+    db_url: str, conn: Conn, listener: Conn
+) -> None:
+    """A red team's report: the README's kick on `psycopg.connect(url)` (not autocommit) left
+    its NOTIFY in a transaction that nothing committed; the worker never heard it."""
+    app = psycopg.connect(db_url)  # as the README opens it
+    try:
+        with app.transaction():
+            enqueue(app, "noop", {}, queue="emails")
+        assert kick(app, ["emails"], settings=Settings()) == ("emails",)
+        assert app.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        app.close()  # no commit of its own
+    assert received(listener, conn) == ["emails"]
+
+
 def test_a_kick_that_no_worker_hears_says_so_once(
     conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -94,6 +94,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("delay as text", {"delay": "5"}, "delay"),
     ("delay as bool", {"delay": True}, "delay"),
     ("naive run_at", {"run_at": dt.datetime(2030, 1, 1)}, "run_at"),
+    ("run_at as text", {"run_at": "2030-01-01T00:00:00Z"}, "run_at"),
+    ("run_at a date", {"run_at": dt.date(2030, 1, 1)}, "run_at"),
+    ("delay past any float", {"delay": 10**400}, "delay"),
     ("run_at and delay", {"run_at": dt.datetime(2030, 1, 1, tzinfo=UTC), "delay": 5}, "run_at"),
     ("priority as float", {"priority": 1.5}, "priority"),
     ("priority as bool", {"priority": False}, "priority"),
@@ -149,6 +152,8 @@ def test_bad_input_is_refused_with_one_line(fields: dict[str, Any], problem: str
         pytest.param({"idempotency_key": "k" * 500}, id="key of 500"),
         pytest.param({"payload": {"emoji": "\U0001f600", "text": "こんにちは"}}, id="unicode"),
         pytest.param({"payload": [1, "two", None, True, {"n": 1.5}]}, id="any JSON"),
+        # the six characters \u0000 (a backslash, then u0000): no NUL, which jsonb stores
+        pytest.param({"payload": {"path": "C:\\u0000x"}}, id="text that reads like NUL"),
     ],
 )
 def test_control_good_values_at_the_edges_pass(fields: dict[str, Any]) -> None:

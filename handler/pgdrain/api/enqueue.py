@@ -56,11 +56,13 @@ def build_job(
             f"job kind must be at most {MAX_KIND_LENGTH} characters of UTF-8 text without NUL"
         )
     if not isinstance(queue_name, str) or not QUEUE_NAME.match(queue_name):
-        raise BadInput(f"queue {queue_name!r} is not a plain queue name")
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not math.isfinite(delay):
+        raise BadInput(f"queue {queue_name!r:.80} is not a plain queue name ({QUEUE_NAME_RULE})")
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not _finite(delay):
         raise BadInput("delay must be a finite number of seconds")
     if not 0 <= delay <= MAX_DELAY_SECONDS:
         raise BadInput(f"delay must be from 0 to {MAX_DELAY_SECONDS:g} seconds (got {delay})")
+    if run_at is not None and not isinstance(run_at, dt.datetime):
+        raise BadInput(f"run_at must be a datetime (got {type(run_at).__name__})")
     if run_at is not None and (run_at.tzinfo is None or delay):
         raise BadInput("run_at must be timezone-aware, and not combined with delay")
     if run_at is not None and not _readable(run_at):
@@ -91,6 +93,10 @@ def build_job(
         sequence=sequence,
         after=depends_on,
     )
+
+
+# What QUEUE_NAME takes, for a person.
+QUEUE_NAME_RULE = "a letter or _, then letters, digits, '_', '.' or '-'; at most 63 characters"
 
 
 def _check_flow(sequence: object, after: Iterable[int] | None) -> tuple[int, ...] | None:
@@ -251,8 +257,7 @@ def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], 
     last_text, last_size = "", 0
     for job in jobs:
         if job.payload is not last_payload:  # the same payload repeated is encoded once
-            last_payload, last_text = job.payload, store.payload_json(job.payload)
-            last_size = len(last_text.encode())
+            last_payload, last_text, last_size = job.payload, *_encoded(job.payload)
             _check_encoded_payload(last_text, last_size)
         _check_fields(job)
         if chunk and (len(chunk) >= CHUNK_ROWS or chunk_bytes + last_size > CHUNK_BYTES):
@@ -265,6 +270,20 @@ def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], 
         yield chunk, texts
 
 
+def _encoded(payload: Any) -> tuple[str, int]:
+    """A NewJob's payload made without build_job, as sent (store.payload_json) and its size:
+    what cannot be stored is BadInput, as build_job says it."""
+    try:
+        text = store.payload_json(payload)
+        return text, len(text.encode())
+    except UnicodeEncodeError:
+        raise BadInput("payload text is not valid UTF-8 (it holds a lone surrogate)") from None
+    except RecursionError:
+        raise BadInput("payload is nested too deep to encode") from None
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"payload is not JSON-serialisable: {exc}") from None
+
+
 def _check_encoded_payload(text: str, size: int) -> None:
     """build_job's payload limits, for a NewJob made without it (enqueue_many takes any)."""
     if size > MAX_PAYLOAD_BYTES:
@@ -272,7 +291,7 @@ def _check_encoded_payload(text: str, size: int) -> None:
             f"payload is {size} bytes; the limit is {MAX_PAYLOAD_BYTES} "
             "(store the data in a table and pass its id)"
         )
-    if "\\u0000" in text:
+    if jsonbound.holds_nul(text):
         raise BadInput("payload contains a NUL character, which PostgreSQL jsonb cannot store")
 
 
@@ -281,12 +300,22 @@ def _check_fields(job: store.NewJob) -> None:
     rows to the same limits (migration 0015), and a one-line BadInput here beats the
     database's CheckViolation after earlier chunks went out."""
     kind, queue, key = job.kind, job.queue, job.idempotency_key
-    if not isinstance(kind, str) or not kind.strip() or len(kind) > MAX_KIND_LENGTH:
-        raise BadInput(f"job kind must be 1 to {MAX_KIND_LENGTH} characters (got {kind!r:.60})")
+    if (
+        not isinstance(kind, str)
+        or not kind.strip()
+        or len(kind) > MAX_KIND_LENGTH
+        or not _is_clean_text(kind)
+    ):
+        raise BadInput(
+            f"job kind must be 1 to {MAX_KIND_LENGTH} characters of UTF-8 text without NUL "
+            f"(got {kind!r:.60})"
+        )
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
-        raise BadInput(f"queue {queue!r:.80} is not a plain queue name")
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH):
-        raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters")
+        raise BadInput(f"queue {queue!r:.80} is not a plain queue name ({QUEUE_NAME_RULE})")
+    if key is not None and (
+        not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_LENGTH or not _is_clean_text(key)
+    ):
+        raise BadInput(f"idempotency key must be 1 to {MAX_KEY_LENGTH} characters, without NUL")
     if job.sequence is not None or job.after is not None:
         _check_flow(job.sequence, job.after)
 
@@ -324,8 +353,14 @@ def _check_payload(payload: Any) -> None:
             f"payload is {len(encoded)} bytes; the limit is {MAX_PAYLOAD_BYTES} "
             "(store the data in a table and pass its id)"
         )
-    if "\\u0000" in encoded.decode("utf-8"):
+    if jsonbound.holds_nul(encoded.decode("utf-8")):
         raise BadInput("payload contains a NUL character, which PostgreSQL jsonb cannot store")
+
+
+def _finite(number: float) -> bool:
+    """A finite number; an int too large for a float (10**400) is finite, but more than any
+    bound, which the caller's range check then says."""
+    return isinstance(number, int) or math.isfinite(number)
 
 
 def _is_clean_text(text: str) -> bool:

@@ -77,3 +77,14 @@ def loads(text: str, what: str, limit: int = MAX_DEPTH) -> Any:
         raise BadInput(f"{what} is not valid JSON: {exc}") from None
     except ValueError as exc:  # an integer past Python's int-string limit (4300 digits)
         raise BadInput(f"{what} cannot be read: {exc}") from None
+
+
+# JSON's escape of NUL: "\u0000" after an even number of backslashes (an odd number is an
+# escaped backslash followed by the text "u0000").
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def holds_nul(text: str) -> bool:
+    """Whether JSON text (json.dumps') holds a NUL character, which PostgreSQL's jsonb refuses;
+    not the six characters \\u0000 of a text that holds a backslash then u0000."""
+    return _NUL_ESCAPE.search(text) is not None

@@ -75,7 +75,11 @@ def notify_worker(conn: store.Connection, queues: Sequence[str]) -> tuple[str, .
     """NOTIFY the workers of `queues` (on `conn`, with no transaction open: delivered at once).
     Returns the queues when a worker is connected to hear it; () with a warning (once per
     process) when none is."""
-    if store.kick_notify(conn, notify_payload(queues), LISTENER_APPLICATION_NAME):
+    # Its own transaction, committed here: a NOTIFY goes out at commit, and on a connection
+    # that is not autocommit (psycopg's default) the statement alone opens one nobody ends.
+    with conn.transaction():
+        heard = store.kick_notify(conn, notify_payload(queues), LISTENER_APPLICATION_NAME)
+    if heard:
         log.debug("kicked the workers", extra={"queues": list(queues)})
         return tuple(queues)
     if not _warned.is_set():

@@ -92,7 +92,7 @@ def bounded_json(value: Any, what: str, limit: int) -> str:
         raise BadInput(f"{what} is not JSON-serialisable: {exc}") from None
     if size > limit:
         raise BadInput(f"{what} is {size} bytes; the limit is {limit}")
-    if "\\u0000" in text:
+    if jsonbound.holds_nul(text):
         raise BadInput(f"{what} contains a NUL character, which PostgreSQL jsonb cannot store")
     return text
 

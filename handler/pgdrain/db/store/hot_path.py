@@ -109,7 +109,7 @@ def job_insert(conn: Connection, job: NewJob) -> tuple[int, bool]:
     dependency that does not exist raises BadInput (the caller's transaction is then failed:
     nothing of it is written)."""
     while True:
-        with missing_dependency():
+        with refused_insert():
             row = conn.execute(query("job_insert"), _new_job_params(job)).fetchone()
         if row is not None:
             return int(row[0]), True
@@ -132,7 +132,7 @@ def job_find_by_key(conn: Connection, queue: str, idempotency_key: str) -> int |
 def payload_json(payload: Any) -> str:
     """A job's payload as the jobs table receives it: JSON text (None is {}), non-ASCII
     characters as they are, not escaped (so its UTF-8 length is the size stored)."""
-    return json.dumps({} if payload is None else payload, ensure_ascii=False)
+    return json.dumps({} if payload is None else payload, ensure_ascii=False, allow_nan=False)
 
 
 def job_insert_many(
@@ -161,20 +161,29 @@ def job_insert_many(
         "sequences": [j.sequence for j in jobs],
         "depends_on": [_depends_on_text(j.after) for j in jobs],
     }
-    with missing_dependency():
+    with refused_insert():
         rows = conn.execute(query("job_insert_many"), params).fetchall()
     return [int(r[0]) for r in rows]
 
 
 @contextmanager
-def missing_dependency() -> Iterator[None]:
-    """A dependency named that does not exist (migration 0021's trigger): BadInput, one line."""
+def refused_insert() -> Iterator[None]:
+    """What the table refuses of an enqueue that the API's checks cannot see, as BadInput, one
+    line: a dependency named that does not exist (migration 0021's trigger), and a payload
+    over 1 MiB as jsonb writes it out (numbers in full: `1e308` takes 309 characters)."""
     try:
         yield
     except psycopg.errors.ForeignKeyViolation as exc:
         if exc.diag.constraint_name != "jobs_depends_on_exist":
             raise
         raise BadInput(str(exc.diag.message_primary).removeprefix("pgdrain: ")) from None
+    except psycopg.errors.CheckViolation as exc:
+        if exc.diag.constraint_name != "jobs_payload_size_chk":
+            raise
+        raise BadInput(
+            "payload is over 1 MiB as stored (jsonb writes numbers out in full): store the "
+            "data in a table and pass its id"
+        ) from None
 
 
 def periodic_enqueue(conn: Connection, due: Sequence[tuple[dt.datetime, NewJob]]) -> list[int]:
