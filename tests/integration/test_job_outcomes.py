@@ -93,6 +93,19 @@ def cancel(job: Job) -> None:
     raise Cancel("the user cancelled the export")
 
 
+class RateLimited(RetryIn):
+    """An application's own: its delay set from a header, not checked by RetryIn's __init__."""
+
+    def __init__(self, retry_after: object) -> None:
+        Exception.__init__(self, "rate limited")
+        self.seconds = retry_after  # type: ignore[assignment]
+
+
+@jobs.job("retry_after_nan")
+def retry_after_nan(job: Job) -> None:
+    raise RateLimited(float("nan"))
+
+
 def run(url: str, registry: Registry = jobs, **settings: Any) -> DrainResult:
     return drain(Settings(**settings), Budget.seconds(30), registry, url)
 
@@ -193,6 +206,27 @@ def test_control_without_the_fallback_a_broken_str_loses_the_jobs_error(
     job_id = enqueue(conn, "broken_str")
     run(db_url)
     assert job_row(conn, job_id)["last_error"] == "RuntimeError: __str__ itself fails"
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "control-unchecked"])
+def test_a_delay_no_statement_can_store_is_retried_and_the_run_goes_on(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, checked: bool
+) -> None:
+    """A red team's report: a RetryIn subclass's own NaN delay made the statement recording
+    it fail: the run stopped, and a job beside it that had returned stayed `running`, to run
+    again once reclaimed. The control: the delay taken as the job gave it, as before."""
+    if not checked:
+        monkeypatch.setattr(outcomes, "_seconds", lambda value, what: value)
+    hostile = enqueue(conn, "retry_after_nan")
+    others = [enqueue(conn, "noop") for _ in range(3)]
+    result = run(db_url, concurrency=4, batch_size=4)
+    if checked:
+        assert (result.stop_reason, result.done, result.retried) == ("empty", 3, 1)
+        assert job_row(conn, hostile)["status"] == "queued"
+        assert {job_row(conn, job_id)["status"] for job_id in others} == {"done"}
+    else:
+        assert result.stop_reason == "error"
+        assert job_row(conn, hostile)["status"] == "running"
 
 
 def test_a_huge_error_text_is_bounded(db_url: str, conn: Conn) -> None:

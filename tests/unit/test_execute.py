@@ -142,6 +142,36 @@ def test_an_async_job_is_cancelled_at_its_kinds_timeout() -> None:
     assert isinstance(failed.value.__cause__, JobTimeout)
 
 
+@pytest.mark.parametrize("timeout", [None, 5.0], ids=["no-timeout", "a-timeout-not-reached"])
+def test_an_async_jobs_own_timeout_error_is_its_failure_not_the_kinds_timeout(
+    timeout: float | None,
+) -> None:
+    """A red team's report: a socket's TimeoutError was taken for the kind's timeout (and,
+    with none, failed on formatting None)."""
+    registry = Registry()
+
+    @registry.job("fetch", timeout=timeout)
+    async def fetch(job: Job) -> None:
+        raise TimeoutError("my own socket timed out")
+
+    with pytest.raises(AttemptFailed) as failed:
+        _run(registry, "fetch")
+    assert type(failed.value.__cause__) is TimeoutError
+    assert failed.value.decision.message == "TimeoutError: my own socket timed out"
+
+
+def test_a_middleware_that_suppresses_the_error_ends_the_attempt_as_returning_nothing() -> None:
+    """A red team's report: it failed the attempt with an UnboundLocalError."""
+    registry = Registry()
+    registry.middleware(lambda job: contextlib.suppress(ValueError))
+
+    @registry.job("send")
+    def send(job: Job) -> str:
+        raise ValueError("swallowed")
+
+    _run(registry, "send")  # no AttemptFailed: done, with no output
+
+
 def test_middleware_wraps_the_job_outermost_first_and_sees_its_error() -> None:
     registry = Registry()
     calls: list[str] = []

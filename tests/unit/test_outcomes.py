@@ -41,6 +41,29 @@ def test_what_each_exception_becomes(
     assert (decision.record, decision.message) == (record, message)
 
 
+class RateLimited(RetryIn):
+    """As an application may write one: its delay from a Retry-After header, set directly."""
+
+    def __init__(self, retry_after: object) -> None:
+        Exception.__init__(self, "rate limited")
+        self.seconds = retry_after  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    "seconds", [float("nan"), 1e300, None, "120", -5], ids=["nan", "1e300", "none", "text", "-5"]
+)
+def test_a_delay_no_statement_can_store_is_retried_with_backoff(seconds: object) -> None:
+    """A red team's report: the statement recording it failed, and the run with it."""
+    decision = outcomes.decide(RateLimited(seconds), 2, _backoff)
+    assert (decision.delay_seconds, decision.final, decision.spend_attempt) == (14.0, False, True)
+    assert decision.message.startswith("RateLimited: rate limited (RetryIn needs ")
+
+
+def test_control_a_subclass_with_a_storable_delay_keeps_it() -> None:
+    decision = outcomes.decide(RateLimited(120), 2, _backoff)
+    assert (decision.delay_seconds, decision.message) == (120.0, "RateLimited: rate limited")
+
+
 def test_only_an_ordinary_error_keeps_a_traceback() -> None:
     try:
         raise ValueError("with a traceback")

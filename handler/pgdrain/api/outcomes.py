@@ -71,7 +71,7 @@ class Discard(JobOutcome):
 class Cancel(JobOutcome):
     """Stop the job for good: it ends at once as `cancelled` (the state `pgdrain cancel`
     leaves; `pgdrain retry ID` queues it again), whatever attempts are left, its last error
-    `cancelled: reason`. Logged as `job cancelled`; the run's summary counts it as failed."""
+    `cancelled: reason`. Logged as `job cancelled`; the run's summary counts it as cancelled."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -95,10 +95,20 @@ def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) 
     """The outcome of an attempt that raised `error`. `backoff(attempt)` gives the delay of an
     ordinary retry."""
     error_type = safe_text(type(error).__name__, 200)
-    if isinstance(error, Snooze):
-        return Decision(error_text(error), error.seconds, False, False, False, error_type, "")
-    if isinstance(error, RetryIn):
-        return Decision(error_text(error), error.seconds, False, True, True, error_type, "")
+    if isinstance(error, Snooze | RetryIn):
+        # Checked again here: a subclass may set `seconds` itself (from a Retry-After header,
+        # say), and any code may change it after the constructor checked it. A delay nothing
+        # can store would make the statement recording it fail, and the run with it.
+        what = "Snooze" if isinstance(error, Snooze) else "RetryIn"
+        try:
+            seconds = _seconds(error.seconds, what)
+        except (AttributeError, ValueError) as exc:
+            message = bounded(
+                f"{error_text(error)} ({safe_str(exc)}: retried with backoff)", MAX_ERROR_LENGTH
+            )
+            return Decision(message, delay(backoff, attempt), False, True, True, error_type, "")
+        snoozed = isinstance(error, Snooze)
+        return Decision(error_text(error), seconds, False, not snoozed, not snoozed, error_type, "")
     if isinstance(error, Discard):
         message = bounded(f"discarded: {safe_str(error)}", MAX_ERROR_LENGTH)
         return Decision(message, 0.0, True, True, True, error_type, "")

@@ -105,6 +105,9 @@ def _call(
     )
     middlewares = registry.middlewares
     if middlewares:
+        # None when a middleware suppresses what the job raised (its __exit__ returns true):
+        # the attempt then ends as if the function had returned nothing, as in Python.
+        result = None
         with ExitStack() as stack:
             for middleware in middlewares:
                 stack.enter_context(middleware(job))
@@ -134,10 +137,16 @@ def _invoke(registered: Registered, job: Job, timeout: float | None) -> object:
 
 
 def _run_async(awaitable: object, timeout: float | None) -> object:
+    expired = False
+
     async def bounded() -> Any:
+        nonlocal expired
         # An async job is cancelled at its timeout (a sync one can only be judged late).
-        async with asyncio.timeout(timeout):
-            return await _as_awaitable(awaitable)
+        async with asyncio.timeout(timeout) as scope:
+            try:
+                return await _as_awaitable(awaitable)
+            finally:
+                expired = scope.expired()
 
     loop = worker_threads.thread_loop()
     try:
@@ -145,6 +154,8 @@ def _run_async(awaitable: object, timeout: float | None) -> object:
             return asyncio.run(bounded())
         return loop.run_until_complete(bounded())
     except TimeoutError:
+        if not expired:  # the job's own TimeoutError (a socket's, say): its failure, as it is
+            raise
         raise JobTimeout(f"async job cancelled at its timeout of {timeout:g} s") from None
 
 
