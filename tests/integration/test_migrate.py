@@ -96,6 +96,30 @@ def _pgdrain(url: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def test_a_migrate_behind_a_long_read_of_the_history_leaves_the_day_partitions(
+    db_url: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A red team's report: the daily `pgdrain migrate` (nothing to apply) waited its 30 s
+    lock timeout to attach a day partition behind a long read, every read of the history
+    queued behind it, then failed. It now waits as retention does (2 s), says so, and exits
+    well: done jobs go to the default partition until a run makes the day."""
+    day = conn.execute("SELECT to_char(current_date + 2, 'YYYYMMDD')").fetchone()
+    assert day is not None
+    conn.execute(f"DROP TABLE pgdrain.finished_jobs_{day[0]}")
+    with psycopg.connect(db_url) as reader:
+        reader.execute("SELECT count(*) FROM pgdrain.finished_jobs_done_default")  # held open
+        with psycopg.connect(db_url, autocommit=True) as operator:
+            result = migrate(operator)
+    assert result.applied == ()
+    assert "the day partitions of done jobs were not made" in caplog.text
+    made = conn.execute("SELECT to_regclass(%s)", (f"pgdrain.finished_jobs_{day[0]}",))
+    assert made.fetchone() == (None,)
+    migrate(conn)  # the reader gone: made
+    assert conn.execute(
+        "SELECT to_regclass(%s)", (f"pgdrain.finished_jobs_{day[0]}",)
+    ).fetchone() != (None,)
+
+
 def test_two_concurrent_migrate_processes_build_one_schema(empty_db_url: str) -> None:
     """Both processes are held at the migration lock (taken here first), then released at the
     same moment: one applies everything, the other finds nothing pending."""

@@ -376,6 +376,10 @@ REFUSED = (
 ACTIONS_REFUSED = (
     *(s for s in REFUSED if "pgdrain.kicks" not in s),
     "DELETE FROM pgdrain.kicks",
+    # Only what a retry and a cancel write: not work of its own choosing, nor a job's history.
+    "UPDATE pgdrain.jobs SET kind = 'x', payload = '{}'",
+    "UPDATE pgdrain.jobs SET errors = '[]', last_error = NULL",
+    "UPDATE pgdrain.active_jobs SET payload = '{}'",
 )
 
 
@@ -446,6 +450,28 @@ def test_a_dashboard_role_granted_before_the_floors_were_read_still_resumes(
         assert not any(q.paused for q in store.queue_stats(conn))
     else:
         assert answer["statusCode"] == 503 and "permission denied" in answer["body"]
+
+
+@pytest.mark.parametrize("narrowed", [True, False], ids=["by-0032", "control: as before"])
+def test_an_actions_role_granted_before_0032_no_longer_rewrites_a_jobs_kind(
+    granted: str, conn: Conn, operator: str, narrowed: bool
+) -> None:
+    """A red team's report: the actions role could rewrite any column of any job. A role
+    granted before migration 0032 (UPDATE on every column) is narrowed by the migration."""
+    with psycopg.connect(granted, autocommit=True) as owner:
+        owner.execute("GRANT UPDATE ON pgdrain.jobs TO pgdrain_dashboard_actions")  # as before
+        if narrowed:
+            owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0032'")
+            assert [m.split("_")[0] for m in migrate(owner).applied] == ["0032"]
+    job_id = _failed(conn)
+    with psycopg.connect(_as(granted, operator), autocommit=True) as as_operator:
+        rewrite = "UPDATE pgdrain.jobs SET kind = 'x' WHERE id = %s"
+        if narrowed:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                as_operator.execute(rewrite, (job_id,))
+        else:
+            as_operator.execute(rewrite, (job_id,))
+            assert job_row(conn, job_id)["kind"] == "x"
 
 
 def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str) -> None:

@@ -8,6 +8,7 @@ line names who holds the migration lock, instead of a migrate that hangs."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,11 @@ from pgdrain.db import store
 from pgdrain.db.sql import migrations
 from pgdrain.errors import PgdrainError
 
+log = logging.getLogger(__name__)
+
 DEFAULT_LOCK_TIMEOUT_SECONDS = 30.0
+# The longest the day partitions' step waits for its lock (as retention's: db/retention.py).
+PARTITION_LOCK_MS = 2000
 
 
 class MigrationLocked(PgdrainError):
@@ -74,10 +79,21 @@ def after_migrations(conn: psycopg.Connection[Any], lock_timeout_s: float | None
     of done jobs ahead (today and the next two days), then the finished rows migration 0018
     left in active_jobs, moved to finished_jobs batch by batch (row locks only: a live queue
     goes on). Safe to run twice and beside a run's retention, which does the same."""
-    with conn.transaction():
-        if lock_timeout_s is not None:
-            store.migration_lock_timeout(conn, max(1, int(lock_timeout_s * 1000)))
-        store.finished_jobs_partition_keep(conn, done_days=None)
+    try:
+        with conn.transaction():
+            if lock_timeout_s is not None:
+                # As retention's: attaching a day takes ACCESS EXCLUSIVE on the default
+                # partition, and while it waits for a reader (a long report, a pg_dump) every
+                # read of the history queues behind it. Not made now, the next run makes them.
+                limit_ms = min(max(1, int(lock_timeout_s * 1000)), PARTITION_LOCK_MS)
+                store.migration_lock_timeout(conn, limit_ms)
+            store.finished_jobs_partition_keep(conn, done_days=None)
+    except psycopg.errors.LockNotAvailable:
+        log.warning(
+            "the day partitions of done jobs were not made: a session holds the history's "
+            "default partition (a long read, a pg_dump); a run's retention or the next migrate "
+            "makes them, and done jobs go to the default partition meanwhile"
+        )
     moved, total = MOVE_BATCH, 0
     while moved >= MOVE_BATCH:
         with conn.transaction():

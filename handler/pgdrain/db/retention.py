@@ -36,7 +36,7 @@ import psycopg
 
 from pgdrain.budget import Budget
 from pgdrain.controls import ALL_ON, Controls
-from pgdrain.db import connection, session, store
+from pgdrain.db import connection, migrate, session, store
 from pgdrain.db.connection import one_line
 from pgdrain.errors import PgdrainError
 from pgdrain.settings import Settings
@@ -57,7 +57,7 @@ MIN_REMAINING_SECONDS = 2.0
 # The longest the partition step waits for its locks: dropping a partition takes ACCESS
 # EXCLUSIVE on the done jobs' table for an instant, and while it waits for a reader (a long
 # dashboard query), completions queue behind it. Past this it gives up; the next run tries again.
-PARTITION_LOCK_MS = 2000
+PARTITION_LOCK_MS = migrate.PARTITION_LOCK_MS
 
 
 class RetentionResult(NamedTuple):
