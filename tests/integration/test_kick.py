@@ -5,6 +5,7 @@ invoke of the drain function, here moto's, counted with a spy on the boto3 clien
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -183,3 +184,22 @@ def test_a_failed_invoke_is_logged_not_raised_and_suppresses_nothing(
     again = kick(conn, ["emails"], settings=settings, client=lambda_api)
     assert again == (("emails",) if cleared else ())
     assert len(spy.calls) == (2 if cleared else 1)  # the spy saw the refused invoke too
+
+
+def test_an_application_without_boto3_is_told_what_to_install_and_the_kick_is_cleared(
+    conn: Conn,
+    lambda_api: Any,
+    spy: InvokeSpy,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A red team's report: without the [aws] extra, kick() raised ModuleNotFoundError after
+    the enqueue committed, and its debounce, already written, held the next kick back."""
+    settings = _settings(kick_debounce_seconds=3600)
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "botocore.exceptions", None)  # as if not installed
+        assert kick(conn, ["emails"], settings=settings, client=lambda_api) == ()
+    (record,) = [r for r in caplog.records if r.name == "pgdrain.aws.kick"]
+    assert "install pgdrain[aws] to kick the function" in record.__dict__["error"]
+    assert kick(conn, ["emails"], settings=settings, client=lambda_api) == ("emails",)
+    assert len(spy.calls) == 1

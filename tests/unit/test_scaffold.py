@@ -6,6 +6,9 @@ dependencies that the function's lock holds (what the tests ran)."""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -68,3 +71,36 @@ def test_the_tracer_line_the_scaffold_offers_is_pgdrains_extra() -> None:
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert f"pgdrain[tracer]=={version['version']}" in text
     assert "tracer" in version["optional-dependencies"]
+
+
+class _Installed:
+    """importlib.metadata's distribution, as pip leaves it after installing a wheel file."""
+
+    def __init__(self, wheel: Path, sha256: str) -> None:
+        self.record = json.dumps(
+            {"url": wheel.as_uri(), "archive_info": {"hashes": {"sha256": sha256}}}
+        )
+
+    def read_text(self, name: str) -> str:
+        assert name == "direct_url.json"
+        return self.record
+
+
+@pytest.mark.parametrize("rebuilt", [False, True], ids=["as-installed", "rebuilt-since"])
+def test_init_copies_the_wheel_only_as_pip_installed_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rebuilt: bool
+) -> None:
+    """A red team's report: a wheel rebuilt under the same name (a git pull, the version
+    unchanged) was copied, and the function would deploy code other than what ran here."""
+    wheel = tmp_path / "pgdrain-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"as installed")
+    installed = _Installed(wheel, hashlib.sha256(b"as installed").hexdigest())
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: installed)
+    if rebuilt:
+        wheel.write_bytes(b"rebuilt since")
+    files, hint = init.plan(tmp_path / "drain")
+    copied = [f.path for f in files if f.path.startswith("wheels/")]
+    if rebuilt:
+        assert copied == [] and "has changed since" in hint
+    else:
+        assert copied == [f"wheels/{wheel.name}"] and hint == ""

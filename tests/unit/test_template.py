@@ -572,6 +572,9 @@ def test_env_json_overrides_declared_variables_only(small: Path, tmp_path: Path)
         ('{"Parameters": []}', "must be an object"),
         ('{"Parameters": {"STAGE": {"a": 1}}}', "must be a string, a number or a boolean"),
         ("{", "is not valid JSON"),
+        # sam would ignore both without a word, and the invoke use another database
+        ('{"Workr": {"STAGE": "x"}}', "'Workr' is neither \"Parameters\" nor a function"),
+        ('{"STAGE": "x"}', "'STAGE' is neither"),
     ],
 )
 def test_a_bad_env_json_is_bad_input(

@@ -231,18 +231,26 @@ def _invoke(
     function: str, queues: Sequence[str], client: LambdaClient | None
 ) -> tuple[tuple[str, ...], str | None]:
     """The queues invoked for, or none and what the failure was."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         invoke_async(function, enqueue_event(queues), client)
-    except (BotoCoreError, ClientError, RuntimeError) as exc:
-        log.warning(
-            "kick failed; the next kick invokes again",
-            extra={"queues": list(queues), "function": function, "error": str(exc)},
+    except ImportError as exc:  # an application installed without the [aws] extra
+        return _failed(
+            function, queues, f"{exc.name or exc}: install pgdrain[aws] to kick the function"
         )
-        return (), str(exc)
+    except (BotoCoreError, ClientError, RuntimeError) as exc:
+        return _failed(function, queues, str(exc))
     log.debug("kicked", extra={"queues": list(queues), "function": function})
     return tuple(queues), None
+
+
+def _failed(function: str, queues: Sequence[str], error: str) -> tuple[tuple[str, ...], str]:
+    log.warning(
+        "kick failed; the next kick invokes again",
+        extra={"queues": list(queues), "function": function, "error": error},
+    )
+    return (), error
 
 
 def _as_list(queues: Sequence[str]) -> list[str]:

@@ -58,6 +58,8 @@ class FunctionSpec:
     timeout: int
     memory_size: int
     environment: dict[str, str] = field(default_factory=dict)  # every declared variable
+    # Every function of the template, by logical id: the sections an env.json may hold.
+    template_functions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,7 @@ def read_function(template_path: Path, logical_id: str | None = None) -> Functio
         for name, resource in template["Resources"].items()
         if isinstance(resource, dict) and resource.get("Type") in FUNCTION_TYPES
     }
+    every_function = tuple(sorted(functions))
     if logical_id is None:
         # A function whose Condition is false under the defaults (an optional one) is not there.
         defaults = Resolver(template)
@@ -177,6 +180,7 @@ def read_function(template_path: Path, logical_id: str | None = None) -> Functio
         timeout=resolver.number(props.get("Timeout", SAM_DEFAULT_TIMEOUT), "Timeout"),
         memory_size=resolver.number(props.get("MemorySize", SAM_DEFAULT_MEMORY), "MemorySize"),
         environment=environment,
+        template_functions=every_function,
     )
 
 
@@ -345,6 +349,15 @@ def read_overrides(path: Path, spec: FunctionSpec) -> tuple[dict[str, str], tupl
     document = jsonbound.loads(text, str(path))
     if not isinstance(document, dict):
         raise BadInput(f"{path} must be a JSON object of variables per function")
+    sections = ("Parameters", spec.logical_id, spec.function_name, *spec.template_functions)
+    stray = [str(key) for key in document if key not in sections]
+    if stray:
+        # sam ignores such a key without a word: a misspelt function, or variables left at the
+        # top level, and the invoke runs against another database than the one meant.
+        raise BadInput(
+            f'{path}: {stray[0][:60]!r} is neither "Parameters" nor a function of the '
+            f"template ({', '.join(spec.template_functions)}): variables go in one of those"
+        )
     merged: dict[str, object] = {}
     for section in ("Parameters", spec.logical_id, spec.function_name):
         values = document.get(section)

@@ -10,6 +10,7 @@ nothing is written."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.resources
 import json
@@ -81,16 +82,49 @@ def installed_from() -> tuple[Path | None, str | None]:
     if not isinstance(url, str) or not url.startswith("file:"):
         return None, None
     path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
-    if "archive_info" in origin and path.suffix == ".whl" and path.is_file():
+    archive = origin.get("archive_info")
+    if isinstance(archive, dict) and path.suffix == ".whl" and path.is_file():
+        if not _same_as_installed(path, archive):
+            raise ChangedWheel(path)
         return path, None
     return None, str(path) if "dir_info" in origin else None
+
+
+class ChangedWheel(Exception):
+    """The wheel file pgdrain was installed from holds other contents now (rebuilt since, under
+    the same name): copied, it would deploy code other than what runs here."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self.path = path
+
+
+def _same_as_installed(path: Path, archive: dict[str, object]) -> bool:
+    """Whether the wheel's sha256 is the one pip recorded when it installed it (True when pip
+    recorded none)."""
+    hashes = archive.get("hashes")
+    recorded = hashes.get("sha256") if isinstance(hashes, dict) else None
+    legacy = archive.get("hash")
+    if recorded is None and isinstance(legacy, str) and legacy.startswith("sha256="):
+        recorded = legacy.removeprefix("sha256=")
+    if not isinstance(recorded, str):
+        return True
+    return hashlib.sha256(path.read_bytes()).hexdigest() == recorded
 
 
 def plan(folder: Path) -> tuple[list[ProjectFile], str]:
     """The files to write (the wheel included, when there is one) and, without a wheel, the
     line saying how to put one in wheels/."""
     files = scaffold_files()
-    wheel, source_folder = installed_from()
+    try:
+        wheel, source_folder = installed_from()
+    except ChangedWheel as changed:
+        hint = (
+            f"{WHEELS}/: pgdrain was installed from {changed.path}, which has changed since (its "
+            "sha256 is not the one pip recorded), so none was copied: install pgdrain from the "
+            f"wheel you mean to deploy, or put that wheel in {folder / WHEELS}"
+        )
+        return files, hint
     if wheel is not None:
         return [*files, ProjectFile(f"{WHEELS}/{wheel.name}", wheel)], ""
     clone = source_folder or "<a clone of pgdrain's repository>"
@@ -163,7 +197,9 @@ def report(written: Written) -> str:
     if written.wheel is None:
         lines.append(printable(written.wheel_hint))
     lines.append(f"next ({printable(folder / 'README.md')} says more):")
-    steps = [] if folder == Path(".") else [f"cd {printable(shlex.quote(str(folder)))}"]
+    # A folder named "-x" would be an option of cd: "./-x" is the same folder.
+    shown = str(folder) if not str(folder).startswith("-") else f"./{folder}"
+    steps = [] if folder == Path(".") else [f"cd {printable(shlex.quote(shown))}"]
     steps += [
         "export DATABASE_URL=...    # a development database: invoke runs its ready jobs",
         "                           # (a server without TLS: end the URL with ?sslmode=disable)",
