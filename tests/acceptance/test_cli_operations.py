@@ -5,6 +5,7 @@ Bad input to each: one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -375,6 +376,30 @@ def test_retry_parked_by_filter(conn: Conn, db_url: str) -> None:
     run = pgdrain(db_url, "retry", "--parked")
     assert run.out.splitlines()[0] == "queued again: 1 job"
     assert (_status(conn, parked), _status(conn, failed)) == ("queued", "failed")
+
+
+def test_retry_of_a_job_cancelled_while_running_says_when_it_runs(conn: Conn, db_url: str) -> None:
+    """The operator's timeline, each command a process of its own: cancel a running job, retry
+    it. Its cancelled attempt may run until its lease ends: the retry queues it for then, says
+    so, and a drain meanwhile does not run it a second time at once."""
+    job_id = enqueue(conn, "ok")
+    claim_batch(conn, ["default"], 1, "a-run-still-going", 300.0, None)
+    lease_end = job_row(conn, job_id)["lease_expires_at"]
+    assert pgdrain(db_url, "cancel", str(job_id)).code == EXIT_OK
+
+    dry = pgdrain(db_url, "retry", str(job_id), "--json", "--dry-run")
+    assert json.loads(dry.out)["waits_for_lease"] == {str(job_id): lease_end.isoformat()}
+    run = pgdrain(db_url, "retry", str(job_id))
+    assert (run.code, run.err) == (EXIT_OK, "")
+    utc = lease_end.astimezone(dt.UTC)
+    assert run.out.splitlines()[:2] == [
+        f"queued again: [{job_id}]",
+        f"job {job_id} runs from {utc:%Y-%m-%d %H:%M:%S} UTC: it was cancelled while running,"
+        " and that attempt may run until its lease ends",
+    ]
+    drained = pgdrain(db_url, "drain", "--json", "--budget", "30")
+    assert json.loads(drained.out)["claimed"] == 0
+    assert (_status(conn, job_id), job_row(conn, job_id)["run_at"]) == ("queued", lease_end)
 
 
 def test_cancel_a_queued_job_and_it_never_runs(conn: Conn, db_url: str) -> None:

@@ -19,7 +19,7 @@ from pgdrain.api.registry import Registry
 from pgdrain.budget import Budget
 from pgdrain.db import retention, store
 from pgdrain.db.migrate import migrate
-from pgdrain.db.sql import migrations
+from pgdrain.db.sql import migrations, query
 from pgdrain.runner.drain import drain
 
 Conn = psycopg.Connection[Any]
@@ -108,6 +108,62 @@ def test_an_operator_cancel_moves_the_job(conn: Conn) -> None:
     assert _where(conn, queued) == (False, True) and _where(conn, job.id) == (False, True)
     # The cancelled attempt's completion is refused by the fence: the job is not running.
     assert store.job_complete_many(conn, [_held(job)]).applied == frozenset()
+
+
+# job_retry as before migration 0033: a retried job is queued at once, whatever ran it last.
+RETRY_AT_ONCE = ("run_at = coalesce(r.lease_wait_until, now())", "run_at = now()")
+
+
+@pytest.mark.parametrize("waits", [True, False], ids=["waits-for-the-lease", "control-at-once"])
+def test_a_retry_of_a_job_cancelled_while_running_waits_for_the_cancelled_lease(
+    conn: Conn, waits: bool
+) -> None:
+    """An operator cancels a running job, then retries it at once. The cancelled attempt's
+    code may still run until its lease ends (it learns of the cancel at its next heartbeat), so
+    no run may claim the job again before then: two executions of one job at the same time."""
+    job = _running(conn)
+    lease_end = conn.execute(
+        "SELECT lease_expires_at FROM pgdrain.active_jobs WHERE id = %s", (job.id,)
+    ).fetchone()[0]  # type: ignore[index]
+    store.job_cancel(conn, [job.id])
+    if waits:
+        [retry] = store.job_retry(conn, [job.id])
+    else:
+        statement = query("job_retry").replace(*RETRY_AT_ONCE)
+        assert statement != query("job_retry")
+        conn.execute(statement, {"ids": [job.id]})
+        [retry] = [store.Retry(job.id, "default", "noop", True, None)]
+    assert retry.retried
+    again = claim_batch(conn, ["default"], 1, WORKER, LEASE_SECONDS, None)
+    if waits:
+        assert retry.lease_wait_until == lease_end
+        assert again == []  # the old attempt's lease still runs: nothing to claim yet
+        run_at = conn.execute(
+            "SELECT run_at FROM pgdrain.jobs WHERE id = %s", (job.id,)
+        ).fetchone()[0]  # type: ignore[index]
+        assert run_at == lease_end
+    else:
+        assert [j.id for j in again] == [job.id]  # claimed while its old attempt may run
+
+
+@pytest.mark.parametrize("was", ["queued", "running-lease-expired"])
+def test_a_retry_of_a_job_whose_cancel_left_no_live_lease_runs_at_once(
+    conn: Conn, was: str
+) -> None:
+    if was == "queued":
+        job_id = enqueue(conn, "noop")
+    else:
+        job_id = _running(conn).id
+        conn.execute(
+            "UPDATE pgdrain.active_jobs SET lease_expires_at = now() - interval '1 second'"
+            " WHERE id = %s",
+            (job_id,),
+        )
+    store.job_cancel(conn, [job_id])
+    [retry] = store.job_retry(conn, [job_id])
+    assert (retry.retried, retry.lease_wait_until) == (True, None)
+    [again] = claim_batch(conn, ["default"], 1, WORKER, LEASE_SECONDS, None)
+    assert again.id == job_id
 
 
 def test_a_reclaim_that_spends_the_last_attempt_moves_the_job(conn: Conn) -> None:

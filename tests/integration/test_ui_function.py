@@ -242,6 +242,26 @@ def test_a_retry_that_queues_nothing_says_why(
     assert html.escape(NOTICES[notice], quote=False) in page["body"]
 
 
+def test_a_retry_of_a_job_cancelled_while_running_says_it_waits_for_the_lease(
+    db_url: str, conn: Conn
+) -> None:
+    job_id = enqueue(conn, "k")
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = 'running', attempts = 1, leased_by = 'a-run',"
+        " lease_expires_at = now() + interval '5 minutes', attempt_token = gen_random_uuid(),"
+        " heartbeat_at = now() WHERE id = %s",
+        (job_id,),
+    )
+    function = dashboard_function(db_url)
+    for verb in ("cancel", "retry"):
+        form = f"confirm=1&token={_token(function, job_id)}"
+        answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/{verb}", form), None)
+        assert answer["statusCode"] == 303, answer["body"][-300:]
+    assert answer["headers"]["Location"] == f"/jobs/{job_id}?notice=retried-after-lease"
+    page = function.resolve(dashboard_event("GET", answer["headers"]["Location"]), None)
+    assert html.escape(NOTICES["retried-after-lease"], quote=False) in page["body"]
+
+
 @pytest.mark.parametrize("done_kept", [False, True], ids=["not-kept", "control-kept"])
 def test_a_job_not_found_where_done_jobs_are_not_kept_may_be_gone(
     db_url: str, conn: Conn, done_kept: bool
@@ -380,6 +400,7 @@ ACTIONS_REFUSED = (
     "UPDATE pgdrain.jobs SET kind = 'x', payload = '{}'",
     "UPDATE pgdrain.jobs SET errors = '[]', last_error = NULL",
     "UPDATE pgdrain.active_jobs SET payload = '{}'",
+    "UPDATE pgdrain.active_jobs SET status = 'done'",  # finished in place, never run
 )
 
 
@@ -459,7 +480,9 @@ def test_an_actions_role_granted_before_0032_no_longer_rewrites_a_jobs_kind(
     """A red team's report: the actions role could rewrite any column of any job. A role
     granted before migration 0032 (UPDATE on every column) is narrowed by the migration."""
     with psycopg.connect(granted, autocommit=True) as owner:
-        owner.execute("GRANT UPDATE ON pgdrain.jobs TO pgdrain_dashboard_actions")  # as before
+        owner.execute(  # as before
+            "GRANT UPDATE ON pgdrain.jobs, pgdrain.active_jobs TO pgdrain_dashboard_actions"
+        )
         if narrowed:
             owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0032'")
             assert [m.split("_")[0] for m in migrate(owner).applied] == ["0032"]
@@ -472,6 +495,70 @@ def test_an_actions_role_granted_before_0032_no_longer_rewrites_a_jobs_kind(
         else:
             as_operator.execute(rewrite, (job_id,))
             assert job_row(conn, job_id)["kind"] == "x"
+
+
+def _view_write_unguarded() -> str:
+    """jobs_view_write as migration 0033 makes it, without its check of the acting role."""
+    text = (
+        resources.files("pgdrain.db")
+        .joinpath("sql/migrations/0033_cancelled_leases_and_dashboard_writes.sql")
+        .read_text()
+    )
+    function = text[text.index("CREATE OR REPLACE FUNCTION pgdrain.jobs_view_write()") :]
+    guard = re.search(
+        r"    IF TG_OP = 'UPDATE'\n       AND NOT has_column_privilege.*?END IF;\n", function, re.S
+    )
+    assert guard is not None
+    return function.replace(guard.group(0), "")
+
+
+# What a column's grant cannot stop (a security review): values no retry or cancel writes.
+BEYOND_RETRY_AND_CANCEL = {
+    "done without running": "status = 'done', finished_at = now()",
+    "failed by hand": "status = 'failed', finished_at = now()",
+    "delayed": "run_at = now() + interval '1 year'",
+    "a lease of its own": "status = 'running', attempts = 1, lease_expires_at = now() + "
+    "interval '1 hour', leased_by = 'me', attempt_token = gen_random_uuid(), heartbeat_at = now()",
+}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["by-0033", "control: unguarded"])
+@pytest.mark.parametrize("change", list(BEYOND_RETRY_AND_CANCEL), ids=list(BEYOND_RETRY_AND_CANCEL))
+def test_the_actions_role_changes_a_job_only_as_a_retry_or_a_cancel_does(
+    granted: str, conn: Conn, operator: str, change: str, guarded: bool
+) -> None:
+    """The red team's timeline: a job with a dependent waiting on it. Marked done by the
+    actions role, it would release the dependent without having run."""
+    if not guarded:
+        with psycopg.connect(granted, autocommit=True) as owner:
+            owner.execute(_view_write_unguarded().encode())
+    first = enqueue(conn, "k")
+    dependent = enqueue(conn, "k", after=[first])
+    statement = f"UPDATE pgdrain.jobs SET {BEYOND_RETRY_AND_CANCEL[change]} WHERE id = %s"  # noqa: S608
+
+    def state() -> tuple[Any, ...]:
+        row = job_row(conn, first)
+        return row["status"], row["run_at"], job_row(conn, dependent)["status"]
+
+    before = state()
+    with psycopg.connect(_as(granted, operator), autocommit=True) as as_operator:
+        if guarded:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="retry or cancel"):
+                as_operator.execute(statement.encode(), (first,))
+        else:
+            as_operator.execute(statement.encode(), (first,))
+    assert (state() == before) == guarded
+    if change == "done without running" and not guarded:
+        assert (state()[0], state()[2]) == ("done", "queued")  # released, never run
+
+
+def test_a_pause_takes_only_a_queue_name_a_job_can_have(granted: str, operator: str) -> None:
+    """A security review: a paused queue's name from queue_limits went into the path of the
+    dashboard's Resume button, and a name like this one posted elsewhere."""
+    with psycopg.connect(_as(granted, operator), autocommit=True) as as_operator:
+        with pytest.raises(psycopg.errors.CheckViolation, match="queue_limits_queue_name_chk"):
+            as_operator.execute("SELECT pgdrain.queue_pause('pq/../../jobs/1/cancel?')")
+        as_operator.execute("SELECT pgdrain.queue_pause('emails.v2')")  # the control
 
 
 def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str) -> None:

@@ -108,6 +108,21 @@ def test_links_carry_job_data_percent_encoded() -> None:
     assert html.url("/jobs", {"kind": '"><x', "queue": None}) == "/jobs?kind=%22%3E%3Cx"
 
 
+def _paused(queue: str) -> store.QueueStats:
+    return store.QueueStats(queue, 0, 0, 0, 0, 0, 0, 0, 0, 0.0, 0, paused=True)
+
+
+def test_a_queue_button_posts_to_its_own_queue_only() -> None:
+    """A paused queue's row comes from pgdrain.queue_limits, whose name no CHECK holds: a name
+    written there by hand gets no button, so its path cannot post to another action."""
+    button = pages.queue_state(_paused("emails.v2"), token="t")
+    assert 'action="/queues/emails.v2/resume"' in button
+    hostile = pages.queue_state(_paused("pq/../../jobs/1/cancel?"), token="t")
+    assert "<form" not in hostile and "paused" in hostile
+    confirm = pages.confirm_queue_page("emails.v2", "pause", "t")
+    assert 'action="/queues/emails.v2/pause"' in confirm
+
+
 # -- tokens and origins ----------------------------------------------------------------------
 
 

@@ -957,6 +957,14 @@ def cmd_runs(args: argparse.Namespace, settings: Settings) -> int:
 RetryStatus = Literal["failed", "parked"]
 
 
+def _waits_for_lease(until: dt.datetime) -> str:
+    """What a retried job waits for: the lease of the attempt its cancel cut short."""
+    return (
+        f"runs from {until.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC: it was "
+        "cancelled while running, and that attempt may run until its lease ends"
+    )
+
+
 def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
     statuses: list[RetryStatus] = []
     if args.failed:
@@ -1008,6 +1016,11 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
                         if r.dependency is not None
                     },
                     "not_queued_again": missing,
+                    "waits_for_lease": {
+                        str(r.id): r.lease_wait_until.isoformat()
+                        for r in retried
+                        if r.lease_wait_until is not None
+                    },
                 }
             )
         )
@@ -1015,6 +1028,9 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{verb}: {[r.id for r in retried] or 'none'}")
         for r in refused:
             print(f"not retried: {r.id} ({r.why_not()})")
+        for r in retried:
+            if r.lease_wait_until is not None:
+                print(f"job {r.id} {_waits_for_lease(r.lease_wait_until)}")
     else:
         print(f"{verb}: {plural(len(retried), 'job')}")
         for r in retried:
@@ -1056,6 +1072,9 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
     made_ready: set[str] = set()  # queues of jobs the cancel let run (sequences: docs/jobs.md)
     with _connect(settings) as conn:
         conn.add_notice_handler(lambda diag: made_ready.update(ready_queues(diag)))
+        # A job changed under the cancel is cancelled by its next try, which reads a snapshot
+        # of its own (store.job_cancel), whatever the server's default isolation.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         with conn.transaction() as tx:
             if args.ids:
                 cancelled = [

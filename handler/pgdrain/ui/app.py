@@ -216,6 +216,13 @@ def _kick(conn: store.Connection, queue: str) -> bool:
         return False
 
 
+def _retried(outcome: list[store.Retry]) -> str:
+    """The notice of a retry that queued the job again: now, or after a cancelled lease."""
+    if any(r.lease_wait_until is not None for r in outcome):
+        return "retried-after-lease"
+    return "retried"
+
+
 def _not_retried(outcome: list[store.Retry]) -> str:
     """The notice of a retry that queued nothing again: why, where the statement said."""
     if any(r.dependency is not None for r in outcome):
@@ -380,10 +387,13 @@ class _Dashboard:
             title = f"{verb.capitalize()} job {found['id']}?"
             return html_response(200, title, pages.confirm_page(found, verb, token), active="/jobs")
         with self._connect() as conn:
+            # Each try of a retry or a cancel reads a snapshot of its own (store.job_retry,
+            # store.job_cancel), whatever the server's default isolation.
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
             if verb == "retry":
                 outcome = store.job_retry(conn, [found["id"]])
                 done = any(r.retried for r in outcome)
-                key = "retried" if done else _not_retried(outcome)
+                key = _retried(outcome) if done else _not_retried(outcome)
             else:
                 done = bool(store.job_cancel(conn, [found["id"]]))
                 key = "cancelled" if done else "not-cancelled"
@@ -409,16 +419,18 @@ class _Dashboard:
         else:
             raise BadInput("retry by filter takes status failed or parked")
         confirmed = request.arg("confirm") == "1"
-        with self._connect() as conn, conn.transaction() as tx:
-            matched = store.job_retry_matching(
-                conn,
-                statuses,
-                queue=filters["queue"],
-                kind=filters["kind"],
-                since=_since(filters),
-            )
-            if not confirmed:
-                raise psycopg.Rollback(tx)  # the dry run: exactly what the retry would do
+        with self._connect() as conn:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # as act() says
+            with conn.transaction() as tx:
+                matched = store.job_retry_matching(
+                    conn,
+                    statuses,
+                    queue=filters["queue"],
+                    kind=filters["kind"],
+                    since=_since(filters),
+                )
+                if not confirmed:
+                    raise psycopg.Rollback(tx)  # the dry run: exactly what the retry would do
         if not confirmed:
             body = pages.bulk_page(filters, matched, token=token)
             return html_response(200, "Retry by filter", body, active="/jobs")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from pgdrain.db import store
+from pgdrain.settings import QUEUE_NAME
 from pgdrain.ui import charts
 from pgdrain.ui.html import (
     MAX_CELL,
@@ -24,6 +26,8 @@ from pgdrain.ui.html import (
 # What an action's redirect may say on the page it lands on: a fixed set, never reflected text.
 NOTICES = {
     "retried": "Queued again: a run will pick it up (the page refreshes while it waits).",
+    "retried-after-lease": "Queued again, to run when the lease of the attempt cancelled while "
+    "it ran ends (its run_at): until then that attempt's code may still be running.",
     "cancelled": "Cancelled.",
     "not-retried": "Not retried: it is no longer failed, parked or cancelled.",
     "not-retried-key": "Not retried: a newer job holds its idempotency key and does its work.",
@@ -71,10 +75,16 @@ def queue_state(
         verb = "resume"
     else:
         state, verb = "active", "pause"
-    if token is None:
+    if token is None or not QUEUE_NAME.match(row.queue):
+        # A name no job can have (a row written by hand in queue_limits): no button, whose
+        # path would be the name's, as the action refuses it.
         return state
-    path = f"/queues/{row.queue}/{verb}"
-    return f"{state} {post_button(path, verb.capitalize(), token, {})}"
+    return f"{state} {post_button(_queue_path(row.queue, verb), verb.capitalize(), token, {})}"
+
+
+def _queue_path(queue: str, verb: str) -> str:
+    """The path of a queue's action, the name percent-encoded (a path segment of its own)."""
+    return f"/queues/{quote(queue, safe='')}/{verb}"
 
 
 def _limit(limit: store.QueueLimitRow | None) -> str:
@@ -358,9 +368,7 @@ def confirm_queue_page(queue: str, verb: str, token: str) -> str:
     return (
         f"<h1>{verb.capitalize()} queue {cell(queue)}?</h1>"
         f'<div class="confirm"><p>{what}</p>'
-        + post_button(
-            f"/queues/{queue}/{verb}", f"Yes, {verb} {text(queue)}", token, {"confirm": 1}
-        )
+        + post_button(_queue_path(queue, verb), f"Yes, {verb} {text(queue)}", token, {"confirm": 1})
         + ' <a href="/">No, back to the queues</a></div>'
     )
 

@@ -11,8 +11,8 @@
 -- pgdrain_dashboard_actions (NOLOGIN, a member of pgdrain_dashboard) may also retry and cancel:
 -- UPDATE of the columns a retry and a cancel write on pgdrain.jobs (the view: its trigger moves
 -- a retried or cancelled job between active_jobs and finished_jobs as the schema's owner),
--- UPDATE of status on pgdrain.active_jobs (a cancel locks the jobs it cancels there first), and SELECT, UPDATE on pgdrain.queue_limits (a trigger
--- on active_jobs keeps its running counts); and pause and resume a queue: INSERT and DELETE on
+-- UPDATE of updated_at on pgdrain.active_jobs (a cancel locks the jobs it cancels there first),
+-- and SELECT, UPDATE on pgdrain.queue_limits (a trigger on active_jobs keeps its running counts); and pause and resume a queue: INSERT and DELETE on
 -- pgdrain.queue_limits (a pause is a row there, made by pgdrain.queue_pause and dropped by
 -- pgdrain.queue_resume when the queue has no limit), and INSERT, UPDATE on pgdrain.kicks (a
 -- resume kicks the drain function when a job is ready, debounced there as every kick is). No
@@ -58,14 +58,18 @@ GRANT SELECT ON pgdrain.jobs, pgdrain.active_jobs, pgdrain.finished_jobs, pgdrai
 
 -- Only the columns a retry and a cancel write (job_retry, job_cancel): not a job's kind,
 -- payload or errors, which would let the role enqueue work of its own or rewrite a job's
--- history. The REVOKE takes back a whole-table UPDATE this file granted before (and the
--- columns' with it); running the file again ends in the same grants.
+-- history. A column's grant does not limit the values written: the view's trigger lets a role
+-- that may not write active_jobs' payload change a job only as a retry or a cancel does
+-- (migration 0033), never to done or failed. The REVOKE takes back a whole-table UPDATE this
+-- file granted before (and the columns' with it); running the file again ends in the same
+-- grants.
 REVOKE UPDATE ON pgdrain.jobs, pgdrain.active_jobs FROM pgdrain_dashboard_actions;
 GRANT UPDATE (status, attempts, run_at, finished_at, updated_at,
               lease_expires_at, leased_by, attempt_token, heartbeat_at)
     ON pgdrain.jobs TO pgdrain_dashboard_actions;
--- A cancel locks the jobs it cancels in active_jobs first: FOR UPDATE needs UPDATE on a column.
-GRANT UPDATE (status) ON pgdrain.active_jobs TO pgdrain_dashboard_actions;
+-- A cancel locks the jobs it cancels in active_jobs first: FOR UPDATE needs UPDATE on a
+-- column. updated_at decides nothing (status would let the role finish a job in place).
+GRANT UPDATE (updated_at) ON pgdrain.active_jobs TO pgdrain_dashboard_actions;
 GRANT SELECT, UPDATE, INSERT, DELETE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;
 GRANT INSERT, UPDATE ON pgdrain.kicks TO pgdrain_dashboard_actions;
 

@@ -62,9 +62,15 @@ SELECT pg_catalog.set_config('pgdrain.queued_again', %(value)s, true);
 -- cancelled at once, or wait for a job no run will finish. A failed or parked job ran, so its
 -- dependencies were done: it is retried, and store.job_retry marks the transaction
 -- (pgdrain.queued_again) so that those retention deleted since count as done (migration 0029).
+-- A job cancelled while it ran is queued for when the cancelled attempt's lease ends, if that
+-- is later (`lease_wait_until`): until then that attempt's code may still be running
+-- (migration 0033).
 -- Safe to run twice: a job queued again no longer matches.
 WITH candidate AS (
-    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key, j.depends_on
+    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key, j.depends_on,
+           (SELECT f.cancelled_lease_expires_at
+            FROM pgdrain.finished_jobs AS f
+            WHERE f.id = j.id AND f.status = 'cancelled') AS cancelled_lease_expires_at
     FROM pgdrain.jobs AS j
     WHERE j.id = ANY(%(ids)s::bigint[])
       AND j.status IN ('failed', 'parked', 'cancelled')
@@ -79,7 +85,9 @@ WITH candidate AS (
                           OVER (PARTITION BY c.queue, c.idempotency_key),
                       c.id))
            END AS held_by,
-           ended.id AS dependency, ended.status AS dependency_status
+           ended.id AS dependency, ended.status AS dependency_status,
+           -- The attempt a cancel cut short may run until its lease ends: not before.
+           nullif(greatest(now(), c.cancelled_lease_expires_at), now()) AS lease_wait_until
     FROM candidate AS c
     LEFT JOIN LATERAL (
         SELECT d.id, j.status
@@ -92,7 +100,8 @@ WITH candidate AS (
     ) AS ended ON true
 ), retried AS (
     UPDATE pgdrain.jobs AS j
-    SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+    SET status = 'queued', attempts = 0, run_at = coalesce(r.lease_wait_until, now()),
+        finished_at = NULL, updated_at = now()
     FROM judged AS r
     WHERE j.id = r.id
       AND r.held_by IS NULL
@@ -102,7 +111,7 @@ WITH candidate AS (
     RETURNING j.id
 )
 SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried,
-       r.dependency, r.dependency_status
+       r.dependency, r.dependency_status, r.lease_wait_until
 FROM judged AS r
 ORDER BY r.id;
 
@@ -344,7 +353,8 @@ ORDER BY d.id;
 -- test keeps them in step). `--dry-run` runs it in a transaction that is rolled back. Safe to
 -- run twice: a job queued again no longer matches.
 WITH candidate AS (
-    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key, j.depends_on
+    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key, j.depends_on,
+           NULL::timestamptz AS cancelled_lease_expires_at  -- no cancelled job here
     FROM pgdrain.jobs AS j
     WHERE j.status IN ('failed', 'parked')
       AND j.status = ANY(%(statuses)s::text[])
@@ -362,7 +372,9 @@ WITH candidate AS (
                           OVER (PARTITION BY c.queue, c.idempotency_key),
                       c.id))
            END AS held_by,
-           ended.id AS dependency, ended.status AS dependency_status
+           ended.id AS dependency, ended.status AS dependency_status,
+           -- The attempt a cancel cut short may run until its lease ends: not before.
+           nullif(greatest(now(), c.cancelled_lease_expires_at), now()) AS lease_wait_until
     FROM candidate AS c
     LEFT JOIN LATERAL (
         SELECT d.id, j.status
@@ -375,7 +387,8 @@ WITH candidate AS (
     ) AS ended ON true
 ), retried AS (
     UPDATE pgdrain.jobs AS j
-    SET status = 'queued', attempts = 0, run_at = now(), finished_at = NULL, updated_at = now()
+    SET status = 'queued', attempts = 0, run_at = coalesce(r.lease_wait_until, now()),
+        finished_at = NULL, updated_at = now()
     FROM judged AS r
     WHERE j.id = r.id
       AND r.held_by IS NULL
@@ -385,38 +398,45 @@ WITH candidate AS (
     RETURNING j.id
 )
 SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried,
-       r.dependency, r.dependency_status
+       r.dependency, r.dependency_status, r.lease_wait_until
 FROM judged AS r
 ORDER BY r.id;
 
 -- name: job_cancel :many
 -- Operator action: a queued, waiting or parked job never runs; a running one loses its lease (status
 -- and token change), so its run's heartbeat reports it lost, job.lease_lost() turns true and
--- the fenced completion or failure of that attempt is refused. Returns each cancelled job with
--- the status it had. Safe to run twice: a cancelled job no longer matches.
+-- the fenced completion or failure of that attempt is refused. Returns each job it locked with
+-- the status it had, and whether it was cancelled: one that changed between the statement's
+-- snapshot and its lock (a claim, a failed attempt queued again, a release) was not, as the
+-- view writes a row only as the statement read it. store.job_cancel runs the statement again
+-- in the same transaction, which holds those locks, so the second time they are cancelled.
+-- Safe to run twice: a cancelled job no longer matches.
 WITH target AS (
     SELECT id, status
     FROM pgdrain.active_jobs
     WHERE id = ANY(%(ids)s::bigint[])
       AND status IN ('queued', 'running', 'parked', 'waiting')
     FOR UPDATE
+), cancelled AS (
+    UPDATE pgdrain.jobs AS j
+    SET status = 'cancelled',
+        lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+        finished_at = now(),
+        updated_at = now()
+    FROM target
+    WHERE j.id = target.id
+    RETURNING j.id
 )
-UPDATE pgdrain.jobs AS j
-SET status = 'cancelled',
-    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
-    finished_at = now(),
-    updated_at = now()
-FROM target
-WHERE j.id = target.id
-RETURNING j.id, target.status AS was;
+SELECT t.id, t.status AS was, t.id IN (SELECT c.id FROM cancelled AS c) AS cancelled
+FROM target AS t;
 
 -- name: job_cancel_matching :many
 -- Operator action by filter: cancel the jobs in %(statuses)s (queued, running, parked, waiting)
--- matching the filters (a NULL filter matches every job), as job_cancel does. `--dry-run`
--- runs it in a transaction that is rolled back. Safe to run twice: a cancelled job no longer
--- matches.
+-- matching the filters (a NULL filter matches every job), as job_cancel does, and returns
+-- what it does (with each job's queue and kind). `--dry-run` runs it in a transaction that is
+-- rolled back. Safe to run twice: a cancelled job no longer matches.
 WITH target AS (
-    SELECT id, status
+    SELECT id, queue, kind, status
     FROM pgdrain.active_jobs
     WHERE status IN ('queued', 'running', 'parked', 'waiting')
       AND status = ANY(%(statuses)s::text[])
@@ -424,15 +444,18 @@ WITH target AS (
       AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
       AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s::timestamptz)
     FOR UPDATE
+), cancelled AS (
+    UPDATE pgdrain.jobs AS j
+    SET status = 'cancelled',
+        lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+        finished_at = now(),
+        updated_at = now()
+    FROM target
+    WHERE j.id = target.id
+    RETURNING j.id
 )
-UPDATE pgdrain.jobs AS j
-SET status = 'cancelled',
-    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
-    finished_at = now(),
-    updated_at = now()
-FROM target
-WHERE j.id = target.id
-RETURNING j.id, j.queue, j.kind, target.status AS was;
+SELECT t.id, t.queue, t.kind, t.status AS was, t.id IN (SELECT c.id FROM cancelled AS c)
+FROM target AS t;
 
 -- name: job_count_finished :one
 -- What job_purge_finished would delete, counted (purge --dry-run): the same conditions.

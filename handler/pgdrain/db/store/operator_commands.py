@@ -98,6 +98,9 @@ class Retry:
     # is no longer kept (dependency_status None). Queued again, it would never run.
     dependency: int | None = None
     dependency_status: str | None = None
+    # Retried, cancelled while it ran: queued for when that attempt's lease ends, its code
+    # possibly still running until then (migration 0033). None: ready now.
+    lease_wait_until: dt.datetime | None = None
 
     def why_not(self) -> str:
         """Why it was not retried, for a person: "" when it was, or when it changed state."""
@@ -156,7 +159,9 @@ def _retried(conn: Connection, attempt: Callable[[], list[tuple[Any, ...]]]) -> 
             # Two retries took two keys in opposite orders; the other one goes on. Safe to
             # run again, as above.
             continue
-        return [Retry(int(r[0]), str(r[1]), str(r[2]), bool(r[4]), r[3], r[5], r[6]) for r in rows]
+        return [
+            Retry(int(r[0]), str(r[1]), str(r[2]), bool(r[4]), r[3], r[5], r[6], r[7]) for r in rows
+        ]
     raise RetryContended(
         f"retry gave up after {RETRY_TRIES} tries: concurrent transactions kept taking the "
         "idempotency keys of the jobs it was retrying; nothing was changed, run it again"
@@ -342,9 +347,46 @@ class Cancelled:
 
 
 def job_cancel(conn: Connection, ids: Sequence[int]) -> list[Cancelled]:
-    """Cancel these jobs; those already finished (or unknown) are not returned."""
-    rows = conn.execute(query("job_cancel"), {"ids": list(ids)}).fetchall()
+    """Cancel these jobs; those already finished (or unknown) are not returned. Runs in the
+    caller's transaction (in a savepoint), which must be READ COMMITTED, or in its own."""
+    rows = _cancelling(
+        conn, lambda: conn.execute(query("job_cancel"), {"ids": list(ids)}).fetchall()
+    )
     return sorted((Cancelled(int(r[0]), r[1]) for r in rows), key=lambda c: c.id)
+
+
+# How many times a cancel runs again after a job it locked had changed since its snapshot.
+# The second try holds the first one's locks, so only a job newly matched (by filter, or one
+# queued again by a retry meanwhile) can change again: more than a few means they churn.
+CANCEL_TRIES = 10
+
+
+class CancelContended(PgdrainError):
+    """A cancel found jobs changing under it at every try. Nothing was changed; running it
+    again is safe."""
+
+
+def _cancelling(
+    conn: Connection, attempt: Callable[[], list[tuple[Any, ...]]]
+) -> list[tuple[Any, ...]]:
+    """Run a cancel statement until every job it locked was cancelled; the cancelled rows.
+
+    A job that changed between the statement's snapshot and its row lock (a claim took it, a
+    failed attempt queued it again) is locked but not cancelled: the view writes a row only as
+    the statement read it. Running the statement again in the same transaction is safe and
+    cancels it: that transaction holds its lock, and the new statement's snapshot sees the row
+    as it is now."""
+    with conn.transaction():  # the first try's locks held for the next; undone whole on error
+        cancelled: list[tuple[Any, ...]] = []
+        for _ in range(CANCEL_TRIES):
+            rows = attempt()
+            cancelled += [r[:-1] for r in rows if r[-1]]
+            if all(r[-1] for r in rows):
+                return cancelled
+    raise CancelContended(
+        f"cancel gave up after {CANCEL_TRIES} tries: the jobs it was cancelling kept changing "
+        "under it (claimed, queued again); nothing was changed, run it again"
+    )
 
 
 @dataclass(frozen=True)
@@ -368,7 +410,7 @@ def job_cancel_matching(
 ) -> list[CancelledMatch]:
     """Cancel every job in `statuses` matching the filters (None matches all)."""
     params = {"statuses": list(statuses), "queue": queue, "kind": kind, "since": since}
-    rows = conn.execute(query("job_cancel_matching"), params).fetchall()
+    rows = _cancelling(conn, lambda: conn.execute(query("job_cancel_matching"), params).fetchall())
     return sorted(
         (CancelledMatch(int(r[0]), str(r[1]), str(r[2]), r[3]) for r in rows), key=lambda c: c.id
     )
