@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ import psycopg
 import pytest
 
 from helpers.fixtures import wait_for
-from pgdrain.db.migrate import migrate
+from pgdrain.db import migrate as pgdrain_migrate
+from pgdrain.db.migrate import MigrateResult, migrate
 from pgdrain.db.sql import PLACEHOLDER, migrations, query, query_names
 
 Conn = psycopg.Connection[Any]
@@ -118,6 +120,59 @@ def test_a_migrate_behind_a_long_read_of_the_history_leaves_the_day_partitions(
     assert conn.execute(
         "SELECT to_regclass(%s)", (f"pgdrain.finished_jobs_{day[0]}",)
     ).fetchone() != (None,)
+
+
+# Migration 0033 taken back, so that `migrate` applies it again: its first statement takes
+# ACCESS EXCLUSIVE on finished_jobs, which a long read of the history holds.
+UNDO_0033 = """
+ALTER TABLE pgdrain.finished_jobs DROP COLUMN cancelled_lease_expires_at;
+ALTER TABLE pgdrain.queue_limits DROP CONSTRAINT queue_limits_queue_name_chk;
+DELETE FROM pgdrain.migrations WHERE version = '0033';
+"""
+
+
+def _waits_for_finished_jobs(conn: Conn) -> bool:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock'"
+        " AND relation = 'pgdrain.finished_jobs'::regclass"
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.parametrize(
+    "try_lock_ms", [300, 600_000], ids=["short-tries", "control-one-long-wait"]
+)
+def test_a_migrate_behind_a_long_read_lets_the_queue_through_while_it_waits(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, try_lock_ms: int
+) -> None:
+    """An upgrader's report: behind a long read, migrate waited its whole lock timeout for the
+    history, and every read and write of it queued behind the migration meanwhile. Each try now
+    waits at most TRY_LOCK_MS, then rolls back and lets them through. The control waits in one
+    try: a reader that arrives meanwhile waits past its own 3 s lock timeout."""
+    monkeypatch.setattr(pgdrain_migrate, "TRY_LOCK_MS", try_lock_ms)
+    conn.execute(UNDO_0033)
+    outcome: list[object] = []
+    with psycopg.connect(db_url) as report:
+        report.execute("SELECT count(*) FROM pgdrain.finished_jobs")  # held open
+
+        def run() -> None:
+            with psycopg.connect(db_url, autocommit=True) as operator:
+                outcome.append(migrate(operator, lock_timeout_s=120))
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        wait_for(lambda: _waits_for_finished_jobs(conn), what="migrate to wait for the history")
+        with psycopg.connect(db_url, autocommit=True) as reader:
+            reader.execute("SET lock_timeout = '3s'")
+            if try_lock_ms < 3000:
+                assert reader.execute("SELECT count(*) FROM pgdrain.finished_jobs").fetchone()
+            else:
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    reader.execute("SELECT count(*) FROM pgdrain.finished_jobs")
+        report.rollback()
+        thread.join(60)
+    [result] = outcome
+    assert isinstance(result, MigrateResult) and [m[:4] for m in result.applied] == ["0033"]
 
 
 def test_two_concurrent_migrate_processes_build_one_schema(empty_db_url: str) -> None:
