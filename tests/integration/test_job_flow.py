@@ -184,11 +184,46 @@ def _released_at_now(conn: Conn) -> None:
     ).fetchone()
     assert row is not None
     text = str(row[0])
-    for alias in ("j", "d"):
-        kept = f"greatest({alias}.run_at, now())"
+    for kept in (
+        "greatest(j.run_at, now(), NEW.cancelled_lease_expires_at)",  # migration 0034
+        "greatest(d.run_at, now())",
+    ):
         assert text.count(kept) == 1
         text = text.replace(kept, "now()")
     conn.execute(text.encode())
+
+
+def _function_text(conn: Conn) -> str:
+    row = conn.execute(
+        "SELECT pg_get_functiondef('pgdrain.jobs_flow_finished()'::regprocedure)"
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@pytest.mark.parametrize("waits", [True, False], ids=["waits-for-the-lease", "control-at-once"])
+def test_the_next_job_of_a_sequence_waits_for_a_cancelled_heads_lease(
+    conn: Conn, waits: bool
+) -> None:
+    """A red team's report: the running head of a sequence cancelled, its code still running
+    until its next heartbeat, and the next job of the sequence released beside it."""
+    if not waits:  # jobs_flow_finished as before migration 0034
+        text = _function_text(conn)
+        lease = ", NEW.cancelled_lease_expires_at"
+        assert text.count(lease) == 1
+        conn.execute(text.replace(lease, "").encode())
+    head = enqueue(conn, "step", sequence="s1")
+    following = enqueue(conn, "step", sequence="s1")
+    [claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    assert claimed.id == head
+    lease_end = job_row(conn, head)["lease_expires_at"]
+    store.job_cancel(conn, [head])
+    assert job_row(conn, following)["status"] == "queued"
+    again = claim_batch(conn, ["default"], 1, "another-run", 300.0, None)
+    if waits:
+        assert (again, job_row(conn, following)["run_at"]) == ([], lease_end)
+    else:
+        assert [j.id for j in again] == [following]  # beside the head's cancelled attempt
 
 
 @pytest.mark.parametrize("kept", [True, False], ids=["keeps-its-delay", "control-at-now"])
