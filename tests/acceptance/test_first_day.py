@@ -468,6 +468,7 @@ def test_retry_and_purge_speak_json(project: Project, conn: Conn) -> None:
         "key_held": {},
         "dependency_ended": {},
         "not_queued_again": [],
+        "waits_for_lease": {},
     }
     purge = json.loads(project.run("purge", "--dry-run", "--json").out)
     assert purge == {"dry_run": True, "deleted": 1, "older_than_days": 7.0, "queue": None}
