@@ -679,3 +679,32 @@ def test_the_demo_prints_only_commands_that_run_as_printed(db_url: str) -> None:
         if " jobs show " in command:  # the job it points at is the one that failed
             shown = dict(line.split(None, 1) for line in done.stdout.splitlines()[:4])
             assert (shown["kind"], shown["status"]) == ("fail", "failed"), done.stdout
+
+
+def test_a_database_whose_datestyle_is_not_iso_is_read_by_every_command(
+    conn: Conn, db_url: str
+) -> None:
+    """An operator's report: with the database's DateStyle `SQL, DMY`, `jobs`, `pause` and
+    `runs` ended in a traceback (psycopg reads timestamps only in ISO). Each command's
+    connection asks for ISO first."""
+    name = conn.info.dbname
+    conn.execute(f"ALTER DATABASE \"{name}\" SET DateStyle = 'SQL, DMY'")
+    enqueue(conn, "ok")
+    for args in (("jobs",), ("jobs", "--json"), ("pause", "q1"), ("runs",), ("stats",)):
+        run = pgdrain(db_url, *args)
+        assert (run.code, run.err) == (EXIT_OK, ""), (args, run.err[-300:])
+
+
+def test_a_role_whose_triggers_do_not_fire_is_refused_in_one_line(
+    conn: Conn, db_url: str, admin_url: str
+) -> None:
+    """A red team's report: with session_replication_role = replica (set on the database by a
+    superuser), `pgdrain cancel` said it cancelled a job that went on to run: the view's
+    trigger, which moves it, does not fire. Every operator command now refuses, in one line."""
+    job_id = enqueue(conn, "ok")
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{conn.info.dbname}" SET session_replication_role = replica')
+    run = pgdrain(db_url, "cancel", str(job_id))
+    assert run.code == EXIT_BAD_INPUT
+    assert "session_replication_role is 'replica'" in only_line(run.err)
+    assert _status(conn, job_id) == "queued"

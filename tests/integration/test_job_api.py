@@ -17,6 +17,8 @@ import pytest
 from helpers.fixtures import job_row
 from helpers.threads import started_threads
 from pgdrain import Budget, DrainResult, Job, Registry, RetryPolicy, Settings, drain, enqueue
+from pgdrain.db import sql
+from pgdrain.db.store import hot_path
 from pgdrain.errors import UnknownJobKind
 
 Conn = psycopg.Connection[Any]
@@ -381,3 +383,40 @@ def test_a_payload_reaches_the_job_as_json_reads_its_row(db_url: str, conn: Conn
         row = conn.execute("SELECT payload::text FROM pgdrain.jobs WHERE id = %s", (job_id,))
         [(text,)] = row.fetchall()
         assert got[job_id] == json.loads(text) == payload
+
+
+# A test's mock clock, the way teams mock time in SQL: a schema ahead of pg_catalog on the path.
+MOCK_CLOCK = """
+CREATE SCHEMA clock;
+CREATE FUNCTION clock.now() RETURNS timestamptz LANGUAGE sql
+    AS $$ SELECT pg_catalog.now() + interval '1 day' $$;
+SET search_path = clock, pg_catalog, public;
+"""
+
+
+@pytest.mark.parametrize("qualified", [True, False], ids=["server-clock", "control-unqualified"])
+def test_an_enqueue_reads_the_clock_the_drain_reads_whatever_the_search_path(
+    conn: Conn, qualified: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's report: with a now() of its own earlier on the application's search_path,
+    an enqueue computed run_at from it; the drain (its path pinned to pg_catalog) saw the job a
+    day in the future, while `jobs` and `stats` called it ready."""
+    if not qualified:  # job_insert as it was: now() and make_interval as the path finds them
+        real = sql.query
+        unqualified = (
+            real("job_insert")
+            .replace("pg_catalog.now()", "now()")
+            .replace("pg_catalog.make_interval", "make_interval")
+        )
+        assert unqualified != real("job_insert")
+        monkeypatch.setattr(
+            hot_path, "query", lambda name: unqualified if name == "job_insert" else real(name)
+        )
+    conn.execute(MOCK_CLOCK)
+    job_id = enqueue(conn, "noop", delay=0)
+    conn.execute("SET search_path = pg_catalog, public")
+    ahead = conn.execute(
+        "SELECT run_at > now() + interval '1 hour' FROM pgdrain.active_jobs WHERE id = %s",
+        (job_id,),
+    ).fetchone()
+    assert ahead == (not qualified,)

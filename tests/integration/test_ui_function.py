@@ -561,6 +561,26 @@ def test_a_pause_takes_only_a_queue_name_a_job_can_have(granted: str, operator: 
         as_operator.execute("SELECT pgdrain.queue_pause('emails.v2')")  # the control
 
 
+@pytest.mark.parametrize("asked", [True, False], ids=["iso-asked", "control-not-asked"])
+def test_the_dashboard_reads_a_database_whose_datestyle_is_not_iso(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, asked: bool
+) -> None:
+    """An operator's report: with the database's DateStyle `SQL, DMY` every page that shows a
+    time failed (psycopg reads timestamps only in ISO). Each request's connection asks for ISO."""
+    if not asked:
+        monkeypatch.setattr(store, "operator_session", lambda _conn: None)
+    conn.execute(f"ALTER DATABASE \"{conn.info.dbname}\" SET DateStyle = 'SQL, DMY'")
+    _failed(conn)
+    function = dashboard_function(db_url)
+    if asked:
+        for target in ("/", "/jobs", "/control"):
+            answer = function.resolve(dashboard_event("GET", target), None)
+            assert answer["statusCode"] == 200, (target, answer["body"][-300:])
+    else:
+        with pytest.raises(NotImplementedError, match="DateStyle"):
+            function.resolve(dashboard_event("GET", "/jobs"), None)
+
+
 def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str) -> None:
     with psycopg.connect(granted) as owner:
         for statement in REFUSED:

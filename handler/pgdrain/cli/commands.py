@@ -369,12 +369,18 @@ def conninfo_or_embedded(settings: Settings) -> str:
 def _connect(settings: Settings) -> store.Connection:
     # The retries while the database is not up yet are logged at INFO (shown with -v): the
     # command's output on failure is its one error line.
-    return connection.connect(
+    conn = connection.connect(
         conninfo_or_embedded(settings),
         settings,
         Budget.seconds(settings.connect_timeout),
         retry_log_level=logging.INFO,
     )
+    try:
+        store.operator_session(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:

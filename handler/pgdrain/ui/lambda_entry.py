@@ -62,6 +62,7 @@ def _build(env: Mapping[str, str]) -> LambdaFunctionUrlResolver:
         with connection.connect(
             conninfo, settings, Budget.seconds(settings.connect_timeout)
         ) as conn:
+            store.operator_session(conn)
             yield conn
 
     return build(connect, config_from_env(env))

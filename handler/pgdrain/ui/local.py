@@ -152,6 +152,7 @@ def run(conninfo: str, settings: Settings, port: int, *, actions: bool) -> int:
     def connect() -> Iterator[store.Connection]:
         budget = Budget.seconds(settings.connect_timeout)
         with connection.connect(conninfo, settings, budget, retry_log_level=logging.INFO) as conn:
+            store.operator_session(conn)
             yield conn
 
     with connect() as conn:

@@ -95,7 +95,9 @@ SELECT pg_catalog.set_config('statement_timeout', CAST(%(timeout_ms)s AS pg_cata
 -- so any driver can run this statement with plain values, the payload as JSON text:
 -- pgdrain.enqueue_statement hands it to applications on other drivers.
 -- A sequence or dependencies make the row `waiting` when something holds it back (migration
--- 0021's trigger jobs_flow_enqueued).
+-- 0021's trigger jobs_flow_enqueued). The application's session has its own search_path:
+-- pg_catalog.now() is the server's clock the drain reads, not a function of that name in a
+-- schema earlier on the path (a test's mock clock).
 INSERT INTO pgdrain.active_jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key,
      sequence, depends_on)
@@ -103,7 +105,8 @@ VALUES
     (CAST(%(queue)s AS text), CAST(%(kind)s AS text), CAST(%(payload)s AS jsonb),
      CAST(%(priority)s AS int),
      coalesce(CAST(%(run_at)s AS timestamptz),
-              now() + make_interval(secs => CAST(%(delay_seconds)s AS float8))),
+              pg_catalog.now()
+              + pg_catalog.make_interval(secs => CAST(%(delay_seconds)s AS float8))),
      CAST(%(max_attempts)s AS int), CAST(%(recovery_policy)s AS text),
      CAST(%(idempotency_key)s AS text), CAST(%(sequence)s AS text),
      CAST(%(depends_on)s AS bigint[]))
@@ -156,7 +159,7 @@ INSERT INTO pgdrain.active_jobs
     (queue, kind, payload, priority, run_at, max_attempts, recovery_policy, idempotency_key,
      sequence, depends_on)
 SELECT t.queue, t.kind, t.payload::jsonb, t.priority,
-       coalesce(t.run_at, now() + make_interval(secs => t.delay_seconds)),
+       coalesce(t.run_at, pg_catalog.now() + pg_catalog.make_interval(secs => t.delay_seconds)),
        t.max_attempts, t.recovery_policy, t.idempotency_key,
        t.sequence, t.depends_on::bigint[]
 FROM unnest(

@@ -471,6 +471,16 @@ WHERE status IN ('done', 'failed', 'cancelled')
 SELECT DISTINCT queue FROM pgdrain.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY queue;
 -- The dashboard's reads (pgdrain ui) that the commands above do not make. Each is bounded.
 
+-- name: operator_session :one
+-- The first statement on an operator's connection (the CLI's commands, each dashboard request):
+-- timestamps come back in ISO, the one DateStyle psycopg reads, whatever the database's or
+-- role's own (`SQL, DMY`, `German`). For the session (`false`): behind PgBouncer too, which keeps
+-- DateStyle per client. The drain sets it with its own limits (session_limits). Returns
+-- session_replication_role: under `replica` the triggers that move a job (the view's), release
+-- its dependents and count a queue's running jobs do not fire (store.operator_session refuses).
+SELECT pg_catalog.set_config('DateStyle', 'ISO', false),
+       pg_catalog.current_setting('session_replication_role');
+
 -- name: operator_read_timeout :exec
 -- Bound the dashboard's reads until the transaction ends (is_local: pooler-safe): a filter no
 -- index serves (a kind, a time) on a long history gives up instead of reading it all.

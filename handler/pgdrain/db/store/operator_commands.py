@@ -18,7 +18,7 @@ from pgdrain.db.store.common import (
     FinishedStatus,
     Status,
 )
-from pgdrain.errors import PgdrainError
+from pgdrain.errors import DatabaseMisconfigured, PgdrainError
 
 # queue_stats counts done, failed, parked and cancelled jobs up to this many per queue.
 STATS_HISTORY_BOUND = 10_000
@@ -442,6 +442,21 @@ THROUGHPUT_BOUND = 50_000
 # The control-plane tables hold a row per live run, per set of queues, per queue: a page shows
 # at most this many of each.
 CONTROL_PLANE_ROWS = 200
+
+
+def operator_session(conn: Connection) -> None:
+    """On a new operator's connection: timestamps in the style psycopg reads. Refuses a
+    session whose triggers do not fire (session_replication_role replica or local): a cancel
+    or a retry through the view would say it was done and change nothing."""
+    row = conn.execute(query("operator_session")).fetchone()
+    assert row is not None  # one row
+    if row[1] != "origin":
+        raise DatabaseMisconfigured(
+            f"session_replication_role is {row[1]!r} for this role or database: pgdrain's "
+            "triggers (moving a cancelled or retried job, releasing dependents, counting a "
+            "queue's running jobs) do not fire; reset it to 'origin' (ALTER ROLE ... RESET "
+            "session_replication_role)"
+        )
 
 
 def operator_read_timeout(conn: Connection, timeout_ms: int) -> None:
