@@ -144,9 +144,11 @@ def test_the_role_is_a_nologin_group_with_only_the_documented_grants(granted: st
             *(("run_history", privilege) for privilege in ("DELETE", "INSERT", "SELECT")),
             # the reclaim and a run's exit read the floor; only lease_floor_raise moves it
             ("lease_floor", "SELECT"),
-            # the claims and the checks read the queues' floors (a view of the marks, read as
-            # its owner); only the triggers and queue_floors_raise write marks
+            # the claims and the checks read the queues' floors (the view, and one queue's
+            # marks by index: migration 0035); only the triggers and queue_floors_raise write
+            # marks
             ("queue_floors", "SELECT"),
+            ("queue_floor_marks", "SELECT"),
         ]
     )
     assert grants == expected
@@ -306,21 +308,23 @@ def test_a_role_granted_before_the_lease_floor_still_reclaims(
 def test_a_role_granted_before_the_queue_floors_still_claims(
     worker_url: str, granted: str, regranted: bool
 ) -> None:
-    """A database whose worker role was granted before migration 0026: the migration grants it
-    the queues' floors and their raise, so a run's claims (which now read the one, and whose
-    round trip sends the other) do not fail before worker_role.sql is run again. The control
-    takes them back."""
+    """A database whose worker role was granted before migration 0026: the migrations grant it
+    the queues' floors and their raise (0026) and their marks (0035, which the claim probes), so
+    a run's claims do not fail before worker_role.sql is run again. The control takes them
+    back."""
     with psycopg.connect(granted, autocommit=True) as owner:
         # As it was before 0026; then `pgdrain migrate`.
         owner.execute("DROP VIEW pgdrain.queue_floors")
         owner.execute("DROP TABLE pgdrain.queue_floor_marks")
         owner.execute("DROP FUNCTION pgdrain.queue_floors_raise()")
         owner.execute("DROP FUNCTION pgdrain.queue_floor_lower() CASCADE")
-        owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0026'")
+        owner.execute("DELETE FROM pgdrain.migrations WHERE version IN ('0026', '0035')")
         enqueue(owner, "noop")  # queued before the migration: the migration marks it
-        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0026"]
+        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0026", "0035"]
         if not regranted:
-            owner.execute("REVOKE ALL ON pgdrain.queue_floors FROM pgdrain_worker")
+            owner.execute(
+                "REVOKE ALL ON pgdrain.queue_floors, pgdrain.queue_floor_marks FROM pgdrain_worker"
+            )
     with psycopg.connect(worker_url, autocommit=True) as worker:
         if not regranted:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):

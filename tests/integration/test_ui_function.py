@@ -452,15 +452,19 @@ def test_a_dashboard_role_granted_before_the_floors_were_read_still_resumes(
     granted: str, conn: Conn, operator: str, regranted: bool
 ) -> None:
     """A database whose dashboard roles were granted before migration 0028: a resume now looks
-    for a ready job from its queue's floor, and the migration grants the floors, so Resume does
-    not fail before dashboard_role.sql is run again. The control takes the grant back."""
+    for a ready job from its queue's floor, and the migrations grant the floors (0028) and their
+    marks (0035, which the resume's check probes), so Resume does not fail before
+    dashboard_role.sql is run again. The control takes the grants back."""
+    revoke = (
+        "REVOKE SELECT ON pgdrain.queue_floors, pgdrain.queue_floor_marks FROM pgdrain_dashboard"
+    )
     with psycopg.connect(granted, autocommit=True) as owner:
         # As it was before 0028; then `pgdrain migrate`.
-        owner.execute("REVOKE SELECT ON pgdrain.queue_floors FROM pgdrain_dashboard")
-        owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0028'")
-        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0028"]
+        owner.execute(revoke)
+        owner.execute("DELETE FROM pgdrain.migrations WHERE version IN ('0028', '0035')")
+        assert [m.split("_")[0] for m in migrate(owner).applied] == ["0028", "0035"]
         if not regranted:
-            owner.execute("REVOKE SELECT ON pgdrain.queue_floors FROM pgdrain_dashboard")
+            owner.execute(revoke)
     enqueue(conn, "k")
     store.queue_pause(conn, "default")
     function = dashboard_function(_as(granted, operator))

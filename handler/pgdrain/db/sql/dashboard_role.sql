@@ -4,7 +4,8 @@
 -- pgdrain_dashboard (NOLOGIN) reads: CONNECT to this database; USAGE on schema pgdrain;
 -- SELECT on pgdrain.jobs (the view), the tables it reads (active_jobs, finished_jobs), the
 -- control plane's tables (runs, run_history, wakes, kicks, queue_limits) and the queues' floors
--- (pgdrain.queue_floors: where a resume looks for a ready job).
+-- (pgdrain.queue_floors and its marks, pgdrain.queue_floor_marks: where a resume looks for a
+-- ready job).
 -- It writes nothing, so a dashboard that connects with it cannot change a job, whatever it is
 -- asked (the function's PGDRAIN_UI_ACTIONS=false hides the buttons; this is what holds).
 --
@@ -53,7 +54,7 @@ $$;
 GRANT USAGE ON SCHEMA pgdrain TO pgdrain_dashboard;
 GRANT SELECT ON pgdrain.jobs, pgdrain.active_jobs, pgdrain.finished_jobs, pgdrain.runs,
                 pgdrain.wakes, pgdrain.kicks, pgdrain.queue_limits, pgdrain.run_history,
-                pgdrain.queue_floors
+                pgdrain.queue_floors, pgdrain.queue_floor_marks
     TO pgdrain_dashboard;
 
 -- Only the columns a retry and a cancel write (job_retry, job_cancel): not a job's kind,

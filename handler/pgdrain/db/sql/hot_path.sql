@@ -325,8 +325,17 @@ WITH ended AS (
             -- empty. OFFSET 0 keeps it a subquery of its own: pulled up, its condition became a
             -- filter the planner put beside the count, and it read the floor first (PG 16).
             FROM (SELECT q.name AS queue WHERE q.n > pos.found OFFSET 0) AS needed
+            -- The queue's floor, probed in its marks' index (as pgdrain.queue_floors gives it
+            -- for one queue: that view, joined here, was built whole for every queue served,
+            -- O(queues²) a claim; a red team stalled a run of 20,000 queues on it).
             CROSS JOIN LATERAL (
-                SELECT * FROM pgdrain.queue_floors AS f WHERE f.queue = needed.queue
+                SELECT m.priority, m.run_at, m.id,
+                       (SELECT min(r.ready_from) FROM pgdrain.queue_floor_marks AS r
+                        WHERE r.queue = needed.queue) AS ready_from
+                FROM pgdrain.queue_floor_marks AS m
+                WHERE m.queue = needed.queue
+                ORDER BY m.priority, m.run_at, m.id
+                LIMIT 1
             ) AS f
         ) AS f
         -- A queue with nothing ready is passed over after one probe of jobs_queued_run_at_idx;
@@ -662,7 +671,12 @@ SELECT EXISTS (
     FROM unnest(coalesce(%(queues)s::text[],
                          ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)))
          AS q(name)
-    JOIN pgdrain.queue_floors AS f ON f.queue = q.name  -- without a floor, nothing is queued
+    -- Without a floor (NULL), nothing is queued. Probed per queue in the marks' index: a join
+    -- with the view may be planned as a loop over it, O(queues²).
+    CROSS JOIN LATERAL (
+        SELECT min(m.ready_from) AS ready_from FROM pgdrain.queue_floor_marks AS m
+        WHERE m.queue = q.name
+    ) AS f
     CROSS JOIN LATERAL (
         SELECT 1 FROM pgdrain.active_jobs
         WHERE status = 'queued'

@@ -7,9 +7,9 @@
 -- finished_jobs_done_default); EXECUTE on the functions that make and drop the day partitions
 -- (they run as the schema's owner: the worker creates and drops no table itself); SELECT,
 -- UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT, UPDATE on pgdrain.periodic_slots;
--- SELECT, INSERT, DELETE on pgdrain.run_history; SELECT on pgdrain.lease_floor and the view
--- pgdrain.queue_floors, EXECUTE on pgdrain.lease_floor_raise and pgdrain.queue_floors_raise (they
--- run as the schema's owner); USAGE on the jobs id sequence (an enqueue from a job).
+-- SELECT, INSERT, DELETE on pgdrain.run_history; SELECT on pgdrain.lease_floor, the view
+-- pgdrain.queue_floors and its marks, EXECUTE on pgdrain.lease_floor_raise and
+-- pgdrain.queue_floors_raise (they run as the schema's owner); USAGE on the jobs id sequence (an enqueue from a job).
 -- No DDL (it owns nothing and may create nothing), no access to pgdrain.migrations.
 --
 -- PostgreSQL grants some privileges to PUBLIC (every role), and a role cannot be refused what
@@ -74,8 +74,9 @@ GRANT SELECT, INSERT, DELETE ON pgdrain.run_history TO pgdrain_worker;
 GRANT SELECT ON pgdrain.lease_floor TO pgdrain_worker;
 GRANT EXECUTE ON FUNCTION pgdrain.lease_floor_raise() TO pgdrain_worker;
 -- Each queue's floor (migration 0026): the claim, a run's exit and the control plane read it, the
--- reclaim's round trip raises it. The view reads its marks as its owner: no grant on the table.
-GRANT SELECT ON pgdrain.queue_floors TO pgdrain_worker;
+-- reclaim's round trip raises it. The claim and the readiness checks probe one queue's marks in
+-- their index (migration 0035); the view gives every queue's floor at once.
+GRANT SELECT ON pgdrain.queue_floors, pgdrain.queue_floor_marks TO pgdrain_worker;
 GRANT EXECUTE ON FUNCTION pgdrain.queue_floors_raise() TO pgdrain_worker;
 GRANT USAGE ON SEQUENCE pgdrain.jobs_id_seq TO pgdrain_worker;
 

@@ -451,11 +451,11 @@ def operator_session(conn: Connection) -> None:
     row = conn.execute(query("operator_session")).fetchone()
     assert row is not None  # one row
     if row[1] != "origin":
+        setting = f"session_replication_role is {row[1]!r}"
         raise DatabaseMisconfigured(
-            f"session_replication_role is {row[1]!r} for this role or database: pgdrain's "
-            "triggers (moving a cancelled or retried job, releasing dependents, counting a "
-            "queue's running jobs) do not fire; reset it to 'origin' (ALTER ROLE ... RESET "
-            "session_replication_role)"
+            setting + " for this role or database: pgdrain's triggers (moving a cancelled or "
+            "retried job, releasing dependents, counting a queue's running jobs) do not fire; "
+            "reset it to 'origin' for the role or database"
         )
 
 
