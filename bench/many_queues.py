@@ -37,10 +37,10 @@ def _database(server: Server, jobs: int, queues: int, empty: int) -> str:
     with psycopg.connect(url) as conn:
         migrate(conn)
         enqueue_many(
-            conn, [build_job("noop", {"n": n}, queue=f"q{n % queues}") for n in range(jobs)]
+            conn, [build_job("noop", {"n": n}, queue_name=f"q{n % queues}") for n in range(jobs)]
         )
         if empty:
-            enqueue_many(conn, [build_job("noop", queue=f"gone{n}") for n in range(empty)])
+            enqueue_many(conn, [build_job("noop", queue_name=f"gone{n}") for n in range(empty)])
             conn.execute("DELETE FROM pgdrain.active_jobs WHERE queue LIKE 'gone%%'")
         conn.commit()
     with psycopg.connect(url, autocommit=True) as conn:

@@ -18,7 +18,7 @@ from pgdrain.db.sql import query
 Conn = psycopg.Connection[Any]
 BACKLOG = 500
 BATCH = 10
-TURN_LINE = "row_number() OVER (PARTITION BY q.name"
+TURN_LINE = "row_number() OVER (PARTITION BY f.queue"
 
 
 def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:

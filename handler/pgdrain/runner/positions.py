@@ -12,8 +12,8 @@ more is ready. What sorts before a position (a more urgent job enqueued since, a
 late with an earlier run_at, a job another run held locked or gave back) is found when the
 positions are dropped: at a short claim, after a reconnect, and at least every
 POSITION_MAX_AGE, so it waits at most that long. A run of every
-queue also names the queues its last claim from the start found, for as long, so that its claims
-need not read the queues' floors again."""
+queue also names the queues its last claim from the start found jobs to claim in, for as long,
+so that its claims need not read every queue's floor again (nor probe queues left empty)."""
 
 from __future__ import annotations
 

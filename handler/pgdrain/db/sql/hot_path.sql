@@ -302,11 +302,10 @@ WITH ended AS (
         LIMIT q.n
         FOR UPDATE SKIP LOCKED
     ) AS c
-), candidates AS (
+), found AS (
     -- Per queue, so that each scan walks jobs_ready_idx in order and stops at the limit
     -- (`queue = ANY(...)` would sort every ready row first).
-    SELECT candidate.id, candidate.priority, candidate.run_at, candidate.bytes,
-           row_number() OVER turns AS turn
+    SELECT q.name AS queue, candidate.id, candidate.priority, candidate.run_at, candidate.bytes
     FROM slots AS q
     CROSS JOIN LATERAL (
         SELECT p.id, p.priority, p.run_at, p.bytes FROM positioned AS p WHERE p.name = q.name
@@ -368,13 +367,16 @@ WITH ended AS (
             FOR UPDATE SKIP LOCKED
         ) AS from_start
     ) AS candidate
-    WINDOW turns AS (PARTITION BY q.name ORDER BY candidate.priority, candidate.run_at, candidate.id)
+), candidates AS (
+    SELECT f.id, f.priority, f.run_at, f.bytes, row_number() OVER turns AS turn
+    FROM found AS f
+    WINDOW turns AS (PARTITION BY f.queue ORDER BY f.priority, f.run_at, f.id)
     -- Fair across queues (round-robin): every queue's first candidate comes before any queue's
     -- second, so a backlog in one queue cannot make a new job in another wait behind all of it;
     -- priority orders the jobs within a turn.
     ORDER BY
-        row_number() OVER (PARTITION BY q.name ORDER BY candidate.priority, candidate.run_at, candidate.id),
-        candidate.priority, candidate.run_at, candidate.id
+        row_number() OVER (PARTITION BY f.queue ORDER BY f.priority, f.run_at, f.id),
+        f.priority, f.run_at, f.id
     LIMIT %(limit)s
 ), ready AS (
     -- One claim brings at most 4 MiB of payload text (as stored) into the run, and always its
@@ -439,11 +441,15 @@ UNION ALL
  FROM claimed
  ORDER BY priority, run_at, id)
 UNION ALL
--- The queues it found itself (%(queues)s NULL), a row each (lost NULL): the run names them in
--- its next claims for a while, rather than walk the index of queued rows at every claim.
+-- The queues it found itself (%(queues)s NULL) that had jobs to claim, a row each (lost NULL):
+-- the run names them in its next claims for a while (POSITION_MAX_AGE), rather than read every
+-- queue's floor at every claim. Not those it found nothing in: a queue whose jobs are gone
+-- keeps its floor's marks until a raise folds them in, and a run of every queue, naming
+-- thousands of such queues, probed each at every claim (a red team's 5,000 of them).
 SELECT NULL, NULL, s.name, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM unnest((SELECT names FROM served)::text[]) AS s(name)
-WHERE %(queues)s::text[] IS NULL;
+WHERE %(queues)s::text[] IS NULL
+  AND s.name IN (SELECT f.queue FROM found AS f);
 
 -- name: job_claim_recover :many
 -- After a lost reply (the connection broke once a statement was sent): what the claim

@@ -273,8 +273,8 @@ def complete_and_claim_result(
 
 
 def claim_served_queues(rows: Sequence[Any]) -> tuple[str, ...] | None:
-    """The queues a job_complete_and_claim of every queue found (each that had a job queued),
-    from its rows; None from a claim of queues named."""
+    """The queues a job_complete_and_claim of every queue found jobs to claim in, from its
+    rows; None from a claim of queues named, or one that found none."""
     served = tuple(str(r[2]) for r in rows if r[0] is None and r[3] is None)
     return served if served else None
 
