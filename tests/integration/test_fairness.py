@@ -73,3 +73,51 @@ def test_turns_alternate_between_busy_queues(conn: Conn) -> None:
         )
     claimed = complete_and_claim(conn, [], ["default", "emails"], 10, "w", 30, None)[1]
     assert sorted(job.queue for job in claimed) == ["default"] * 5 + ["emails"] * 5
+
+
+SHARE_LINE = "ceil(4.0 * %(limit)s / greatest(1, cardinality(%(queues)s::text[])))::int,"
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["a-share-each", "control-a-batch-each"])
+def test_a_claim_naming_many_queues_locks_a_share_of_the_batch_in_each(
+    db_url: str, conn: Conn, shared: bool
+) -> None:
+    """A red team's report: a claim of 1,000 queues with jobs locked a batch in each (10,000
+    row locks) to keep one batch by round-robin. Named queues each lock a share now; the batch
+    still fills, every queue having a job. The control takes a batch in each, as before."""
+    queues = [f"tenant{n}" for n in range(50)]
+    with conn.transaction():
+        enqueue_many(conn, [build_job("noop", queue_name=q) for q in queues for _ in range(BATCH)])
+    statement = query("job_complete_and_claim")
+    if not shared:  # each queue's share: the whole batch
+        statement = statement.replace(SHARE_LINE, f"{BATCH},")
+        assert statement != query("job_complete_and_claim")
+    with psycopg.connect(db_url) as claimer:
+        rows = claimer.execute(
+            statement,
+            {
+                "done_ids": [],
+                "done_tokens": [],
+                "queues": queues,
+                "limit": BATCH,
+                "worker": "fairness-test",
+                "lease_seconds": 30,
+                "cap_seconds": None,
+                "claim_id": None,
+                "keep_done": True,
+                "position_queue": [],
+                "position_priority": [],
+                "position_run_at_us": [],
+                "position_id": [],
+            },
+        ).fetchall()
+        assert len([r for r in rows if r[0] is False]) == BATCH  # a full batch either way
+        with conn.transaction():  # what the claim holds locked (its transaction still open)
+            free = conn.execute(
+                "SELECT count(*) FROM (SELECT id FROM pgdrain.active_jobs"
+                " WHERE status = 'queued' FOR UPDATE SKIP LOCKED) AS lockable"
+            ).fetchone()
+        claimer.rollback()
+    assert free is not None
+    locked_unclaimed = len(queues) * BATCH - BATCH - free[0]
+    assert locked_unclaimed == (len(queues) - BATCH if shared else len(queues) * BATCH - BATCH)

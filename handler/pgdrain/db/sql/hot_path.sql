@@ -267,7 +267,17 @@ WITH ended AS (
     SELECT q.name,
            CASE WHEN lim.paused THEN 0 ELSE least(%(limit)s, greatest(0, coalesce(
                lim.free + (SELECT count(*) FROM completed AS c WHERE c.queue = q.name)::int,
-               %(limit)s)), greatest(0, coalesce(lim.starts_left, %(limit)s))) END AS n,
+               %(limit)s)), greatest(0, coalesce(lim.starts_left, %(limit)s)),
+               -- Of queues named (a run's next claims name those its last one found jobs in),
+               -- each locks a share of the batch, not all of it: round-robin keeps a batch,
+               -- and R queues each locking a batch locked R x batch rows for it (a red team's
+               -- 1,000 queues: 10,000 row locks a claim of 10). The share fills the batch
+               -- whenever each queue named has a job ready (share + R - 1 >= batch). A run of
+               -- every queue (NULL) finds the queues itself and takes no share: named queues
+               -- left empty would make its claims short (decision 0020).
+               CASE WHEN %(queues)s::text[] IS NULL THEN %(limit)s ELSE greatest(
+                   ceil(4.0 * %(limit)s / greatest(1, cardinality(%(queues)s::text[])))::int,
+                   %(limit)s - cardinality(%(queues)s::text[]) + 1) END) END AS n,
            pos.priority AS after_priority,
            -- The position's run_at as the claim's reply gave it, microseconds since the epoch
            -- (no session setting reads a bigint), made a timestamptz again exactly: whole
