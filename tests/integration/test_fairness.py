@@ -21,25 +21,27 @@ BATCH = 10
 TURN_LINE = "row_number() OVER (PARTITION BY f.queue"
 
 
+def _params(queues: list[str]) -> dict[str, Any]:
+    """A claim of a batch from `queues`, completing nothing, from no position."""
+    return {
+        "done_ids": [],
+        "done_tokens": [],
+        "queues": queues,
+        "limit": BATCH,
+        "worker": "fairness-test",
+        "lease_seconds": 30,
+        "cap_seconds": None,
+        "claim_id": None,
+        "keep_done": True,
+        "position_queue": [],
+        "position_priority": [],
+        "position_run_at_us": [],
+        "position_id": [],
+    }
+
+
 def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:
-    rows = conn.execute(
-        statement,
-        {
-            "done_ids": [],
-            "done_tokens": [],
-            "queues": ["default", "emails"],
-            "limit": BATCH,
-            "worker": "fairness-test",
-            "lease_seconds": 30,
-            "cap_seconds": None,
-            "claim_id": None,
-            "keep_done": True,
-            "position_queue": [],
-            "position_priority": [],
-            "position_run_at_us": [],
-            "position_id": [],
-        },
-    ).fetchall()
+    rows = conn.execute(statement, _params(["default", "emails"])).fetchall()
     return [(int(r[1]), str(r[2])) for r in rows if not r[0]]
 
 
@@ -93,24 +95,7 @@ def test_a_claim_naming_many_queues_locks_a_share_of_the_batch_in_each(
         statement = statement.replace(SHARE_LINE, f"{BATCH},")
         assert statement != query("job_complete_and_claim")
     with psycopg.connect(db_url) as claimer:
-        rows = claimer.execute(
-            statement,
-            {
-                "done_ids": [],
-                "done_tokens": [],
-                "queues": queues,
-                "limit": BATCH,
-                "worker": "fairness-test",
-                "lease_seconds": 30,
-                "cap_seconds": None,
-                "claim_id": None,
-                "keep_done": True,
-                "position_queue": [],
-                "position_priority": [],
-                "position_run_at_us": [],
-                "position_id": [],
-            },
-        ).fetchall()
+        rows = claimer.execute(statement, _params(queues)).fetchall()
         assert len([r for r in rows if r[0] is False]) == BATCH  # a full batch either way
         with conn.transaction():  # what the claim holds locked (its transaction still open)
             free = conn.execute(
