@@ -1,5 +1,7 @@
 """Statements that must say the same thing say it the same way."""
 
+import re
+
 from pgdrain.db.sql import query
 
 
@@ -64,3 +66,18 @@ def _select_list(statement: str) -> str:
 
 def test_a_list_of_finished_jobs_returns_what_any_list_does() -> None:
     assert _select_list(query("job_list_finished")) == _select_list(query("job_list"))
+
+
+# `x IN (SELECT id FROM cte)` over a data-modifying CTE was planned as a subplan that rescanned
+# the CTE for every row: a red team's 20,000 jobs cancelled by filter took 10 s (2.8 s joined).
+RESCANNED = re.compile(r"\bIN \(SELECT [\w.]+ FROM (?:retried|cancelled)\b")
+
+
+def test_what_a_retry_or_cancel_did_is_joined_not_rescanned() -> None:
+    for name in ("job_retry", "job_retry_matching", "job_cancel", "job_cancel_matching"):
+        assert not RESCANNED.search(query(name)), name
+        assert "LEFT JOIN" in query(name), name
+
+
+def test_control_the_rescanned_form_is_found() -> None:
+    assert RESCANNED.search("SELECT t.id IN (SELECT c.id FROM cancelled AS c) FROM target AS t")

@@ -110,9 +110,12 @@ WITH candidate AS (
       AND j.status = r.status  -- still in the state judged (a concurrent change is re-read)
     RETURNING j.id
 )
-SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried,
+-- A join, not `IN (SELECT ...)`: planned as a subplan, that rescanned the retried ids for
+-- each job, O(jobs²) (a red team's 20,000 cancelled jobs took 22 s the same way).
+SELECT r.id, r.queue, r.kind, r.held_by, d.id IS NOT NULL AS retried,
        r.dependency, r.dependency_status, r.lease_wait_until
 FROM judged AS r
+LEFT JOIN retried AS d ON d.id = r.id
 ORDER BY r.id;
 
 -- name: job_purge_finished :one
@@ -397,9 +400,12 @@ WITH candidate AS (
       AND j.status = r.status  -- still in the state judged (a concurrent change is re-read)
     RETURNING j.id
 )
-SELECT r.id, r.queue, r.kind, r.held_by, r.id IN (SELECT id FROM retried) AS retried,
+-- A join, not `IN (SELECT ...)`: planned as a subplan, that rescanned the retried ids for
+-- each job, O(jobs²) (a red team's 20,000 cancelled jobs took 22 s the same way).
+SELECT r.id, r.queue, r.kind, r.held_by, d.id IS NOT NULL AS retried,
        r.dependency, r.dependency_status, r.lease_wait_until
 FROM judged AS r
+LEFT JOIN retried AS d ON d.id = r.id
 ORDER BY r.id;
 
 -- name: job_cancel :many
@@ -427,8 +433,11 @@ WITH target AS (
     WHERE j.id = target.id
     RETURNING j.id
 )
-SELECT t.id, t.status AS was, t.id IN (SELECT c.id FROM cancelled AS c) AS cancelled
-FROM target AS t;
+-- A join, not `IN (SELECT ...)`: planned as a subplan, that rescanned the cancelled ids for
+-- each job, O(jobs²) (a red team's 20,000 jobs cancelled by filter took 22 s).
+SELECT t.id, t.status AS was, c.id IS NOT NULL AS cancelled
+FROM target AS t
+LEFT JOIN cancelled AS c ON c.id = t.id;
 
 -- name: job_cancel_matching :many
 -- Operator action by filter: cancel the jobs in %(statuses)s (queued, running, parked, waiting)
@@ -454,8 +463,10 @@ WITH target AS (
     WHERE j.id = target.id
     RETURNING j.id
 )
-SELECT t.id, t.queue, t.kind, t.status AS was, t.id IN (SELECT c.id FROM cancelled AS c)
-FROM target AS t;
+-- A join, as job_cancel says.
+SELECT t.id, t.queue, t.kind, t.status AS was, c.id IS NOT NULL AS cancelled
+FROM target AS t
+LEFT JOIN cancelled AS c ON c.id = t.id;
 
 -- name: job_count_finished :one
 -- What job_purge_finished would delete, counted (purge --dry-run): the same conditions.
