@@ -457,9 +457,8 @@ UNION ALL
 -- keeps its floor's marks until a raise folds them in, and a run of every queue, naming
 -- thousands of such queues, probed each at every claim (a red team's 5,000 of them).
 SELECT NULL, NULL, s.name, NULL, NULL, NULL, NULL, NULL, NULL, NULL
-FROM unnest((SELECT names FROM served)::text[]) AS s(name)
-WHERE %(queues)s::text[] IS NULL
-  AND s.name IN (SELECT f.queue FROM found AS f);
+FROM (SELECT DISTINCT f.queue AS name FROM found AS f) AS s
+WHERE %(queues)s::text[] IS NULL;
 
 -- name: job_claim_recover :many
 -- After a lost reply (the connection broke once a statement was sent): what the claim
