@@ -5,6 +5,7 @@ priority-then-age order across queues, as before."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, LiteralString
 
 import psycopg
@@ -13,6 +14,7 @@ import pytest
 from helpers.fixtures import complete_and_claim, without_line
 from pgdrain import enqueue_many
 from pgdrain.api.enqueue import build_job
+from pgdrain.db import store
 from pgdrain.db.sql import query
 
 Conn = psycopg.Connection[Any]
@@ -21,23 +23,11 @@ BATCH = 10
 TURN_LINE = "row_number() OVER (PARTITION BY f.queue"
 
 
-def _params(queues: list[str]) -> dict[str, Any]:
+def _params(queues: list[str]) -> Mapping[str, Any]:
     """A claim of a batch from `queues`, completing nothing, from no position."""
-    return {
-        "done_ids": [],
-        "done_tokens": [],
-        "queues": queues,
-        "limit": BATCH,
-        "worker": "fairness-test",
-        "lease_seconds": 30,
-        "cap_seconds": None,
-        "claim_id": None,
-        "keep_done": True,
-        "position_queue": [],
-        "position_priority": [],
-        "position_run_at_us": [],
-        "position_id": [],
-    }
+    return store.job_complete_and_claim_statement(
+        [], queues, BATCH, "fairness-test", 30, None, None
+    ).params
 
 
 def _claim(conn: Conn, statement: LiteralString) -> list[tuple[int, str]]:

@@ -177,13 +177,18 @@ def test_depending_on_a_done_job_is_queued_at_once(db_url: str, conn: Conn) -> N
     assert job_row(conn, b)["status"] == "queued"
 
 
-def _released_at_now(conn: Conn) -> None:
-    """jobs_flow_finished as it was before migration 0031: the job it releases queued at now()."""
+def _function_text(conn: Conn) -> str:
+    """jobs_flow_finished's definition, as the database holds it."""
     row = conn.execute(
         "SELECT pg_get_functiondef('pgdrain.jobs_flow_finished()'::regprocedure)"
     ).fetchone()
     assert row is not None
-    text = str(row[0])
+    return str(row[0])
+
+
+def _released_at_now(conn: Conn) -> None:
+    """jobs_flow_finished as it was before migration 0031: the job it releases queued at now()."""
+    text = _function_text(conn)
     for kept in (
         "greatest(j.run_at, now(), NEW.cancelled_lease_expires_at)",  # migration 0034
         "greatest(d.run_at, now())",
@@ -191,14 +196,6 @@ def _released_at_now(conn: Conn) -> None:
         assert text.count(kept) == 1
         text = text.replace(kept, "now()")
     conn.execute(text.encode())
-
-
-def _function_text(conn: Conn) -> str:
-    row = conn.execute(
-        "SELECT pg_get_functiondef('pgdrain.jobs_flow_finished()'::regprocedure)"
-    ).fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 @pytest.mark.parametrize("waits", [True, False], ids=["waits-for-the-lease", "control-at-once"])

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import wait_for
+from helpers.lock_waits import someone_here_waits_on_a_lock
 from pgdrain.db import migrate as pgdrain_migrate
 from pgdrain.db.migrate import MigrateResult, migrate
 from pgdrain.db.sql import PLACEHOLDER, migrations, query, query_names
@@ -131,14 +132,6 @@ DELETE FROM pgdrain.migrations WHERE version = '0033';
 """
 
 
-def _waits_for_finished_jobs(conn: Conn) -> bool:
-    row = conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock'"
-        " AND relation = 'pgdrain.finished_jobs'::regclass"
-    ).fetchone()
-    return bool(row and row[0])
-
-
 @pytest.mark.parametrize(
     "try_lock_ms", [300, 600_000], ids=["short-tries", "control-one-long-wait"]
 )
@@ -161,7 +154,7 @@ def test_a_migrate_behind_a_long_read_lets_the_queue_through_while_it_waits(
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        wait_for(lambda: _waits_for_finished_jobs(conn), what="migrate to wait for the history")
+        wait_for(lambda: someone_here_waits_on_a_lock(conn), what="migrate to wait for the history")
         with psycopg.connect(db_url, autocommit=True) as reader:
             reader.execute("SET lock_timeout = '3s'")
             if try_lock_ms < 3000:
