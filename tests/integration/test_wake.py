@@ -356,8 +356,8 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
     db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A kicked delayed job is started by a wake-up at its run_at, not by a run now that finds
-    nothing: the kick records the wake-up and sends a wake-up request, which checks that
-    record and creates the schedule, without a run (tests/integration/test_wake_requests.py
+    nothing: the kick reserves the wake-up and sends a wake-up request, which takes up that
+    reservation and creates the schedule, without a run (tests/integration/test_wake_requests.py
     shows what it refuses)."""
     from pgdrain.aws.kick import kick
 
@@ -374,8 +374,10 @@ def test_kicking_a_delayed_job_asks_for_its_wake_up_and_starts_no_run(
         wake_at.isoformat(),
     )
     row = conn.execute("SELECT queue_set, wake_at, state FROM pgdrain.wakes").fetchone()
-    assert row == ("emails", wake_at, "created")
+    assert row == ("emails", wake_at, "creating")
     answered = invoke_handler(request)
+    state = conn.execute("SELECT state FROM pgdrain.wakes").fetchone()
+    assert state == ("created",)
     again = invoke_handler(request)  # a duplicate delivery: the same schedule, which exists
 
     assert (answered["ok"], answered["wake"], answered["wake_at"]) == (

@@ -31,7 +31,8 @@ from helpers.aws import (
 )
 from pgdrain import Budget, Settings, enqueue
 from pgdrain.aws import events, wake_request
-from pgdrain.aws.kick import kick
+from pgdrain.aws.kick import kick, kick_outcome
+from pgdrain.aws.lambda_api import lambda_client
 from pgdrain.aws.wake import (
     MAX_SCHEDULES_PER_WAKER,
     WAKE_HORIZON_SECONDS,
@@ -231,3 +232,97 @@ def test_control_without_the_cap_one_waker_creates_many(settings: Settings, sche
         assert moment is not None
         assert waker.ensure_without_database(["emails"], moment).action == "created"
     assert _schedules(scheduler) == 5
+
+
+def _kick_a_delayed_job_whose_request_cannot_reach_the_database(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch, client: Any, spy: InvokeSpy
+) -> None:
+    """A kick reserves the wake-up of a delayed job and invokes the function, which cannot
+    reach the database (it is down, or the request never comes): no schedule."""
+    kicker = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails", delay=600)
+    kick(conn, ["emails"], settings=kicker, client=client)
+    (request,) = spy.events()
+    monkeypatch.setenv("DATABASE_URL", "postgresql://postgres@127.0.0.1:1/pgdrain")
+    monkeypatch.setenv("PGDRAIN_CONNECT_TIMEOUT", "2")
+    failed = invoke_handler(request, remaining_s=4.0)
+    assert failed["ok"] is False and "database" in failed["error"], failed
+
+
+def _the_next_kick(conn: Conn, db_url: str, monkeypatch: pytest.MonkeyPatch, client: Any) -> Any:
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    kicker = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails", delay=600)
+    return kick_outcome(conn, ["emails"], settings=kicker, client=client)
+
+
+def test_a_request_that_never_took_up_its_wake_up_holds_the_next_kicks_briefly(
+    settings: Settings,
+    db_url: str,
+    conn: Conn,
+    scheduler: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reservation the request did not take up holds WAKE_HOLD_SECONDS (the database's
+    clock moved past it here): the next kick makes the wake-up again, and its request creates
+    the schedule."""
+    create_function()
+    spy = InvokeSpy()
+    client = spy.attach(lambda_client(REGION))
+    _kick_a_delayed_job_whose_request_cannot_reach_the_database(conn, monkeypatch, client, spy)
+    state = conn.execute("SELECT state FROM pgdrain.wakes").fetchone()
+    assert state == ("creating",)
+    conn.execute("UPDATE pgdrain.wakes SET reserved_until = now() - interval '1 second'")
+    again = _the_next_kick(conn, db_url, monkeypatch, client)
+    assert len(again.wakes) == 1 and again.covered == (), again
+    answered = invoke_handler(spy.events()[-1])
+    assert (answered["ok"], answered["wake"]) == (True, "created"), answered
+    assert _schedules(scheduler) == 1
+
+
+def test_control_a_wake_up_recorded_created_by_the_kick_strands_the_jobs(
+    settings: Settings,
+    db_url: str,
+    conn: Conn,
+    scheduler: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The control: the same timeline with the kick's wake-up recorded created, as a kick did
+    before: every later kick trusts it (`covered`), no schedule exists, and the jobs wait for
+    the hourly schedule (a red team's finding)."""
+    create_function()
+    spy = InvokeSpy()
+    client = spy.attach(lambda_client(REGION))
+    _kick_a_delayed_job_whose_request_cannot_reach_the_database(conn, monkeypatch, client, spy)
+    conn.execute("UPDATE pgdrain.wakes SET state = 'created'")
+    conn.execute("UPDATE pgdrain.wakes SET reserved_until = now() - interval '1 second'")
+    again = _the_next_kick(conn, db_url, monkeypatch, client)
+    assert again.wakes == () and again.covered == ("emails",), again
+    assert len(spy.events()) == 1 and _schedules(scheduler) == 0
+
+
+def test_a_kick_without_boto_releases_the_wake_up_it_reserved(
+    conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application installed without the [aws] extra: the kick of a delayed job says what to
+    install, raises nothing, and leaves no reservation behind."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_botocore(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.split(".")[0] in ("boto3", "botocore"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    kicker = Settings(function_name=FUNCTION_NAME, kick_debounce_seconds=0)
+    with conn.transaction():
+        enqueue(conn, "noop", {}, queue="emails", delay=600)
+    monkeypatch.setattr(builtins, "__import__", without_botocore)
+    outcome = kick_outcome(conn, ["emails"], settings=kicker)
+    monkeypatch.setattr(builtins, "__import__", real_import)
+    assert outcome.error is not None and "install pgdrain[aws]" in outcome.error, outcome
+    assert outcome.wakes == ()
+    assert conn.execute("SELECT count(*) FROM pgdrain.wakes").fetchone() == (0,)

@@ -16,9 +16,11 @@ for a kick that arrived after its last claim, and clears the window when it exit
 kick invokes. An invoke that fails clears the window too: a failed kick suppresses nothing.
 A queue with nothing ready gets no run now: a kicked delayed job is started by a wake-up at its
 run_at, not by a run now that finds nothing (and keeps a sleeping database awake for minutes).
-If no wake-up pending for the queue comes early enough, the kick records one in pgdrain.wakes,
+If no wake-up pending for the queue comes early enough, the kick reserves one in pgdrain.wakes,
 in the same transaction as its debounce, and invokes the function with a wake-up request
-({"reason": "later"}) that checks that record and creates the one-shot schedule, without a run.
+({"reason": "later"}) that takes up that reservation and creates the one-shot schedule, without
+a run. A request that never takes it up (the function could not reach the database) leaves a
+reservation that holds WAKE_HOLD_SECONDS only: the next kick or run makes the wake-up again.
 
     with conn.transaction():
         pgdrain.enqueue(conn, "send_email", {"user_id": 42}, queue="emails")
@@ -177,10 +179,10 @@ def _record_wakes(
     settings: Settings,
     reserved_by: str,
 ) -> list[tuple[list[str], dt.datetime]]:
-    """Record a pending wake-up for each queue whose next job is due later, one per wake-up
-    moment (the queues due in the same minute share it), as created: kicks and runs after this
-    one see it and make none of their own. The function this kick invokes drops it if it
-    cannot create the schedule."""
+    """Reserve a wake-up for each queue whose next job is due later, one per wake-up moment
+    (the queues due in the same minute share it): kicks and runs after this one make none of
+    their own while it holds. The function this kick invokes takes it up (created) and drops
+    it if it cannot create the schedule; untaken, it holds WAKE_HOLD_SECONDS (wake_confirm)."""
     by_moment: dict[dt.datetime, list[str]] = {}
     for queue, due_at in sorted(later.items()):
         moment = wake_moment(due_at, settings.wake_precision_seconds)
@@ -189,7 +191,6 @@ def _record_wakes(
     for moment, queues in sorted(by_moment.items()):
         key = queue_set(queues)
         if store.wake_reserve(conn, key, moment, reserved_by, WAKE_HOLD_SECONDS):
-            store.wake_created(conn, key, moment, reserved_by)
             wakes.append((queues, moment))
     return wakes
 
@@ -203,21 +204,27 @@ def _request_wake(
     client: LambdaClient | None,
 ) -> str | None:
     """Invoke the function with a wake-up request; None, or what the failure was."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         invoke_async(function, later_event(queues, wake_at, reserved_by), client)
+    except ImportError as exc:  # an application installed without the [aws] extra
+        error = f"{exc.name or exc}: install pgdrain[aws] to kick the function"
     except (BotoCoreError, ClientError, RuntimeError) as exc:
-        log.warning(
-            "kick: the wake-up request failed; the next kick or run asks again",
-            extra={"queues": queues, "function": function, "error": str(exc)},
+        error = str(exc)
+    else:
+        log.debug(
+            "kick: wake-up requested", extra={"queues": queues, "wake_at": wake_at.isoformat()}
         )
-        # Safe to repeat: it deletes only this kick's own record of the wake-up.
-        with conn.transaction():
-            store.wake_release(conn, queue_set(queues), wake_at, reserved_by)
-        return str(exc)
-    log.debug("kick: wake-up requested", extra={"queues": queues, "wake_at": wake_at.isoformat()})
-    return None
+        return None
+    log.warning(
+        "kick: the wake-up request failed; the next kick or run asks again",
+        extra={"queues": queues, "function": function, "error": error},
+    )
+    # Safe to repeat: it deletes only this kick's own reservation of the wake-up.
+    with conn.transaction():
+        store.wake_release(conn, queue_set(queues), wake_at, reserved_by)
+    return error
 
 
 def kick_hold_seconds(settings: Settings) -> float:

@@ -1,7 +1,7 @@
 """A kick's wake-up request ({"reason": "later"}): a delayed job was kicked while nothing in its
 queue was ready, so a run now would only find nothing and keep a sleeping database awake for
-its suspend delay. The kick has recorded the wake-up in pgdrain.wakes already; the function
-checks that record and creates the one-shot schedule, without a run.
+its suspend delay. The kick has reserved the wake-up in pgdrain.wakes already; the function
+takes up that reservation and creates the one-shot schedule, without a run.
 
 Anyone who may invoke the function may send such an event, and a schedule outlives the access
 that made it (each one later wakes the database). So a request creates a schedule only for a
@@ -67,7 +67,7 @@ def answer(
                 extra={"wake_at": trigger.wake_at.isoformat()},
             )
             return None
-        recorded = _recorded(trigger, settings, budget, horizon)
+        recorded = _confirmed(trigger, settings, budget, horizon)
         if recorded is None:
             return None
         if not recorded:
@@ -86,15 +86,17 @@ def answer(
     return summary
 
 
-def _recorded(trigger: Trigger, settings: Settings, budget: Budget, horizon: float) -> bool | None:
-    """Whether pgdrain.wakes holds the request's wake-up under its kick's id (None: the
-    database could not say; the drain that follows reports why)."""
+def _confirmed(
+    trigger: Trigger, settings: Settings, budget: Budget, horizon: float
+) -> bool | None:
+    """Whether pgdrain.wakes holds the request's wake-up under its kick's id, now taken up as
+    created (None: the database could not say; the drain that follows reports why)."""
     assert trigger.wake_at is not None and trigger.reserved_by is not None
     try:
         conninfo = resolve_conninfo(settings)
         with connection.connect(conninfo, settings, budget) as conn:
             key = queue_set(trigger.queues)
-            return store.wake_recorded(conn, key, trigger.wake_at, trigger.reserved_by, horizon)
+            return store.wake_confirm(conn, key, trigger.wake_at, trigger.reserved_by, horizon)
     except (PgdrainError, psycopg.Error) as exc:
         log.warning("could not check the wake-up request against pgdrain.wakes: %s", exc)
         return None

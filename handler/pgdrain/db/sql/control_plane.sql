@@ -544,16 +544,20 @@ WHERE w.wake_at <= now()
        AND w.wake_at = excluded.wake_at)
 RETURNING w.wake_at;
 
--- name: wake_recorded :one
--- Whether a kick recorded this wake-up, as a wake-up request ({"reason": "later"}) says: the
--- request creates a schedule only for one the database holds, created, under the kick's own
--- id, due after now and within %(horizon_seconds)s. Only reads.
-SELECT true
-FROM pgdrain.wakes
+-- name: wake_confirm :one
+-- A wake-up request ({"reason": "later"}) takes up the wake-up its kick reserved: only one the
+-- database holds under the kick's own id, due after now and within %(horizon_seconds)s, becomes
+-- created (pending until its time). Until then the reservation holds for WAKE_HOLD_SECONDS
+-- only, so a request that never gets here (the function could not reach the database, the
+-- application died before it invoked) suppresses no later kick's or run's wake-up for longer.
+-- Past that hold the request still takes it up while no one else has. Safe to repeat (a
+-- retried event): a created row of the same kick is confirmed again.
+UPDATE pgdrain.wakes SET state = 'created'
 WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
-  AND state = 'created'
+  AND state IN ('creating', 'created')
   AND wake_at > now()
-  AND wake_at <= now() + make_interval(secs => %(horizon_seconds)s::float8);
+  AND wake_at <= now() + make_interval(secs => %(horizon_seconds)s::float8)
+RETURNING true;
 
 -- name: wake_created :exec
 -- The schedule exists: the reservation becomes a pending wake-up until its time.
@@ -562,8 +566,8 @@ WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(ru
 
 -- name: wake_release :exec
 -- Creating the schedule failed: drop the reservation, so the next run that ends tries again.
--- (Whatever its state: a kick marks its wake-up created before the function it invokes creates
--- the schedule, and that function drops it if it cannot.)
+-- (Whatever its state: a wake-up request confirms its kick's reservation before it creates the
+-- schedule, and drops it if it cannot.)
 DELETE FROM pgdrain.wakes
 WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
 

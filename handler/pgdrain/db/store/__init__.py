@@ -50,8 +50,8 @@ from pgdrain.db.store.control_plane import (
     run_register,
     run_spawn,
     run_unregister,
+    wake_confirm,
     wake_created,
-    wake_recorded,
     wake_release,
     wake_reserve,
 )
@@ -260,9 +260,9 @@ __all__ = [
     "transaction_commit",
     "transaction_limits",
     "transaction_rollback",
+    "wake_confirm",
     "wake_created",
     "wake_list",
-    "wake_recorded",
     "wake_release",
     "wake_reserve",
 ]

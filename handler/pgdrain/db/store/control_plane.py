@@ -440,13 +440,13 @@ def wake_reserve(
 
 
 @one_statement
-def wake_recorded(
+def wake_confirm(
     conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str, horizon_seconds: float
 ) -> bool:
-    """Whether the database holds this wake-up, created by `run_id` and due within
-    horizon_seconds (a wake-up request's check)."""
+    """Whether the database holds this wake-up, reserved by `run_id` and due within
+    horizon_seconds (a wake-up request's check); if so it is now created."""
     row = conn.execute(
-        query("wake_recorded"),
+        query("wake_confirm"),
         {
             "queue_set": queue_set,
             "wake_at": wake_at,
