@@ -58,6 +58,9 @@ class Controls(NamedTuple):
     register_each_invocation: bool = True
     # A run enqueues, and wakes up for, only the periodic kinds of the queues it drains.
     periodics_of_drained_queues: bool = True
+    # A periodic slot that fell due while a run drained is enqueued before its exit check, and
+    # its wake-up counts the next slot from its start (api/periodic.py EnqueuedSince).
+    enqueue_slots_fallen_due: bool = True
     # A per-queue limit whose count says full while its jobs are ready is recounted, exactly,
     # with a run's first claim and its exit check (runner/limits.py).
     recount_full_limits: bool = True

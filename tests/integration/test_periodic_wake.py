@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from helpers import periodic_jobs
-from pgdrain import Budget, Registry, Settings, drain
+from pgdrain import Budget, Registry, Settings, drain, enqueue
 from pgdrain.api.periodic import Periodic, next_periodic_slot
 from pgdrain.aws import events
 from pgdrain.aws.control import RunControl
@@ -160,3 +160,68 @@ def test_the_function_warns_at_its_start_of_a_kind_no_run_of_it_takes(
     kept.lines.clear()
     lambda_run.cold_start({**env, "PGDRAIN_QUEUES": "default,maintenance"})
     assert kept.lines == []
+
+
+# -- a slot that falls due while the run drains -------------------------------------------------
+
+minutely = Registry()
+
+
+class _LaterClock:
+    """The run's UTC clock, which a job moves a minute ahead: the drain then straddles a slot
+    boundary, deterministically."""
+
+    def __init__(self) -> None:
+        self.ahead = dt.timedelta(0)
+
+    def __call__(self) -> dt.datetime:
+        return dt.datetime.now(dt.UTC) + self.ahead
+
+
+clock = _LaterClock()
+
+
+@minutely.periodic(every=dt.timedelta(minutes=1), kind="tick")
+def tick(job: object) -> None:
+    pass
+
+
+@minutely.job("straddle")
+def straddle(job: object) -> None:
+    clock.ahead += dt.timedelta(minutes=1)
+
+
+@pytest.mark.parametrize("catch_up", [True, False], ids=["enqueued-at-exit", "control-skipped"])
+def test_a_slot_that_falls_due_while_the_run_drains_is_enqueued_not_skipped(
+    db_url: str, conn: Conn, catch_up: bool
+) -> None:
+    """A red team's finding: the run enqueued its due slots at its start and, at its end, woke
+    up for the first slot after its end, so a slot that fell due while it drained was enqueued
+    by no run (the control). Now the run enqueues that slot before its exit check, which sees
+    its job: the run drains it too."""
+    clock.ahead = dt.timedelta(0)
+    settings = Settings()
+    controls = Controls(enqueue_slots_fallen_due=catch_up)
+    budget = Budget.seconds(30)
+    control = RunControl(
+        events.Trigger("schedule", ("default",)),
+        "periodic-run",
+        budget,
+        waker=Waker(settings, None),
+        periodics=minutely.periodics,
+        utc_clock=clock,
+        controls=controls,
+    )
+    with conn.transaction():
+        enqueue(conn, "straddle", {})
+    started = dt.datetime.now(dt.UTC)
+    result = drain_with(controls, settings, budget, minutely, db_url, hooks=control)
+    assert result.stop_reason == "empty", result.error
+    ticks = conn.execute("SELECT status FROM pgdrain.jobs WHERE kind = 'tick'").fetchall()
+    slot_during_the_drain = next_periodic_slot(minutely.periodics, started)
+    assert slot_during_the_drain is not None and control.wake.wake_at is not None
+    assert control.wake.wake_at > slot_during_the_drain
+    if catch_up:
+        assert ticks == [("done",), ("done",)]
+    else:
+        assert ticks == [("done",)]  # the slot that fell due while it drained: no job

@@ -19,6 +19,7 @@ from pgdrain.api.kick_target import (
 )
 from pgdrain.errors import ConfigError
 from pgdrain.runner.stop import StopRequest
+from pgdrain.db.store import ExitCheck
 from pgdrain.runner.worker import DEFAULT_SAFETY_NET_SECONDS, MIN_WAIT_SECONDS, Listener, Worker
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=dt.UTC)
@@ -73,6 +74,7 @@ def test_it_wakes_at_the_earliest_of_due_work_and_periodic_slots() -> None:
         pass
 
     worker = _worker(registry)
+    worker.next_due.periodics.at = NOW  # its last drain enqueued the slots due then
     assert worker.next_wake(NOW) == (299.5, "periodic")  # 12:05
     worker.next_due.due_at = NOW + dt.timedelta(seconds=42)
     assert worker.next_wake(NOW) == (42.0, "due")
@@ -124,3 +126,34 @@ def test_a_wake_taken_before_the_shut_and_called_after_it_writes_to_no_other_fil
         for number in numbers:
             with pytest.raises(OSError):
                 os.fstat(number)
+
+
+class _ExitSession:
+    """A Session's run() as NextDue.before_exit calls it: the exit check's answer."""
+
+    def __init__(self, check: ExitCheck) -> None:
+        self.check = check
+
+    def run(self, operation: object, *args: object, **kwargs: object) -> ExitCheck:
+        return self.check
+
+
+@pytest.mark.parametrize("skew_s", [-20.0, 0.0, 8.0])
+def test_an_idle_worker_waits_as_long_as_the_database_says_whatever_its_own_clock(
+    skew_s: float,
+) -> None:
+    """A red team's finding: the worker took the database's due moment and waited until its own
+    clock reached it, so a host clock 20 s behind started the job 20 s late, and one 8 s ahead
+    drained empty twice a second until then. It now waits for as long as the database counts
+    from its check (due_in_s) to that moment."""
+    worker = _worker()
+    database_now = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=skew_s)
+    check = ExitCheck(
+        kicked=False,
+        ready=False,
+        due_at=database_now + dt.timedelta(seconds=42),
+        due_in_s=42.0,
+    )
+    worker.next_due.before_exit(_ExitSession(check))  # type: ignore[arg-type]
+    wait_s, reason = worker.next_wake(dt.datetime.now(dt.UTC))
+    assert reason == "due" and 41.0 <= wait_s <= 42.0

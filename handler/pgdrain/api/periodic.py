@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from pgdrain.api.enqueue import build_job
 from pgdrain.db import store
+from pgdrain.db.session import Session
 from pgdrain.settings import describe_queues, serves
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,43 @@ def next_periodic_slot(
     enqueue_due) and run on time while the database sleeps in between."""
     moment = now or dt.datetime.now(UTC)
     return min((p.schedule.next_after(moment) for p in periodics), default=None)
+
+
+class EnqueuedSince:
+    """When a run last enqueued its periodic kinds' due slots (at its start). The slots it
+    wakes up for are counted from then, not from its end: a slot that fell due while it
+    drained is enqueued before it exits (its exit check then sees the job), not skipped.
+    `catch_up` False (a test's control): counted from the end, and none enqueued at the exit."""
+
+    def __init__(
+        self,
+        periodics: Sequence[Periodic],
+        *,
+        catch_up: bool = True,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(UTC),
+    ) -> None:
+        self.periodics = tuple(periodics)
+        self._catch_up = catch_up
+        self._clock = clock
+        self.at = clock()
+
+    def enqueued(self) -> None:
+        """The run enqueues its due slots now (or is about to: runner/drain.py)."""
+        self.at = self._clock()
+
+    def enqueue_fallen_due(self, session: Session) -> None:
+        """Before the run's exit check: the slots that fell due while it drained, enqueued in
+        a statement of their own (none when no slot did), so the check sees their jobs and the
+        run drains them. Safe to repeat: enqueue_due enqueues a slot once."""
+        now = self._clock()
+        due = self.next_slot()
+        if self._catch_up and due is not None and due <= now:
+            session.run(enqueue_due, self.periodics, now)
+            self.at = now
+
+    def next_slot(self) -> dt.datetime | None:
+        """The first slot not yet enqueued: possibly past, when it fell due meanwhile."""
+        return next_periodic_slot(self.periodics, self.at if self._catch_up else self._clock())
 
 
 def _utc(moment: dt.datetime) -> dt.datetime:

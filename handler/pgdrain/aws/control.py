@@ -107,6 +107,7 @@ class RunControl:
         kick_hold_s: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
+        utc_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
         before_exit_check: Callable[[], None] | None = None,
         periodics: Sequence[periodic.Periodic] = (),
         retention_batch: Callable[[], store.Statement[store.RetentionBatch] | None] = lambda: None,
@@ -142,7 +143,9 @@ class RunControl:
         # the kinds its drain enqueues (runner/drain.py).
         if controls.periodics_of_drained_queues:
             periodics = periodic.of_queues(periodics, trigger.queues)
-        self._periodics = tuple(periodics)
+        self._periodics = periodic.EnqueuedSince(
+            periodics, catch_up=controls.enqueue_slots_fallen_due, clock=utc_clock
+        )
         self._retention_batch = retention_batch
         self._retention_limit_ms = retention_limit_ms
         self._done_kept = done_kept  # for its history line: Settings.keeps_done
@@ -220,6 +223,7 @@ class RunControl:
                 self._kick_hold_s,
             )
         self._hold_renew_at = self._clock() + self._kick_hold_s / 2
+        self._periodics.enqueued()  # the drain enqueues its due slots next (runner/drain.py)
         # Limits configured here are written by every run; a limit removed from the setting is
         # dropped by the next scheduled run (housekeeping), which costs the others nothing.
         if self._queue_limits or self._queue_rates or self.trigger.housekeeping:
@@ -264,6 +268,7 @@ class RunControl:
         # In the exit check's round trip too, each in a transaction of its own before it: a
         # limit whose count drifted high is recounted (the check then sees the slots it
         # freed), and the ready jobs the run leaves are counted (held back by a full limit).
+        self._periodics.enqueue_fallen_due(session)
         limits = LimitRecount(session, self.trigger.queues, controls=self._controls)
         limits.send_with_next()
         if self._controls.count_ready_at_exit:
@@ -320,7 +325,7 @@ class RunControl:
         """The earlier of the queues' next due moment and the next slot of a periodic kind:
         a run at that slot enqueues its job (periodic.enqueue_due) and drains it, so periodic
         work needs no schedule of its own and the database sleeps between slots."""
-        slot = periodic.next_periodic_slot(self._periodics)
+        slot = self._periodics.next_slot()
         if slot is None:
             return due_at
         return slot if due_at is None else min(due_at, slot)

@@ -86,9 +86,7 @@ def answer(
     return summary
 
 
-def _confirmed(
-    trigger: Trigger, settings: Settings, budget: Budget, horizon: float
-) -> bool | None:
+def _confirmed(trigger: Trigger, settings: Settings, budget: Budget, horizon: float) -> bool | None:
     """Whether pgdrain.wakes holds the request's wake-up under its kick's id, now taken up as
     created (None: the database could not say; the drain that follows reports why)."""
     assert trigger.wake_at is not None and trigger.reserved_by is not None

@@ -227,7 +227,7 @@ def _claims(
     )
 
 
-def _periodics(
+def drained_periodics(
     registry: Registry, queues: tuple[str, ...] | None, controls: Controls
 ) -> tuple[periodic.Periodic, ...]:
     """The periodic kinds a run enqueues: those of the queues it drains. A slot of a queue it
@@ -295,7 +295,7 @@ class _Run:
             self.claims.reclaim.send_with_next()
             self.limits.send_with_next()
             # Due slots of periodic kinds, once each (idempotency keys).
-            if periodics := _periodics(self.registry, self.queues, self.controls):
+            if periodics := drained_periodics(self.registry, self.queues, self.controls):
                 self.session.run(periodic.enqueue_due, periodics)
             stop_reason = self._loop(pool)
             self.claims.reclaim.finish()  # a run that never claimed still reclaims

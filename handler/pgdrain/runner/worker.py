@@ -53,7 +53,7 @@ from pgdrain.controls import ALL_ON, Controls
 from pgdrain.db import connection, retention, store
 from pgdrain.db.session import Session
 from pgdrain.errors import ConfigError, DatabaseUnavailable
-from pgdrain.runner.drain import default_worker_id, drain_with
+from pgdrain.runner.drain import default_worker_id, drain_with, drained_periodics
 from pgdrain.runner.limits import send_configured_limits
 from pgdrain.runner.stop import StopRequest
 from pgdrain.runner.summary import COUNTERS, Counter, DrainResult
@@ -126,7 +126,14 @@ class Worker:
         self.controls = controls
         self.worker_id = default_worker_id()
         self.safety_net_s = settings.schedule_rate_seconds or DEFAULT_SAFETY_NET_SECONDS
-        self.next_due = NextDue(self.worker_id, settings)
+        self.next_due = NextDue(
+            self.worker_id,
+            settings,
+            periodic.EnqueuedSince(
+                drained_periodics(registry, settings.queues, controls),
+                catch_up=controls.enqueue_slots_fallen_due,
+            ),
+        )
         self._report = report or (lambda _result, _reason: None)
         self._retry_s = FIRST_RETRY_SECONDS
         # Each drain gets a stop request of its own (its pool registers a waker on it); the
@@ -256,7 +263,7 @@ class Worker:
         moments: list[tuple[float, WakeReason]] = [(self.safety_net_s, "safety net")]
         if self.next_due.due_at is not None:
             moments.append(((self.next_due.due_at - now).total_seconds(), "due"))
-        slot = periodic.next_periodic_slot(self.registry.periodics, now)
+        slot = self.next_due.periodics.next_slot()
         if slot is not None:
             moments.append(((slot - now).total_seconds(), "periodic"))
         seconds, reason = min(moments)
@@ -270,14 +277,18 @@ class NextDue:
     and clears no kick window (pgdrain.kicks belongs to the function's kicks). It writes its queue
     limits, as a run does (send_configured_limits)."""
 
-    def __init__(self, worker_id: str, settings: Settings) -> None:
+    def __init__(
+        self, worker_id: str, settings: Settings, periodics: periodic.EnqueuedSince
+    ) -> None:
         self._worker_id = worker_id
         self._settings = settings
         self._queues = settings.queues
         self.due_at: dt.datetime | None = None
+        self.periodics = periodics
 
     def after_connect(self, session: Session) -> bool:
         self.due_at = None
+        self.periodics.enqueued()  # the drain enqueues its due slots next (runner/drain.py)
         send_configured_limits(session, self._settings, self._queues)
         return True  # one worker process: no fan-out cap to keep
 
@@ -287,11 +298,19 @@ class NextDue:
         pass
 
     def before_exit(self, session: Session) -> bool:
+        self.periodics.enqueue_fallen_due(session)
         # One statement, only reads and housekeeping: safe to repeat after a reconnect.
         check = session.run(
             store.run_exit, self._worker_id, self._queues, may_stay=False, clear_kicks=False
         )
-        self.due_at = check.due_at
+        # When work is due, on this host's clock: the database says how far ahead (its own
+        # clock), not at what moment, which a host clock ahead or behind would read early
+        # or late.
+        self.due_at = (
+            None
+            if check.due_in_s is None
+            else dt.datetime.now(dt.UTC) + dt.timedelta(seconds=check.due_in_s)
+        )
         return check.ready
 
 

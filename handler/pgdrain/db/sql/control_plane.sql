@@ -524,7 +524,9 @@ WITH kick AS MATERIALIZED (
     WHERE %(record)s::boolean AND (SELECT exits FROM decided)
     ON CONFLICT (run_id) DO NOTHING  -- the exit repeated: the first line stands
 )
-SELECT s.kicked, s.kick_age_s, s.ready, s.due_at, d.exits FROM seen AS s, decided AS d;
+SELECT s.kicked, s.kick_age_s, s.ready, s.due_at, d.exits,
+       extract(epoch FROM s.due_at - now())::float8 AS due_in_s
+FROM seen AS s, decided AS d;
 
 -- name: wake_reserve :one
 -- Claim the right to create the one-shot schedule for %(wake_at)s, unless an earlier or equal

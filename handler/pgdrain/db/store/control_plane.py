@@ -282,6 +282,7 @@ class ExitCheck:
     due_at: dt.datetime | None  # when new work is next due in these queues
     kick_age_s: float | None = None  # seconds since the latest kick of these queues
     exited: bool = True  # the run unregistered (and cleared its queues' kick window)
+    due_in_s: float | None = None  # seconds from the check to due_at, on the database's clock
 
 
 # The counts a run's history line keeps, as its summary names them (runner/summary.py).
@@ -366,6 +367,7 @@ def run_exit(
         ready=bool(row[2]),
         due_at=row[3],
         exited=bool(row[4]),
+        due_in_s=row[5],
     )
 
 
