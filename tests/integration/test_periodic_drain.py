@@ -66,3 +66,36 @@ def test_control_without_the_slot_guard_every_run_enqueues_the_slot_again(
     run(db_url)
     assert _statuses(conn) == ["done", "done"]
     assert len(ran) == 2
+
+
+def _tenant(queue: str) -> Registry:
+    """A deployment of a tenant's own: the same code, the same kind, its own queue."""
+    registry = Registry()
+
+    @registry.periodic("0 0 1 1 *", kind="cleanup", queue=queue)
+    def cleanup(job: Job) -> None:
+        ran.append(job.id)
+
+    return registry
+
+
+def test_the_same_kind_in_two_queues_has_a_slot_in_each(db_url: str, conn: Conn) -> None:
+    """A red team's finding: two deployments sharing a database, each with `cleanup` on its
+    own queue, took each other's slots (the row was kept per kind): one tenant's cleanup never
+    ran. Each queue now has its own row, and each slot is still enqueued once per queue."""
+    for queue in ("tenant_a", "tenant_b", "tenant_a"):
+        drain(Settings(queues=(queue,)), Budget.seconds(30), _tenant(queue), db_url)
+    rows = conn.execute("SELECT queue, status FROM pgdrain.jobs ORDER BY queue").fetchall()
+    assert rows == [("tenant_a", "done"), ("tenant_b", "done")]
+    assert len(ran) == 2
+
+
+def test_a_slot_enqueued_before_slots_were_kept_per_queue_is_not_enqueued_again(
+    db_url: str, conn: Conn
+) -> None:
+    """A row from before migration 0037 names no queue: its slot counts for every queue."""
+    run(db_url)
+    conn.execute("DELETE FROM pgdrain.jobs")
+    conn.execute("UPDATE pgdrain.periodic_slots SET queue = ''")
+    run(db_url)
+    assert _statuses(conn) == [] and len(ran) == 1

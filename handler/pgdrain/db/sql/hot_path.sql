@@ -117,9 +117,10 @@ RETURNING id;
 
 -- name: periodic_enqueue :many
 -- The due slot of each periodic kind, enqueued only if later than the slot last enqueued for
--- that kind (periodic_slots; concurrent runs serialise on its row, so one of them wins): a
--- slot is enqueued once, and a second run, or a repeat of this statement after a reconnect,
--- enqueues nothing. Returns the ids of the jobs created.
+-- that kind in its queue (periodic_slots; concurrent runs serialise on its row, so one of them
+-- wins): a slot is enqueued once, and a second run, or a repeat of this statement after a
+-- reconnect, enqueues nothing. The same kind in another queue (another deployment's) has a
+-- row of its own (migration 0037). Returns the ids of the jobs created.
 WITH due AS (
     SELECT *
     FROM unnest(%(kinds)s::text[], %(slots)s::timestamptz[], %(queues)s::text[],
@@ -127,16 +128,19 @@ WITH due AS (
                 %(recovery_policies)s::text[])
          AS d(kind, slot, queue, payload, priority, max_attempts, recovery_policy)
 ), taken AS (
-    INSERT INTO pgdrain.periodic_slots AS p (kind, slot)
-    SELECT kind, slot FROM due
-    ON CONFLICT (kind) DO UPDATE SET slot = excluded.slot, enqueued_at = now()
+    INSERT INTO pgdrain.periodic_slots AS p (kind, queue, slot)
+    SELECT d.kind, d.queue, d.slot FROM due AS d
+    -- A kind's row from before migration 0037 keeps no queue: its slot was enqueued already.
+    WHERE NOT EXISTS (SELECT 1 FROM pgdrain.periodic_slots AS before
+                      WHERE before.kind = d.kind AND before.queue = '' AND before.slot >= d.slot)
+    ON CONFLICT (kind, queue) DO UPDATE SET slot = excluded.slot, enqueued_at = now()
     WHERE p.slot < excluded.slot
-    RETURNING p.kind
+    RETURNING p.kind, p.queue
 )
 INSERT INTO pgdrain.active_jobs (queue, kind, payload, priority, max_attempts, recovery_policy)
 SELECT due.queue, due.kind, due.payload, due.priority, due.max_attempts, due.recovery_policy
 FROM due
-JOIN taken ON taken.kind = due.kind
+JOIN taken ON taken.kind = due.kind AND taken.queue = due.queue
 RETURNING id;
 
 -- name: job_find_by_key :one
