@@ -145,10 +145,21 @@ def _queue_limit_entries(raw: str) -> dict[str, tuple[int | None, tuple[int, int
                 "or QUEUE=LIMIT+N/PERIOD"
             )
         name = check_queue_name(name.strip(), "PGDRAIN_QUEUE_LIMITS")
+        if name in entries:
+            # One entry each: a second would silently replace the first's limits.
+            raise ConfigError(
+                f"PGDRAIN_QUEUE_LIMITS: queue {name!r} is named twice; give both limits in "
+                f"one entry, as {name}=LIMIT+N/PERIOD"
+            )
         running: int | None = None
         rate: tuple[int, int] | None = None
         for piece in (x.strip() for x in spec.split("+")):
             number, slash, period = piece.partition("/")
+            if (running if not slash else rate) is not None:
+                raise ConfigError(
+                    f"PGDRAIN_QUEUE_LIMITS: {part!r} gives two "
+                    f"{'concurrency limits' if not slash else 'rates'}; give one of each at most"
+                )
             if not slash:
                 running = _integer("PGDRAIN_QUEUE_LIMITS", number.strip())
                 continue

@@ -24,6 +24,7 @@ from pgdrain.aws.wake import Waker, wake_time
 from pgdrain.db import store
 from pgdrain.db.sql import query
 from pgdrain.db.store.hot_path import PAUSED_FLAG
+from pgdrain.errors import ConfigError
 from pgdrain.runner.attempts import RunState
 from pgdrain.runner.claiming import Claims
 from pgdrain.runner.completer import Completer
@@ -56,6 +57,22 @@ def test_the_setting_says_both_limits() -> None:
     settings = Settings.from_env({"PGDRAIN_QUEUE_LIMITS": raw})
     assert settings.queue_limits == (("api", 10), ("emails", 2))
     assert settings.queue_rates == (("api", 100, 60), ("hourly", 1, 3600), ("reports", 5, 60))
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ("api=3,api=100/1m", "named twice"),  # was: the rate alone, no concurrency limit
+        ("api=100/1m, api=3", "named twice"),  # was: the limit alone, no rate
+        ("api=1/m+100/s", "two rates"),  # was: 100/s alone
+        ("api=2+3", "two concurrency limits"),
+    ],
+)
+def test_a_queue_given_twice_is_refused_not_half_kept(raw: str, said: str) -> None:
+    """A red team's finding: a later entry for the same queue replaced the first's limits in
+    silence, so a team that wrote its limit and its rate apart hammered its partner's API."""
+    with pytest.raises(ConfigError, match=f"PGDRAIN_QUEUE_LIMITS: .*{said}"):
+        Settings.from_env({"PGDRAIN_QUEUE_LIMITS": raw})
 
 
 @pytest.mark.parametrize("paused", [True, False], ids=["paused", "control-not-paused"])

@@ -17,9 +17,9 @@ from pgdrain.api.kick_target import (
     kicked_queues,
     notify_payload,
 )
+from pgdrain.db.store import ExitCheck
 from pgdrain.errors import ConfigError
 from pgdrain.runner.stop import StopRequest
-from pgdrain.db.store import ExitCheck
 from pgdrain.runner.worker import DEFAULT_SAFETY_NET_SECONDS, MIN_WAIT_SECONDS, Listener, Worker
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=dt.UTC)
