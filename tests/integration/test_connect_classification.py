@@ -278,3 +278,45 @@ def test_cli_drain_to_an_unresolvable_host_exits_2_at_once() -> None:
     run = run_pgdrain("drain", "--budget", "30", env={"DATABASE_URL": url})
     assert "retrying" not in run.err and "failed to resolve host" in run.out
     assert run.code == EXIT_BAD_INPUT, run
+
+
+class _Attempts:
+    """psycopg's connect to addresses that hold the connection: each times out after the whole
+    timeout (on the injected clock), one address after the other."""
+
+    def __init__(self, fake: FakeTime, addresses: int) -> None:
+        self.fake = fake
+        self.addresses = addresses
+        self.timeouts: list[int] = []
+
+    def __call__(self, conninfo: str, **kwargs: object) -> object:
+        timeout = kwargs["connect_timeout"]
+        assert isinstance(timeout, int)
+        self.timeouts.append(timeout)
+        self.fake.now += timeout * self.addresses
+        raise psycopg.OperationalError("connection timeout expired")
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 3])
+def test_a_slow_connect_keeps_the_reserve_whatever_the_addresses(
+    hosts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's finding: each attempt got min(connect timeout, the budget), so it ate the
+    reserve the run needs to report, and psycopg gives each address the host resolves to (or
+    each host named) that whole timeout: two addresses that hold the connection ran a 10 s
+    invocation for 18 s, into Lambda's timeout. Now the addresses share what the budget less
+    the reserve leaves."""
+    fake = FakeTime()
+    attempts = _Attempts(fake, hosts)
+    monkeypatch.setattr(psycopg.Connection, "connect", attempts)
+    names = ",".join(["127.0.0.1"] * hosts)
+    ports = ",".join(str(5432 + n) for n in range(hosts))
+    url = f"host={names} port={ports} dbname=postgres user=postgres"
+    settings = Settings(reserve_seconds=3.0, connect_timeout=20.0)
+    budget = 10.0
+    with pytest.raises(DatabaseUnavailable, match="timeout expired"):
+        connection.connect(
+            url, settings, Budget.seconds(budget, clock=fake.clock), sleep=fake.sleep
+        )
+    assert attempts.timeouts, "no attempt was made"
+    assert fake.now <= budget - settings.reserve_seconds

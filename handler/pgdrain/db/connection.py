@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_attempts, conninfo_to_dict
 
 from pgdrain.budget import Budget
 from pgdrain.errors import (
@@ -167,9 +167,14 @@ def connect(
     pg_stat_activity (a worker's listening connection has a name of its own)."""
     ceiling = FIRST_RETRY_DELAY_SECONDS
     attempt = 0
+    addresses = _addresses(conninfo)
     while True:
         attempt += 1
-        timeout = min(settings.connect_timeout, budget.remaining())
+        # Within the budget less the reserve, which the run needs to report (libpq's 2 s at
+        # least): psycopg tries each address the host names resolve to (two for a dual-stack
+        # name) with the whole timeout, so each gets its share.
+        left = budget.remaining() - settings.reserve_seconds
+        timeout = min(settings.connect_timeout, max(left, MIN_CONNECT_TIMEOUT_SECONDS)) / addresses
         try:
             kwargs = (
                 connection_kwargs(settings, timeout)
@@ -201,7 +206,9 @@ def connect(
             # Full jitter: a wait anywhere from 0 to the doubling ceiling.
             delay = ceiling * jitter()
             left = budget.remaining() - settings.reserve_seconds
-            if left <= delay:
+            # Another attempt may overrun what is left by one address's 2 s, which the reserve
+            # takes; at more addresses, their other 2 s must fit.
+            if left - delay <= MIN_CONNECT_TIMEOUT_SECONDS * (addresses - 1):
                 raise DatabaseUnavailable(
                     f"database unreachable after {attempt} attempt(s): {reason}"
                 ) from None
@@ -212,6 +219,16 @@ def connect(
             )
             sleep(delay)
             ceiling = min(ceiling * 2, MAX_RETRY_DELAY_SECONDS)
+
+
+def _addresses(conninfo: str) -> int:
+    """How many addresses psycopg tries in turn, each with the connect timeout: the hosts the
+    string names, each as many times as it resolves to addresses. 1 when it cannot tell
+    (connect() then reports why)."""
+    try:
+        return max(1, len(conninfo_attempts(conninfo_to_dict(conninfo))))
+    except (psycopg.Error, OSError):
+        return 1
 
 
 T = TypeVar("T")
