@@ -22,6 +22,7 @@ from pgdrain import (
     DrainResult,
     Job,
     Registry,
+    RetryIn,
     Settings,
     build_job,
     drain,
@@ -54,6 +55,18 @@ def sum_inputs(job: Job) -> int:
     with psycopg.connect(job.payload["url"]) as conn:
         outputs = job.dependency_outputs(conn)
     return sum(o["n"] for o in outputs.values())
+
+
+outputs_read: list[dict[int, Any]] = []  # what each read_outputs attempt read
+
+
+@jobs.job("read_outputs")
+def read_outputs(job: Job) -> None:
+    """Reads its dependencies' outputs; its first attempt then asks to be retried an hour on."""
+    with psycopg.connect(job.payload["url"]) as conn:
+        outputs_read.append(job.dependency_outputs(conn))
+    if job.attempt == 1:
+        raise RetryIn(3600, "come back later")
 
 
 @jobs.job("refuse")
@@ -116,6 +129,7 @@ def _clear() -> Iterator[None]:
     ran.clear()
     meeting = Meeting()
     progress_seen.clear()
+    outputs_read.clear()
     yield
     meeting.barrier.abort()
 
@@ -154,6 +168,20 @@ def test_a_dependent_reads_its_dependencies_outputs(db_url: str, conn: Conn) -> 
     assert run(db_url).done == 3
     assert job_state(conn, c)["output"] == 7  # type: ignore[index]
     assert job_state(conn, a)["output"] == {"n": 2, "id": a}  # type: ignore[index]
+
+
+def test_a_dependency_purged_before_its_dependent_runs_again_reads_as_none(
+    db_url: str, conn: Conn
+) -> None:
+    with workflow(conn) as wf:
+        a = wf.enqueue("step", {"n": 2})
+        b = wf.enqueue("read_outputs", {"url": db_url}, after=[a])
+    run(db_url, concurrency=1)
+    assert store.job_purge_finished(conn, 0) == 1  # pgdrain purge --older-than-days 0
+    conn.execute("UPDATE pgdrain.jobs SET run_at = now() WHERE id = %s", (b,))  # retry due
+    run(db_url)
+    # Every dependency keeps its key: one whose row is gone reads None, as one not done.
+    assert outputs_read == [{a: {"n": 2, "id": a}}, {a: None}]
 
 
 def test_a_failed_dependency_cancels_its_dependents_recursively(db_url: str, conn: Conn) -> None:

@@ -342,12 +342,14 @@ ORDER BY 1;
 SELECT to_jsonb(j) AS job FROM pgdrain.jobs AS j WHERE j.id = %(id)s;
 
 -- name: job_dependency_outputs :many
--- The output each dependency of this job recorded (NULL: none, or not done), by primary key.
-SELECT d.id, d.status, d.output
+-- The output each dependency of this job recorded (NULL: none, not done, or its row is gone
+-- to retention or purge), by primary key. Every id of depends_on has a row.
+SELECT dep.id, d.status, d.output
 FROM pgdrain.jobs AS j
-JOIN pgdrain.jobs AS d ON d.id = ANY(j.depends_on)
+CROSS JOIN LATERAL unnest(j.depends_on) AS dep(id)
+LEFT JOIN pgdrain.jobs AS d ON d.id = dep.id
 WHERE j.id = %(id)s
-ORDER BY d.id;
+ORDER BY dep.id;
 
 -- name: job_retry_matching :many
 -- Operator action by filter: queue again the jobs in %(statuses)s (failed, parked) matching

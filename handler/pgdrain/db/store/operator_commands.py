@@ -310,7 +310,8 @@ def migration_record(conn: Connection, migration: Migration) -> None:
 
 
 def job_dependency_outputs(conn: Connection, job_id: int) -> dict[int, Any]:
-    """Each dependency of the job: the output it recorded (None: none, or not done)."""
+    """Each dependency of the job: the output it recorded (None: none, not done, or its row
+    deleted by retention or purge). Every id the job depends on is a key."""
     rows = conn.execute(query("job_dependency_outputs"), {"id": job_id}).fetchall()
     return {int(r[0]): r[2] for r in rows}
 
