@@ -5,6 +5,7 @@ the one mechanism switched off."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,14 @@ import psycopg
 import pytest
 
 import pgdrain.db.sql
-from helpers.fixtures import claim_batch, job_row, unfenced, wait_for
+from helpers.fixtures import (
+    UNREADABLE_JSON,
+    claim_batch,
+    job_row,
+    unfenced,
+    unreadable_job,
+    wait_for,
+)
 from pgdrain import (
     BadInput,
     Budget,
@@ -35,6 +43,7 @@ from pgdrain.api.registry import MAX_OUTPUT_BYTES
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.db.sql import query
+from pgdrain.db.store.operator_commands import READ_MAX_DEPTH
 
 Conn = psycopg.Connection[Any]
 
@@ -518,6 +527,47 @@ def test_a_job_without_output_records_none(db_url: str, conn: Conn) -> None:
     job_id = enqueue(conn, "nothing")
     assert run(db_url).done == 1
     assert job_row(conn, job_id)["output"] is None
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE_JSON))
+def test_values_python_cannot_hold_are_read_as_their_json_text(conn: Conn, kind: str) -> None:
+    text = UNREADABLE_JSON[kind]
+    job_id = unreadable_job(conn, text)
+    state = job_state(conn, job_id)
+    assert state is not None and (state["id"], state["kind"]) == (job_id, "k")  # the rest reads
+    assert set(state["undecoded"]) == {"payload", "output", "progress", "errors"}
+    assert (state["payload"], state["output"], state["progress"]) == (text, text, text)
+    assert state["errors"] == f"[{text}]"
+    why = "nests deeper than 64 levels" if kind == "deep" else "cannot be read in Python"
+    assert state["undecoded"]["payload"].startswith(why)
+    [listed] = store.job_list(conn, ["queued"], 10)
+    assert listed.id == job_id and (listed.output, listed.progress) == (text, text)
+    assert listed.undecoded is not None and set(listed.undecoded) == {"output", "progress"}
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE_JSON))
+def test_control_read_as_one_document_the_job_raises(conn: Conn, kind: str) -> None:
+    """job_show as it was: the whole row as one jsonb, which psycopg decodes with json.loads."""
+    job_id = unreadable_job(conn, UNREADABLE_JSON[kind])
+    cur = conn.execute("SELECT to_jsonb(j) FROM pgdrain.jobs AS j WHERE j.id = %s", (job_id,))
+    with pytest.raises((RecursionError, ValueError)):
+        cur.fetchone()
+
+
+@pytest.mark.parametrize("depth", [READ_MAX_DEPTH, READ_MAX_DEPTH + 1])
+def test_a_payload_nested_to_the_limit_is_decoded_one_past_it_is_not(
+    conn: Conn, depth: int
+) -> None:
+    text = "[" * depth + "]" * depth
+    job_id = enqueue(conn, "k")
+    conn.execute("UPDATE pgdrain.jobs SET payload = %s::jsonb WHERE id = %s", (text, job_id))
+    state = job_state(conn, job_id)
+    assert state is not None
+    if depth == READ_MAX_DEPTH:
+        assert "undecoded" not in state and state["payload"] == json.loads(text)
+    else:
+        assert state["undecoded"] == {"payload": "nests deeper than 64 levels"}
+        assert state["payload"] == text
 
 
 # -- the documentation's example ---------------------------------------------------------------
