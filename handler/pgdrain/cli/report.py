@@ -24,16 +24,22 @@ _BIDI_CONTROLS = frozenset(
 )
 
 
+# Control characters (Cc: ESC, CR, LF, \x0b, \x0c, \x1c-\x1e, DEL, C1 such as \x85) and the
+# line and paragraph separators (Zl, Zp: U+2028, U+2029), which str.splitlines and some
+# terminals take for line breaks.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+
+
 def printable(text: object) -> str:
-    """`text` safe for a terminal: control characters (ESC sequences, CR, newlines, DEL, C1)
-    and bidirectional overrides from job data are shown as escapes (\\x1b, \\u202e)
-    instead of acting on the terminal or splitting a line."""
+    """`text` safe for a terminal: control characters (ESC sequences, CR, newlines, DEL, C1),
+    line and paragraph separators and bidirectional overrides from job data are shown as
+    escapes (\\x1b, \\u2028, \\u202e) instead of acting on the terminal or splitting a line."""
     value = str(text)
     if value.isprintable():  # the common case, in C
         return value
     return "".join(
         ch.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(ch) == "Cc" or ch in _BIDI_CONTROLS
+        if unicodedata.category(ch) in _ESCAPED_CATEGORIES or ch in _BIDI_CONTROLS
         else ch
         for ch in value
     )
@@ -254,8 +260,9 @@ def format_job(job: dict[str, Any]) -> str:
             )
             traceback = e.get("traceback")
             if traceback:
+                # Split at newlines only: any other line break is shown escaped, in its line.
                 lines.extend(
-                    "    " + printable(line) for line in str(traceback).rstrip().splitlines()
+                    "    " + printable(line) for line in str(traceback).rstrip().split("\n")
                 )
     return "\n".join(lines)
 
