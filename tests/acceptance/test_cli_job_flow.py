@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from helpers.cli import EXIT_BAD_INPUT, EXIT_OK, ROOT, Run, only_line, run_pgdrain
-from helpers.fixtures import job_row
+from helpers.fixtures import UNREADABLE_JSON, job_row, unreadable_job
 from pgdrain.cli.report import DONE_NOT_KEPT
 
 Conn = psycopg.Connection[Any]
@@ -68,6 +68,27 @@ def test_jobs_show_gives_sequence_dependencies_and_output(db_url: str, conn: Con
     by_id = {row["id"]: row for row in listed}
     assert by_id[first]["output"] == {"counted": 2}
     assert by_id[after]["depends_on"] == [first, second]
+
+
+def test_jobs_show_gives_values_python_cannot_hold_as_their_json_text(
+    db_url: str, conn: Conn
+) -> None:
+    for kind, text in sorted(UNREADABLE_JSON.items()):
+        job_id = unreadable_job(conn, text)
+        shown = pgdrain(db_url, "jobs", "show", str(job_id))
+        assert shown.code == EXIT_OK, shown.err
+        assert re.search(r"^kind\s+k$", shown.out, re.M)  # the rest shows
+        for field in ("payload", "output", "progress"):
+            assert re.search(rf"^{field}\s+\(not decoded: .*\) {re.escape(text)}$", shown.out, re.M)
+        assert re.search(r"^errors: \(not decoded: ", shown.out, re.M)
+        as_json = pgdrain(db_url, "jobs", "show", str(job_id), "--json")
+        assert as_json.code == EXIT_OK, as_json.err
+        job = json.loads(as_json.out)
+        assert job["kind"] == "k" and job["payload"] == text, kind
+        assert set(job["undecoded"]) == {"payload", "output", "progress", "errors"}
+    listed = pgdrain(db_url, "jobs", "--json")
+    assert listed.code == EXIT_OK, listed.err
+    assert [set(j["undecoded"]) for j in json.loads(listed.out)] == [{"output", "progress"}] * 2
 
 
 def test_a_missing_dependency_is_one_line_and_nothing_is_written(db_url: str, conn: Conn) -> None:

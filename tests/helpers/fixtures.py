@@ -212,3 +212,24 @@ def statuses(conn: psycopg.Connection[Any]) -> list[tuple[str, int, int]]:
     return conn.execute(
         "SELECT status, attempts, count(*)::int FROM pgdrain.jobs GROUP BY 1, 2 ORDER BY 1, 2"
     ).fetchall()
+
+
+# JSON that PostgreSQL stores but Python's json cannot read: nested 2,000 deep (RecursionError),
+# an integer of 5,000 digits (ValueError: past sys.get_int_max_str_digits()).
+UNREADABLE_JSON = {"deep": "[" * 2000 + "]" * 2000, "digits": '{"n": %s}' % ("9" * 5000)}
+
+
+def unreadable_job(conn: psycopg.Connection[Any], text: str) -> int:
+    """A job whose payload, output, progress and error history hold `text`, written by plain SQL
+    (pgdrain itself refuses such values)."""
+    row = conn.execute(
+        "INSERT INTO pgdrain.jobs (kind, payload) VALUES ('k', %(v)s::jsonb) RETURNING id",
+        {"v": text},
+    ).fetchone()
+    assert row is not None
+    conn.execute(
+        "UPDATE pgdrain.jobs SET output = %(v)s::jsonb, progress = %(v)s::jsonb,"
+        " errors = jsonb_build_array(%(v)s::jsonb) WHERE id = %(id)s",
+        {"v": text, "id": row[0]},
+    )
+    return int(row[0])

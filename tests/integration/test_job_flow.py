@@ -5,6 +5,7 @@ the one mechanism switched off."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,14 @@ import psycopg
 import pytest
 
 import pgdrain.db.sql
-from helpers.fixtures import claim_batch, job_row, unfenced, wait_for
+from helpers.fixtures import (
+    UNREADABLE_JSON,
+    claim_batch,
+    job_row,
+    unfenced,
+    unreadable_job,
+    wait_for,
+)
 from pgdrain import (
     BadInput,
     Budget,
@@ -22,6 +30,7 @@ from pgdrain import (
     DrainResult,
     Job,
     Registry,
+    RetryIn,
     Settings,
     build_job,
     drain,
@@ -34,6 +43,7 @@ from pgdrain.api.registry import MAX_OUTPUT_BYTES
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.db.sql import query
+from pgdrain.db.store.operator_commands import READ_MAX_DEPTH
 
 Conn = psycopg.Connection[Any]
 
@@ -54,6 +64,18 @@ def sum_inputs(job: Job) -> int:
     with psycopg.connect(job.payload["url"]) as conn:
         outputs = job.dependency_outputs(conn)
     return sum(o["n"] for o in outputs.values())
+
+
+outputs_read: list[dict[int, Any]] = []  # what each read_outputs attempt read
+
+
+@jobs.job("read_outputs")
+def read_outputs(job: Job) -> None:
+    """Reads its dependencies' outputs; its first attempt then asks to be retried an hour on."""
+    with psycopg.connect(job.payload["url"]) as conn:
+        outputs_read.append(job.dependency_outputs(conn))
+    if job.attempt == 1:
+        raise RetryIn(3600, "come back later")
 
 
 @jobs.job("refuse")
@@ -116,6 +138,7 @@ def _clear() -> Iterator[None]:
     ran.clear()
     meeting = Meeting()
     progress_seen.clear()
+    outputs_read.clear()
     yield
     meeting.barrier.abort()
 
@@ -154,6 +177,20 @@ def test_a_dependent_reads_its_dependencies_outputs(db_url: str, conn: Conn) -> 
     assert run(db_url).done == 3
     assert job_state(conn, c)["output"] == 7  # type: ignore[index]
     assert job_state(conn, a)["output"] == {"n": 2, "id": a}  # type: ignore[index]
+
+
+def test_a_dependency_purged_before_its_dependent_runs_again_reads_as_none(
+    db_url: str, conn: Conn
+) -> None:
+    with workflow(conn) as wf:
+        a = wf.enqueue("step", {"n": 2})
+        b = wf.enqueue("read_outputs", {"url": db_url}, after=[a])
+    run(db_url, concurrency=1)
+    assert store.job_purge_finished(conn, 0) == 1  # pgdrain purge --older-than-days 0
+    conn.execute("UPDATE pgdrain.jobs SET run_at = now() WHERE id = %s", (b,))  # retry due
+    run(db_url)
+    # Every dependency keeps its key: one whose row is gone reads None, as one not done.
+    assert outputs_read == [{a: {"n": 2, "id": a}}, {a: None}]
 
 
 def test_a_failed_dependency_cancels_its_dependents_recursively(db_url: str, conn: Conn) -> None:
@@ -490,6 +527,47 @@ def test_a_job_without_output_records_none(db_url: str, conn: Conn) -> None:
     job_id = enqueue(conn, "nothing")
     assert run(db_url).done == 1
     assert job_row(conn, job_id)["output"] is None
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE_JSON))
+def test_values_python_cannot_hold_are_read_as_their_json_text(conn: Conn, kind: str) -> None:
+    text = UNREADABLE_JSON[kind]
+    job_id = unreadable_job(conn, text)
+    state = job_state(conn, job_id)
+    assert state is not None and (state["id"], state["kind"]) == (job_id, "k")  # the rest reads
+    assert set(state["undecoded"]) == {"payload", "output", "progress", "errors"}
+    assert (state["payload"], state["output"], state["progress"]) == (text, text, text)
+    assert state["errors"] == f"[{text}]"
+    why = "nests deeper than 64 levels" if kind == "deep" else "cannot be read in Python"
+    assert state["undecoded"]["payload"].startswith(why)
+    [listed] = store.job_list(conn, ["queued"], 10)
+    assert listed.id == job_id and (listed.output, listed.progress) == (text, text)
+    assert listed.undecoded is not None and set(listed.undecoded) == {"output", "progress"}
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE_JSON))
+def test_control_read_as_one_document_the_job_raises(conn: Conn, kind: str) -> None:
+    """job_show as it was: the whole row as one jsonb, which psycopg decodes with json.loads."""
+    job_id = unreadable_job(conn, UNREADABLE_JSON[kind])
+    cur = conn.execute("SELECT to_jsonb(j) FROM pgdrain.jobs AS j WHERE j.id = %s", (job_id,))
+    with pytest.raises((RecursionError, ValueError)):
+        cur.fetchone()
+
+
+@pytest.mark.parametrize("depth", [READ_MAX_DEPTH, READ_MAX_DEPTH + 1])
+def test_a_payload_nested_to_the_limit_is_decoded_one_past_it_is_not(
+    conn: Conn, depth: int
+) -> None:
+    text = "[" * depth + "]" * depth
+    job_id = enqueue(conn, "k")
+    conn.execute("UPDATE pgdrain.jobs SET payload = %s::jsonb WHERE id = %s", (text, job_id))
+    state = job_state(conn, job_id)
+    assert state is not None
+    if depth == READ_MAX_DEPTH:
+        assert "undecoded" not in state and state["payload"] == json.loads(text)
+    else:
+        assert state["undecoded"] == {"payload": "nests deeper than 64 levels"}
+        assert state["payload"] == text
 
 
 # -- the documentation's example ---------------------------------------------------------------

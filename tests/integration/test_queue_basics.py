@@ -6,6 +6,8 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg.types.json import Jsonb
 
 from helpers.fixtures import claim_batch, complete_one, job_row
 from pgdrain import enqueue
@@ -133,6 +135,35 @@ def test_reclaim_fails_an_auto_job_whose_attempts_are_spent(conn: Conn) -> None:
     [reclaimed] = store.job_reclaim_expired(conn, 10)
     assert reclaimed.status == "failed"
     assert job_row(conn, job_id)["finished_at"] is not None
+
+
+@pytest.mark.parametrize("max_attempts", [2, 1], ids=["requeued", "failed"])
+def test_reclaim_appends_the_lost_attempt_to_the_error_history(
+    conn: Conn, max_attempts: int
+) -> None:
+    job_id = enqueue(conn, "noop", max_attempts=max_attempts)
+    _claim(conn, lease=1)
+    # A full history: the oldest entry gives way, as in job_fail.
+    full = [{"message": f"m{i}", "type": "E", "traceback": None, "attempt": 0} for i in range(50)]
+    conn.execute(
+        "UPDATE pgdrain.jobs SET errors = %s, lease_expires_at = now() - interval '1 second'",
+        (Jsonb(full),),
+    )
+    [reclaimed] = store.job_reclaim_expired(conn, 10)
+    assert reclaimed.status == ("queued" if max_attempts == 2 else "failed")
+    row = job_row(conn, job_id)
+    assert len(row["errors"]) == 50 and row["errors"][0]["message"] == "m1"
+    lost = row["errors"][-1]
+    assert lost == {
+        "message": row["last_error"],
+        "type": "LeaseExpired",
+        "traceback": None,
+        "attempt": 1,
+        "at": lost["at"],
+    }
+    assert row["last_error"].startswith("lease expired before completion (attempt 1 of ")
+    assert store.job_reclaim_expired(conn, 10) == []  # safe to repeat: appended once
+    assert job_row(conn, job_id)["errors"] == row["errors"]
 
 
 def test_stats_counts_per_queue_and_status(conn: Conn) -> None:

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from helpers.dashboard import ADA, SECRET, dashboard_event, dashboard_function
-from helpers.fixtures import job_row
+from helpers.fixtures import UNREADABLE_JSON, job_row, unreadable_job
 from pgdrain import enqueue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
@@ -143,6 +143,23 @@ def test_a_jobs_page_shows_its_output_progress_sequence_and_dependencies_escaped
     body = function.resolve(dashboard_event("GET", f"/jobs/{dependency}"), None)["body"]
     assert "<dt>has_dependents</dt><dd>True</dd>" in body
     assert '<h2>Output</h2><p class="muted">None recorded.</p>' in body
+
+
+@pytest.mark.parametrize("kind", sorted(UNREADABLE_JSON))
+def test_a_jobs_page_shows_values_python_cannot_hold_as_their_json_text(
+    db_url: str, conn: Conn, kind: str
+) -> None:
+    job_id = unreadable_job(conn, UNREADABLE_JSON[kind])
+    function = dashboard_function(db_url)
+    page = function.resolve(dashboard_event("GET", f"/jobs/{job_id}"), None)
+    assert page["statusCode"] == 200, page["body"][-300:]
+    body = page["body"]
+    assert "<dt>kind</dt><dd>k</dd>" in body  # the rest of the page shows
+    # payload, output, progress and errors: each says so, and shows its text.
+    assert body.count('<p class="cut">Not decoded: ') == 4
+    assert html.escape(UNREADABLE_JSON[kind][:100]) in body
+    listed = function.resolve(dashboard_event("GET", "/jobs"), None)
+    assert listed["statusCode"] == 200 and f"/jobs/{job_id}" in listed["body"]
 
 
 def test_the_dashboard_cancels_a_waiting_job_and_what_waits_on_it(db_url: str, conn: Conn) -> None:

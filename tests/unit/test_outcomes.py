@@ -50,13 +50,34 @@ class RateLimited(RetryIn):
 
 
 @pytest.mark.parametrize(
-    "seconds", [float("nan"), 1e300, None, "120", -5], ids=["nan", "1e300", "none", "text", "-5"]
+    "seconds",
+    [float("nan"), 1e300, 10**400, None, "120", -5],
+    ids=["nan", "1e300", "10**400", "none", "text", "-5"],
 )
 def test_a_delay_no_statement_can_store_is_retried_with_backoff(seconds: object) -> None:
     """A red team's report: the statement recording it failed, and the run with it."""
     decision = outcomes.decide(RateLimited(seconds), 2, _backoff)
     assert (decision.delay_seconds, decision.final, decision.spend_attempt) == (14.0, False, True)
     assert decision.message.startswith("RateLimited: rate limited (RetryIn needs ")
+
+
+class BrokenDelay(RetryIn):
+    """A subclass whose `seconds` is a property that raises."""
+
+    def __init__(self) -> None:
+        Exception.__init__(self, "no delay")
+
+    @property
+    def seconds(self) -> float:  # type: ignore[override]
+        raise OverflowError("the header's delay is out of range")
+
+
+def test_a_delay_that_raises_when_read_is_retried_with_backoff() -> None:
+    decision = outcomes.decide(BrokenDelay(), 2, _backoff)
+    assert (decision.delay_seconds, decision.final, decision.spend_attempt) == (14.0, False, True)
+    assert decision.message == (
+        "BrokenDelay: no delay (the header's delay is out of range: retried with backoff)"
+    )
 
 
 def test_control_a_subclass_with_a_storable_delay_keeps_it() -> None:

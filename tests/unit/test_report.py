@@ -185,6 +185,33 @@ def test_printable_leaves_ordinary_text_alone() -> None:
     assert printable("tab\there\x7f") == "tab\\there\\x7f"
 
 
+SEPARATORS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines splits at each
+
+
+def test_printable_escapes_every_line_break_splitlines_knows() -> None:
+    shown = printable("a" + "b".join(SEPARATORS) + "c")
+    assert shown == "a\\x0bb\\x0cb\\x1cb\\x1db\\x1eb\\x85b\\u2028b\\u2029c"
+    assert len(shown.splitlines()) == 1 and shown.isprintable()
+
+
+def test_a_shown_jobs_error_history_keeps_one_line_per_line_break() -> None:
+    message = "one\u2028two\u2029three\x85four"
+    error = {
+        "attempt": 1,
+        "at": "t",
+        "type": "E",
+        "message": message,
+        "traceback": f"T {message}\n",
+    }
+    lines = format_job({"id": 1, "errors": [error]}).splitlines()
+    assert lines == [
+        "id  1",
+        "errors (1):",
+        "  attempt 1 at t: E: one\\u2028two\\u2029three\\x85four",
+        "    T one\\u2028two\\u2029three\\x85four",
+    ]
+
+
 def test_a_job_as_json_has_its_times_as_iso_text() -> None:
     data = job_as_dict(FAILED_JOB)
     assert data["run_at"] == "2026-12-01T04:14:05+00:00"

@@ -34,7 +34,10 @@ class JobOutcome(Exception):
 
 
 def _seconds(value: float, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} needs a finite number of seconds")
+    # An int is finite (math.isfinite raises OverflowError past a float's range: 10**400).
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{what} needs a finite number of seconds")
     if not 0 <= value <= MAX_DELAY_SECONDS:
         raise ValueError(f"{what} needs 0 to {MAX_DELAY_SECONDS:g} seconds")
@@ -102,7 +105,7 @@ def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) 
         what = "Snooze" if isinstance(error, Snooze) else "RetryIn"
         try:
             seconds = _seconds(error.seconds, what)
-        except (AttributeError, ValueError) as exc:
+        except Exception as exc:  # a subclass's `seconds` may be a property raising anything
             message = bounded(
                 f"{error_text(error)} ({safe_str(exc)}: retried with backoff)", MAX_ERROR_LENGTH
             )

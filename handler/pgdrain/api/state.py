@@ -11,5 +11,7 @@ from pgdrain.db import store
 def job_state(conn: store.Connection, job_id: int) -> dict[str, Any] | None:
     """Every field of the job (as `pgdrain jobs show --json` prints it: JSON types, times as
     ISO text), its recorded `output` and `progress` included; None if there is no such job
-    (or retention deleted it)."""
+    (or retention deleted it). A value Python cannot hold (written by plain SQL: nested deeper
+    than 64 levels, an integer past 4300 digits) is its JSON text, and `undecoded` maps its
+    field to why."""
     return store.job_show(conn, job_id)

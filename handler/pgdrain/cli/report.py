@@ -24,16 +24,22 @@ _BIDI_CONTROLS = frozenset(
 )
 
 
+# Control characters (Cc: ESC, CR, LF, \x0b, \x0c, \x1c-\x1e, DEL, C1 such as \x85) and the
+# line and paragraph separators (Zl, Zp: U+2028, U+2029), which str.splitlines and some
+# terminals take for line breaks.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
+
+
 def printable(text: object) -> str:
-    """`text` safe for a terminal: control characters (ESC sequences, CR, newlines, DEL, C1)
-    and bidirectional overrides from job data are shown as escapes (\\x1b, \\u202e)
-    instead of acting on the terminal or splitting a line."""
+    """`text` safe for a terminal: control characters (ESC sequences, CR, newlines, DEL, C1),
+    line and paragraph separators and bidirectional overrides from job data are shown as
+    escapes (\\x1b, \\u2028, \\u202e) instead of acting on the terminal or splitting a line."""
     value = str(text)
     if value.isprintable():  # the common case, in C
         return value
     return "".join(
         ch.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(ch) == "Cc" or ch in _BIDI_CONTROLS
+        if unicodedata.category(ch) in _ESCAPED_CATEGORIES or ch in _BIDI_CONTROLS
         else ch
         for ch in value
     )
@@ -141,11 +147,11 @@ def format_migrated(applied: Sequence[str]) -> str:
 def job_as_dict(row: store.JobRow) -> dict[str, Any]:
     """A listed job as `pgdrain jobs --json` prints it: timestamps as ISO 8601 text, and its
     state (the status, a queued job told apart: ready, retrying or scheduled) in place of
-    due_in_s (run_at says when)."""
+    due_in_s (run_at says when), and `undecoded` only when a value was not decoded."""
     job = {
         k: v.isoformat() if isinstance(v, dt.datetime) else v
         for k, v in dataclasses.asdict(row).items()
-        if k != "due_in_s"
+        if k != "due_in_s" and not (k == "undecoded" and v is None)
     }
     return job | {"state": row.state}
 
@@ -226,15 +232,23 @@ _SHOW_ORDER = (
 def format_job(job: dict[str, Any]) -> str:
     """Every field of one job (store.job_show), one per line, and its error history."""
     keys = [k for k in _SHOW_ORDER if k in job]
-    keys += sorted(k for k in job if k not in _SHOW_ORDER and k != "errors")
+    keys += sorted(k for k in job if k not in _SHOW_ORDER and k not in ("errors", "undecoded"))
     width = max(len(k) for k in keys)
+    # Values Python cannot hold (store.job_show): their JSON text, after why.
+    undecoded: dict[str, str] = job.get("undecoded") or {}
     lines = []
     for key in keys:
         value = job[key]
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        if key in undecoded:
+            text = f"(not decoded: {undecoded[key]}; its JSON text:) {text}"
         lines.append(f"{key:<{width}}  {'-' if value is None else printable(text)}")
     errors = job.get("errors")
-    if isinstance(errors, list):
+    if "errors" in undecoded:
+        lines.append(
+            printable(f"errors: (not decoded: {undecoded['errors']}; its JSON text:) {errors}")
+        )
+    elif isinstance(errors, list):
         lines.append(f"errors ({len(errors)}):" if errors else "errors: none recorded")
         for e in errors:
             e = e if isinstance(e, dict) else {"message": e}
@@ -246,8 +260,9 @@ def format_job(job: dict[str, Any]) -> str:
             )
             traceback = e.get("traceback")
             if traceback:
+                # Split at newlines only: any other line break is shown escaped, in its line.
                 lines.extend(
-                    "    " + printable(line) for line in str(traceback).rstrip().splitlines()
+                    "    " + printable(line) for line in str(traceback).rstrip().split("\n")
                 )
     return "\n".join(lines)
 

@@ -268,7 +268,7 @@ _SHOW_ORDER = (
     "sequence", "depends_on", "has_dependents", "progress", "last_error",
 )  # fmt: skip
 _TIMES = {"run_at", "created_at", "updated_at", "finished_at", "lease_expires_at", "heartbeat_at"}
-_LONG = {"payload", "errors", "output"}
+_LONG = {"payload", "errors", "output", "undecoded"}
 
 
 def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | None) -> str:
@@ -281,8 +281,12 @@ def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | Non
         actions.append(post_button(f"/jobs/{job_id}/cancel", "Cancel…", token, {}))
     keys = [k for k in _SHOW_ORDER if k in job]
     keys += sorted(k for k in job if k not in _SHOW_ORDER and k not in _LONG)
+    # Values Python cannot hold (store.job_show): their JSON text, with why.
+    undecoded: Mapping[str, str] = job.get("undecoded") or {}
     fields = "".join(
-        f"<dt>{text(k)}</dt><dd>{_field(k, job[k])}</dd>" for k in keys if k != "status"
+        f"<dt>{text(k)}</dt><dd>{_field(k, job[k], undecoded.get(k))}</dd>"
+        for k in keys
+        if k != "status"
     )
     parts = [
         notice(notice_key),
@@ -290,12 +294,16 @@ def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | Non
         f"<p>{' '.join(actions)}</p>" if actions else "",
         f"<dl>{fields}</dl>",
         "<h2>Payload</h2>",
-        f"<pre>{pretty_json(job.get('payload'))}</pre>",
+        _undecoded(undecoded["payload"], job["payload"])
+        if "payload" in undecoded
+        else f"<pre>{pretty_json(job.get('payload'))}</pre>",
         # What the job's function returned (migration 0021); absent before that migration.
         *(
             [
                 "<h2>Output</h2>",
-                f"<pre>{pretty_json(job['output'])}</pre>"
+                _undecoded(undecoded["output"], job["output"])
+                if "output" in undecoded
+                else f"<pre>{pretty_json(job['output'])}</pre>"
                 if job["output"] is not None
                 else '<p class="muted">None recorded.</p>',
             ]
@@ -303,12 +311,21 @@ def job_page(job: Mapping[str, Any], *, token: str | None, notice_key: str | Non
             else []
         ),
         "<h2>Errors</h2>",
-        _errors(job.get("errors"), job.get("last_error")),
+        _undecoded(undecoded["errors"], job["errors"])
+        if "errors" in undecoded
+        else _errors(job.get("errors"), job.get("last_error")),
     ]
     return "".join(parts)
 
 
-def _field(key: str, value: object) -> str:
+def _undecoded(why: str, raw: object) -> str:
+    """A value Python cannot hold: why, then its JSON text (cut as any long text is)."""
+    return f'<p class="cut">Not decoded: {text(why)}. Its JSON text:</p><pre>{text(raw)}</pre>'
+
+
+def _field(key: str, value: object, undecoded: str | None = None) -> str:
+    if undecoded is not None:
+        return _undecoded(undecoded, value)
     if value is None:
         return "-"
     if key == "depends_on" and isinstance(value, list):  # each dependency's own page

@@ -619,7 +619,8 @@ SELECT pgdrain.lease_floor_raise(), pgdrain.queue_floors_raise();
 -- name: job_reclaim_expired :many
 -- Take back running jobs whose lease expired: queued again when the policy is auto and
 -- attempts remain, failed when they are spent (a job that kills its worker every time must
--- end), parked when the policy is manual (a person decides: `pgdrain retry ID`).
+-- end), parked when the policy is manual (a person decides: `pgdrain retry ID`). The attempt
+-- lost joins the error history as job_fail's do (type LeaseExpired, the latest 50 kept).
 WITH expired AS (
     SELECT id, attempt_token
     FROM pgdrain.active_jobs
@@ -641,6 +642,14 @@ WITH expired AS (
         reclaim_count = j.reclaim_count + 1,
         last_error = 'lease expired before completion (attempt ' || j.attempts || ' of '
                      || j.max_attempts || ', held by ' || j.leased_by || ')',
+        errors = (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0
+                       ELSE j.errors END)
+                 || jsonb_build_array(jsonb_build_object(
+                        'message', 'lease expired before completion (attempt ' || j.attempts
+                                   || ' of ' || j.max_attempts || ', held by ' || j.leased_by
+                                   || ')',
+                        'type', 'LeaseExpired', 'traceback', NULL,
+                        'attempt', j.attempts, 'at', now())),
         lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
         updated_at = now()
     FROM expired
@@ -671,7 +680,13 @@ WITH expired AS (
            j.max_attempts, j.recovery_policy, j.reclaim_count + 1, j.idempotency_key,
            'lease expired before completion (attempt ' || j.attempts || ' of '
            || j.max_attempts || ', held by ' || j.leased_by || ')',
-           j.created_at, now(), now(), j.completed_token, j.errors,
+           j.created_at, now(), now(), j.completed_token,
+           (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0 ELSE j.errors END)
+           || jsonb_build_array(jsonb_build_object(
+                  'message', 'lease expired before completion (attempt ' || j.attempts
+                             || ' of ' || j.max_attempts || ', held by ' || j.leased_by || ')',
+                  'type', 'LeaseExpired', 'traceback', NULL,
+                  'attempt', j.attempts, 'at', now())),
            j.sequence, j.depends_on, j.has_dependents, j.output, j.progress
     FROM ended AS j
     RETURNING id, status, reclaim_count

@@ -181,14 +181,15 @@ SELECT pgdrain.finished_jobs_partition_drop(%(days)s::float8) AS dropped;
 -- %(before)s pages: only jobs older than that id (the dashboard's next page; NULL: the newest).
 -- due_in_s: seconds until run_at on the database's clock (a queued job waits while above 0).
 -- A run_at no client can read (`infinity`, a year past 9999: a finished row written before
--- migration 0025, which refuses them) is listed as NULL, as is its due_in_s.
+-- migration 0025, which refuses them) is listed as NULL, as is its due_in_s. progress and
+-- output as text, decoded by the store as job_show's values are.
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
             THEN run_at END AS run_at,
        lease_expires_at, created_at, updated_at, finished_at, last_error,
        CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
             THEN extract(epoch FROM run_at - now())::float8 END AS due_in_s,
-       sequence, depends_on, progress, output
+       sequence, depends_on, progress::text AS progress, output::text AS output
 FROM pgdrain.jobs
 WHERE status = ANY(%(statuses)s::text[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -227,7 +228,7 @@ SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        lease_expires_at, created_at, updated_at, finished_at, last_error,
        CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
             THEN extract(epoch FROM run_at - now())::float8 END AS due_in_s,
-       sequence, depends_on, progress, output
+       sequence, depends_on, progress::text AS progress, output::text AS output
 FROM pgdrain.jobs
 WHERE id = ANY(ARRAY(
     SELECT page.id
@@ -338,16 +339,25 @@ ORDER BY 1;
 
 -- name: job_show :one
 -- Every column of one job, as JSON (so a column added by a later migration, such as the
--- error history, shows without changing this statement).
-SELECT to_jsonb(j) AS job FROM pgdrain.jobs AS j WHERE j.id = %(id)s;
+-- error history, shows without changing this statement). The values a job or plain SQL
+-- writes (payload, output, progress, errors) come apart, as text: store.job_show decodes
+-- each on its own, so one Python cannot hold leaves the rest readable. NULL: no such column.
+SELECT j.job - 'payload' - 'output' - 'progress' - 'errors' AS job,
+       (j.job -> 'payload')::text AS payload,
+       (j.job -> 'output')::text AS output,
+       (j.job -> 'progress')::text AS progress,
+       (j.job -> 'errors')::text AS errors
+FROM (SELECT to_jsonb(t) AS job FROM pgdrain.jobs AS t WHERE t.id = %(id)s) AS j;
 
 -- name: job_dependency_outputs :many
--- The output each dependency of this job recorded (NULL: none, or not done), by primary key.
-SELECT d.id, d.status, d.output
+-- The output each dependency of this job recorded (NULL: none, not done, or its row is gone
+-- to retention or purge), by primary key. Every id of depends_on has a row.
+SELECT dep.id, d.status, d.output
 FROM pgdrain.jobs AS j
-JOIN pgdrain.jobs AS d ON d.id = ANY(j.depends_on)
+CROSS JOIN LATERAL unnest(j.depends_on) AS dep(id)
+LEFT JOIN pgdrain.jobs AS d ON d.id = dep.id
 WHERE j.id = %(id)s
-ORDER BY d.id;
+ORDER BY dep.id;
 
 -- name: job_retry_matching :many
 -- Operator action by filter: queue again the jobs in %(statuses)s (failed, parked) matching

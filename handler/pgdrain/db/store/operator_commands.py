@@ -4,6 +4,7 @@ and the migration ledger (sql/operator_commands.sql)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,6 +20,13 @@ from pgdrain.db.store.common import (
     Status,
 )
 from pgdrain.errors import DatabaseMisconfigured, PgdrainError
+
+# What an operator read (jobs, jobs show, job_state, the dashboard) decodes of the JSON a job
+# or plain SQL wrote: no deeper than pgdrain accepts (api.jsonbound.MAX_DEPTH), so that
+# json.loads, and every later json.dumps, stays inside Python's recursion limit.
+READ_MAX_DEPTH = 64
+# The values read as text and decoded one by one: one that cannot be leaves the rest readable.
+JSON_FIELDS = ("payload", "output", "progress", "errors")
 
 # queue_stats counts done, failed, parked and cancelled jobs up to this many per queue.
 STATS_HISTORY_BOUND = 10_000
@@ -69,6 +77,8 @@ class JobRow:
     depends_on: list[int] | None = None
     progress: Any = None  # what the job recorded (JSON), if anything
     output: Any = None
+    # {field: why} for a value Python cannot hold, given as its JSON text (decode_stored).
+    undecoded: dict[str, str] | None = None
 
     @property
     def state(self) -> str:
@@ -239,7 +249,7 @@ def job_list(
     }
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("job_list"), params).fetchall()
-    return [JobRow(**row) for row in rows]
+    return [JobRow(**_decoded(row, ("progress", "output"))) for row in rows]
 
 
 # The statuses of jobs_finished_queue_idx: a list of one of them is read from it.
@@ -258,7 +268,53 @@ def job_list_finished(
     params = {"status": status, "limit": limit, "queue": queue, "before": before}
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("job_list_finished"), params).fetchall()
-    return [JobRow(**row) for row in rows]
+    return [JobRow(**_decoded(row, ("progress", "output"))) for row in rows]
+
+
+def decode_stored(text: str | None) -> tuple[Any, str | None]:
+    """A stored JSON value's text, decoded: (value, None). One Python cannot hold (nested
+    deeper than READ_MAX_DEPTH, an integer past its int-string limit), written by plain SQL:
+    (its JSON text, why), so an operator's read shows it instead of raising."""
+    if text is None:
+        return None, None
+    deep = f"nests deeper than {READ_MAX_DEPTH} levels"
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return text, deep
+    except ValueError as exc:  # an integer past sys.get_int_max_str_digits()
+        return text, f"cannot be read in Python: {str(exc).split(';')[0]}"
+    # Deeper than the limit yet decoded: shown as text too (json.dumps would recurse as deep).
+    if text.count("[") + text.count("{") > READ_MAX_DEPTH and _depth(value) > READ_MAX_DEPTH:
+        return text, deep
+    return value, None
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and dicts nest, walked without recursion, up to READ_MAX_DEPTH + 1."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack and deepest <= READ_MAX_DEPTH:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in item)
+    return deepest
+
+
+def _decoded(row: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
+    """The row with these fields (JSON text) decoded, and `undecoded` naming those that
+    could not be, with why; without `undecoded` when all were."""
+    undecoded = {}
+    for field in fields:
+        row[field], why = decode_stored(row[field])
+        if why is not None:
+            undecoded[field] = why
+    if undecoded:
+        row["undecoded"] = undecoded
+    return row
 
 
 # -- migrations: run by pgdrain.db.migrate inside one transaction ------------------------------
@@ -310,18 +366,21 @@ def migration_record(conn: Connection, migration: Migration) -> None:
 
 
 def job_dependency_outputs(conn: Connection, job_id: int) -> dict[int, Any]:
-    """Each dependency of the job: the output it recorded (None: none, or not done)."""
+    """Each dependency of the job: the output it recorded (None: none, not done, or its row
+    deleted by retention or purge). Every id the job depends on is a key."""
     rows = conn.execute(query("job_dependency_outputs"), {"id": job_id}).fetchall()
     return {int(r[0]): r[2] for r in rows}
 
 
 def job_show(conn: Connection, job_id: int) -> dict[str, Any] | None:
-    """Every column of one job (JSON types: timestamps as ISO text), or None if unknown."""
+    """Every column of one job (JSON types: timestamps as ISO text), or None if unknown. A
+    value Python cannot hold is given as its JSON text, and `undecoded` says which and why."""
     row = conn.execute(query("job_show"), {"id": job_id}).fetchone()
     if row is None:
         return None
-    job: dict[str, Any] = row[0]
-    return job
+    # A field is NULL only when there is no such column (a value's JSON null is "null").
+    texts = {f: text for f, text in zip(JSON_FIELDS, row[1:], strict=True) if text is not None}
+    return _decoded(row[0] | texts, list(texts))
 
 
 def job_retry_matching(
