@@ -17,7 +17,8 @@ from helpers.lock_waits import named_waits_on_a_lock
 from pgdrain import enqueue
 from pgdrain.budget import Budget
 from pgdrain.controls import Controls
-from pgdrain.db import retention
+from pgdrain.db import retention, sql, store
+from pgdrain.db.store import control_plane
 
 Conn = psycopg.Connection[Any]
 
@@ -253,3 +254,43 @@ def test_purge_of_whole_days_gives_way_to_a_reader_only_with_its_lock_limit(
         assert (jobs, day_partition_exists(conn, -10)) == (3, False)
         assert elapsed > limit_s
         assert not old & _ids(conn)
+
+
+# A test's mock clock (a schema ahead of pg_catalog on the path): a week after the spring change
+# to summer time in Berlin (2026-03-29).
+AFTER_THE_CHANGE = """
+CREATE SCHEMA clock;
+CREATE FUNCTION clock.now() RETURNS timestamptz LANGUAGE sql STABLE
+    AS $$ SELECT timestamptz '2026-04-02 12:00+00' $$;
+"""
+
+
+@pytest.mark.parametrize("hours", [True, False], ids=["24-hour-days", "control-calendar-days"])
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
+def test_an_age_in_days_is_as_long_in_any_time_zone(
+    conn: Conn, zone: str, hours: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's finding: `days * interval '1 day'` counted the session TimeZone's calendar
+    days, so a week across the change to summer time was 6 days 23 hours, and a failed job kept
+    7 days went an hour early. The control: the statement as it was."""
+    if not hours:
+        real = sql.query
+        calendar = real("job_retention_batch").replace("interval '24 hours'", "interval '1 day'")
+        monkeypatch.setattr(
+            control_plane,
+            "query",
+            lambda name: calendar if name == "job_retention_batch" else real(name),
+        )
+    conn.execute(AFTER_THE_CHANGE)
+    conn.execute(
+        "INSERT INTO pgdrain.finished_jobs (id, queue, kind, payload, status, priority, run_at,"
+        " attempts, max_attempts, recovery_policy, reclaim_count, created_at, updated_at,"
+        " finished_at, errors) VALUES (1, 'q', 'k', '{}', 'failed', 0, now(), 1, 1, 'auto', 0,"
+        " now(), now(), clock.now() - interval '6 days 23 hours 30 minutes', '[]')"
+    )
+    conn.execute(f"SET search_path = clock, pg_catalog, public; SET TimeZone = '{zone}'")
+    batch = store.job_retention_batch(
+        conn, done_days=7, failed_days=7, done_limit=0, failed_limit=100
+    )
+    early = not hours and zone != "UTC"
+    assert batch.failed == (1 if early else 0)

@@ -24,13 +24,14 @@
 -- count of done jobs); and at most %(runs_limit)s kick rows idle for a day. Safe to run twice:
 -- a deleted row matches nothing. The
 -- rows go by id (an array of ids, as the claim's), whatever the generic plan guesses of the
--- cutoff (`id IN (...)` may be planned as a sequential scan).
+-- cutoff (`id IN (...)` may be planned as a sequential scan). An age's days are 24 hours each:
+-- a day of the session's TimeZone is 23 or 25 hours across a change of summer time.
 WITH done_left AS (
     DELETE FROM pgdrain.active_jobs
     WHERE id = ANY(ARRAY(
         SELECT id FROM pgdrain.active_jobs
         WHERE status IN ('done', 'failed', 'cancelled')  -- finished rows only, whatever follows
-          AND status = 'done' AND finished_at < now() - %(done_days)s * interval '1 day'
+          AND status = 'done' AND finished_at < now() - %(done_days)s * interval '24 hours'
         LIMIT %(done_limit)s
     ))
       AND status = 'done'
@@ -39,10 +40,10 @@ WITH done_left AS (
     DELETE FROM pgdrain.finished_jobs_done_default
     WHERE id = ANY(ARRAY(
         SELECT id FROM pgdrain.finished_jobs_done_default
-        WHERE finished_at < now() - %(done_days)s * interval '1 day'
+        WHERE finished_at < now() - %(done_days)s * interval '24 hours'
         LIMIT %(done_limit)s
     ))
-      AND finished_at < now() - %(done_days)s * interval '1 day'
+      AND finished_at < now() - %(done_days)s * interval '24 hours'
     RETURNING 1
 ), failed_left AS (
     DELETE FROM pgdrain.active_jobs
@@ -50,7 +51,7 @@ WITH done_left AS (
         SELECT id FROM pgdrain.active_jobs
         WHERE status IN ('done', 'failed', 'cancelled')
           AND status IN ('failed', 'cancelled')
-          AND finished_at < now() - %(failed_days)s * interval '1 day'
+          AND finished_at < now() - %(failed_days)s * interval '24 hours'
         LIMIT %(failed_limit)s
     ))
       AND status IN ('failed', 'cancelled')
@@ -59,17 +60,17 @@ WITH done_left AS (
     DELETE FROM pgdrain.finished_jobs_failed
     WHERE id = ANY(ARRAY(
         SELECT id FROM pgdrain.finished_jobs_failed
-        WHERE finished_at < now() - %(failed_days)s * interval '1 day'
+        WHERE finished_at < now() - %(failed_days)s * interval '24 hours'
         LIMIT %(failed_limit)s
     ))
-      AND finished_at < now() - %(failed_days)s * interval '1 day'
+      AND finished_at < now() - %(failed_days)s * interval '24 hours'
     RETURNING 1
 ), runs AS (
     DELETE FROM pgdrain.run_history
     WHERE run_id = ANY(ARRAY(
         SELECT run_id FROM pgdrain.run_history
         WHERE finished_at < now() - CASE WHEN %(done_days)s::float8 > 0 THEN %(done_days)s::float8
-                                         ELSE %(failed_days)s::float8 END * interval '1 day'
+                                         ELSE %(failed_days)s::float8 END * interval '24 hours'
         ORDER BY finished_at
         LIMIT %(runs_limit)s
     ))
