@@ -294,3 +294,51 @@ def test_an_age_in_days_is_as_long_in_any_time_zone(
     )
     early = not hours and zone != "UTC"
     assert batch.failed == (1 if early else 0)
+
+
+@pytest.mark.parametrize(
+    "statement_limited", [False, True], ids=["lock-waits-limited", "control-statement-limited"]
+)
+def test_a_day_partition_is_made_beside_a_large_default_partition(
+    conn: Conn, statement_limited: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's finding: making a day's partition beside a default partition that holds
+    rows scans them all (ATTACH checks none belongs to the new day), and the partition step's
+    limit on lock waits cut that scan too. Past the limit no day was made again: every new day's
+    done jobs went to the default partition, which grew. Now only lock waits are limited so; the
+    statement has the budget. The limit is made 1 ms here, and the control limits the statement
+    to it as before."""
+    monkeypatch.setattr(retention, "PARTITION_LOCK_MS", 1)
+    if statement_limited:
+        real = store.finished_jobs_partition_limits
+        monkeypatch.setattr(
+            store,
+            "finished_jobs_partition_limits",
+            lambda c, lock_ms, _statement_ms: real(c, lock_ms, lock_ms),
+        )
+    conn.execute(
+        "ALTER TABLE pgdrain.finished_jobs_done DETACH PARTITION pgdrain.finished_jobs_"
+        + f"{_utc_day(conn, 2)}; DROP TABLE pgdrain.finished_jobs_{_utc_day(conn, 2)}"
+    )
+    conn.execute(
+        "INSERT INTO pgdrain.finished_jobs_done_default (id, queue, kind, payload, status,"
+        " priority, run_at, attempts, max_attempts, recovery_policy, reclaim_count, created_at,"
+        " updated_at, finished_at, errors)"
+        " SELECT g, 'default', 'k', '{}', 'done', 0, t, 1, 5, 'auto', 0, t, t, t, '[]'"
+        " FROM generate_series(1, 100000) AS g,"
+        " LATERAL (SELECT now() - interval '10 days' - g * interval '1 second' AS t) AS at"
+    )
+    result = retention.run_once(
+        conn, retain_done_days=30, retain_failed_days=30, budget=Budget.seconds(30)
+    )
+    assert day_partition_exists(conn, 2) is not statement_limited
+    assert result.complete is not statement_limited, result
+
+
+def _utc_day(conn: Conn, days_from_today: int) -> str:
+    row = conn.execute(
+        "SELECT to_char((now() AT TIME ZONE 'UTC')::date + %s::int, 'YYYYMMDD')",
+        (days_from_today,),
+    ).fetchone()
+    assert row is not None
+    return str(row[0])

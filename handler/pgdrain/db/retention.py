@@ -148,13 +148,17 @@ def run_once(
     remaining = budget.remaining()
     if remaining < min_remaining:
         return result
-    limit_ms = min(session.statement_limit_ms(remaining), PARTITION_LOCK_MS)
-    keep = functools.partial(store.finished_jobs_partition_keep, done_days=retain_done_days)
+    # Lock waits limited to PARTITION_LOCK_MS, the statement to what the budget leaves.
+    limit_ms = session.statement_limit_ms(remaining)
+    lock_ms = min(limit_ms, PARTITION_LOCK_MS)
     try:
-        _, dropped = session.run_one_statement(
-            conn, limit_ms if controls.limit_statements_to_budget else None, keep
-        )
-    except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+        with conn.transaction():
+            if controls.limit_statements_to_budget:
+                store.finished_jobs_partition_limits(conn, lock_ms, limit_ms)
+            _, dropped = store.finished_jobs_partition_keep(conn, retain_done_days)
+    except psycopg.errors.LockNotAvailable as exc:
+        return _stopped(exc, lock_ms, result)
+    except psycopg.errors.QueryCanceled as exc:
         return _stopped(exc, limit_ms, result)
     result = result._replace(partitions_dropped=dropped)
     # What migration 0018 left in active_jobs, batch by batch, until none is left.

@@ -98,6 +98,15 @@ SELECT (SELECT count(*) FROM done_left) + (SELECT count(*) FROM done_default) AS
        (SELECT count(*) FROM runs) AS runs,
        pgdrain.finished_jobs_partition_due(%(done_days)s::float8) AS due;
 
+-- name: finished_jobs_partition_limits :exec
+-- Retention's partition step, in a transaction of its own: its lock waits limited to
+-- %(lock_timeout_ms)s (a DETACH or ATTACH that waits for a reader makes completions queue
+-- behind it), its statement to %(statement_timeout_ms)s, what the budget leaves: making a day's
+-- partition beside a large default partition scans that partition, which no lock wait limit
+-- should cut (a red team saw every run give up on it, and the default grow with every day).
+SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout_ms)s::text, true),
+       pg_catalog.set_config('statement_timeout', %(statement_timeout_ms)s::text, true);
+
 -- name: finished_jobs_partition_keep :one
 -- Partition housekeeping: make the day partitions of done jobs from today to the day after
 -- tomorrow (UTC) that are missing, and drop those whose every job finished more than

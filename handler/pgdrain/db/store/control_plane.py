@@ -47,6 +47,16 @@ def job_retention_batch(
     ).run(conn)
 
 
+def finished_jobs_partition_limits(
+    conn: Connection, lock_timeout_ms: int, statement_timeout_ms: int
+) -> None:
+    """Limit the transaction's lock waits and statements (retention's partition step)."""
+    conn.execute(
+        query("finished_jobs_partition_limits"),
+        {"lock_timeout_ms": lock_timeout_ms, "statement_timeout_ms": statement_timeout_ms},
+    )
+
+
 @one_statement
 def finished_jobs_partition_keep(conn: Connection, done_days: float | None) -> tuple[int, int]:
     """Make the day partitions of done jobs ahead (today and the next two days) and drop those
