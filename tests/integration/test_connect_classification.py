@@ -157,7 +157,15 @@ def test_a_database_that_does_not_exist_is_not_a_refusal_of_the_credentials(
         connect(_with(server_url, dbname="no_such_database_xyz"), FakeTime())
     assert not isinstance(raised.value, AuthenticationFailed)
     assert "credentials" not in str(raised.value)
-    assert "create it" in str(raised.value)
+    assert "create it" in str(raised.value) and "in DATABASE_URL" in str(raised.value)
+
+
+def test_a_database_missing_from_a_secret_names_the_secret(server_url: str) -> None:
+    """The connection came from the secret: the fix is its 'dbname', not DATABASE_URL."""
+    settings = Settings(reserve_seconds=1.0, db_secret_arn="arn:aws:secretsmanager:x:1:secret:db")
+    url = _with(server_url, dbname="no_such_database_xyz")
+    with pytest.raises(DatabaseMisconfigured, match=r"in the secret's 'dbname'"):
+        connection.connect(url, settings, Budget.seconds(30, clock=FakeTime().clock))
 
 
 # -- a server that asks for a password, and one that is starting ---------------------------------

@@ -51,6 +51,10 @@ def test_port_and_dbname_have_defaults() -> None:
         ({**RDS_SECRET, "host": ""}, "the secret has no 'host'"),
         ({k: v for k, v in RDS_SECRET.items() if k != "username"}, "the secret has no 'username'"),
         ({**RDS_SECRET, "password": None}, "the secret has no 'password'"),
+        (
+            {**RDS_SECRET, "password": 12345},
+            "the secret's 'password' is a JSON number, not a string",
+        ),
         ({**RDS_SECRET, "port": 0}, "'port' is not a port number"),
         ({**RDS_SECRET, "port": True}, "'port' is not a port number"),
         ({**RDS_SECRET, "dbname": 5}, "'dbname' is not a string"),

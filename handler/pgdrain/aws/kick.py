@@ -14,8 +14,10 @@ holds the queue's kicks: they invoke nothing, since its exit check will see thei
 The debounce is on the trailing edge (pgdrain.aws.control): a run about to exit drains again
 for a kick that arrived after its last claim, and clears the window when it exits, so the next
 kick invokes. An invoke that fails clears the window too: a failed kick suppresses nothing.
-A queue with nothing ready gets no run now: a kicked delayed job is started by a wake-up at its
-run_at, not by a run now that finds nothing (and keeps a sleeping database awake for minutes).
+A queue whose next job is due later gets no run now: a kicked delayed job is started by a wake-up
+at its run_at, not by a run now that finds nothing (and keeps a sleeping database awake for
+minutes). A queue with nothing queued at all (the enqueue rolled back, or a run took the job
+already) is invoked as a ready one is: the kick cannot tell, and the run finds what there is.
 If no wake-up pending for the queue comes early enough, the kick reserves one in pgdrain.wakes,
 in the same transaction as its debounce, and invokes the function with a wake-up request
 ({"reason": "later"}) that takes up that reservation and creates the one-shot schedule, without
@@ -80,9 +82,9 @@ def kick(
 ) -> tuple[str, ...]:
     """Ask the drain function to run for `queues`, at most once per debounce window per queue.
     Returns the queues it was invoked for: empty when every queue was kicked recently, when
-    kicks are off (PGDRAIN_KICK=off), or when the invoke failed. A queue with nothing ready is
-    not among them: its next job gets a wake-up request instead (when no wake-up pending for
-    it comes early enough), which starts no run now.
+    kicks are off (PGDRAIN_KICK=off), or when the invoke failed. A queue whose next job is due
+    later is not among them: that job gets a wake-up request instead (when no wake-up pending
+    for it comes early enough), which starts no run now.
 
     Without a function (PGDRAIN_KICK=worker, or PGDRAIN_FUNCTION_NAME unset off AWS), a NOTIFY
     wakes `pgdrain worker` instead; it returns the queues when a worker heard it

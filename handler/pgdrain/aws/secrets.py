@@ -107,13 +107,23 @@ def conninfo_from_value(value: object) -> str:
     return make_conninfo("", host=host, port=str(port), user=user, password=password, dbname=dbname)
 
 
+_JSON_KINDS = {bool: "boolean", int: "number", float: "number", list: "array", dict: "object"}
+
+
 def _text(value: Mapping[str, object], key: str) -> str:
     item = value.get(key)
-    if not isinstance(item, str) or not item:
+    if item is not None and item != "" and not isinstance(item, str):
+        # Its type only: the value may be the password.
+        kind = _JSON_KINDS.get(type(item), "value")
+        raise ConfigError(
+            f"PGDRAIN_DB_SECRET_ARN: the secret's '{key}' is a JSON {kind}, not a string; "
+            f"expected {SECRET_SHAPE}"
+        )
+    if not item:
         raise ConfigError(
             f"PGDRAIN_DB_SECRET_ARN: the secret has no '{key}'; expected {SECRET_SHAPE}"
         )
-    return item
+    return str(item)
 
 
 def _first_line(exc: BaseException) -> str:

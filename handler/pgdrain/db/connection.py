@@ -191,9 +191,14 @@ def connect(
         except psycopg.OperationalError as exc:
             reason = redact(describe(exc), conninfo)
             if (missing := missing_database(exc)) is not None:
+                where = (
+                    "the secret's 'dbname' (PGDRAIN_DB_SECRET_ARN)"
+                    if settings.db_secret_arn
+                    else "DATABASE_URL"
+                )
                 raise DatabaseMisconfigured(
-                    f"the database {missing!r} does not exist on that server: create it "
-                    "(createdb), or name an existing one in DATABASE_URL"
+                    f"the database {redact(missing, conninfo)!r} does not exist on that server: "
+                    f"create it (createdb), or name an existing one in {where}"
                 ) from None
             if is_authentication_failure(exc):
                 raise AuthenticationFailed(f"database refused the credentials: {reason}") from None
