@@ -37,6 +37,8 @@ from helpers.cli import (
     run_pgdrain,
 )
 from helpers.fixtures import job_row, wait_for
+from pgdrain.db import store
+from pgdrain.db.sql import migrations
 
 Conn = psycopg.Connection[Any]
 
@@ -318,6 +320,35 @@ def test_before_migrate_every_command_says_to_run_migrate(
 
     migrated = project.run("migrate")
     assert migrated.out.startswith("applied: 0001_init.sql, ")
+    assert project.run("stats").code == EXIT_OK
+
+
+def _migrate_before(url: str, version: str) -> None:
+    """The schema an older pgdrain left: only the migrations before `version`."""
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        store.migration_lock(conn)
+        for migration in migrations():
+            if migration.version < version:
+                store.migration_record(conn, migration)
+
+
+def test_an_older_schema_says_to_run_migrate_for_a_missing_column_or_function(
+    tmp_path: Path, empty_db_url: str
+) -> None:
+    """A red team's report: on a database an older pgdrain migrated, a column (stats, runs,
+    retry) or a function (drain) a later migration adds was a raw database error, exit 1."""
+    _migrate_before(empty_db_url, "0023")  # before run_history.cancelled and the lease floor
+    project = _project(tmp_path, empty_db_url)
+    for command in (["stats"], ["runs"], ["retry", "1"]):
+        run = project.run(*command)
+        assert (run.code, run.out) == (EXIT_BAD_INPUT, ""), (command, run)
+        line = only_line(run.err)
+        assert line.startswith("pgdrain: error: this database has no pgdrain schema"), line
+        assert "run `pgdrain migrate`" in line, line
+    drained = project.run("drain", "--budget", "5")
+    assert drained.code == EXIT_BAD_INPUT, drained
+    assert "run `pgdrain migrate` (function pgdrain." in only_line(drained.out)
+    assert project.run("migrate").code == EXIT_OK
     assert project.run("stats").code == EXIT_OK
 
 
