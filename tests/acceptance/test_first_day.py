@@ -478,6 +478,28 @@ def test_a_queue_the_database_does_not_know_gets_a_note_naming_the_nearest(
         assert (empty.code, empty.err, empty.out.splitlines()[1:]) == (EXIT_OK, "", ["(no jobs)"])
 
 
+def test_a_paused_typo_is_noted_and_a_drain_names_the_paused_queues(project: Project) -> None:
+    """A red team's report: `pause emial` succeeded silently while emails ran on, and a drain
+    with emails paused said "stopped: empty" with its job ready."""
+    project.run("enqueue", "send_email")
+    typo = project.run("pause", "emial")
+    assert (typo.code, typo.out.split()[:2]) == (EXIT_OK, ["paused", "emial"]), typo
+    assert only_line(typo.err) == (
+        "pgdrain: note: no job, setting or kick names queue 'emial' (did you mean 'emails'?)"
+    )
+    known = project.run("pause", "emails")
+    assert (known.code, known.err) == (EXIT_OK, ""), known
+    paused_line = "paused: {} (no run claims their jobs; `pgdrain resume QUEUE`)"
+    drained = project.run("drain", "--budget", "5")
+    assert drained.out.splitlines()[0].startswith("claimed 0,"), drained
+    assert drained.out.splitlines()[1:] == [paused_line.format("emails, emial")], drained
+    # Control: resumed, its job runs, and only the typo is left paused.
+    project.run("resume", "emails")
+    drained = project.run("drain", "--budget", "5")
+    assert drained.out.splitlines()[0].startswith("claimed 1,"), drained
+    assert drained.out.splitlines()[1:] == [paused_line.format("emial")], drained
+
+
 def test_cancel_is_safe_to_repeat_takes_a_filter_and_a_dry_run(
     project: Project, conn: Conn
 ) -> None:

@@ -1161,8 +1161,13 @@ def _print_cancelled(
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    """Pause; a queue the database knows nothing of is paused ahead of its jobs, with a note
+    when its name is close to a known queue's (a typo pauses nothing that runs)."""
     with _connect(settings) as conn:
+        nearest = _nearest_unknown(conn, args.queue)
         paused_at = pause_queue(conn, args.queue)
+    if nearest:
+        print(_unknown_queue_note(args.queue, nearest), file=sys.stderr)
     if args.json:
         print(json.dumps({"queue": args.queue, "paused_at": paused_at.isoformat()}))
     else:
