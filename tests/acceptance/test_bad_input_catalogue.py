@@ -34,7 +34,7 @@ from helpers.cli import (
     only_line,
     run_pgdrain,
 )
-from helpers.fixtures import job_row, wait_for
+from helpers.fixtures import job_of_kind, job_row, wait_for
 from helpers.restartable_pg import free_port
 from pgdrain import BadInput, enqueue
 from pgdrain.aws import run as lambda_run
@@ -105,6 +105,8 @@ BAD_CLI = {
     "payload-non-utf8": (["enqueue", "ok", "--payload", b'{"a": "\xff"}'], {}, "UTF-8"),
     "kind-non-utf8": (["enqueue", b"caf\xe9"], {}, "UTF-8"),
     "kind-empty": (["enqueue", ""], {}, "non-empty"),
+    # A kind --kind filters would refuse: no command could list or cancel its jobs by kind.
+    "kind-control": (["enqueue", "send\temail", "--unregistered"], {}, "printable"),
     "queue-non-utf8": (["enqueue", "ok", "--queue", b"q\xff"], {}, "not a plain queue name"),
     "queue-sql": (
         ["enqueue", "ok", "--queue", "q'; DROP TABLE pgdrain.jobs; --"],
@@ -345,7 +347,7 @@ def test_cli_control_characters_from_job_data_are_escaped(secret_url: str, conn:
     with an OSC title sequence: `drain` (its log lines) and `jobs` show them as escapes, one
     line per record, nothing acting on the terminal."""
     _enqueue_kind(conn, "explode_ansi", max_attempts=1)
-    _enqueue_kind(conn, "\x1b]0;pwned\x07", max_attempts=1)
+    job_of_kind(conn, "\x1b]0;pwned\x07", max_attempts=1)  # enqueue refuses the kind
     drained = run_cli(secret_url, "-v", "drain", "--budget", "30")
     assert drained.code == EXIT_OK, drained
     listed = run_cli(secret_url, "jobs")

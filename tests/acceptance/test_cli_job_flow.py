@@ -150,3 +150,12 @@ def test_with_done_jobs_not_kept_a_drain_deletes_them_but_a_sequences(
     assert stats.code == EXIT_OK, stats.err
     assert stats.out.splitlines()[-1] == DONE_NOT_KEPT
     assert DONE_NOT_KEPT not in pgdrain(db_url, "stats").out
+
+
+def test_a_budget_longer_than_postgresqls_longest_timeout_drains(db_url: str, conn: Conn) -> None:
+    """A red team's report: --budget takes up to 1e9 s, but past 2,147,483 s (statement_timeout's
+    largest, in ms) every drain failed at its start. Its limits are now PostgreSQL's largest."""
+    job_id = _enqueued(db_url)
+    drained = pgdrain(db_url, "drain", "--budget", "1e9")
+    assert (drained.code, drained.err) == (EXIT_OK, ""), drained
+    assert job_row(conn, job_id)["status"] == "done"

@@ -642,6 +642,23 @@ def _stop_a_server_left_running(data: Path) -> None:
     assert run_pgdrain("server", "stop", env=env, drop=drop).code == EXIT_OK
 
 
+@pytest.mark.parametrize(
+    ("given", "wrong"),
+    [("afile", "is a file"), ("afile/sub", "cannot be made a folder"), (".", "holds other files")],
+    ids=["a-file", "under-a-file", "not-postgresql"],
+)
+def test_a_data_dir_that_cannot_hold_the_embedded_server_is_one_line_exit_2(
+    tmp_path: Path, given: str, wrong: str
+) -> None:
+    """A red team's report: each of these was mkdir's or initdb's traceback."""
+    (tmp_path / "afile").write_text("not a folder\n")
+    data = tmp_path / given
+    env = {"PGDRAIN_DATA_DIR": str(data), "PYTHONPATH": str(ROOT / "handler")}
+    run = run_pgdrain("stats", env=env, drop=("PGDRAIN_", "DATABASE_URL"))
+    assert (run.code, run.out) == (EXIT_BAD_INPUT, ""), run
+    assert only_line(run.err).startswith(f"pgdrain: error: PGDRAIN_DATA_DIR {data} {wrong}")
+
+
 # -- the demo ------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ it after `pip install`. Each trap the issue names, shown gone:
 - an operator's cancel of a running job is said once, as what it is;
 - messages a user can act on (migrate first, a database that does not exist, a budget under
   the reserve, a failed attempt in one short line);
-- `jobs` with a header and the states of queued jobs told apart, a queue that does not exist,
+- `jobs` with a header and the states of queued jobs told apart, an idle or unknown queue,
   `cancel` safe to repeat and by filter, --json on retry, cancel and purge."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ import pytest
 
 from helpers.cli import (
     EXIT_BAD_INPUT,
-    EXIT_FAILURE,
     EXIT_OK,
     ROOT,
     TIMEOUT_SECONDS,
@@ -37,6 +37,8 @@ from helpers.cli import (
     run_pgdrain,
 )
 from helpers.fixtures import job_row, wait_for
+from pgdrain.db import store
+from pgdrain.db.sql import migrations
 
 Conn = psycopg.Connection[Any]
 
@@ -321,6 +323,35 @@ def test_before_migrate_every_command_says_to_run_migrate(
     assert project.run("stats").code == EXIT_OK
 
 
+def _migrate_before(url: str, version: str) -> None:
+    """The schema an older pgdrain left: only the migrations before `version`."""
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        store.migration_lock(conn)
+        for migration in migrations():
+            if migration.version < version:
+                store.migration_record(conn, migration)
+
+
+def test_an_older_schema_says_to_run_migrate_for_a_missing_column_or_function(
+    tmp_path: Path, empty_db_url: str
+) -> None:
+    """A red team's report: on a database an older pgdrain migrated, a column (stats, runs,
+    retry) or a function (drain) a later migration adds was a raw database error, exit 1."""
+    _migrate_before(empty_db_url, "0023")  # before run_history.cancelled and the lease floor
+    project = _project(tmp_path, empty_db_url)
+    for command in (["stats"], ["runs"], ["retry", "1"]):
+        run = project.run(*command)
+        assert (run.code, run.out) == (EXIT_BAD_INPUT, ""), (command, run)
+        line = only_line(run.err)
+        assert line.startswith("pgdrain: error: this database has no pgdrain schema"), line
+        assert "run `pgdrain migrate`" in line, line
+    drained = project.run("drain", "--budget", "5")
+    assert drained.code == EXIT_BAD_INPUT, drained
+    assert "run `pgdrain migrate` (function pgdrain." in only_line(drained.out)
+    assert project.run("migrate").code == EXIT_OK
+    assert project.run("stats").code == EXIT_OK
+
+
 def test_a_database_that_does_not_exist_is_said_so_not_a_credentials_refusal(
     tmp_path: Path, db_url: str
 ) -> None:
@@ -404,18 +435,69 @@ def test_jobs_has_a_header_and_tells_ready_retrying_and_scheduled_apart(
     assert as_json == {ready: "ready", retrying: "retrying", later: "scheduled"}
 
 
-def test_a_queue_that_does_not_exist_is_said_so(project: Project) -> None:
+def test_an_idle_queue_is_an_empty_result_not_an_error(project: Project) -> None:
+    """A queue with no job right now (drained and purged, or only paused) is an empty result:
+    a cron'd purge or a monitor's `jobs --json` of an idle queue exits 0."""
     project.run("enqueue", "send_email")
+    assert project.run("drain", "--budget", "5").code == EXIT_OK
+    purged = project.run("purge", "--queue", "emails", "--older-than-days", "0")
+    assert purged.out.strip() == "deleted 1 finished job in queue 'emails'", purged
+    project.run("pause", "reports")  # a queue known by its settings alone
+    nothing: dict[tuple[str, ...], Callable[[Any], Any]] = {  # each --json, down to its "nothing"
+        ("jobs",): lambda out: out,
+        ("retry", "--failed"): lambda out: out["queued_again"],
+        ("cancel", "--queued"): lambda out: out["cancelled"],
+        ("purge",): lambda out: out["deleted"],
+    }
+    for queue in ("emails", "reports"):
+        for command, read in nothing.items():
+            run = project.run(*command, "--queue", queue, "--json")
+            assert (run.code, run.err) == (EXIT_OK, ""), (command, queue, run)
+            assert not read(json.loads(run.out)), (command, queue, run)
+    again = project.run("purge", "--queue", "emails", "--older-than-days", "0")
+    assert (again.code, again.out.strip()) == (EXIT_OK, "deleted 0 finished jobs in queue 'emails'")
+
+
+def test_a_queue_the_database_does_not_know_gets_a_note_naming_the_nearest(
+    project: Project,
+) -> None:
+    project.run("enqueue", "send_email")
+    note = "pgdrain: note: no job, setting or kick names queue 'emial' (did you mean 'emails'?)"
     typo = project.run("jobs", "--queue", "emial")
-    assert (typo.code, typo.out) == (EXIT_FAILURE, ""), typo
-    assert only_line(typo.err) == (
-        "pgdrain: error: no queue 'emial': no job is in it (did you mean 'emails'?)"
-    )
+    assert (typo.code, typo.out.splitlines()[1:]) == (EXIT_OK, ["(no jobs)"]), typo
+    assert only_line(typo.err) == note
+    as_json = project.run("jobs", "--queue", "emial", "--json")
+    assert (as_json.code, json.loads(as_json.out), only_line(as_json.err)) == (EXIT_OK, [], note)
     for command in (["retry", "--failed"], ["cancel", "--queued"], ["purge", "--dry-run"]):
-        assert project.run(*command, "--queue", "emial").code == EXIT_FAILURE, command
-    # Control: a queue that exists, with nothing matching, is an empty list.
-    empty = project.run("jobs", "--queue", "emails", "--status", "failed")
-    assert (empty.code, empty.out.splitlines()[1:]) == (EXIT_OK, ["(no jobs)"]), empty
+        run = project.run(*command, "--queue", "emial")
+        assert (run.code, only_line(run.err)) == (EXIT_OK, note), (command, run)
+    # Control: a name close to nothing known, and a known queue with nothing matching, are
+    # empty results without a note.
+    for queue, status in (("zzz", "queued"), ("emails", "failed")):
+        empty = project.run("jobs", "--queue", queue, "--status", status)
+        assert (empty.code, empty.err, empty.out.splitlines()[1:]) == (EXIT_OK, "", ["(no jobs)"])
+
+
+def test_a_paused_typo_is_noted_and_a_drain_names_the_paused_queues(project: Project) -> None:
+    """A red team's report: `pause emial` succeeded silently while emails ran on, and a drain
+    with emails paused said "stopped: empty" with its job ready."""
+    project.run("enqueue", "send_email")
+    typo = project.run("pause", "emial")
+    assert (typo.code, typo.out.split()[:2]) == (EXIT_OK, ["paused", "emial"]), typo
+    assert only_line(typo.err) == (
+        "pgdrain: note: no job, setting or kick names queue 'emial' (did you mean 'emails'?)"
+    )
+    known = project.run("pause", "emails")
+    assert (known.code, known.err) == (EXIT_OK, ""), known
+    paused_line = "paused: {} (no run claims their jobs; `pgdrain resume QUEUE`)"
+    drained = project.run("drain", "--budget", "5")
+    assert drained.out.splitlines()[0].startswith("claimed 0,"), drained
+    assert drained.out.splitlines()[1:] == [paused_line.format("emails, emial")], drained
+    # Control: resumed, its job runs, and only the typo is left paused.
+    project.run("resume", "emails")
+    drained = project.run("drain", "--budget", "5")
+    assert drained.out.splitlines()[0].startswith("claimed 1,"), drained
+    assert drained.out.splitlines()[1:] == [paused_line.format("emial")], drained
 
 
 def test_cancel_is_safe_to_repeat_takes_a_filter_and_a_dry_run(

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from helpers.cli import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, ROOT, Run, run_pgdrain
-from pgdrain import enqueue
+from helpers.fixtures import job_of_kind
 
 Conn = psycopg.Connection[Any]
 HERE = Path(__file__).resolve().parent
@@ -42,7 +42,7 @@ def _assert_nothing_raw(command: str, run: Run) -> None:
 
 def _failed_hostile_job(conn: Conn, url: str) -> int:
     """A job of the hostile kind, failed by a drain (no function is registered for it)."""
-    job_id = enqueue(conn, HOSTILE_KIND, {}, max_attempts=1)
+    job_id = job_of_kind(conn, HOSTILE_KIND, max_attempts=1)  # enqueue refuses the kind
     drained = run_cli(url, "-v", "drain", "--budget", "30")
     assert drained.code == EXIT_OK, drained
     _assert_nothing_raw("drain", drained)

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgdrain import Budget, Settings
+from pgdrain import Budget, Settings, enqueue
 from pgdrain.db import store
 from pgdrain.db.session import Session
 from pgdrain.db.sql import query
@@ -115,6 +115,14 @@ def job_row(conn: psycopg.Connection[Any], job_id: int) -> dict[str, Any]:
         row = cur.execute("SELECT * FROM pgdrain.jobs WHERE id = %s", (job_id,)).fetchone()
     assert row is not None, f"job {job_id} does not exist"
     return row
+
+
+def job_of_kind(conn: psycopg.Connection[Any], kind: str, *, max_attempts: int = 5) -> int:
+    """A job of a kind enqueue refuses (control characters), as a row written before it did, or
+    by the application's own SQL: what the commands must still show safely."""
+    job_id = enqueue(conn, "placeholder", {}, max_attempts=max_attempts)
+    conn.execute("UPDATE pgdrain.jobs SET kind = %s WHERE id = %s", (kind, job_id))
+    return job_id
 
 
 @pytest.fixture

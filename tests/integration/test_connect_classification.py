@@ -273,6 +273,27 @@ def test_not_up_yet_errors_are_retried(error: psycopg.OperationalError) -> None:
     assert connection.is_not_up_yet(error) and not connection.is_misconfiguration(error)
 
 
+@pytest.mark.parametrize(
+    ("error", "missing"),
+    [
+        (pg_errors.UndefinedTable('relation "pgdrain.queue_floors" does not exist'), True),
+        (pg_errors.UndefinedColumn('column "done_kept" does not exist'), True),
+        (pg_errors.UndefinedFunction("function pgdrain.lease_floor_raise() does not exist"), True),
+        (pg_errors.InvalidSchemaName('schema "pgdrain" does not exist'), True),
+        # Controls: what no migration adds is not an older schema.
+        (pg_errors.UndefinedFunction("operator does not exist: text = integer"), False),
+        (pg_errors.UndefinedFunction("function lower(integer) does not exist"), False),
+        (pg_errors.UndefinedTable('relation "orders" does not exist'), False),
+    ],
+    ids=["table", "column", "function", "schema", "operator", "other-function", "other-table"],
+)
+def test_an_object_a_migration_adds_says_to_run_migrate(
+    error: psycopg.Error, missing: bool
+) -> None:
+    assert connection.is_schema_missing(error) is missing
+    assert ("run `pgdrain migrate`" in connection.describe(error)) is missing
+
+
 def test_the_test_servers_are_reachable_by_url(server_url: str) -> None:
     """Sanity: the fixtures' own URL connects at once (no sleep)."""
     fake = FakeTime()

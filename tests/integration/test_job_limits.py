@@ -88,6 +88,7 @@ def test_enqueue_many_checks_jobs_not_made_by_build_job(conn: Conn) -> None:
     good = store.NewJob(kind="ok")
     bad_jobs = {
         "kind": store.NewJob(kind="k" * 201),
+        "printable": store.NewJob(kind="send\temail"),  # what --kind filters take
         "queue": store.NewJob(kind="ok", queue="a b"),
         "key": store.NewJob(kind="ok", idempotency_key=""),
         "payload": store.NewJob(kind="ok", payload={"blob": "x" * (300 * 1024)}),

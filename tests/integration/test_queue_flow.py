@@ -354,6 +354,22 @@ def test_the_exit_and_the_kick_pass_over_a_paused_queue(conn: Conn, paused: bool
         assert (decision.invoke, decision.paused) == (["emails"], [])
 
 
+@pytest.mark.parametrize("paused", [True, False], ids=["paused", "control-not-paused"])
+def test_a_run_names_the_paused_queues_it_serves(db_url: str, conn: Conn, paused: bool) -> None:
+    """A red team's report: a drain over a paused queue said "stopped: empty" with its jobs
+    ready. Its result names the paused queues it serves and took nothing of; a run that does
+    not serve the queue does not name it."""
+    _enqueue(conn, 2)
+    _enqueue(conn, 1, "sms")
+    if paused:
+        pause_queue(conn, "emails")
+    only_sms = drain(Settings(queues=("sms",)), Budget.seconds(30), registry, db_url)
+    assert (only_sms.done, only_sms.paused) == (1, [])
+    every = drain(Settings(), Budget.seconds(30), registry, db_url)
+    assert every.stop_reason == "empty", every.error
+    assert (every.done, every.paused) == ((0, ["emails"]) if paused else (2, []))
+
+
 def test_the_example_of_docs_jobs_md_runs(db_url: str, conn: Conn) -> None:
     from helpers.docs import DOCS, fences, section
     from pgdrain import Registry

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from pgdrain import Budget, Settings
-from pgdrain.db.session import MIN_TIMEOUT_MS, Session
+from pgdrain.db.session import MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, Session
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import Attempts
 
@@ -31,6 +31,7 @@ class Clock:
         (0.8, 500),  # inside the last second: never less than the margin while it lasts
         (0.3, 300),  # inside the final margin (the last flush): what is left
         (0.0, MIN_TIMEOUT_MS),  # never 0, which would mean no limit at all
+        (1e9, MAX_TIMEOUT_MS),  # a long budget's: at most what PostgreSQL takes
     ],
 )
 def test_a_statement_may_take_the_budget_left_less_the_final_margin(

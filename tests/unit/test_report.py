@@ -55,6 +55,15 @@ def test_a_run_ended_by_an_error_says_it_on_the_same_line() -> None:
     assert "\n" not in line and "\x1b" not in line
 
 
+def test_a_run_over_paused_queues_names_them_on_a_line_of_their_own() -> None:
+    result = DrainResult(paused=["emails", "sms"], elapsed_s=0.5)
+    assert format_result(result).splitlines() == [
+        "claimed 0, done 0, retried 0, failed 0, lease lost 0, reclaimed 0, released 0; "
+        "stopped: empty after 0.5s",
+        "paused: emails, sms (no run claims their jobs; `pgdrain resume QUEUE`)",
+    ]
+
+
 NO_JOBS = QueueStats(
     queue="",
     queued=0,

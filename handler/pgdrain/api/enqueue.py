@@ -51,10 +51,8 @@ def build_job(
     """Validate one job's fields; raises BadInput with a one-line reason."""
     if not isinstance(kind, str) or not kind.strip():
         raise BadInput("job kind must be a non-empty string")
-    if len(kind) > MAX_KIND_LENGTH or not _is_clean_text(kind):
-        raise BadInput(
-            f"job kind must be at most {MAX_KIND_LENGTH} characters of UTF-8 text without NUL"
-        )
+    if len(kind) > MAX_KIND_LENGTH or not _is_kind_text(kind):
+        raise BadInput(f"job kind must be at most {MAX_KIND_LENGTH} {KIND_TEXT}: got {kind!r:.60}")
     if not isinstance(queue_name, str) or not QUEUE_NAME.match(queue_name):
         raise BadInput(f"queue {queue_name!r:.80} is not a plain queue name ({QUEUE_NAME_RULE})")
     if isinstance(delay, bool) or not isinstance(delay, int | float) or not _finite(delay):
@@ -304,12 +302,9 @@ def _check_fields(job: store.NewJob) -> None:
         not isinstance(kind, str)
         or not kind.strip()
         or len(kind) > MAX_KIND_LENGTH
-        or not _is_clean_text(kind)
+        or not _is_kind_text(kind)
     ):
-        raise BadInput(
-            f"job kind must be 1 to {MAX_KIND_LENGTH} characters of UTF-8 text without NUL "
-            f"(got {kind!r:.60})"
-        )
+        raise BadInput(f"job kind must be 1 to {MAX_KIND_LENGTH} {KIND_TEXT}: got {kind!r:.60}")
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
         raise BadInput(f"queue {queue!r:.80} is not a plain queue name ({QUEUE_NAME_RULE})")
     if key is not None and (
@@ -361,6 +356,16 @@ def _finite(number: float) -> bool:
     """A finite number; an int too large for a float (10**400) is finite, but more than any
     bound, which the caller's range check then says."""
     return isinstance(number, int) or math.isfinite(number)
+
+
+# What a kind may hold, for a person: what `--kind` filters take (cli `_kind`, the dashboard's).
+KIND_TEXT = "printable UTF-8 characters (no control characters or NUL)"
+
+
+def _is_kind_text(kind: str) -> bool:
+    """Storable, and printable (no control or format characters): a kind the commands' --kind
+    filters accept, and one no listing has to escape."""
+    return _is_clean_text(kind) and kind.isprintable()
 
 
 def _is_clean_text(text: str) -> bool:

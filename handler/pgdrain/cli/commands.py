@@ -71,7 +71,6 @@ MAX_PURGE_DAYS = 36_500.0
 STATUSES = store.STATUSES
 MAX_SINCE_DAYS = 36_500.0
 MAX_KIND_LENGTH = 200
-MAX_QUEUES_NAMED = 10  # a queue filter that names no queue lists at most this many
 # DrainResult.error_kind values that mean the settings are wrong (summary.error_kind).
 CONFIG_ERROR_KINDS = ("authentication", "configuration")
 # What `enqueue` uses for an option neither the command line nor the kind's decorator gives.
@@ -912,7 +911,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
             since=args.since,
         )
         if not rows:
-            _check_queue(conn, args.queue)
+            _note_unknown_queue(conn, args.queue)
         paused = {q.queue for q in store.queue_limit_list(conn) if q.paused_at is not None}
     if args.json:
         print(json.dumps([{**job_as_dict(r), "queue_paused": r.queue in paused} for r in rows]))
@@ -924,18 +923,30 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def _check_queue(conn: store.Connection, queue: str | None) -> None:
-    """A filter that matched nothing because its queue does not exist (a typo) says so: no job
-    was ever in it, or all were purged. Called only when nothing matched."""
-    if queue is None or store.job_list(conn, list(STATUSES), 1, queue=queue):
-        return
-    names = [r.queue for r in store.queue_stats(conn)]
-    nearest = difflib.get_close_matches(queue, names, n=1)
-    if nearest:
-        hint = f"did you mean {nearest[0]!r}?"
-    else:
-        hint = f"the queues: {', '.join(names[:MAX_QUEUES_NAMED])}" if names else "no jobs at all"
-    raise PgdrainError(f"no queue {queue!r}: no job is in it ({hint})")
+def _note_unknown_queue(conn: store.Connection, queue: str | None) -> None:
+    """A queue filter that matched nothing is an empty result, an idle queue's as any other's.
+    Where the database knows no such queue (no job, no settings, no kick) but one close to it,
+    a likely typo, a note on stderr names that one."""
+    if queue is not None and (nearest := _nearest_unknown(conn, queue)):
+        print(_unknown_queue_note(queue, nearest), file=sys.stderr)
+
+
+def _nearest_unknown(conn: store.Connection, queue: str) -> str | None:
+    """The known queue closest to `queue` when the database knows no queue of that name."""
+    known = {r.queue for r in store.queue_stats(conn)}
+    known |= {r.queue for r in store.queue_limit_list(conn)}
+    known |= {r.queue for r in store.kick_list(conn)}
+    if queue in known:
+        return None
+    nearest = difflib.get_close_matches(queue, sorted(known), n=1)
+    return nearest[0] if nearest else None
+
+
+def _unknown_queue_note(queue: str, nearest: str) -> str:
+    return (
+        f"pgdrain: note: no job, setting or kick names queue {queue!r} "
+        f"(did you mean {printable(nearest)!r}?)"
+    )
 
 
 def _show_job(args: argparse.Namespace, settings: Settings) -> int:
@@ -999,7 +1010,7 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
         retried = sorted((r for r in found if r.retried), key=lambda r: r.id)
         refused = sorted((r for r in found if not r.retried and r.why_not()), key=lambda r: r.id)
         if not found and not args.ids:
-            _check_queue(conn, args.queue)
+            _note_unknown_queue(conn, args.queue)
         kicked: list[str] = []
         if retried and not args.dry_run:
             kicked = _kick(conn, settings, store.job_queues(conn, [r.id for r in retried]))
@@ -1096,7 +1107,7 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
         left = sorted(set(args.ids) - {c.id for c in cancelled})
         found = store.job_status_many(conn, left) if left else {}
         if not cancelled and not args.ids:
-            _check_queue(conn, args.queue)
+            _note_unknown_queue(conn, args.queue)
         kicked: list[str] = []
         if made_ready and not args.dry_run:
             kicked = _kick(conn, settings, sorted(made_ready))
@@ -1150,8 +1161,13 @@ def _print_cancelled(
 
 
 def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
+    """Pause; a queue the database knows nothing of is paused ahead of its jobs, with a note
+    when its name is close to a known queue's (a typo pauses nothing that runs)."""
     with _connect(settings) as conn:
+        nearest = _nearest_unknown(conn, args.queue)
         paused_at = pause_queue(conn, args.queue)
+    if nearest:
+        print(_unknown_queue_note(args.queue, nearest), file=sys.stderr)
     if args.json:
         print(json.dumps({"queue": args.queue, "paused_at": paused_at.isoformat()}))
     else:
@@ -1223,7 +1239,7 @@ def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
                 if batch < PURGE_BATCH:
                     break
         if not deleted:
-            _check_queue(conn, args.queue)
+            _note_unknown_queue(conn, args.queue)
     if args.json:
         print(
             json.dumps(

@@ -38,11 +38,30 @@ def start(data_dir: Path | None = None, *, keep_running: bool = True) -> str:
             "extra)"
         ) from None
     folder = data_dir or data_dir_in_use()
-    folder.mkdir(parents=True, exist_ok=True)
+    _check_data_dir(folder)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         server = get_server(folder, cleanup_mode=None if keep_running else "stop")
     return str(server.get_uri())
+
+
+def _check_data_dir(folder: Path) -> None:
+    """The data directory is a folder, made if missing, that is empty or holds PostgreSQL's
+    data (PG_VERSION): else one line naming PGDRAIN_DATA_DIR, not initdb's traceback."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{DATA_DIR_VARIABLE} {folder} is a file: set it to a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"{DATA_DIR_VARIABLE} {folder} cannot be made a folder ({exc.strerror}): "
+            "set it to a folder that can"
+        ) from None
+    if not (folder / "PG_VERSION").is_file() and any(folder.iterdir()):
+        raise ConfigError(
+            f"{DATA_DIR_VARIABLE} {folder} holds other files, not PostgreSQL's data: "
+            "set it to an empty or new folder"
+        )
 
 
 def running_url(data_dir: Path | None = None) -> str | None:

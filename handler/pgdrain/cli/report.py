@@ -51,8 +51,9 @@ def plural(count: int, noun: str) -> str:
 
 
 def format_result(result: DrainResult) -> str:
-    """The summary line, and a second when the run left ready jobs in queues it does not
-    serve (a restriction: --queues, PGDRAIN_QUEUES)."""
+    """The summary line; then a line naming the queues it serves that were paused (it took no
+    job of them), and one when it left ready jobs in queues it does not serve (a restriction:
+    --queues, PGDRAIN_QUEUES)."""
     # Cancelled only when a job was: the line most runs print stays as it was.
     cancelled = f"cancelled {result.cancelled}, " if result.cancelled else ""
     line = (
@@ -62,6 +63,8 @@ def format_result(result: DrainResult) -> str:
         f"stopped: {result.stop_reason} after {result.elapsed_s}s"
     )
     line += f" ({printable(result.error)})" if result.error else ""
+    if result.paused:
+        line += "\n" + format_paused([printable(q) for q in result.paused])
     if result.unserved:
         line += "\n" + format_unserved(
             result.unserved, "this drain does not serve (--queues, PGDRAIN_QUEUES)"
@@ -128,7 +131,7 @@ def format_stats(
 
 
 def format_paused(queues: Sequence[str]) -> str:
-    """The line `stats` and `jobs` end with while queues are paused."""
+    """The line `stats`, `jobs` and a drain's summary end with while queues are paused."""
     return f"paused: {', '.join(queues)} (no run claims their jobs; `pgdrain resume QUEUE`)"
 
 

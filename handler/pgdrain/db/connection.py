@@ -47,9 +47,14 @@ MIN_CONNECT_TIMEOUT_SECONDS = 2  # libpq treats 1 as 2 anyway
 _FATAL_SQLSTATES = ("28000", "28P01")
 _MISSING_ROLE = re.compile(r'FATAL:\s+role ".*" does not exist')
 _MISSING_DATABASE = re.compile(r'database "(.*)" does not exist')
-# A pgdrain relation or schema the server does not know: the database was never migrated (or
-# not since an upgrade). 42P01 undefined_table, 3F000 invalid_schema_name.
-_MISSING_SCHEMA_SQLSTATES = ("42P01", "3F000")
+# A pgdrain relation, function or schema the server does not know (the error names it): the
+# database was never migrated, or not since an upgrade. 42P01 undefined_table, 42883
+# undefined_function, 3F000 invalid_schema_name.
+_MISSING_SCHEMA_SQLSTATES = ("42P01", "42883", "3F000")
+# 42703 undefined_column names no schema; but the statements that reach is_schema_missing are
+# pgdrain's own (a job's errors are its attempt's), which read pgdrain's tables: a column a
+# later migration adds.
+_MISSING_COLUMN_SQLSTATE = "42703"
 RUN_MIGRATE = "run `pgdrain migrate`"
 # 57P03 cannot_connect_now ("the database system is starting up" / "is not yet accepting
 # connections" / "is shutting down" during a restart); 53300 too_many_connections; 53400
@@ -319,10 +324,13 @@ def missing_database(exc: psycopg.Error) -> str | None:
 
 
 def is_schema_missing(exc: BaseException) -> bool:
-    """A pgdrain table or the schema itself is not in the database: never migrated."""
+    """A pgdrain table, column, function or the schema itself is not in the database: never
+    migrated, or not since an upgrade. For errors of pgdrain's own statements only."""
     if not isinstance(exc, psycopg.Error):
         return False
     state = exc.sqlstate or _sqlstate_from_diag(exc)
+    if state == _MISSING_COLUMN_SQLSTATE:
+        return True
     return state in _MISSING_SCHEMA_SQLSTATES and "pgdrain" in str(exc)
 
 

@@ -46,6 +46,9 @@ T = TypeVar("T")
 
 # The shortest limit a statement gets, however little budget is left: 0 would mean no limit.
 MIN_TIMEOUT_MS = 50
+# PostgreSQL's largest statement_timeout and lock_timeout (an int of ms, about 24.8 days): a
+# longer budget's limit is this one.
+MAX_TIMEOUT_MS = 2**31 - 1
 # How long a connection keeps the limits it was sent before they are sent again.
 KEEP_SECONDS = 0.5
 # A statement sent ahead is sent only while the kept limits stay fresh this much longer
@@ -71,10 +74,11 @@ def ready_queues(diag: psycopg.errors.Diagnostic) -> list[str]:
 
 def statement_limit_ms(remaining: float) -> int:
     """The statement and lock limit for a transaction started with `remaining` seconds of
-    budget left: that less the final margin (Session, retention)."""
+    budget left: that less the final margin (Session, retention), at most PostgreSQL's own
+    maximum."""
     # Inside the final margin (the run's last flush) a statement may use what is left.
     left = max(remaining - FINAL_MARGIN_SECONDS, min(remaining, FINAL_MARGIN_SECONDS))
-    return max(MIN_TIMEOUT_MS, round(left * 1000))
+    return min(MAX_TIMEOUT_MS, max(MIN_TIMEOUT_MS, round(left * 1000)))
 
 
 class Later(Generic[T]):

@@ -20,7 +20,7 @@ from pgdrain.runner.completer import Completer
 from pgdrain.runner.pipelining import PipelinedClaims
 from pgdrain.runner.prefetch import Prefetch
 from pgdrain.runner.reclaim import Reclaim
-from pgdrain.settings import Settings
+from pgdrain.settings import Settings, serves
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ class Claims:
             controls=controls,
         )
         self.pipelined = PipelinedClaims(self, self._statements, run.session, controls=controls)
+        self._queues = queues
+        self._paused: set[str] = set()  # queues a claim of this run found paused
+        self._taken_from: set[str] = set()  # queues this run claimed jobs of
         # A reply lost with the connection is asked for again (claim_statement.py): what the
         # claims were sent with is not trusted after it.
         run.session.on_reconnect(self._statements.positions.reconnected)
@@ -87,6 +90,8 @@ class Claims:
         self._completer.record_completions(result)
         self._attempts.unstarted.extend(claimed)
         self._counters.add("claimed", len(claimed))
+        self._taken_from.update(job.queue for job in claimed)
+        self._paused |= result.paused_queues
         if result.paused_queues:
             # Jobs claimed ahead of a queue paused since: given back, their attempt unspent.
             self._completer.release_unstarted(result.paused_queues)
@@ -95,6 +100,11 @@ class Claims:
             # reconnect): give the jobs back unstarted rather than start what cannot finish.
             self._completer.release_unstarted()
         return len(claimed)
+
+    def paused_untaken(self) -> tuple[str, ...]:
+        """The queues this run serves that its claims found paused, and took no job of."""
+        untaken = self._paused - self._taken_from
+        return tuple(sorted(q for q in untaken if serves(self._queues, q)))
 
 
 def claim_size(

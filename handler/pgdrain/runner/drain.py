@@ -305,11 +305,11 @@ class _Run:
             return _failed(exc, self.worker_id)
 
     def ending(self, stop_reason: StopReason) -> Ending:
-        """How the run ends (not an error); a restricted run names the queues it leaves."""
+        """How the run ends (not an error), with the queues it leaves: unserved, or paused."""
         self.completer.say_lost()
         ready = stop_reason == "budget" and self.session.run(store.queue_has_ready, self.queues)
         unserved = () if stop_reason == "stopped" else _unserved(self.session, self.queues)
-        return Ending(stop_reason, more_ready=ready, unserved=unserved)
+        return Ending(stop_reason, ready, unserved=unserved, paused=self.claims.paused_untaken())
 
     def let_go(self, pool: _Pool) -> None:
         """The run ends: nothing it holds will run after it."""

@@ -60,6 +60,9 @@ class DrainResult:
     # A run restricted to some queues (PGDRAIN_QUEUES, --queues): the other queues with jobs
     # ready as it ended, and how many (up to UNSERVED_COUNT_BOUND). Nothing serves them here.
     unserved: dict[str, int] = field(default_factory=dict)
+    # Queues it serves that its claims found paused, and took no job of: their ready jobs wait
+    # for `pgdrain resume`, whatever its stop reason says.
+    paused: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +76,7 @@ class Ending(NamedTuple):
     error: str | None = None
     error_kind: ErrorKind | None = None
     unserved: tuple[tuple[str, int], ...] = ()
+    paused: tuple[str, ...] = ()
 
 
 class Counters:
@@ -134,6 +138,7 @@ class Counters:
             error_kind=ending.error_kind,
             elapsed_s=round(elapsed_s, 3),
             unserved=dict(ending.unserved),
+            paused=list(ending.paused),
         )
 
 
