@@ -125,6 +125,8 @@ def test_the_decorator_registers_the_kind_and_its_schedule() -> None:
         (("* * * * *",), {"every": dt.timedelta(hours=1)}, "one of the two"),
         (("bad",), {}, "5 fields"),
         (("* * * * *",), {"payload": {"x": float("nan")}}, "JSON"),
+        # Every slot's enqueue would be refused: printable, as enqueue takes kinds.
+        (("* * * * *",), {"kind": "nightly\treport"}, "printable"),
     ],
 )
 def test_bad_periodic_declarations_fail_at_import(

@@ -51,7 +51,7 @@ def build_job(
     """Validate one job's fields; raises BadInput with a one-line reason."""
     if not isinstance(kind, str) or not kind.strip():
         raise BadInput("job kind must be a non-empty string")
-    if len(kind) > MAX_KIND_LENGTH or not _is_kind_text(kind):
+    if len(kind) > MAX_KIND_LENGTH or not is_kind_text(kind):
         raise BadInput(f"job kind must be at most {MAX_KIND_LENGTH} {KIND_TEXT}: got {kind!r:.60}")
     if not isinstance(queue_name, str) or not QUEUE_NAME.match(queue_name):
         raise BadInput(f"queue {queue_name!r:.80} is not a plain queue name ({QUEUE_NAME_RULE})")
@@ -302,7 +302,7 @@ def _check_fields(job: store.NewJob) -> None:
         not isinstance(kind, str)
         or not kind.strip()
         or len(kind) > MAX_KIND_LENGTH
-        or not _is_kind_text(kind)
+        or not is_kind_text(kind)
     ):
         raise BadInput(f"job kind must be 1 to {MAX_KIND_LENGTH} {KIND_TEXT}: got {kind!r:.60}")
     if not isinstance(queue, str) or not QUEUE_NAME.match(queue):
@@ -362,7 +362,7 @@ def _finite(number: float) -> bool:
 KIND_TEXT = "printable UTF-8 characters (no control characters or NUL)"
 
 
-def _is_kind_text(kind: str) -> bool:
+def is_kind_text(kind: str) -> bool:
     """Storable, and printable (no control or format characters): a kind the commands' --kind
     filters accept, and one no listing has to escape."""
     return _is_clean_text(kind) and kind.isprintable()

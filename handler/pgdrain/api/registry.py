@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pgdrain.api import jsonbound, retry
 from pgdrain.api import periodic as periodic_mod
+from pgdrain.api.enqueue import KIND_TEXT, is_kind_text
 from pgdrain.api.outcomes import safe_str
 from pgdrain.api.retry import RetryPolicy
 from pgdrain.db import store
@@ -143,6 +144,8 @@ class Registry:
         `timeout` apply when the job runs. Bad options raise ValueError at import."""
         if not kind or not kind.strip():
             raise ValueError("a job kind must not be empty")
+        if not is_kind_text(kind):  # else every enqueue of it (a periodic slot's too) is refused
+            raise ValueError(f"job kind {kind!r:.60} must be {KIND_TEXT}")
         options = KindOptions(queue, max_attempts, backoff, timeout, priority, recovery_policy)
         _check_options(kind, options)
 
