@@ -535,7 +535,8 @@ WITH kick AS MATERIALIZED (
     ON CONFLICT (run_id) DO NOTHING  -- the exit repeated: the first line stands
 )
 SELECT s.kicked, s.kick_age_s, s.ready, s.due_at, d.exits,
-       extract(epoch FROM s.due_at - now())::float8 AS due_in_s
+       CASE WHEN isfinite(s.due_at) THEN extract(epoch FROM s.due_at - now())::float8 END
+           AS due_in_s
 FROM seen AS s, decided AS d;
 
 -- name: wake_reserve :one
