@@ -260,6 +260,79 @@ def test_the_next_job_of_a_sequence_waits_for_a_cancelled_heads_lease(
         assert [j.id for j in again] == [following]  # beside the head's cancelled attempt
 
 
+def _enqueue_function_without(conn: Conn, part: str, instead: str = "") -> None:
+    """jobs_flow_enqueued with `part` of its definition (there once) replaced: as it was."""
+    row = conn.execute(
+        "SELECT pg_get_functiondef('pgdrain.jobs_flow_enqueued()'::regprocedure)"
+    ).fetchone()
+    assert row is not None
+    text = str(row[0])
+    assert text.count(part) == 1, part
+    conn.execute(text.replace(part, instead).encode())
+
+
+LEASE_WAIT = (
+    "(SELECT s.lease_until FROM pgdrain.sequences AS s\n"
+    "                                                WHERE s.sequence = NEW.sequence)"
+)
+
+
+@pytest.mark.parametrize("waits", [True, False], ids=["waits-for-the-lease", "control-at-once"])
+def test_a_job_enqueued_after_its_sequences_last_job_was_cancelled_running_waits_for_it(
+    conn: Conn, waits: bool
+) -> None:
+    """A red team's report: the sequence's only job cancelled while it ran (its code runs on
+    until its lease ends), then a job enqueued into the sequence: queued at once, beside it.
+    Migration 0038 queues it for the end of that lease."""
+    if not waits:  # jobs_flow_enqueued as before migration 0038
+        _enqueue_function_without(conn, LEASE_WAIT, "NULL")
+    head = enqueue(conn, "step", sequence="s1")
+    [claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    assert claimed.id == head
+    lease_end = job_row(conn, head)["lease_expires_at"]
+    store.job_cancel(conn, [head])
+    following = enqueue(conn, "step", sequence="s1")
+    again = claim_batch(conn, ["default"], 1, "another-run", 300.0, None)
+    if waits:
+        assert (again, job_row(conn, following)["run_at"]) == ([], lease_end)
+    else:
+        assert [j.id for j in again] == [following]  # beside the cancelled head's code
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["serialization-failure", "control-stuck"])
+def test_an_enqueue_into_a_sequence_from_a_snapshot_older_than_its_last_finish(
+    db_url: str, conn: Conn, refused: bool
+) -> None:
+    """A red team's report: an application's REPEATABLE READ transaction took its snapshot
+    while the sequence's last job ran; that job finished; the transaction then enqueued into
+    the sequence. Its snapshot saw the job running, so the new one was made `waiting`, and no
+    finish was left to queue it. It now fails with a serialization failure, and the
+    transaction run again queues the job."""
+    if not refused:  # jobs_flow_enqueued as before migration 0038
+        _enqueue_function_without(
+            conn, "IF made AND current_setting", "IF false AND current_setting"
+        )
+    head = enqueue(conn, "step", sequence="s1")
+    with psycopg.connect(db_url) as app:
+        app.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        app.execute("SELECT count(*) FROM pgdrain.jobs")  # the snapshot: the head unfinished
+        run(db_url)  # the head runs and finishes
+        assert ran == [head]
+        if refused:
+            with pytest.raises(psycopg.errors.SerializationFailure, match="run the transaction"):
+                enqueue(app, "step", sequence="s1")
+            app.rollback()
+            following = enqueue(app, "step", sequence="s1")  # the transaction run again
+            app.commit()
+            assert job_row(conn, following)["status"] == "queued"
+        else:
+            following = enqueue(app, "step", sequence="s1")
+            app.commit()
+            run(db_url)
+            assert job_row(conn, following)["status"] == "waiting"  # for good
+            assert ran == [head]
+
+
 @pytest.mark.parametrize("kept", [True, False], ids=["keeps-its-delay", "control-at-now"])
 @pytest.mark.parametrize("flow", ["sequence", "dependency"])
 def test_a_delayed_job_released_by_its_flow_keeps_its_delay(
