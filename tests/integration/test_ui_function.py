@@ -21,7 +21,7 @@ from psycopg import sql
 
 from helpers.dashboard import ADA, SECRET, dashboard_event, dashboard_function
 from helpers.fixtures import UNREADABLE_JSON, job_row, unreadable_job
-from pgdrain import enqueue
+from pgdrain import enqueue, pause_queue, resume_queue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
 from pgdrain.ui import app as ui_app
@@ -418,6 +418,11 @@ ACTIONS_REFUSED = (
     "UPDATE pgdrain.jobs SET errors = '[]', last_error = NULL",
     "UPDATE pgdrain.active_jobs SET payload = '{}'",
     "UPDATE pgdrain.active_jobs SET status = 'done'",  # finished in place, never run
+    # A queue's limits: pause and resume write them as the owner (migration 0039).
+    "UPDATE pgdrain.queue_limits SET max_running = NULL, rate_limit = NULL",
+    "UPDATE pgdrain.queue_limits SET running = 0",
+    "INSERT INTO pgdrain.queue_limits (queue, max_running) VALUES ('other', 1)",
+    "DELETE FROM pgdrain.queue_limits",
 )
 
 
@@ -516,6 +521,35 @@ def test_an_actions_role_granted_before_0032_no_longer_rewrites_a_jobs_kind(
         else:
             as_operator.execute(rewrite, (job_id,))
             assert job_row(conn, job_id)["kind"] == "x"
+
+
+@pytest.mark.parametrize("narrowed", [True, False], ids=["by-0039", "control: as before"])
+def test_an_actions_role_granted_before_0039_no_longer_writes_queue_limits_yet_pauses(
+    granted: str, conn: Conn, operator: str, narrowed: bool
+) -> None:
+    """A red team's report: the actions role, granted INSERT, UPDATE and DELETE on
+    queue_limits to pause and resume, could clear any queue's limits. Migration 0039 takes the
+    writes back from a role granted before it; pause and resume run as the owner."""
+    with psycopg.connect(granted, autocommit=True) as owner:
+        owner.execute(  # as before
+            "GRANT SELECT, UPDATE, INSERT, DELETE ON pgdrain.queue_limits"
+            " TO pgdrain_dashboard_actions"
+        )
+        owner.execute("INSERT INTO pgdrain.queue_limits (queue, max_running) VALUES ('api', 2)")
+        if narrowed:
+            owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0039'")
+            assert [m.split("_")[0] for m in migrate(owner).applied] == ["0039"]
+    with psycopg.connect(_as(granted, operator), autocommit=True) as as_operator:
+        cleared = "UPDATE pgdrain.queue_limits SET max_running = NULL WHERE queue = 'api'"
+        if narrowed:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                as_operator.execute(cleared)
+            assert pause_queue(as_operator, "api") is not None
+            assert resume_queue(as_operator, "api") is True
+        else:
+            as_operator.execute(cleared)
+    row = conn.execute("SELECT max_running FROM pgdrain.queue_limits WHERE queue = 'api'")
+    assert row.fetchone() == ((2,) if narrowed else (None,))
 
 
 def _view_write_unguarded() -> str:

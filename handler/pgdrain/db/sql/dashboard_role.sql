@@ -13,12 +13,12 @@
 -- UPDATE of the columns a retry and a cancel write on pgdrain.jobs (the view: its trigger moves
 -- a retried or cancelled job between active_jobs and finished_jobs as the schema's owner),
 -- UPDATE of updated_at on pgdrain.active_jobs (a cancel locks the jobs it cancels there first),
--- and SELECT, UPDATE on pgdrain.queue_limits (a trigger on active_jobs keeps its running counts); and pause and resume a queue: INSERT and DELETE on
--- pgdrain.queue_limits (a pause is a row there, made by pgdrain.queue_pause and dropped by
--- pgdrain.queue_resume when the queue has no limit), and INSERT, UPDATE on pgdrain.kicks (a
--- resume kicks the drain function when a job is ready, debounced there as every kick is). No
--- INSERT or DELETE of a job (it cannot enqueue or purge), no DDL, no access to
--- pgdrain.migrations.
+-- and pause and resume a queue: EXECUTE on pgdrain.queue_pause and pgdrain.queue_resume, which
+-- write pgdrain.queue_limits as the schema's owner (migration 0039: a grant on the table would
+-- let the role clear any queue's limits), and INSERT, UPDATE on pgdrain.kicks (a resume kicks
+-- the drain function when a job is ready, debounced there as every kick is). No INSERT or
+-- DELETE of a job (it cannot enqueue or purge), no write of a queue's limits, no DDL, no access
+-- to pgdrain.migrations.
 --
 -- PUBLIC's TEMPORARY and large-object functions: see worker_role.sql, which takes them away
 -- from PUBLIC in this database; run it first if the dashboard's login role must not have them.
@@ -71,7 +71,10 @@ GRANT UPDATE (status, attempts, run_at, finished_at, updated_at,
 -- A cancel locks the jobs it cancels in active_jobs first: FOR UPDATE needs UPDATE on a
 -- column. updated_at decides nothing (status would let the role finish a job in place).
 GRANT UPDATE (updated_at) ON pgdrain.active_jobs TO pgdrain_dashboard_actions;
-GRANT SELECT, UPDATE, INSERT, DELETE ON pgdrain.queue_limits TO pgdrain_dashboard_actions;
+-- The REVOKE takes back the writes this file granted before migration 0039.
+REVOKE INSERT, UPDATE, DELETE ON pgdrain.queue_limits FROM pgdrain_dashboard_actions;
+GRANT EXECUTE ON FUNCTION pgdrain.queue_pause(text), pgdrain.queue_resume(text)
+    TO pgdrain_dashboard_actions;
 GRANT INSERT, UPDATE ON pgdrain.kicks TO pgdrain_dashboard_actions;
 
 DO $$
