@@ -350,6 +350,24 @@ def test_the_depth_left_at_an_empty_exit_counts_only_what_a_full_limit_holds_bac
     assert ready == 2 and age > 0
 
 
+def test_the_depth_left_at_an_empty_exit_counts_what_a_used_up_rate_holds_back(
+    conn: Conn,
+) -> None:
+    """A red team's finding: a queue out of starts for its rate window held its ready jobs
+    back, and the depth a run left said 0."""
+    store.queue_limit_sync(conn, [QUEUE], [], [(QUEUE, 1, 3600)])
+    _enqueue(conn, 3)
+
+    def held() -> int:
+        row = conn.execute(query("queue_depth_held"), {"queues": [QUEUE]}).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert held() == 0  # its window has a start left: a run may claim one
+    _claim(conn, 3)  # the window's one start
+    assert held() == 2
+
+
 def test_the_depth_left_at_an_empty_exit_counts_a_paused_queues_ready_jobs(conn: Conn) -> None:
     """A queue paused and forgotten holds its backlog back as a full limit does: the depth a run
     leaves counts it (the alarms on QueueDepth then fire), and stops counting it on resume."""

@@ -246,9 +246,10 @@ WHERE %(queues)s::text[] IS NULL OR f.queue = ANY(%(queues)s::text[]);
 
 -- name: queue_depth_held :one
 -- The ready jobs of those of these queues (NULL: every queue) that no run may claim now, at
--- their concurrency limit or paused, and the age of the oldest: the backlog a run leaves when
--- it found nothing it may claim (QueueDepth and OldestReadyAgeSeconds, which read 0 while a
--- full or paused queue's jobs waited, so no alarm fired: a pause forgotten is a backlog too).
+-- their concurrency limit, out of starts in their rate window, or paused, and the age of the
+-- oldest: the backlog a run leaves when it found nothing it may claim (QueueDepth and
+-- OldestReadyAgeSeconds, which read 0 while such a queue's jobs waited, so no alarm fired: a
+-- pause forgotten is a backlog too).
 -- With no limit full and no queue paused, one probe of pgdrain.queue_limits: no job is read.
 SELECT coalesce(sum(d.ready), 0)::bigint AS ready,
        coalesce(extract(epoch FROM now() - min(d.oldest)), 0)::float8 AS oldest_ready_age_s
@@ -261,7 +262,9 @@ CROSS JOIN LATERAL (
       AND j.run_at >= f.ready_from AND j.run_at <= now()
 ) AS d
 WHERE (%(queues)s::text[] IS NULL OR l.queue = ANY(%(queues)s::text[]))
-  AND (l.running >= l.max_running OR l.paused_at IS NOT NULL);
+  AND (l.running >= l.max_running OR l.paused_at IS NOT NULL
+       OR (l.window_started >= l.rate_limit
+           AND l.window_start >= pgdrain.rate_window(l.rate_seconds)));
 
 -- name: queue_ready_count :one
 -- Ready jobs in these queues (NULL: every queue) that runs may claim now, counted up to
