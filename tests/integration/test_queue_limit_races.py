@@ -34,6 +34,7 @@ from pgdrain.aws.wake import Waker
 from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.db.sql import migrations, query
+from pgdrain.db.store import operator_commands
 from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
@@ -383,3 +384,33 @@ def test_the_depth_left_at_an_empty_exit_counts_a_paused_queues_ready_jobs(conn:
     assert held() == 3
     resume_queue(conn, QUEUE)
     assert held() == 0
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["slot-held", "control-slot-freed"])
+def test_a_job_cancelled_while_running_holds_its_slot_until_its_lease_ends(
+    conn: Conn, held: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's finding: queue limited to 1, its job running, `pgdrain cancel` of it: the
+    count fell to 0 at once and another run started a job of the queue while the cancelled
+    one's code still ran (until its lease ends or its next heartbeat). Now the slot comes back
+    when that lease ends: the recount of a limit that says full counts the lease until then."""
+    if not held:  # the cancel as it was: its transaction unmarked
+        monkeypatch.setattr(operator_commands, "job_cancel_mark", lambda _conn, _on: None)
+    _sync(conn)
+    _enqueue(conn, 2)
+    [first] = _claim(conn, 1)
+    store.job_cancel(conn, [first.id])
+    beside = _claim(conn, 1)
+    if not held:
+        assert len(beside) == 1  # two jobs of a queue limited to 1 may now run at once
+        return
+    assert beside == [] and _counts(conn) == (0, 1)
+    recount = query("queue_limit_recount")
+    assert conn.execute(recount, {"queues": [QUEUE]}).fetchall() == []  # its lease still runs
+    conn.execute(
+        "UPDATE pgdrain.finished_jobs SET cancelled_lease_expires_at = now() - interval '1 s'"
+        " WHERE id = %s",
+        (first.id,),
+    )
+    assert conn.execute(recount, {"queues": [QUEUE]}).fetchall() == [(QUEUE, 1, 0)]
+    assert len(_claim(conn, 1)) == 1

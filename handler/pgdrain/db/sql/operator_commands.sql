@@ -41,6 +41,13 @@ SELECT version FROM pgdrain.migrations ORDER BY version;
 -- name: migration_record :exec
 INSERT INTO pgdrain.migrations (version) VALUES (%(version)s);
 
+-- name: job_cancel_mark :exec
+-- In the caller's transaction, around a cancel statement: a running job it cancels keeps its
+-- queue's concurrency slot until its lease ends (the count trigger, migration 0040), as its
+-- code may run until then. '' takes it back. Only sets a setting of the transaction: safe to
+-- run twice.
+SELECT pg_catalog.set_config('pgdrain.cancelling', %(value)s, true);
+
 -- name: job_retry_mark :exec
 -- In the caller's transaction, around a retry statement: the jobs it puts back into active_jobs
 -- are queued again, not enqueued (jobs_flow_enqueued, migration 0029); '' takes it back. Only

@@ -142,6 +142,12 @@ def job_retry(conn: Connection, ids: Sequence[int]) -> list[Retry]:
     return _retried(conn, lambda: conn.execute(query("job_retry"), {"ids": list(ids)}).fetchall())
 
 
+def job_cancel_mark(conn: Connection, on: bool) -> None:
+    """In the caller's transaction: whether a running job a statement cancels keeps its slot
+    of its queue's limit until its lease ends (migration 0040)."""
+    conn.execute(query("job_cancel_mark"), {"value": "on" if on else ""})
+
+
 def job_retry_mark(conn: Connection, on: bool) -> None:
     """In the caller's transaction: whether what a statement puts back into active_jobs is
     queued again by a retry, not enqueued (migration 0029)."""
@@ -436,11 +442,14 @@ def _cancelling(
     cancels it: that transaction holds its lock, and the new statement's snapshot sees the row
     as it is now."""
     with conn.transaction():  # the first try's locks held for the next; undone whole on error
+        # A running job cancelled keeps its slot of its queue's limit while its lease runs.
+        job_cancel_mark(conn, True)
         cancelled: list[tuple[Any, ...]] = []
         for _ in range(CANCEL_TRIES):
             rows = attempt()
             cancelled += [r[:-1] for r in rows if r[-1]]
             if all(r[-1] for r in rows):
+                job_cancel_mark(conn, False)
                 return cancelled
     raise CancelContended(
         f"cancel gave up after {CANCEL_TRIES} tries: the jobs it was cancelling kept changing "
