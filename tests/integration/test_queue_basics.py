@@ -7,10 +7,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from helpers.fixtures import claim_batch, complete_one, job_row
-from pgdrain import enqueue
+from pgdrain import BadInput, build_job, enqueue, enqueue_many, workflow
 from pgdrain.db import store
 
 Conn = psycopg.Connection[Any]
@@ -92,6 +93,61 @@ def test_enqueue_joins_the_callers_transaction(conn: Conn) -> None:
     with conn.transaction(force_rollback=True):
         enqueue(conn, "noop")
     assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+
+
+def _enqueue_one(conn: Conn) -> None:
+    enqueue(conn, "noop")
+
+
+def _enqueue_many(conn: Conn) -> None:
+    enqueue_many(conn, [build_job("noop"), build_job("noop")])
+
+
+def _workflow(conn: Conn) -> None:
+    with workflow(conn) as wf:
+        wf.enqueue("noop", after=[wf.enqueue("noop")])
+
+
+ENQUEUES = [_enqueue_one, _enqueue_many, _workflow]
+
+
+@pytest.mark.parametrize("enqueue_on", ENQUEUES, ids=["enqueue", "enqueue_many", "workflow"])
+@pytest.mark.parametrize("end", ["rollback", "commit"])
+def test_a_fresh_connection_not_autocommit_leaves_the_commit_to_its_caller(
+    db_url: str, conn: Conn, enqueue_on: Any, end: str
+) -> None:
+    """psycopg's default connection, no transaction open yet: the jobs are in the caller's
+    transaction (a red team's report: enqueue_many and workflow committed on their own)."""
+    with psycopg.connect(db_url) as app:
+        enqueue_on(app)
+        assert app.info.transaction_status == pq.TransactionStatus.INTRANS
+        assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
+        app.rollback() if end == "rollback" else app.commit()
+    [(count,)] = conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchall()
+    assert count == (0 if end == "rollback" else 1 if enqueue_on is _enqueue_one else 2)
+
+
+@pytest.mark.parametrize("enqueue_on", ENQUEUES[1:], ids=["enqueue_many", "workflow"])
+def test_on_an_autocommit_connection_many_jobs_commit_as_one(conn: Conn, enqueue_on: Any) -> None:
+    enqueue_on(conn)
+    assert conn.info.transaction_status == pq.TransactionStatus.IDLE
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (2,)
+
+
+def test_a_failed_many_leaves_the_callers_transaction_usable(db_url: str) -> None:
+    """All or none, in a savepoint: the caller's earlier write stays, and it may go on."""
+    missing = 2**40  # no such job: the insert that depends on it fails
+    with psycopg.connect(db_url) as app:
+        enqueue(app, "noop")
+        with pytest.raises(BadInput):
+            enqueue_many(app, [build_job("noop"), build_job("noop", after=[missing])])
+        with pytest.raises(BadInput):
+            with workflow(app) as wf:
+                wf.enqueue("noop")
+                wf.enqueue("noop", after=[missing])
+        enqueue(app, "noop")
+        app.commit()
+        assert app.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (2,)
 
 
 def test_enqueue_many_is_one_statement_for_the_whole_list(conn: Conn) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
+from psycopg import pq
+
 from pgdrain.api import jsonbound
 from pgdrain.db import store
 from pgdrain.errors import BadInput
@@ -231,15 +233,29 @@ def enqueue_statement(
     return text, [params[name] for name in order]
 
 
+@contextmanager
+def _all_or_none(conn: store.Connection) -> Iterator[None]:
+    """A savepoint in the caller's transaction, begun if none is open yet, which the caller
+    commits or rolls back; on an autocommit connection, a transaction of its own, committed as
+    the block ends. (psycopg's conn.transaction() alone would begin and COMMIT a transaction of
+    its own on a connection that is not autocommit and has none open.)"""
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        store.transaction_open(conn)
+    with conn.transaction():
+        yield
+
+
 def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[int]:
-    """Enqueue many jobs (built with build_job) in one transaction (a savepoint inside the
-    caller's, if one is open): all or none. Returns the ids created. `jobs` is consumed lazily
+    """Enqueue many jobs (built with build_job) all or none: in a savepoint inside the caller's
+    transaction (on a connection that is not autocommit, psycopg's default, one is begun if
+    none is open, and the caller commits it), or in a transaction of its own, committed, on an
+    autocommit connection. Returns the ids created. `jobs` is consumed lazily
     and sent in chunks of at most CHUNK_ROWS rows and about CHUNK_BYTES of payload, so a
     generator of a million jobs never sits in memory, nor in one message to the server. Each
     payload is encoded as its job is taken from `jobs`, and one payload object repeated only
     once: do not change a payload object after handing it over."""
     ids: list[int] = []
-    with conn.transaction():
+    with _all_or_none(conn):
         for chunk, payloads_json in _chunks(jobs):
             ids.extend(store.job_insert_many(conn, chunk, payloads_json))
     return ids
@@ -401,8 +417,10 @@ class Workflow:
 
 @contextmanager
 def workflow(conn: store.Connection, registry: Registry | None = None) -> Iterator[Workflow]:
-    """Enqueue several jobs in one transaction (a savepoint inside the caller's, if one is
-    open): all or none. With a registry, each kind's decorator options are the defaults.
+    """Enqueue several jobs all or none, as enqueue_many does: in a savepoint inside the
+    caller's transaction (begun if none is open; the caller commits it), or in a transaction of
+    its own on an autocommit connection. With a registry, each kind's decorator options are
+    the defaults.
 
         with pgdrain.workflow(conn) as wf:
             fetch = wf.enqueue("fetch", {"url": url})
@@ -410,5 +428,5 @@ def workflow(conn: store.Connection, registry: Registry | None = None) -> Iterat
             wf.enqueue("notify", after=[parse])
     """
     one: Callable[..., int] = enqueue if registry is None else registry.enqueue
-    with conn.transaction():
+    with _all_or_none(conn):
         yield Workflow(conn, one)

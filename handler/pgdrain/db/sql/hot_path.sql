@@ -22,6 +22,12 @@ COMMIT;
 -- name: transaction_rollback :exec
 ROLLBACK;
 
+-- name: transaction_open :exec
+-- Nothing, run first on a connection that is not autocommit and has no transaction open:
+-- psycopg begins the caller's transaction before it, so that a savepoint taken next lies
+-- inside that transaction and pgdrain commits nothing (enqueue_many, workflow).
+SELECT 1
+
 -- name: transaction_limits :exec
 -- The first statement of each of the drain's transactions: no statement, and no wait for a
 -- lock, may last longer than what is left of the run's budget. `true` makes the settings local

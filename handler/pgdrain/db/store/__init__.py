@@ -83,6 +83,7 @@ from pgdrain.db.store.hot_path import (
     transaction_begin,
     transaction_commit,
     transaction_limits,
+    transaction_open,
     transaction_rollback,
 )
 from pgdrain.db.store.operator_commands import (
@@ -263,6 +264,7 @@ __all__ = [
     "transaction_begin",
     "transaction_commit",
     "transaction_limits",
+    "transaction_open",
     "transaction_rollback",
     "wake_confirm",
     "wake_created",

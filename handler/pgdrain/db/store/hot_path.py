@@ -56,6 +56,13 @@ def transaction_rollback(conn: Connection) -> None:
     conn.execute(query("transaction_rollback"))
 
 
+def transaction_open(conn: Connection) -> None:
+    """Have psycopg begin the caller's transaction on a connection that is not autocommit (it
+    does before the first statement), so that conn.transaction() then takes a savepoint in it
+    instead of a transaction of its own that it would commit."""
+    conn.execute(query("transaction_open"))
+
+
 def transaction_limits(conn: Connection, timeout_ms: int) -> None:
     """Bound the current transaction's statements and lock waits to `timeout_ms` (> 0: zero
     would switch the limits off)."""
