@@ -381,6 +381,24 @@ def test_an_unknown_kind_is_retried_with_backoff_and_says_why(db_url: str, conn:
     assert _seconds_until_run(conn, job_id) > 5  # the ordinary backoff: ~10 s ± 25 %
 
 
+def test_an_unknown_kind_the_job_enqueues_is_its_own_error(db_url: str, conn: Conn) -> None:
+    """A red team's report: a job enqueueing a typo'd kind was retried as deploy lag, its
+    traceback dropped."""
+    registry = Registry()
+
+    @registry.job("signup", backoff=lambda attempt: 600.0)
+    def signup(job: Job) -> None:
+        with psycopg.connect(db_url, autocommit=True) as own:
+            registry.enqueue(own, "send_emial")
+
+    job_id = enqueue(conn, "signup")
+    assert run(db_url, registry).retried == 1
+    row = job_row(conn, job_id)
+    assert "deploy" not in row["last_error"]
+    assert 'registry.enqueue(own, "send_emial")' in row["errors"][0]["traceback"]
+    assert _seconds_until_run(conn, job_id) > 300  # the kind's own backoff
+
+
 def test_an_unknown_kind_fails_once_its_attempts_are_spent(db_url: str, conn: Conn) -> None:
     job_id = enqueue(conn, "no_such_kind", max_attempts=1)
     assert run(db_url).failed == 1

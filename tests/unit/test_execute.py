@@ -115,6 +115,23 @@ def test_an_unknown_kind_fails_the_attempt_to_be_retried() -> None:
     assert not failed.value.decision.final and failed.value.decision.delay_seconds > 0
 
 
+def test_an_unknown_kind_the_job_itself_names_is_its_own_failure() -> None:
+    """A red team's report: a job enqueueing a typo'd kind was retried as deploy lag, its
+    traceback dropped. Only the lookup of the claimed kind is deploy lag."""
+    registry = Registry()
+
+    @registry.job("signup")
+    def signup(job: Job) -> None:
+        registry.check_kind("send_emial")  # what registry.enqueue does first
+
+    with pytest.raises(AttemptFailed) as failed:
+        _run(registry, "signup")
+    decision = failed.value.decision
+    assert decision.message.startswith("UnknownJobKind: no function is registered for job kind")
+    assert "deploy" not in decision.message
+    assert 'registry.check_kind("send_emial")' in decision.traceback
+
+
 def test_a_sync_function_returning_a_coroutine_never_ran_and_fails() -> None:
     registry = Registry()
     ran: list[int] = []

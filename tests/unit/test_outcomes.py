@@ -22,14 +22,14 @@ def _backoff(attempt: int) -> float:
         (Snooze(60), 60.0, False, False, False, "Snooze: snoozed for 60 s"),
         (Discard("bad"), 0.0, True, True, True, "discarded: bad"),
         (Cancel("stop"), 0.0, True, True, True, "cancelled: stop"),
+        # Raised by a job's own code (a typo'd kind it enqueues): a failure like any other.
         (
             UnknownJobKind("no function is registered for job kind 'k'"),
             14.0,
             False,
             True,
             True,
-            "UnknownJobKind: no function is registered for job kind 'k' in this deployment "
-            "(retried: a deploy may not have reached every function yet)",
+            "UnknownJobKind: no function is registered for job kind 'k'",
         ),
     ],
 )
@@ -39,6 +39,16 @@ def test_what_each_exception_becomes(
     decision = outcomes.decide(error, 2, _backoff)
     assert (decision.delay_seconds, decision.final, decision.spend_attempt) == (delay, final, spend)
     assert (decision.record, decision.message) == (record, message)
+
+
+def test_a_kind_the_run_does_not_know_is_retried_as_deploy_lag() -> None:
+    """Only the run's lookup of the claimed job's kind (runner/execute.py): default backoff."""
+    decision = outcomes.decide_unregistered(UnknownJobKind("no function for 'k'"), 1)
+    assert decision.message == (
+        "UnknownJobKind: no function for 'k' in this deployment "
+        "(retried: a deploy may not have reached every function yet)"
+    )
+    assert not decision.final and decision.spend_attempt and decision.delay_seconds > 0
 
 
 class RateLimited(RetryIn):

@@ -1,8 +1,8 @@
 """What a failed attempt becomes. A job chooses its outcome by returning (done) or raising:
 any exception is a retry with backoff (failed once attempts are spent); pgdrain's outcome
-exceptions say more precisely what to do, as River's JobSnooze/JobCancel do. An unknown kind
-goes through the same mechanism: retried, because a deploy may not have reached every function
-that drains the queue yet.
+exceptions say more precisely what to do, as River's JobSnooze/JobCancel do. A claimed job of
+a kind no function is registered for goes through the same mechanism (decide_unregistered):
+retried, because a deploy may not have reached every function that drains the queue yet.
 
 `decide` is pure (no database, no clock): completer.record_failure writes what it returns in one
 fenced statement (store.job_fail)."""
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pgdrain.api import retry
-from pgdrain.errors import UnknownJobKind
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +117,6 @@ def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) 
     if isinstance(error, Cancel):
         message = bounded(f"cancelled: {safe_str(error)}", MAX_ERROR_LENGTH)
         return Decision(message, 0.0, True, True, True, error_type, "", cancelled=True)
-    if isinstance(error, UnknownJobKind):
-        # River's choice: a kind this function does not know is retried, not failed, because
-        # a deploy may not have reached every function that drains the queue yet.
-        message = bounded(
-            f"{error_text(error)} in this deployment (retried: a deploy may not have reached "
-            "every function yet)",
-            MAX_ERROR_LENGTH,
-        )
-        return Decision(message, delay(backoff, attempt), False, True, True, error_type, "")
     return Decision(
         error_text(error),
         delay(backoff, attempt),
@@ -135,6 +125,22 @@ def decide(error: BaseException, attempt: int, backoff: Callable[[int], float]) 
         True,
         error_type,
         traceback_text(error),
+    )
+
+
+def decide_unregistered(error: BaseException, attempt: int) -> Decision:
+    """The outcome of a claimed job whose kind no function is registered for here (the run's
+    lookup raised `error`). River's choice: retried with the default backoff, not failed,
+    because a deploy may not have reached every function that drains the queue yet. Only the
+    lookup: an UnknownJobKind a job's own code raises is an ordinary failure (decide)."""
+    message = bounded(
+        f"{error_text(error)} in this deployment (retried: a deploy may not have reached "
+        "every function yet)",
+        MAX_ERROR_LENGTH,
+    )
+    error_type = safe_text(type(error).__name__, 200)
+    return Decision(
+        message, delay(retry.backoff_seconds, attempt), False, True, True, error_type, ""
     )
 
 

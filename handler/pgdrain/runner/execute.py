@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from contextlib import ExitStack
 from typing import Any, NamedTuple
 
-from pgdrain.api import outcomes, retry
+from pgdrain.api import outcomes
 from pgdrain.api.registry import (
     MAX_OUTPUT_BYTES,
     Job,
@@ -55,10 +55,8 @@ def run_job(
     not JSON) fails the job for good, with that error."""
     try:
         registered = registry.registered(claimed.kind)
-    except BaseException as exc:  # an unknown kind: the same mechanism as any failure
-        raise outcomes.AttemptFailed(
-            outcomes.decide(exc, claimed.attempt, retry.backoff_seconds)
-        ) from exc
+    except BaseException as exc:  # an unknown kind: retried, as deploy lag
+        raise outcomes.AttemptFailed(outcomes.decide_unregistered(exc, claimed.attempt)) from exc
     try:
         progress = None if recorded is None else recorded.progress
         result = _call(registry, registered, claimed, remaining, lost_tokens, progress)
