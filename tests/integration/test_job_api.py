@@ -281,6 +281,8 @@ def test_a_kind_the_registry_does_not_know_is_refused_naming_the_nearest(conn: C
     ("options", "reason"),
     [
         ({"queue": "no spaces"}, "queue"),
+        ({"queue": ""}, "queue"),  # passed as the default, then refused at every enqueue
+        ({"recovery_policy": ""}, "recovery_policy"),
         ({"max_attempts": 0}, "max_attempts"),
         ({"priority": 2**40}, "priority"),
         ({"recovery_policy": "never"}, "recovery_policy"),

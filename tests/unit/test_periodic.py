@@ -127,6 +127,8 @@ def test_the_decorator_registers_the_kind_and_its_schedule() -> None:
         (("* * * * *",), {"payload": {"x": float("nan")}}, "JSON"),
         # Every slot's enqueue would be refused: printable, as enqueue takes kinds.
         (("* * * * *",), {"kind": "nightly\treport"}, "printable"),
+        (("* * * * *",), {"queue": ""}, "queue"),
+        (("* * * * *",), {"recovery_policy": ""}, "recovery_policy"),
     ],
 )
 def test_bad_periodic_declarations_fail_at_import(

@@ -365,13 +365,13 @@ class Registry:
 def _check_options(kind: str, options: KindOptions) -> None:
     from pgdrain.api.enqueue import build_job  # the same checks enqueue applies
 
-    try:
+    try:  # an option given is checked as given: "" is no queue, not the default one
         build_job(
             kind,
-            queue_name=options.queue or "default",
+            queue_name="default" if options.queue is None else options.queue,
             priority=0 if options.priority is None else options.priority,
             max_attempts=5 if options.max_attempts is None else options.max_attempts,
-            recovery_policy=options.recovery_policy or "auto",
+            recovery_policy="auto" if options.recovery_policy is None else options.recovery_policy,
         )
     except BadInput as exc:
         raise ValueError(f"job kind {kind!r}: {exc}") from None
