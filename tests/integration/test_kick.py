@@ -133,6 +133,15 @@ def test_a_kick_inside_an_open_transaction_is_refused(
     assert len(spy.calls) == 1
 
 
+def test_a_kick_on_a_closed_connection_says_it_is_closed(db_url: str, spy: InvokeSpy) -> None:
+    """A red team's report: it said the connection had a transaction open."""
+    closed = psycopg.connect(db_url, autocommit=True)
+    closed.close()
+    with pytest.raises(BadInput, match="the connection is closed"):
+        kick(closed, ["emails"], settings=_settings())
+    assert spy.calls == []
+
+
 def test_a_kick_for_a_queue_the_function_does_not_drain_raises_at_once(
     conn: Conn, lambda_api: Any, spy: InvokeSpy
 ) -> None:

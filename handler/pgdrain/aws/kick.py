@@ -121,6 +121,8 @@ def kick_outcome(
     if target == "off":
         log.debug("kick skipped: PGDRAIN_KICK=off", extra={"queues": names})
         return KickOutcome(None)
+    if conn.closed:
+        raise BadInput("kick: the connection is closed; kick on an open one after the commit")
     status = conn.info.transaction_status
     if status != pq.TransactionStatus.IDLE:
         # Refused for a worker too, though its NOTIFY would wait for the commit: code that
