@@ -80,7 +80,7 @@ UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 
 
 def check_queue_name(name: str, source: str = "queue") -> str:
-    if not QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not QUEUE_NAME.match(name):
         raise ConfigError(
             f"{source}: {name!r} is not a queue name (letters, digits, '_', '.', '-'; "
             "starting with a letter or '_'; at most 63 characters)"

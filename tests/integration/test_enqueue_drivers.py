@@ -7,14 +7,16 @@ rollback; kick() runs after the commit. These are the examples of docs/jobs.md."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
+import pgdrain
 from helpers.aws import FUNCTION_NAME
-from pgdrain import Settings, enqueue_statement
+from pgdrain import BadInput, Settings, enqueue_statement
 from pgdrain.aws.kick import kick
 
 Conn = psycopg.Connection[Any]
@@ -102,17 +104,7 @@ def _sqlalchemy(url: str, commit: bool, during: During) -> int | None:
     from sqlalchemy.orm import Session
 
     sql, params = enqueue_statement("ship", {"item": "book"}, paramstyle="named")
-    p = _parts(url)
-    engine = sqlalchemy.create_engine(
-        sqlalchemy.engine.URL.create(
-            "postgresql+psycopg",
-            username=p["user"],
-            password=p["password"],
-            host=p["host"],
-            port=None if p["port"] is None else int(p["port"]),
-            database=p["dbname"],
-        )
-    )
+    engine = _engine(url)
     try:
         with Session(engine) as session:
             session.execute(sqlalchemy.text(ORDER))
@@ -122,6 +114,22 @@ def _sqlalchemy(url: str, commit: bool, during: During) -> int | None:
     finally:
         engine.dispose()
     return None if job_id is None else int(job_id)
+
+
+def _engine(url: str) -> Any:
+    """A SQLAlchemy engine on psycopg 3."""
+    sqlalchemy = pytest.importorskip("sqlalchemy")
+    p = _parts(url)
+    return sqlalchemy.create_engine(
+        sqlalchemy.engine.URL.create(
+            "postgresql+psycopg",
+            username=p["user"],
+            password=p["password"],
+            host=p["host"],
+            port=None if p["port"] is None else int(p["port"]),
+            database=p["dbname"],
+        )
+    )
 
 
 def _django(url: str, commit: bool, during: During) -> int | None:
@@ -232,3 +240,52 @@ def test_enqueue_statement_validates_as_enqueue_does() -> None:
         enqueue_statement("ship", {"blob": "x" * 300_000})
     with pytest.raises(BadInput, match="paramstyle"):
         enqueue_statement("ship", paramstyle="qmark")  # type: ignore[arg-type]
+
+
+# -- pgdrain's own functions take a synchronous psycopg 3 Connection, and say so ------------
+
+CALLS: dict[str, Callable[[Any], object]] = {
+    "enqueue": lambda c: pgdrain.enqueue(c, "ship"),
+    "enqueue_many": lambda c: pgdrain.enqueue_many(c, [pgdrain.build_job("ship")]),
+    "workflow": lambda c: pgdrain.workflow(c).__enter__(),
+    "job_state": lambda c: pgdrain.job_state(c, 1),
+    "pause_queue": lambda c: pgdrain.pause_queue(c, "emails"),
+    "resume_queue": lambda c: pgdrain.resume_queue(c, "emails"),
+    "kick": lambda c: kick(c, ["emails"], settings=Settings(function_name=FUNCTION_NAME)),
+}
+
+
+@contextlib.contextmanager
+def _other_connection(url: str, driver: str) -> Iterator[object]:
+    if driver == "psycopg-async":
+        async_conn = asyncio.run(psycopg.AsyncConnection.connect(url))
+        try:
+            yield async_conn
+        finally:
+            asyncio.run(async_conn.close())
+    elif driver == "psycopg2":
+        psycopg2 = pytest.importorskip("psycopg2")
+        with contextlib.closing(psycopg2.connect(url)) as legacy:
+            yield legacy
+    elif driver == "sqlalchemy":
+        engine = _engine(url)
+        try:
+            with engine.connect() as connection:
+                yield connection
+        finally:
+            engine.dispose()
+    else:
+        yield None
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+@pytest.mark.parametrize("driver", ["psycopg-async", "psycopg2", "sqlalchemy", "none"])
+def test_another_drivers_connection_is_refused_naming_what_to_use(
+    db_url: str, conn: Conn, call: str, driver: str
+) -> None:
+    """A red team's report: AttributeError or TypeError from deep inside, or a coroutine
+    never awaited."""
+    with _other_connection(db_url, driver) as other:
+        with pytest.raises(BadInput, match=f"^{call}: needs a synchronous psycopg 3 Connection"):
+            CALLS[call](other)
+    assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)

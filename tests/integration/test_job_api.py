@@ -16,7 +16,17 @@ import pytest
 
 from helpers.fixtures import job_row
 from helpers.threads import started_threads
-from pgdrain import Budget, DrainResult, Job, Registry, RetryPolicy, Settings, drain, enqueue
+from pgdrain import (
+    BadInput,
+    Budget,
+    DrainResult,
+    Job,
+    Registry,
+    RetryPolicy,
+    Settings,
+    drain,
+    enqueue,
+)
 from pgdrain.db import sql
 from pgdrain.db.store import hot_path
 from pgdrain.errors import UnknownJobKind
@@ -275,6 +285,17 @@ def test_a_kind_the_registry_does_not_know_is_refused_naming_the_nearest(conn: C
     assert conn.execute("SELECT count(*) FROM pgdrain.jobs").fetchone() == (0,)
     row = job_row(conn, enqueue(conn, "elsewhere"))
     assert (row["queue"], row["max_attempts"]) == ("default", 5)
+
+
+@pytest.mark.parametrize("kind", [None, 5], ids=["none", "int"])
+def test_a_kind_that_is_not_text_is_refused_as_plain_enqueue_refuses_it(
+    conn: Conn, kind: Any
+) -> None:
+    """A red team's report: a TypeError from the nearest-kind lookup."""
+    with pytest.raises(BadInput, match="job kind must be a non-empty string"):
+        enqueue(conn, kind)
+    with pytest.raises(BadInput, match="job kind must be a non-empty string"):
+        jobs.enqueue(conn, kind)
 
 
 @pytest.mark.parametrize(

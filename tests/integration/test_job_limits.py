@@ -99,6 +99,18 @@ def test_enqueue_many_checks_jobs_not_made_by_build_job(conn: Conn) -> None:
         assert _count(conn) == 0
 
 
+@pytest.mark.parametrize(
+    "jobs",
+    [None, [("ok", {})], [{"kind": "ok"}], ["ok"], [build_job("ok"), None]],
+    ids=["none", "tuple", "dict", "kind", "list-with-none"],
+)
+def test_enqueue_many_refuses_what_build_job_did_not_make(conn: Conn, jobs: Any) -> None:
+    """A red team's report: AttributeError or TypeError, not what to do instead."""
+    with pytest.raises(BadInput, match=r"enqueue_many takes .*jobs made by pgdrain\.build_job"):
+        enqueue_many(conn, jobs)
+    assert _count(conn) == 0
+
+
 # -- the claim's payload bound --------------------------------------------------------------------
 
 LARGE = 900 * 1024  # bytes of payload text each: ten of them are 9 MB

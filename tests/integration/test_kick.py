@@ -161,7 +161,9 @@ def test_a_kick_for_a_queue_the_function_does_not_drain_raises_at_once(
 
 
 @pytest.mark.parametrize(
-    "queues", [[], ["bad name!"], [7]], ids=["none", "not-an-identifier", "not-a-string"]
+    "queues",
+    [[], ["bad name!"], [7], None, 7],
+    ids=["none", "not-an-identifier", "not-a-string", "None", "not-a-list"],
 )
 def test_bad_queue_names_are_refused(conn: Conn, queues: Any) -> None:
     with pytest.raises(BadInput):

@@ -16,7 +16,15 @@ import pytest
 
 from helpers.fixtures import claim_batch, job_row, wait_for, without_line
 from helpers.ledger_jobs import jobs as registry
-from pgdrain import Budget, Settings, drain, enqueue_many, pause_queue, resume_queue
+from pgdrain import (
+    BadInput,
+    Budget,
+    Settings,
+    drain,
+    enqueue_many,
+    pause_queue,
+    resume_queue,
+)
 from pgdrain.api.enqueue import build_job
 from pgdrain.aws import events
 from pgdrain.aws.control import RunControl
@@ -73,6 +81,15 @@ def test_a_queue_given_twice_is_refused_not_half_kept(raw: str, said: str) -> No
     silence, so a team that wrote its limit and its rate apart hammered its partner's API."""
     with pytest.raises(ConfigError, match=f"PGDRAIN_QUEUE_LIMITS: .*{said}"):
         Settings.from_env({"PGDRAIN_QUEUE_LIMITS": raw})
+
+
+@pytest.mark.parametrize("queue", [None, 5], ids=["none", "int"])
+def test_a_queue_name_that_is_not_text_is_refused(conn: Conn, queue: Any) -> None:
+    """A red team's report: a TypeError from the name's pattern."""
+    with pytest.raises(BadInput, match="is not a queue name"):
+        pause_queue(conn, queue)
+    with pytest.raises(BadInput, match="is not a queue name"):
+        resume_queue(conn, queue)
 
 
 @pytest.mark.parametrize("paused", [True, False], ids=["paused", "control-not-paused"])

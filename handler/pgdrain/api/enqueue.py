@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
+import psycopg
 from psycopg import pq
 
 from pgdrain.api import jsonbound
@@ -34,6 +35,21 @@ MAX_DEPENDENCIES = 100  # jobs one job may wait for (migration 0021's CHECK)
 # The run_at every client can read back (migration 0025's CHECK): Python's datetime ends at 9999.
 RUN_AT_AFTER = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
 RUN_AT_BEFORE = dt.datetime(9999, 12, 30, tzinfo=dt.UTC)
+
+
+# What a function given another driver's connection says to do instead (docs/jobs.md).
+FOR_OTHER_DRIVERS = "on another driver, run pgdrain.enqueue_statement()'s SQL in your transaction"
+
+
+def check_connection(conn: object, what: str, instead: str = FOR_OTHER_DRIVERS) -> None:
+    """BadInput unless `conn` is a synchronous psycopg 3 Connection, which pgdrain's functions
+    run on: an AsyncConnection, another driver's connection or None is named, not met by an
+    AttributeError deep inside."""
+    if not isinstance(conn, psycopg.Connection):
+        got = "None" if conn is None else f"{type(conn).__module__}.{type(conn).__qualname__}"
+        raise BadInput(
+            f"{what}: needs a synchronous psycopg 3 Connection, got {got}; {instead} (docs/jobs.md)"
+        )
 
 
 def build_job(
@@ -153,6 +169,7 @@ def enqueue(
     cancelled lets the next one run. after: job ids this job waits for; it runs once all are
     done, and is cancelled if one fails for good or is cancelled; a job id that does not
     exist raises BadInput. docs/jobs.md has the rules."""
+    check_connection(conn, "enqueue")
     job = build_job(
         kind,
         payload,
@@ -254,11 +271,17 @@ def enqueue_many(conn: store.Connection, jobs: Iterable[store.NewJob]) -> list[i
     generator of a million jobs never sits in memory, nor in one message to the server. Each
     payload is encoded as its job is taken from `jobs`, and one payload object repeated only
     once: do not change a payload object after handing it over."""
+    check_connection(conn, "enqueue_many")
+    if not isinstance(jobs, Iterable):
+        raise BadInput(f"enqueue_many takes a list of jobs made by {BUILD_JOB}")
     ids: list[int] = []
     with _all_or_none(conn):
         for chunk, payloads_json in _chunks(jobs):
             ids.extend(store.job_insert_many(conn, chunk, payloads_json))
     return ids
+
+
+BUILD_JOB = "pgdrain.build_job(kind, payload, ...)"
 
 
 def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], list[str]]]:
@@ -270,6 +293,8 @@ def _chunks(jobs: Iterable[store.NewJob]) -> Iterator[tuple[list[store.NewJob], 
     last_payload: object = object()
     last_text, last_size = "", 0
     for job in jobs:
+        if not isinstance(job, store.NewJob):
+            raise BadInput(f"enqueue_many takes jobs made by {BUILD_JOB}, not {job!r:.60}")
         if job.payload is not last_payload:  # the same payload repeated is encoded once
             last_payload, last_text, last_size = job.payload, *_encoded(job.payload)
             _check_encoded_payload(last_text, last_size)
@@ -427,6 +452,7 @@ def workflow(conn: store.Connection, registry: Registry | None = None) -> Iterat
             parse = wf.enqueue("parse", after=[fetch])
             wf.enqueue("notify", after=[parse])
     """
+    check_connection(conn, "workflow")
     one: Callable[..., int] = enqueue if registry is None else registry.enqueue
     with _all_or_none(conn):
         yield Workflow(conn, one)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 
+from pgdrain.api.enqueue import check_connection
 from pgdrain.db import store
 from pgdrain.settings import check_queue_name
+
+OTHER_DRIVERS = "on another driver, open a psycopg 3 connection for it"
 
 
 def pause_queue(conn: store.Connection, queue: str) -> dt.datetime:
@@ -15,6 +18,7 @@ def pause_queue(conn: store.Connection, queue: str) -> dt.datetime:
     ahead, at its next claim. A job already started runs to its end. Kicks of the queue are
     recorded and start no run. Returns when the queue was paused. Safe to call twice: the
     second call changes nothing and returns the first pause's time."""
+    check_connection(conn, "pause_queue", OTHER_DRIVERS)
     return store.queue_pause(conn, check_queue_name(queue, "pause_queue"))
 
 
@@ -23,4 +27,5 @@ def resume_queue(conn: store.Connection, queue: str) -> bool:
     (False: it was not, and nothing changed: safe to call twice). Its ready jobs wait for the
     next run: kick it after the commit (pgdrain.kick([queue])), as after an enqueue; `pgdrain
     resume` and the dashboard do."""
+    check_connection(conn, "resume_queue", OTHER_DRIVERS)
     return store.queue_resume(conn, check_queue_name(queue, "resume_queue"))

@@ -233,6 +233,8 @@ class Registry:
     def check_kind(self, kind: str, where: str = "") -> None:
         """UnknownJobKind, naming the nearest registered kind, unless `kind` is registered
         (`where`: what the message says after the kind, such as the module)."""
+        if not isinstance(kind, str):  # as pgdrain.enqueue says it
+            raise BadInput("job kind must be a non-empty string")
         if kind in self._kinds:
             return
         message = f"no function is registered for job kind {kind[:80]!r}{where}"

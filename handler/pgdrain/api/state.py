@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pgdrain.api.enqueue import check_connection
 from pgdrain.db import store
 
 
@@ -14,4 +15,5 @@ def job_state(conn: store.Connection, job_id: int) -> dict[str, Any] | None:
     (or retention deleted it). A value Python cannot hold (written by plain SQL: nested deeper
     than 64 levels, an integer past 4300 digits) is its JSON text, and `undecoded` maps its
     field to why."""
+    check_connection(conn, "job_state", "on another driver, open a psycopg 3 connection for it")
     return store.job_show(conn, job_id)

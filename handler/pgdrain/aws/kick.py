@@ -40,11 +40,12 @@ import datetime as dt
 import logging
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from psycopg import pq
 
+from pgdrain.api.enqueue import check_connection
 from pgdrain.api.kick_target import kick_target, notify_worker
 from pgdrain.aws.events import enqueue_event, later_event
 from pgdrain.aws.lambda_api import invoke_async
@@ -104,6 +105,7 @@ def kick_outcome(
     client: LambdaClient | None = None,
 ) -> KickOutcome:
     """kick(), saying what it did for each queue (KickOutcome)."""
+    check_connection(conn, "kick", "on another driver, kick on a psycopg 3 connection of its own")
     settings = settings or Settings.from_env(os.environ)
     # Sorted: concurrent kicks (and exiting runs) lock the kick rows in one order, no deadlock.
     names = tuple(sorted(set(check_queue_name(q, "kick") for q in _as_list(queues))))
@@ -267,6 +269,8 @@ def _failed(function: str, queues: Sequence[str], error: str) -> tuple[tuple[str
 def _as_list(queues: Sequence[str]) -> list[str]:
     if isinstance(queues, str):  # kick(conn, "emails") means one queue, not six letters
         return [queues]
+    if not isinstance(queues, Iterable):
+        raise BadInput("kick: queues must be a list of queue names")
     items = list(queues)
     if not all(isinstance(q, str) for q in items):
         raise BadInput("kick: queue names must be strings")
