@@ -68,6 +68,35 @@ def test_control_without_escaping_the_same_page_carries_live_markup(
     assert "<script" in body.lower() and "<img" in body.lower()
 
 
+# What plain SQL may write in a job's error history where pgdrain writes an ISO time, a
+# number and text: each rendered as its text. A red team's report: each was a 502.
+ODD_ERROR_RECORDS: dict[str, tuple[dict[str, Any], str]] = {
+    "at-number": ({"attempt": 1, "at": 1700000000, "message": "m"}, "1700000000"),
+    "at-list": ({"at": [1]}, "[1]"),
+    "at-object": ({"at": {"a": "<b>"}}, "{&quot;a&quot;: &quot;&lt;b&gt;&quot;}"),
+    "at-no-utc-form": ({"at": "0001-01-01T00:00:00+05:00"}, "0001-01-01T00:00:00+05:00"),
+    "at-not-a-time": ({"at": "<i>soon</i>"}, "&lt;i&gt;soon&lt;/i&gt;"),
+    "other-fields": (
+        {"at": True, "attempt": {"x": 1}, "type": None, "message": [2], "traceback": {"t": 3}},
+        "true",
+    ),
+}
+
+
+@pytest.mark.parametrize("record", list(ODD_ERROR_RECORDS), ids=list(ODD_ERROR_RECORDS))
+def test_an_error_record_of_any_shape_is_shown_as_its_text(record: str) -> None:
+    error, shown = ODD_ERROR_RECORDS[record]
+    body = pages.job_page(_job(errors=[error, "plain", None]), token=None, notice_key=None)
+    assert f"<h3>Attempt {html.text(error.get('attempt', '?'))} · {shown} · " in body
+    assert _markup(body) == []
+
+
+def test_a_time_is_shown_in_utc() -> None:
+    assert html.moment("2024-01-01T02:00:00+02:00") == "2024-01-01 00:00:00 UTC"
+    assert html.moment(dt.datetime(2024, 1, 1, tzinfo=dt.UTC)) == "2024-01-01 00:00:00 UTC"
+    assert html.moment(None) == "-"
+
+
 @pytest.mark.parametrize(
     ("value", "shown"),
     [

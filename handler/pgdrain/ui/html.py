@@ -57,16 +57,18 @@ def url(path: str, params: Mapping[str, object] | None = None) -> str:
     return html.escape(path + ("?" + urlencode(query) if query else ""), quote=True)
 
 
-def moment(value: dt.datetime | str | None) -> str:
-    """A time in UTC, to the second."""
+def moment(value: object) -> str:
+    """A time in UTC, to the second. Anything else (a job's error record may hold any JSON, a
+    time with no UTC form such as year 1 at +05:00) is shown as its text, never raised."""
     if value is None:
         return "-"
-    if isinstance(value, str):
-        try:
-            value = dt.datetime.fromisoformat(value)
-        except ValueError:
-            return text(value, MAX_CELL)
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if not isinstance(value, dt.datetime | str):
+        return text(json.dumps(value, ensure_ascii=False, default=str), MAX_CELL)
+    try:
+        when = value if isinstance(value, dt.datetime) else dt.datetime.fromisoformat(value)
+        return when.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (ValueError, OverflowError):
+        return text(value, MAX_CELL)
 
 
 def duration(seconds: float) -> str:
