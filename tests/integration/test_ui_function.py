@@ -101,8 +101,8 @@ def _token(function: Any, job_id: int, caller: str = ADA) -> str:
     return match.group(1)
 
 
-def _failed(conn: Conn) -> int:
-    job_id = enqueue(conn, "k")
+def _failed(conn: Conn, kind: str = "k") -> int:
+    job_id = enqueue(conn, kind)
     conn.execute(
         "UPDATE pgdrain.jobs SET status = 'failed', finished_at = now(), last_error = 'boom' "
         "WHERE id = %s",
@@ -330,6 +330,22 @@ def test_a_retry_by_filter_redirects_so_that_a_reload_repeats_nothing(
     assert {job_row(conn, i)["status"] for i in (first, second)} == {"queued"}
     page = function.resolve(dashboard_event("GET", location), None)
     assert '<div class="notice">Queued again: 2 jobs.</div>' in page["body"]
+
+
+def test_a_kind_filter_is_taken_exactly_as_given(db_url: str, conn: Conn) -> None:
+    """A red team's report: `kind=send%20` was stripped, so the jobs page listed the kind
+    "send" and retry by filter retried its jobs, leaving the "send " job failed."""
+    spaced, plain = _failed(conn, "send "), _failed(conn, "send")
+    function = dashboard_function(db_url)
+    body = function.resolve(dashboard_event("GET", "/jobs?kind=send%20&status=failed"), None)[
+        "body"
+    ]
+    assert f'href="/jobs/{spaced}"' in body and f'href="/jobs/{plain}"' not in body
+    assert "<td>&quot;send &quot;</td>" in body  # told apart from "send" on sight
+    form = f"status=failed&kind=send%20&confirm=1&token={_token(function, spaced)}"
+    answer = function.resolve(dashboard_event("POST", "/retry", form), None)
+    assert answer["statusCode"] == 303
+    assert [job_row(conn, i)["status"] for i in (spaced, plain)] == ["queued", "failed"]
 
 
 def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:

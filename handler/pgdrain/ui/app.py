@@ -92,10 +92,12 @@ class Request:
             identity=str(iam.get("userArn") or iam.get("callerId") or "local"),
         )
 
-    def arg(self, name: str) -> str | None:
+    def arg(self, name: str, *, exact: bool = False) -> str | None:
+        """The field's last value; None when absent or empty. Stripped of surrounding spaces
+        unless `exact`: a value compared as it is (a kind, a queue), as the CLI's options are."""
         values = (self.form if self.method == "POST" else self.query).get(name)
-        value = values[-1].strip() if values else ""
-        return value or None
+        value = values[-1] if values else ""
+        return (value if exact else value.strip()) or None
 
 
 def whole_number(text: str | None, digits: int = 19) -> int | None:
@@ -107,10 +109,15 @@ def whole_number(text: str | None, digits: int = 19) -> int | None:
     return int(text)
 
 
+FILTERS = ("queue", "kind", "status", "since", "before")
+# Compared with a job's own value: "send " is another kind than "send".
+EXACT_FILTERS = ("queue", "kind")
+
+
 def parse_filters(request: Request) -> dict[str, str | None]:
     """The jobs filters as given (text, for links and forms), each checked as the CLI checks
     its options: one line saying what is wrong (400) otherwise."""
-    filters = {k: request.arg(k) for k in ("queue", "kind", "status", "since", "before")}
+    filters = {k: request.arg(k, exact=k in EXACT_FILTERS) for k in FILTERS}
     queue, kind, status, before = (filters[k] for k in ("queue", "kind", "status", "before"))
     if queue is not None and not QUEUE_NAME.match(queue):
         raise BadInput(f"{queue[:40]!r} is not a queue name")

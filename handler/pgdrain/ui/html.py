@@ -45,6 +45,16 @@ def cell(value: object) -> str:
     return "-" if value is None else text(value, MAX_CELL)
 
 
+def exact(value: object, limit: int = MAX_CELL) -> str:
+    """A value compared exactly (a kind) as text: in quotes when it begins or ends with a
+    space, so that "send " and "send" differ on sight."""
+    if value is None:
+        return "-"
+    if isinstance(value, str) and value != value.strip():
+        return f"&quot;{text(value, limit)}&quot;"
+    return text(value, limit)
+
+
 def pretty_json(value: object) -> str:
     """A JSON value indented, as escaped text (for a <pre>)."""
     return text(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True))

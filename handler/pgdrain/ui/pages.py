@@ -13,8 +13,10 @@ from pgdrain.settings import QUEUE_NAME
 from pgdrain.ui import charts
 from pgdrain.ui.html import (
     MAX_CELL,
+    MAX_TEXT,
     cell,
     duration,
+    exact,
     moment,
     post_button,
     pretty_json,
@@ -231,7 +233,7 @@ def jobs_page(
                 [
                     f'<a href="/jobs/{r.id}">{r.id}</a>',
                     cell(r.queue),
-                    cell(r.kind),
+                    exact(r.kind),
                     f'<span class="status-{r.status}">{r.status}</span>',
                     f"{r.attempts}/{r.max_attempts}",
                     moment(r.updated_at),
@@ -328,6 +330,8 @@ def _field(key: str, value: object, undecoded: str | None = None) -> str:
         return _undecoded(undecoded, value)
     if value is None:
         return "-"
+    if key == "kind":
+        return exact(value, MAX_TEXT)
     if key == "depends_on" and isinstance(value, list):  # each dependency's own page
         return " ".join(f'<a href="/jobs/{int(d)}">{int(d)}</a>' for d in value)
     if key in _TIMES and isinstance(value, str):
@@ -368,7 +372,7 @@ def confirm_page(job: Mapping[str, Any], verb: str, token: str) -> str:
     return (
         f"<h1>{verb.capitalize()} job {job_id}?</h1>"
         f'<div class="confirm"><p>Job {job_id} · {cell(job.get("queue"))} · '
-        f'{cell(job.get("kind"))} · <span class="status-{text(job.get("status"))}">'
+        f'{exact(job.get("kind"))} · <span class="status-{text(job.get("status"))}">'
         f"{text(job.get('status'))}</span></p><p>{what}</p>"
         + post_button(f"/jobs/{job_id}/{verb}", f"Yes, {verb} job {job_id}", token, {"confirm": 1})
         + f' <a href="/jobs/{job_id}">No, back to the job</a></div>'
@@ -417,7 +421,7 @@ def bulk_page(
                 [
                     f'<a href="/jobs/{r.id}">{r.id}</a>',
                     cell(r.queue),
-                    cell(r.kind),
+                    exact(r.kind),
                     f'<a href="/jobs/{r.held_by}">{r.held_by}</a>',
                 ]
                 for r in held
@@ -430,7 +434,7 @@ def bulk_page(
     shown = sorted(matched, key=lambda m: m.id)[:100]
     listing = table(
         ["id", "queue", "kind"],
-        ([f'<a href="/jobs/{m.id}">{m.id}</a>', cell(m.queue), cell(m.kind)] for m in shown),
+        ([f'<a href="/jobs/{m.id}">{m.id}</a>', cell(m.queue), exact(m.kind)] for m in shown),
         "None.",
     )
     more = (
@@ -440,7 +444,9 @@ def bulk_page(
     )
     back = url("/jobs", {k: filters.get(k) for k in ("queue", "kind", "status", "since")})
     described = "".join(
-        f"<li>{k}: {text(v)}</li>" for k, v in filters.items() if v and k != "since_at"
+        f"<li>{k}: {exact(v) if k == 'kind' else text(v)}</li>"
+        for k, v in filters.items()
+        if v and k != "since_at"
     )
     if not matched:
         return (
