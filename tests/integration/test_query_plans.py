@@ -327,13 +327,13 @@ CASES: list[tuple[str, str, dict[str, Any], set[str]]] = [
     (
         "jobs of one status",
         "job_list_finished",
-        {"status": "failed", "queue": None, "before": None, "limit": 51},
+        {"status": "failed", "queue": None, "before": None, "limit": 51, "values": True},
         {"jobs_finished_queue_idx", "jobs_pkey"},
     ),
     (
         "jobs of a status no job has",
         "job_list_finished",
-        {"status": "parked", "queue": "email", "before": None, "limit": 51},
+        {"status": "parked", "queue": "email", "before": None, "limit": 51, "values": True},
         {"jobs_finished_queue_idx"},
     ),
     # The dashboard's chart: the newest finished rows, by finished_at, up to its bound.
@@ -711,7 +711,14 @@ LIST_CASES = [
 def test_a_list_of_one_status_answers_as_job_list_read_it(big: Conn, case: dict[str, Any]) -> None:
     old = big.execute(
         query("job_list"),
-        {"statuses": [case["status"]], "limit": 51, "kind": None, "since": None, **case},
+        {
+            "statuses": [case["status"]],
+            "limit": 51,
+            "kind": None,
+            "since": None,
+            "values": True,
+            **case,
+        },
     ).fetchall()
     new = store.job_list(big, [case["status"]], 51, queue=case["queue"], before=case["before"])
     assert [r.id for r in new] == [r[0] for r in old]
@@ -723,7 +730,7 @@ def test_job_list_reads_no_other_queues_failures_now_that_the_history_is_partiti
     """job_list once walked the whole table by id for a status no job of the queue has
     (failures all in another queue): with the history partitioned by status, the failed jobs'
     own index by queue answers it, as job_list_finished's does. Neither reads a row it drops."""
-    case = {"status": "failed", "queue": "email", "before": None, "limit": 51}
+    case = {"status": "failed", "queue": "email", "before": None, "limit": 51, "values": True}
     params = {"statuses": ["failed"], "kind": None, "since": None, **case}
     plan = _explain(big, query("job_list"), params, analyze=True)
     assert sum(n.get("Rows Removed by Filter", 0) for n in plan_nodes(plan)) < 100

@@ -24,6 +24,7 @@ from helpers.fixtures import UNREADABLE_JSON, job_row, unreadable_job
 from pgdrain import enqueue, pause_queue, resume_queue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
+from pgdrain.db.store import operator_commands
 from pgdrain.ui import app as ui_app
 from pgdrain.ui import lambda_entry
 from pgdrain.ui.pages import DONE_NOT_KEPT_GONE, NOTICES
@@ -143,6 +144,37 @@ def test_a_jobs_page_shows_its_output_progress_sequence_and_dependencies_escaped
     body = function.resolve(dashboard_event("GET", f"/jobs/{dependency}"), None)["body"]
     assert "<dt>has_dependents</dt><dd>True</dd>" in body
     assert '<h2>Output</h2><p class="muted">None recorded.</p>' in body
+
+
+def test_the_jobs_page_reads_no_output_or_progress_it_does_not_show(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's report: every listed job's output (up to megabytes) was read and decoded,
+    60 done jobs of 250 KB each made the page eight times slower. `pgdrain jobs --json` reads
+    them: the control."""
+    ids = [enqueue(conn, "k", queue="q") for _ in range(2)]
+    conn.execute(
+        "UPDATE pgdrain.active_jobs SET output = %s, progress = '{\"step\": 2}' WHERE id = %s",
+        ('{"o": "x"}', ids[0]),
+    )
+    _finish(conn, [ids[1]], "done", dt.timedelta(0))
+    conn.execute("UPDATE pgdrain.jobs SET output = '[1]' WHERE id = %s", (ids[1],))
+    read: list[str | None] = []
+    decode = operator_commands.decode_stored
+
+    def reading(text: str | None) -> tuple[Any, str | None]:
+        read.append(text)
+        return decode(text)
+
+    monkeypatch.setattr(operator_commands, "decode_stored", reading)
+    function = dashboard_function(db_url)
+    for target in ("/jobs?queue=q", "/jobs?queue=q&status=done"):  # job_list, job_list_finished
+        assert function.resolve(dashboard_event("GET", target), None)["statusCode"] == 200
+    assert [t for t in read if t is not None] == []
+    listed = store.job_list(conn, ["queued"], 10, queue="q")  # as `pgdrain jobs --json`
+    assert [(r.output, r.progress) for r in listed] == [({"o": "x"}, {"step": 2})]
+    [done] = store.job_list(conn, ["done"], 10, queue="q")
+    assert done.output == [1]
 
 
 @pytest.mark.parametrize("kind", sorted(UNREADABLE_JSON))

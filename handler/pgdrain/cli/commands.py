@@ -909,6 +909,7 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
             queue=args.queue,
             kind=args.kind,
             since=args.since,
+            values=args.json,  # the table shows neither progress nor output
         )
         if not rows:
             _note_unknown_queue(conn, args.queue)

@@ -348,6 +348,7 @@ class _Dashboard:
                 kind=filters["kind"],
                 since=_since(filters),
                 before=int(filters["before"]) if filters["before"] else None,
+                values=False,  # the page shows neither progress nor output
             )
         next_before = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
         shown = {k: v for k, v in filters.items() if k != "since_at"}

@@ -189,14 +189,17 @@ SELECT pgdrain.finished_jobs_partition_drop(%(days)s::float8) AS dropped;
 -- due_in_s: seconds until run_at on the database's clock (a queued job waits while above 0).
 -- A run_at no client can read (`infinity`, a year past 9999: a finished row written before
 -- migration 0025, which refuses them) is listed as NULL, as is its due_in_s. progress and
--- output as text, decoded by the store as job_show's values are.
+-- output as text, decoded by the store as job_show's values are, only when %(values)s: a list
+-- that shows neither (the dashboard's) reads no output, which may be megabytes a job.
 SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
             THEN run_at END AS run_at,
        lease_expires_at, created_at, updated_at, finished_at, last_error,
        CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
             THEN extract(epoch FROM run_at - now())::float8 END AS due_in_s,
-       sequence, depends_on, progress::text AS progress, output::text AS output
+       sequence, depends_on,
+       CASE WHEN %(values)s::boolean THEN progress::text END AS progress,
+       CASE WHEN %(values)s::boolean THEN output::text END AS output
 FROM pgdrain.jobs
 WHERE status = ANY(%(statuses)s::text[])
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
@@ -235,7 +238,9 @@ SELECT id, queue, kind, status, priority, attempts, max_attempts, reclaim_count,
        lease_expires_at, created_at, updated_at, finished_at, last_error,
        CASE WHEN run_at > '0001-01-02 00:00:00+00' AND run_at < '9999-12-30 00:00:00+00'
             THEN extract(epoch FROM run_at - now())::float8 END AS due_in_s,
-       sequence, depends_on, progress::text AS progress, output::text AS output
+       sequence, depends_on,
+       CASE WHEN %(values)s::boolean THEN progress::text END AS progress,
+       CASE WHEN %(values)s::boolean THEN output::text END AS output
 FROM pgdrain.jobs
 WHERE id = ANY(ARRAY(
     SELECT page.id

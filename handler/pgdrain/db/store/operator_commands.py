@@ -238,13 +238,17 @@ def job_list(
     kind: str | None = None,
     since: dt.datetime | None = None,
     before: int | None = None,
+    values: bool = True,
 ) -> list[JobRow]:
     """The newest `limit` jobs matching the filters (None matches every job), older than the
     job `before` when given (the next page). One status of finished rows, in a queue or all,
-    is read through their index (job_list_finished)."""
+    is read through their index (job_list_finished). `values`: read each job's progress and
+    output too (else both None)."""
     statuses = list(statuses)
     if len(statuses) == 1 and statuses[0] in FINISHED_LISTED and kind is None and since is None:
-        return job_list_finished(conn, statuses[0], limit, queue=queue, before=before)
+        return job_list_finished(
+            conn, statuses[0], limit, queue=queue, before=before, values=values
+        )
     params = {
         "statuses": statuses,
         "limit": limit,
@@ -252,6 +256,7 @@ def job_list(
         "kind": kind,
         "since": since,
         "before": before,
+        "values": values,
     }
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("job_list"), params).fetchall()
@@ -269,9 +274,10 @@ def job_list_finished(
     *,
     queue: str | None = None,
     before: int | None = None,
+    values: bool = True,
 ) -> list[JobRow]:
     """job_list's answer for one status of FINISHED_LISTED, without kind or since."""
-    params = {"status": status, "limit": limit, "queue": queue, "before": before}
+    params = {"status": status, "limit": limit, "queue": queue, "before": before, "values": values}
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query("job_list_finished"), params).fetchall()
     return [JobRow(**_decoded(row, ("progress", "output"))) for row in rows]
