@@ -11,7 +11,7 @@ import html
 import re
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Any
 
@@ -696,17 +696,76 @@ def test_control_the_owner_may_do_what_the_dashboards_roles_may_not(granted: str
 
 def _page_behind_a_lock(url: str, conn: Conn) -> tuple[threading.Thread, list[dict[str, Any]]]:
     """GET /jobs while another session holds the jobs table: the page's read waits on it."""
-    answers: list[dict[str, Any]] = []
     function = dashboard_function(url, actions=False)
+    return _behind_a_lock(
+        conn, lambda: function.resolve(dashboard_event("GET", "/jobs?kind=k"), None)
+    )
+
+
+def _behind_a_lock(
+    conn: Conn, request: Callable[[], dict[str, Any]]
+) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """`request` in a thread while another session holds the jobs table: it waits on it."""
+    answers: list[dict[str, Any]] = []
     conn.execute("BEGIN")
     conn.execute("LOCK TABLE pgdrain.jobs IN ACCESS EXCLUSIVE MODE")
-    thread = threading.Thread(
-        target=lambda: answers.append(
-            function.resolve(dashboard_event("GET", "/jobs?kind=k"), None)
-        )
-    )
+    thread = threading.Thread(target=lambda: answers.append(request()))
     thread.start()
     return thread, answers
+
+
+class _Invocation:
+    """A Lambda context with this much time left."""
+
+    def __init__(self, remaining_ms: int) -> None:
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+@pytest.mark.parametrize("confirmed", [False, True], ids=["preview", "retry"])
+def test_a_retry_by_filter_that_takes_too_long_is_stopped_and_said(
+    db_url: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, confirmed: bool
+) -> None:
+    """A red team's report: the preview ran the retry itself, every row through the view's
+    trigger, unbounded (20,000 jobs: 9.4 s); past the function's Timeout, a 502. The preview
+    reads within a page's time; the retry within the invocation's time left."""
+    job_id = _failed(conn)
+    monkeypatch.setattr(ui_app, "READ_TIMEOUT_MS", 200)
+    function = dashboard_function(db_url)
+    form = f"status=failed&token={_token(function, job_id)}" + ("&confirm=1" if confirmed else "")
+    invocation = _Invocation(ui_app.ACTION_MARGIN_MS + 300)
+    thread, answers = _behind_a_lock(
+        conn, lambda: function.resolve(dashboard_event("POST", "/retry", form), invocation)
+    )
+    try:
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    finally:
+        conn.execute("ROLLBACK")
+    thread.join(timeout=30)
+    (answer,) = answers
+    assert answer["statusCode"] == 503
+    said = "the retry took longer than the 0.3 s" if confirmed else "took longer than 0.2 s"
+    assert said in answer["body"] and "nothing was retried" in answer["body"]
+    assert job_row(conn, job_id)["status"] == "failed"
+
+
+def test_the_retry_preview_says_what_the_retry_does_and_sends_a_page(conn: Conn) -> None:
+    failed = [_failed(conn) for _ in range(4)]
+    held = _key_held(conn)
+    preview = store.job_retry_matching_preview(conn, ["failed"], shown=2)
+    assert (preview.would_retry, preview.key_held) == (4, 1)
+    assert [(r.id, r.retried, r.held_by) for r in preview.first] == [
+        (failed[0], True, None),
+        (failed[1], True, None),
+        (held, False, held + 1),
+    ]
+    with conn.transaction():
+        done = store.job_retry_matching(conn, ["failed"])
+    assert sorted(r.id for r in done if r.retried) == failed
+    assert [(r.id, r.held_by) for r in done if not r.retried] == [(held, held + 1)]
 
 
 def test_a_read_that_takes_too_long_gives_up_with_one_line(

@@ -35,6 +35,18 @@ def test_a_retry_by_filter_keeps_keys_exactly_as_a_retry_by_id() -> None:
     assert _from_judged(query("job_retry_matching")) == _from_judged(query("job_retry"))
 
 
+def _judging(statement: str, end: str) -> str:
+    """A retry by filter's candidates and how it judges them: up to the CTE after `judged`."""
+    return statement[statement.index("WITH candidate AS (") : statement.index(end)]
+
+
+def test_the_dashboards_preview_judges_jobs_exactly_as_the_retry_by_filter() -> None:
+    preview = query("job_retry_matching_preview")
+    retry = query("job_retry_matching")
+    assert _judging(preview, "), counted AS (") == _judging(retry, "), retried AS (")
+    assert "UPDATE" not in preview  # it changes nothing
+
+
 EVERY_QUEUE = "ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)"
 
 # Every statement that takes NULL for "every queue" finds the queues the same way: the queues

@@ -47,10 +47,14 @@ def test_job_data_is_escaped_on_every_page_that_shows_it() -> None:
         pages.jobs_page({"kind": HOSTILE}, [], None, token=token),
         pages.bulk_page(
             {"status": "failed", "kind": HOSTILE},
-            [
-                store.Retry(7, "emails", HOSTILE, True, None),
-                store.Retry(8, "emails", HOSTILE, False, 7),
-            ],
+            store.RetryPreview(
+                1,
+                1,
+                [
+                    store.Retry(7, "emails", HOSTILE, True, None),
+                    store.Retry(8, "emails", HOSTILE, False, 7),
+                ],
+            ),
             token=token,
         ),
     ]

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 50
 # A page's reads give up after this long (a filter that no index serves, on a long history).
 READ_TIMEOUT_MS = 5000
+# What an action on Lambda leaves of the invocation's time to roll back and answer.
+ACTION_MARGIN_MS = 2000
 MAX_BODY_BYTES = 64 * 1024  # a form's fields: ids and filters
 MAX_KIND_LENGTH = 200
 MAX_SINCE_DAYS = 36_500
@@ -414,8 +416,8 @@ class _Dashboard:
         return redirect(f"/jobs/{found['id']}?notice={key}{watch}")
 
     def retry_matching(self) -> Response[str]:
-        """Retry by filter, as `pgdrain retry --failed|--parked [filters]`: first the dry run
-        (the same statement, rolled back) with its count, then (confirm=1) the retry."""
+        """Retry by filter, as `pgdrain retry --failed|--parked [filters]`: first what it would
+        do, with its count, then (confirm=1) the retry, stopped if it outlasts the invocation."""
         request = self._request()
         token = self._check_post(request)
         filters = parse_filters(request)
@@ -426,22 +428,33 @@ class _Dashboard:
             statuses = ["parked"]
         else:
             raise BadInput("retry by filter takes status failed or parked")
-        confirmed = request.arg("confirm") == "1"
-        with self._connect() as conn:
-            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # as act() says
-            with conn.transaction() as tx:
-                matched = store.job_retry_matching(
-                    conn,
-                    statuses,
-                    queue=filters["queue"],
-                    kind=filters["kind"],
-                    since=_since(filters),
-                )
-                if not confirmed:
-                    raise psycopg.Rollback(tx)  # the dry run: exactly what the retry would do
-        if not confirmed:
-            body = pages.bulk_page(filters, matched, token=token)
-            return html_response(200, "Retry by filter", body, active="/jobs")
+        if request.arg("confirm") != "1":
+            return self._retry_preview(filters, statuses, token)
+        bound = self._time_left_ms()
+        try:
+            with self._connect() as conn:
+                conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED  # as act() says
+                with conn.transaction():
+                    # Past the invocation's end: stopped and said, not a 502 while it runs on.
+                    if bound is not None:
+                        store.operator_read_timeout(conn, bound)
+                    matched = store.job_retry_matching(
+                        conn,
+                        statuses,
+                        queue=filters["queue"],
+                        kind=filters["kind"],
+                        since=_since(filters),
+                    )
+        except psycopg.errors.QueryCanceled:
+            took = "the database's statement_timeout"
+            if bound is not None:
+                took = f"the {bound / 1000:g} s this request had left"
+            raise Refused(
+                503,
+                f"the retry took longer than {took} and was stopped: nothing was retried. Narrow "
+                f"the filter (a queue, a kind, since), or run `pgdrain retry --{statuses[0]}` with "
+                "the same filters",
+            ) from None
         retried = sum(r.retried for r in matched)
         log.info("dashboard retry by filter", extra={"jobs": retried, "by": request.identity})
         # To the jobs it matched, as every action redirects (303): a reload repeats nothing.
@@ -451,6 +464,42 @@ class _Dashboard:
         held = sum(r.held_by is not None for r in matched)
         counts = {"notice": "bulk-retried", "retried": retried, "held": held}
         return redirect("/jobs?" + urlencode(query | counts))
+
+    def _retry_preview(
+        self,
+        filters: Mapping[str, str | None],
+        statuses: list[Literal["failed", "parked"]],
+        token: str,
+    ) -> Response[str]:
+        """What the retry would do, read within a page's time: its counts and a first page."""
+        try:
+            with self._reading() as conn:
+                preview = store.job_retry_matching_preview(
+                    conn,
+                    statuses,
+                    queue=filters["queue"],
+                    kind=filters["kind"],
+                    since=_since(filters),
+                    shown=pages.BULK_SHOWN,
+                )
+        except psycopg.errors.QueryCanceled:
+            raise Refused(
+                503,
+                f"counting the matching jobs took longer than {READ_TIMEOUT_MS / 1000:g} s and "
+                "was stopped: nothing was retried. Narrow the filter (a queue, a kind, since), "
+                f"or run `pgdrain retry --{statuses[0]}` with the same filters",
+            ) from None
+        body = pages.bulk_page(filters, preview, token=token)
+        return html_response(200, "Retry by filter", body, active="/jobs")
+
+    def _time_left_ms(self) -> int | None:
+        """How long an action's statement may take: the invocation's time left on Lambda, less
+        ACTION_MARGIN_MS to roll back and answer; None locally, where it takes what it takes."""
+        context = getattr(self._app, "lambda_context", None)
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
+        if remaining is None:
+            return None
+        return max(int(remaining()) - ACTION_MARGIN_MS, 1)
 
     def control(self) -> Response[str]:
         request = self._request()

@@ -50,6 +50,7 @@ RETRYABLE = ("failed", "parked", "cancelled")
 CANCELLABLE = ("queued", "running", "parked", "waiting")
 BULK_STATUSES = ("failed", "parked")  # what retry by filter takes, as `pgdrain retry --failed`
 ERRORS_SHOWN = 50  # a job's page shows its latest errors, at most this many
+BULK_SHOWN = 100  # retry by filter lists this many of the jobs it would queue again
 
 
 def notice(key: str | None) -> str:
@@ -403,18 +404,18 @@ def _retried_notice(queued: int | None, held: int | None) -> str:
 
 def bulk_page(
     filters: Mapping[str, str | None],
-    found: Sequence[store.Retry],
+    preview: store.RetryPreview,
     *,
     token: str,
 ) -> str:
-    """Retry by filter: what would be queued again (a dry run: the same statement rolled back)
-    with the button that does it. A job whose idempotency key another job holds is listed
-    apart: it is not retried (the CLI's `retry` says the same)."""
+    """Retry by filter: what would be queued again (read without a change: its count and the
+    first BULK_SHOWN jobs) with the button that does it. A job whose idempotency key another
+    job holds is listed apart: it is not retried (the CLI's `retry` says the same)."""
     status = filters.get("status") or "failed"
-    matched = [r for r in found if r.retried]
-    held = sorted((r for r in found if r.held_by is not None), key=lambda r: r.id)[:100]
+    count = preview.would_retry
+    held = [r for r in preview.first if r.held_by is not None]
     not_retried = (
-        "<h2>Not retried: the key is held</h2>"
+        f"<h2>Not retried: the key is held ({preview.key_held:,})</h2>"
         + table(
             ["id", "queue", "kind", "key held by"],
             (
@@ -431,34 +432,30 @@ def bulk_page(
         if held
         else ""
     )  # by filter: failed or parked jobs, whose dependencies were done (store.Retry)
-    shown = sorted(matched, key=lambda m: m.id)[:100]
+    shown = [r for r in preview.first if r.retried]
     listing = table(
         ["id", "queue", "kind"],
         ([f'<a href="/jobs/{m.id}">{m.id}</a>', cell(m.queue), exact(m.kind)] for m in shown),
         "None.",
     )
-    more = (
-        f'<p class="muted">And {len(matched) - len(shown):,} more.</p>'
-        if len(matched) > 100
-        else ""
-    )
+    more = f'<p class="muted">And {count - len(shown):,} more.</p>' if count > len(shown) else ""
     back = url("/jobs", {k: filters.get(k) for k in ("queue", "kind", "status", "since")})
     described = "".join(
         f"<li>{k}: {exact(v) if k == 'kind' else text(v)}</li>"
         for k, v in filters.items()
         if v and k != "since_at"
     )
-    if not matched:
+    if not count:
         return (
             f"<h1>No {text(status)} job matches</h1><ul>{described}</ul>"
             f'{not_retried}<p><a href="{back}">Back to the jobs</a></p>'
         )
     fields = {**{k: v for k, v in filters.items() if k != "since"}, "confirm": 1}
     return (
-        f"<h1>Retry {len(matched):,} {text(status)} jobs?</h1><ul>{described}</ul>"
-        f'<div class="confirm"><p>{len(matched):,} jobs match now (a dry run: nothing has '
+        f"<h1>Retry {count:,} {text(status)} jobs?</h1><ul>{described}</ul>"
+        f'<div class="confirm"><p>{count:,} jobs match now (a dry run: nothing has '
         "changed yet). Each is queued again with a fresh set of attempts.</p>"
-        + post_button("/retry", f"Yes, retry {len(matched):,} jobs", token, fields)
+        + post_button("/retry", f"Yes, retry {count:,} jobs", token, fields)
         + f' <a href="{back}">No, back to the jobs</a></div>{listing}{more}{not_retried}'
     )
 

@@ -430,6 +430,63 @@ FROM judged AS r
 LEFT JOIN retried AS d ON d.id = r.id
 ORDER BY r.id;
 
+-- name: job_retry_matching_preview :many
+-- What job_retry_matching would do, read without a change (the dashboard asks first with it):
+-- the same candidates judged the same way (a unit test keeps the two in step up to `retried`),
+-- a job queued again when no key is held and no dependency ended. Returns at most %(shown)s of
+-- the jobs it would queue again and %(shown)s of those it would not, by id, each row with the
+-- two counts: however many match, only a page of them is sent.
+WITH candidate AS (
+    SELECT j.id, j.queue, j.kind, j.status, j.idempotency_key, j.depends_on,
+           NULL::timestamptz AS cancelled_lease_expires_at  -- no cancelled job here
+    FROM pgdrain.jobs AS j
+    WHERE j.status IN ('failed', 'parked')
+      AND j.status = ANY(%(statuses)s::text[])
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
+      AND (%(since)s::timestamptz IS NULL OR j.updated_at >= %(since)s::timestamptz)
+), judged AS (
+    SELECT c.id, c.queue, c.kind, c.status,
+           CASE WHEN c.idempotency_key IS NOT NULL AND c.status <> 'parked' THEN coalesce(
+               (SELECT o.id FROM pgdrain.jobs AS o
+                WHERE o.queue = c.queue
+                  AND o.idempotency_key = c.idempotency_key
+                  AND o.status IN ('queued', 'running', 'parked', 'waiting')),
+               nullif(max(c.id) FILTER (WHERE c.status <> 'parked')
+                          OVER (PARTITION BY c.queue, c.idempotency_key),
+                      c.id))
+           END AS held_by,
+           ended.id AS dependency, ended.status AS dependency_status,
+           -- The attempt a cancel cut short may run until its lease ends: not before.
+           nullif(greatest(now(), c.cancelled_lease_expires_at), now()) AS lease_wait_until
+    FROM candidate AS c
+    LEFT JOIN LATERAL (
+        SELECT d.id, j.status
+        FROM unnest(c.depends_on) AS d(id)
+        LEFT JOIN pgdrain.jobs AS j ON j.id = d.id
+        WHERE c.status = 'cancelled'
+          AND (j.id IS NULL OR j.status IN ('failed', 'cancelled'))
+        ORDER BY d.id
+        LIMIT 1
+    ) AS ended ON true
+), counted AS (
+    SELECT r.id, r.queue, r.kind, r.held_by,
+           r.held_by IS NULL AND r.dependency IS NULL AS retried,
+           r.dependency, r.dependency_status, r.lease_wait_until
+    FROM judged AS r
+), numbered AS (
+    SELECT c.*,
+           row_number() OVER (PARTITION BY c.retried ORDER BY c.id) AS nth,
+           count(*) FILTER (WHERE c.retried) OVER () AS would_retry,
+           count(*) FILTER (WHERE c.held_by IS NOT NULL) OVER () AS key_held
+    FROM counted AS c
+)
+SELECT n.id, n.queue, n.kind, n.held_by, n.retried,
+       n.dependency, n.dependency_status, n.lease_wait_until, n.would_retry, n.key_held
+FROM numbered AS n
+WHERE n.nth <= %(shown)s
+ORDER BY n.id;
+
 -- name: job_cancel :many
 -- Operator action: a queued, waiting or parked job never runs; a running one loses its lease (status
 -- and token change), so its run's heartbeat reports it lost, job.lease_lost() turns true and
@@ -516,7 +573,8 @@ SELECT pg_catalog.set_config('DateStyle', 'ISO', false),
 
 -- name: operator_read_timeout :exec
 -- Bound the dashboard's reads until the transaction ends (is_local: pooler-safe): a filter no
--- index serves (a kind, a time) on a long history gives up instead of reading it all.
+-- index serves (a kind, a time) on a long history gives up instead of reading it all. Its retry
+-- by filter too, by the invocation's time left: stopped and rolled back, not cut off unsaid.
 SELECT set_config('statement_timeout', %(timeout_ms)s::text, true);
 
 -- name: job_finished_per_minute :many

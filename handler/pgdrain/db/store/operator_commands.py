@@ -410,6 +410,41 @@ def job_retry_matching(
 
 
 @dataclass(frozen=True)
+class RetryPreview:
+    """What a retry by filter would do: how many jobs it would queue again, how many it would
+    not as another job holds their key, and the first of each (`shown` at most, by id)."""
+
+    would_retry: int
+    key_held: int
+    first: list[Retry]
+
+
+def job_retry_matching_preview(
+    conn: Connection,
+    statuses: Sequence[Literal["failed", "parked"]],
+    *,
+    queue: str | None = None,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+    shown: int = 100,
+) -> RetryPreview:
+    """job_retry_matching's outcome, read without changing a job: its counts and a first page."""
+    params = {
+        "statuses": list(statuses),
+        "queue": queue,
+        "kind": kind,
+        "since": since,
+        "shown": shown,
+    }
+    rows = conn.execute(query("job_retry_matching_preview"), params).fetchall()
+    first = [
+        Retry(int(r[0]), str(r[1]), str(r[2]), bool(r[4]), r[3], r[5], r[6], r[7]) for r in rows
+    ]
+    would_retry, key_held = (int(rows[0][8]), int(rows[0][9])) if rows else (0, 0)
+    return RetryPreview(would_retry, key_held, first)
+
+
+@dataclass(frozen=True)
 class Cancelled:
     """A job an operator cancelled, and the status it had."""
 
