@@ -102,6 +102,11 @@ def _token(function: Any, job_id: int, caller: str = ADA) -> str:
     return match.group(1)
 
 
+def _unsealed(answer: dict[str, Any]) -> str:
+    """An action's redirect without the seal of its notice (a token: it changes each time)."""
+    return re.sub(r"&seal=[^&]+", "", answer["headers"]["Location"])
+
+
 def _failed(conn: Conn, kind: str = "k") -> int:
     job_id = enqueue(conn, kind)
     conn.execute(
@@ -252,7 +257,7 @@ def test_the_function_retries_for_the_caller_it_issued_the_token_to(
         None,
     )
     assert answer["statusCode"] == 303
-    assert answer["headers"]["Location"] == f"/jobs/{job_id}?notice=retried&refresh=2"
+    assert _unsealed(answer) == f"/jobs/{job_id}?refresh=2&notice=retried"
     assert job_row(conn, job_id)["status"] == "queued"
 
 
@@ -285,7 +290,7 @@ def test_a_retry_that_queues_nothing_says_why(
     function = dashboard_function(db_url)
     form = f"confirm=1&token={_token(function, job_id)}"
     answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/retry", form), None)
-    assert answer["headers"]["Location"] == f"/jobs/{job_id}?notice={notice}"
+    assert _unsealed(answer) == f"/jobs/{job_id}?notice={notice}"
     assert job_row(conn, job_id)["status"] == before
     page = function.resolve(dashboard_event("GET", answer["headers"]["Location"]), None)
     assert html.escape(NOTICES[notice], quote=False) in page["body"]
@@ -306,7 +311,7 @@ def test_a_retry_of_a_job_cancelled_while_running_says_it_waits_for_the_lease(
         form = f"confirm=1&token={_token(function, job_id)}"
         answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/{verb}", form), None)
         assert answer["statusCode"] == 303, answer["body"][-300:]
-    assert answer["headers"]["Location"] == f"/jobs/{job_id}?notice=retried-after-lease"
+    assert _unsealed(answer) == f"/jobs/{job_id}?notice=retried-after-lease"
     page = function.resolve(dashboard_event("GET", answer["headers"]["Location"]), None)
     assert html.escape(NOTICES["retried-after-lease"], quote=False) in page["body"]
 
@@ -358,7 +363,7 @@ def test_a_retry_by_filter_redirects_so_that_a_reload_repeats_nothing(
     answer = function.resolve(dashboard_event("POST", "/retry", form), None)
     assert answer["statusCode"] == 303
     location = answer["headers"]["Location"]
-    assert location == "/jobs?since=2h&status=failed&notice=bulk-retried&retried=2&held=0"
+    assert _unsealed(answer) == "/jobs?since=2h&status=failed&notice=bulk-retried&retried=2&held=0"
     assert {job_row(conn, i)["status"] for i in (first, second)} == {"queued"}
     page = function.resolve(dashboard_event("GET", location), None)
     assert '<div class="notice">Queued again: 2 jobs.</div>' in page["body"]
@@ -378,6 +383,36 @@ def test_a_kind_filter_is_taken_exactly_as_given(db_url: str, conn: Conn) -> Non
     answer = function.resolve(dashboard_event("POST", "/retry", form), None)
     assert answer["statusCode"] == 303
     assert [job_row(conn, i)["status"] for i in (spaced, plain)] == ["queued", "failed"]
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "control-forged"])
+def test_a_notice_shows_only_as_the_action_sealed_it(db_url: str, conn: Conn, sealed: bool) -> None:
+    """A red team's report: `/jobs?notice=bulk-retried&retried=123456789` said "Queued again:
+    123,456,789 jobs." and `/jobs/ID?notice=cancelled` "Cancelled." on a queued job: a link
+    from anywhere put words on the page. A notice shows under the seal its action issued to
+    the same caller, for the same page and the same counts."""
+    job_id = _failed(conn)
+    function = dashboard_function(db_url)
+    form = f"status=failed&confirm=1&token={_token(function, job_id)}"
+    location = function.resolve(dashboard_event("POST", "/retry", form), None)["headers"][
+        "Location"
+    ]
+    queued = enqueue(conn, "k")
+    seal = re.search(r"seal=([^&]+)", location)
+    assert seal
+    forged = [
+        location.replace("retried=1", "retried=123456789"),  # other counts
+        f"/jobs/{queued}?notice=cancelled&seal={seal.group(1)}",  # another page, another notice
+        f"/jobs/{queued}?notice=cancelled",
+    ]
+    eve = "arn:aws:iam::123456789012:user/eve"
+    for target, caller in [
+        (location, ADA) if sealed else (location, eve),
+        *((f, ADA) for f in forged),
+    ]:
+        body = function.resolve(dashboard_event("GET", target, caller=caller), None)["body"]
+        shown = '<div class="notice">' in body
+        assert shown is (sealed and target == location), target
 
 
 def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:

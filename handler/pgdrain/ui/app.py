@@ -241,6 +241,17 @@ def _not_retried(outcome: list[store.Retry]) -> str:
     return "not-retried"
 
 
+# What an action's redirect tells the page it lands on, under a seal (_Dashboard._after).
+NOTICE_FIELDS = ("notice", "retried", "held")
+
+
+def _seal_subject(identity: str, path: str, notice: Mapping[str, str]) -> str:
+    """What a notice's seal is issued to: the caller, the page, and every notice field."""
+    return "\n".join(
+        [identity, "notice", path, *(f"{k}={notice.get(k, '')}" for k in NOTICE_FIELDS)]
+    )
+
+
 def _too_long(_exc: Exception) -> Response[str]:
     message = (
         f"the query took longer than {READ_TIMEOUT_MS / 1000:g} s and was stopped: narrow it "
@@ -289,6 +300,25 @@ class _Dashboard:
             raise Refused(403, "refused: the form's token is missing or expired; reload the page")
         return self._config.tokens.issue(request.identity)
 
+    def _after(
+        self,
+        path: str,
+        request: Request,
+        notice: Mapping[str, str],
+        other: Mapping[str, object] | None = None,
+    ) -> str:
+        """Where an action redirects: `path` with its notice (and counts), sealed for this
+        caller and path, so that a link made elsewhere cannot put words on the page."""
+        seal = self._config.tokens.issue(_seal_subject(request.identity, path, notice))
+        return f"{path}?{urlencode({**(other or {}), **notice, 'seal': seal})}"
+
+    def _sealed(self, request: Request) -> dict[str, str]:
+        """The notice fields of this page's URL when their seal holds (an action's redirect to
+        this caller); else none."""
+        notice = {k: v for k in NOTICE_FIELDS if (v := request.arg(k)) is not None}
+        subject = _seal_subject(request.identity, request.path, notice)
+        return notice if self._config.tokens.valid(request.arg("seal"), subject) else {}
+
     def _refresh(self, request: Request) -> int | None:
         seconds = whole_number(request.arg("refresh"), 9)
         if seconds is None:
@@ -311,7 +341,7 @@ class _Dashboard:
             now,
             kicks=kicks,
             token=self._token(request),
-            notice_key=request.arg("notice"),
+            notice_key=self._sealed(request).get("notice"),
             done_kept=done_kept,
         )
         return html_response(200, "Queues", body, active="/", refresh=self._refresh(request))
@@ -335,7 +365,7 @@ class _Dashboard:
                 kicked = store.queue_has_ready(conn, [queue]) and _kick(conn, queue)
                 key = ("resumed-kicked" if kicked else "resumed") if was_paused else "not-paused"
         log.info("dashboard %s", verb, extra={"queue": queue, "by": request.identity, "key": key})
-        return redirect(f"/?notice={key}")
+        return redirect(self._after("/", request, {"notice": key}))
 
     def jobs(self) -> Response[str]:
         request = self._request()
@@ -355,10 +385,11 @@ class _Dashboard:
         next_before = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
         shown = {k: v for k, v in filters.items() if k != "since_at"}
         retried = None
-        if request.arg("notice") == "bulk-retried":  # after a retry by filter: its counts
+        notice = self._sealed(request)
+        if notice.get("notice") == "bulk-retried":  # after a retry by filter: its counts
             retried = (
-                whole_number(request.arg("retried"), 9),
-                whole_number(request.arg("held"), 9),
+                whole_number(notice.get("retried"), 9),
+                whole_number(notice.get("held"), 9),
             )
         body = pages.jobs_page(
             shown, rows[:PAGE_SIZE], next_before, token=self._token(request), retried=retried
@@ -368,7 +399,8 @@ class _Dashboard:
     def job(self, job_id: str) -> Response[str]:
         request = self._request()
         found = self._find(job_id)
-        body = pages.job_page(found, token=self._token(request), notice_key=request.arg("notice"))
+        notice_key = self._sealed(request).get("notice")
+        body = pages.job_page(found, token=self._token(request), notice_key=notice_key)
         refresh = self._refresh(request)
         if refresh and found.get("status") not in ("queued", "running"):
             refresh = None  # it has finished: nothing more to watch
@@ -412,8 +444,8 @@ class _Dashboard:
             verb,
             extra={"job_id": found["id"], "by": request.identity, "done": done},
         )
-        watch = "&refresh=2" if key == "retried" else ""
-        return redirect(f"/jobs/{found['id']}?notice={key}{watch}")
+        watch = {"refresh": 2} if key == "retried" else {}
+        return redirect(self._after(f"/jobs/{found['id']}", request, {"notice": key}, watch))
 
     def retry_matching(self) -> Response[str]:
         """Retry by filter, as `pgdrain retry --failed|--parked [filters]`: first what it would
@@ -462,8 +494,8 @@ class _Dashboard:
         shown = {"queue": filters["queue"], "kind": filters["kind"], "since": since}
         query = {k: v for k, v in shown.items() if v} | {"status": filters["status"]}
         held = sum(r.held_by is not None for r in matched)
-        counts = {"notice": "bulk-retried", "retried": retried, "held": held}
-        return redirect("/jobs?" + urlencode(query | counts))
+        counts = {"notice": "bulk-retried", "retried": str(retried), "held": str(held)}
+        return redirect(self._after("/jobs", request, counts, query))
 
     def _retry_preview(
         self,

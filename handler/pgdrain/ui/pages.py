@@ -25,7 +25,8 @@ from pgdrain.ui.html import (
     url,
 )
 
-# What an action's redirect may say on the page it lands on: a fixed set, never reflected text.
+# What an action's redirect may say on the page it lands on: a fixed set, never reflected text,
+# shown only under the seal the action issued (app._Dashboard._after).
 NOTICES = {
     "retried": "Queued again: a run will pick it up (the page refreshes while it waits).",
     "retried-after-lease": "Queued again, to run when the lease of the attempt cancelled while "
