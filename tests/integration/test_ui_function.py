@@ -415,6 +415,32 @@ def test_a_notice_shows_only_as_the_action_sealed_it(db_url: str, conn: Conn, se
         assert shown is (sealed and target == location), target
 
 
+def test_a_second_cancel_says_the_job_was_already_cancelled(db_url: str, conn: Conn) -> None:
+    job_id = enqueue(conn, "k")
+    function = dashboard_function(db_url)
+    form = f"confirm=1&token={_token(function, job_id)}"
+    for notice in ("cancelled", "already-cancelled"):  # the second: from a page left open
+        answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/cancel", form), None)
+        assert _unsealed(answer) == f"/jobs/{job_id}?notice={notice}"
+    page = function.resolve(dashboard_event("GET", answer["headers"]["Location"]), None)
+    assert html.escape(NOTICES["already-cancelled"], quote=False) in page["body"]
+
+
+@pytest.mark.parametrize(("verb", "status"), [("retry", "queued"), ("cancel", "failed")])
+def test_an_action_the_jobs_state_does_not_allow_is_not_offered(
+    db_url: str, conn: Conn, verb: str, status: str
+) -> None:
+    """A red team's report: the retry of a queued job was asked for, as if it could be."""
+    job_id = _failed(conn) if status == "failed" else enqueue(conn, "k")
+    function = dashboard_function(db_url)
+    tokens = lambda_entry.config_from_env({"PGDRAIN_UI_SECRET": SECRET}).tokens
+    form = f"token={tokens.issue(ADA)}"
+    answer = function.resolve(dashboard_event("POST", f"/jobs/{job_id}/{verb}", form), None)
+    assert answer["statusCode"] == 409
+    assert f"job {job_id} is {status}: only a" in answer["body"]
+    assert "Yes, " not in answer["body"]
+
+
 def test_the_function_offers_no_action_unless_asked(db_url: str, conn: Conn) -> None:
     job_id = _failed(conn)
     function = dashboard_function(db_url, actions=False)

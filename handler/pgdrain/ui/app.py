@@ -425,7 +425,15 @@ class _Dashboard:
             raise Refused(404, "No such action.")
         token = self._check_post(request)
         found = self._find(job_id)
+        status = found.get("status")
         if request.arg("confirm") != "1":
+            allowed = pages.RETRYABLE if verb == "retry" else pages.CANCELLABLE
+            if status not in allowed:  # asked from a page older than the job's state
+                raise Refused(
+                    409,
+                    f"job {found['id']} is {status}: only a {', '.join(allowed[:-1])} or "
+                    f"{allowed[-1]} job can be {'retried' if verb == 'retry' else 'cancelled'}",
+                )
             title = f"{verb.capitalize()} job {found['id']}?"
             return html_response(200, title, pages.confirm_page(found, verb, token), active="/jobs")
         with self._connect() as conn:
@@ -439,6 +447,8 @@ class _Dashboard:
             else:
                 done = bool(store.job_cancel(conn, [found["id"]]))
                 key = "cancelled" if done else "not-cancelled"
+                if not done and status == "cancelled":
+                    key = "already-cancelled"
         log.info(
             "dashboard %s",
             verb,

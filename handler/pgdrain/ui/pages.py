@@ -37,6 +37,7 @@ NOTICES = {
     "not-retried-dependency": "Not retried: a job it depends on failed, was cancelled or is no "
     "longer kept, so it would never run.",
     "not-cancelled": "Not cancelled: it had already finished.",
+    "already-cancelled": "Not cancelled: it was already cancelled.",
     "paused": "Paused: no run claims its jobs; its kicks are recorded and held until it is "
     "resumed.",
     "resumed": "Resumed: runs claim its jobs again.",
