@@ -268,6 +268,17 @@ def test_a_local_request_becomes_the_event_lambda_would_hand_over() -> None:
     assert request.identity == "local"
 
 
+@pytest.mark.parametrize(
+    ("target", "path", "query"),
+    [("//jobs", "//jobs", ""), ("//evil.example/x?a=1", "//evil.example/x", "a=1"), ("/", "/", "")],
+)
+def test_a_local_request_target_is_a_path_never_a_host(target: str, path: str, query: str) -> None:
+    """A red team's report: `GET //jobs` served the queues page (`jobs` read as a host)."""
+    event = local.to_event("GET", target, {"Host": "127.0.0.1:8080"}, b"", "127.0.0.1")
+    assert (event["rawPath"], event["rawQueryString"]) == (path, query)
+    assert event["requestContext"]["http"]["path"] == path
+
+
 def test_the_caller_on_aws_is_the_iam_principal() -> None:
     event = local.to_event("GET", "/", {}, b"", "1.2.3.4")
     event["requestContext"]["authorizer"] = {"iam": {"userArn": "arn:aws:iam::1:user/ada"}}

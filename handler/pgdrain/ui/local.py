@@ -36,7 +36,8 @@ def to_event(
     method: str, target: str, headers: dict[str, str], body: bytes, client: str
 ) -> dict[str, Any]:
     """An HTTP request as a Lambda Function URL event (payload format 2.0)."""
-    parts = urlsplit(target)
+    # A path, never a URL: urlsplit("//jobs") would read "jobs" as a host.
+    parts = urlsplit("http://local" + target if target.startswith("/") else target)
     now = dt.datetime.now(dt.UTC)
     lowered = {k.lower(): v for k, v in headers.items()}
     return {
