@@ -333,6 +333,30 @@ def test_an_enqueue_into_a_sequence_from_a_snapshot_older_than_its_last_finish(
             assert ran == [head]
 
 
+RETRY_IN_ID_ORDER = (
+    "IF current_setting('pgdrain.queued_again', true) = 'on' THEN\n                -- Queued again"
+)
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["in-id-order", "control-as-read"])
+def test_a_retry_of_a_sequences_jobs_puts_them_back_in_id_order(conn: Conn, ordered: bool) -> None:
+    """A red team's report: `pgdrain retry 1 2 3` of a sequence's jobs queued the one its
+    statement read first (3, the first to finish), and the sequence ran 3, 1, 2."""
+    if not ordered:  # jobs_flow_enqueued as before migration 0041
+        _enqueue_function_without(
+            conn, RETRY_IN_ID_ORDER, "IF false THEN\n                -- Queued again"
+        )
+    first, second, third = (enqueue(conn, "step", sequence="k") for _ in range(3))
+    for job in (third, first, second):  # each cancelled in turn: 3 (waiting), 1, then 2
+        store.job_cancel(conn, [job])
+    store.job_retry(conn, [first, second, third])
+    statuses = {j: job_row(conn, j)["status"] for j in (first, second, third)}
+    if ordered:
+        assert statuses == {first: "queued", second: "waiting", third: "waiting"}
+    else:
+        assert statuses == {first: "waiting", second: "waiting", third: "queued"}
+
+
 @pytest.mark.parametrize("kept", [True, False], ids=["keeps-its-delay", "control-at-now"])
 @pytest.mark.parametrize("flow", ["sequence", "dependency"])
 def test_a_delayed_job_released_by_its_flow_keeps_its_delay(
