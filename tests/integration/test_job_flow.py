@@ -227,7 +227,7 @@ def _released_at_now(conn: Conn) -> None:
     """jobs_flow_finished as it was before migration 0031: the job it releases queued at now()."""
     text = _function_text(conn)
     for kept in (
-        "greatest(j.run_at, now(), NEW.cancelled_lease_expires_at)",  # migration 0034
+        "greatest(j.run_at, now(), held_until)",  # migrations 0034, 0042
         "greatest(d.run_at, now())",
     ):
         assert text.count(kept) == 1
@@ -331,6 +331,31 @@ def test_an_enqueue_into_a_sequence_from_a_snapshot_older_than_its_last_finish(
             run(db_url)
             assert job_row(conn, following)["status"] == "waiting"  # for good
             assert ran == [head]
+
+
+@pytest.mark.parametrize("carried", [True, False], ids=["carried", "control-dropped"])
+def test_a_sequences_kept_lease_outlives_a_cancel_of_the_job_behind_it(
+    conn: Conn, carried: bool
+) -> None:
+    """A review's finding: the lease of a sequence's last job, cancelled while it ran, was kept
+    for the next job enqueued (0038), but cancelling that job released the one behind it at
+    once, beside the cancelled job's code. Migration 0042 carries the kept lease on."""
+    if not carried:  # jobs_flow_finished as 0038 made it: the row's lease not read
+        text = _function_text(conn)
+        kept = "RETURNING s.lease_until INTO held_until;"
+        assert text.count(kept) == 1
+        conn.execute(text.replace(kept, ";").encode())
+    head = enqueue(conn, "step", sequence="s1")
+    [claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    assert claimed.id == head
+    lease_end = job_row(conn, head)["lease_expires_at"]
+    store.job_cancel(conn, [head])
+    queued_behind = enqueue(conn, "step", sequence="s1")
+    assert job_row(conn, queued_behind)["run_at"] == lease_end
+    after_it = enqueue(conn, "step", sequence="s1")
+    store.job_cancel(conn, [queued_behind])
+    run_at = job_row(conn, after_it)["run_at"]
+    assert (run_at == lease_end) is carried
 
 
 RETRY_IN_ID_ORDER = (

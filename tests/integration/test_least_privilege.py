@@ -23,7 +23,7 @@ from psycopg import sql
 
 import jobs as example_jobs
 from helpers.fixtures import claim_batch, job_row, wait_for
-from pgdrain import Budget, Settings, build_job, drain, enqueue
+from pgdrain import Budget, Settings, build_job, drain, enqueue, pause_queue, resume_queue
 from pgdrain.db import store
 from pgdrain.db.migrate import MigrationLocked, migrate
 
@@ -249,6 +249,9 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
         assert store.queue_depth_held_statement(["default"]).run(worker).ready == 1
         [recounted] = store.queue_limit_recount_statement(["default"]).run(worker)
         assert (recounted.was, recounted.running) == (2, 0)
+        # `pgdrain pause` and resume on the function's role (migrations 0039, 0042).
+        assert pause_queue(worker, "default") is not None
+        assert resume_queue(worker, "default") is True
 
 
 @pytest.mark.parametrize("regranted", [True, False], ids=["by-0019", "control: not granted"])

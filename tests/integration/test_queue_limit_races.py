@@ -34,7 +34,7 @@ from pgdrain.aws.wake import Waker
 from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.db.sql import migrations, query
-from pgdrain.db.store import operator_commands
+from pgdrain.db.store import control_plane, operator_commands
 from pgdrain.runner.drain import drain_with
 
 Conn = psycopg.Connection[Any]
@@ -414,3 +414,33 @@ def test_a_job_cancelled_while_running_holds_its_slot_until_its_lease_ends(
     )
     assert conn.execute(recount, {"queues": [QUEUE]}).fetchall() == [(QUEUE, 1, 0)]
     assert len(_claim(conn, 1)) == 1
+
+
+@pytest.mark.parametrize("woken", [True, False], ids=["woken-at-the-lease", "control-not-woken"])
+def test_a_run_wakes_when_a_cancelled_jobs_slot_comes_back(
+    conn: Conn, woken: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review's finding: the slot a job cancelled while running holds came back only at a
+    run's recount, and the exit check woke no run for the lease's end: a queue limited to 1
+    with a job ready waited for the next kick or the hourly schedule. It wakes then now."""
+    if not woken:  # the exit check as before: leases of running jobs only
+        real = query("run_exit")
+        start = real.index("(SELECT min(f.cancelled_lease_expires_at)")
+        end = real.index(") AS due_at")
+        before = real[:start].rstrip().rstrip(",") + "\n"
+        monkeypatch.setattr(
+            control_plane,
+            "query",
+            lambda name: before + real[end:] if name == "run_exit" else query(name),
+        )
+    _sync(conn)
+    _enqueue(conn, 2)
+    [first] = _claim(conn, 1)
+    store.job_cancel(conn, [first.id])
+    lease_end = conn.execute(
+        "SELECT cancelled_lease_expires_at FROM pgdrain.finished_jobs WHERE id = %s", (first.id,)
+    ).fetchone()
+    assert lease_end is not None
+    check = store.run_exit(conn, "a-run", [QUEUE])
+    assert check.ready is False  # the slot is held
+    assert (check.due_at == lease_end[0]) is woken

@@ -51,7 +51,8 @@ class LimitRecount:
         corrected = later.value()
         for row in corrected:
             log.warning(
-                "a queue limit's running count had drifted: recounted",
+                "a queue limit's running count had drifted, or a job cancelled while it ran "
+                "has reached its lease's end: recounted",
                 extra={"queue": row.queue, "counted": row.was, "running": row.running},
             )
         return corrected

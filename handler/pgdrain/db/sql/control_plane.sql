@@ -507,7 +507,14 @@ WITH kick AS MATERIALIZED (
                -- from the floor, as the reclaim (migration 0024)
                AND lease_expires_at >= coalesce((SELECT f.at FROM pgdrain.lease_floor AS f),
                                                 '-infinity')
-               AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])))
+               AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))),
+            -- A job cancelled while it ran holds its slot of its queue's limit until its lease
+            -- ends (migration 0040): then a run's recount gives the slot back.
+            (SELECT min(f.cancelled_lease_expires_at) FROM pgdrain.finished_jobs AS f
+             WHERE f.status = 'cancelled' AND f.cancelled_lease_expires_at > now()
+               AND (%(queues)s::text[] IS NULL OR f.queue = ANY(%(queues)s::text[]))
+               AND EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l
+                           WHERE l.queue = f.queue AND l.max_running IS NOT NULL))
         ) AS due_at
 ), decided AS MATERIALIZED (
     SELECT NOT %(may_stay)s::boolean

@@ -65,6 +65,10 @@ GRANT EXECUTE ON FUNCTION pgdrain.finished_jobs_partition_ensure(date, date),
 GRANT SELECT, INSERT, UPDATE ON pgdrain.periodic_slots TO pgdrain_worker;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.runs, pgdrain.wakes, pgdrain.queue_limits
     TO pgdrain_worker;
+-- Pause and resume (`pgdrain pause`, pgdrain.pause_queue from a job) write queue_limits as the
+-- schema's owner (migration 0039).
+GRANT EXECUTE ON FUNCTION pgdrain.queue_pause(text), pgdrain.queue_resume(text)
+    TO pgdrain_worker;
 GRANT SELECT, UPDATE ON pgdrain.run_gate TO pgdrain_worker;
 -- The run history (migration 0019): a run's exit writes its line (ON CONFLICT reads the key),
 -- retention deletes old ones. No UPDATE: a line is never changed.

@@ -492,10 +492,11 @@ def _cancelling(
             if all(r[-1] for r in rows):
                 job_cancel_mark(conn, False)
                 return cancelled
-    raise CancelContended(
-        f"cancel gave up after {CANCEL_TRIES} tries: the jobs it was cancelling kept changing "
-        "under it (claimed, queued again); nothing was changed, run it again"
-    )
+        # Raised inside the block: what the tries cancelled is undone with it.
+        raise CancelContended(
+            f"cancel gave up after {CANCEL_TRIES} tries: the jobs it was cancelling kept "
+            "changing under it (claimed, queued again); nothing was changed, run it again"
+        )
 
 
 @dataclass(frozen=True)

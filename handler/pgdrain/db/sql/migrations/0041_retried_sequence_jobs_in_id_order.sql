@@ -4,8 +4,8 @@
 -- them (here 3, then 1 and 2): the first became queued and the others waited behind it, so the
 -- sequence ran 3, 1, 2 (found by a red team). A sequence runs in enqueue order: now a job queued
 -- again by a retry (pgdrain.queued_again, migration 0029) takes the place of a job of its
--- sequence after it that is queued and not started, which waits behind it instead. An enqueue
--- never does this: its job is the sequence's newest. One function: a catalog change only.
+-- sequence after it that the same retry queued, not started, which waits behind it instead.
+-- A job queued before the retry keeps its place. One function: a catalog change only.
 
 CREATE OR REPLACE FUNCTION pgdrain.jobs_flow_enqueued() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -41,10 +41,12 @@ BEGIN
             END IF;
             IF current_setting('pgdrain.queued_again', true) = 'on' THEN
                 -- Queued again by `pgdrain retry`, which reaches the jobs it retries in no set
-                -- order: back in id order. A job of the sequence after it, queued and not
-                -- started (none running or parked), waits behind it instead.
+                -- order: back in id order. A job of the sequence after it that this retry
+                -- queued (in this transaction) and none started waits behind it instead. A job
+                -- queued before the retry keeps its place: the retried one waits behind it.
                 UPDATE pgdrain.active_jobs AS j SET status = 'waiting', updated_at = now()
                 WHERE j.sequence = NEW.sequence AND j.status = 'queued' AND j.id > NEW.id
+                  AND j.updated_at = now()
                   AND NOT EXISTS (SELECT 1 FROM pgdrain.active_jobs AS r
                                   WHERE r.sequence = NEW.sequence
                                     AND r.status IN ('running', 'parked'));

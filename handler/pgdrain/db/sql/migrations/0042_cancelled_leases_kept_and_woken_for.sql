@@ -1,0 +1,120 @@
+-- pgdrain 0042: what a review of 0038-0040 found.
+--
+-- - A sequence kept the lease of its last job cancelled while running (0038) only until the
+--   next job of it finished: cancelling the job queued behind that lease released the one after
+--   it at once, beside the cancelled job's code, and dropped the lease. A finish now carries the
+--   sequence's kept lease forward, as it does its own (jobs_flow_finished).
+-- - The slot of a limit that a job cancelled while running holds (0040) came back only with a
+--   run's recount, and no run was woken for the lease's end: the drain's exit check now wakes
+--   for it (control_plane.sql run_exit), and this index finds those leases, for that check and
+--   for pgdrain.queue_running, without walking the queue's cancelled history.
+-- - pgdrain_worker paused and resumed through its grants on queue_limits; 0039 made the two
+--   functions run as the owner and granted them only to the dashboard: the worker's role is
+--   granted them again (worker_role.sql too).
+-- An index on the history's failed and cancelled jobs (those a cancel cut short only), a
+-- function and grants.
+
+CREATE INDEX IF NOT EXISTS finished_jobs_cancelled_lease_idx
+    ON pgdrain.finished_jobs_failed (cancelled_lease_expires_at)
+    WHERE cancelled_lease_expires_at IS NOT NULL;
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pgdrain_worker') THEN
+        GRANT EXECUTE ON FUNCTION pgdrain.queue_pause(text), pgdrain.queue_resume(text)
+            TO pgdrain_worker;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgdrain.jobs_flow_finished() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    made_ready text[] := '{}';  -- the queues of the jobs made ready
+    n bigint;
+    held_until timestamptz;
+BEGIN
+    IF NEW.sequence IS NOT NULL THEN
+        INSERT INTO pgdrain.sequences AS s (sequence) VALUES (NEW.sequence)
+        ON CONFLICT (sequence) DO UPDATE SET touched_at = now()
+        RETURNING s.lease_until INTO held_until;
+        -- The lease of a job of the sequence cancelled while it ran, this one or one before it
+        -- (migration 0038): its code may run until then, so the next job waits for it.
+        -- greatest() passes over NULL: none cancelled while running.
+        held_until := greatest(held_until, NEW.cancelled_lease_expires_at);
+        IF NOT EXISTS (SELECT 1 FROM pgdrain.active_jobs AS j
+                       WHERE j.sequence = NEW.sequence
+                         AND j.status IN ('queued', 'running', 'parked')) THEN
+            WITH promoted AS (
+                UPDATE pgdrain.active_jobs AS j
+                SET status = 'queued',
+                    run_at = greatest(j.run_at, now(), held_until),
+                    updated_at = now()
+                WHERE j.id = (SELECT w.id FROM pgdrain.active_jobs AS w
+                              WHERE w.sequence = NEW.sequence AND w.status = 'waiting'
+                              ORDER BY w.id LIMIT 1)
+                RETURNING j.queue, j.run_at <= now() AS ready
+            )
+            SELECT count(*),
+                   made_ready || coalesce(array_agg(p.queue) FILTER (WHERE p.ready), '{}')
+            INTO n, made_ready
+            FROM promoted AS p;
+            IF n = 0 AND held_until > now() THEN
+                -- Kept, with the lease's end: the next job enqueued into it waits for that.
+                UPDATE pgdrain.sequences AS s SET lease_until = held_until
+                WHERE s.sequence = NEW.sequence;
+            ELSIF n = 0 THEN
+                DELETE FROM pgdrain.sequences AS s WHERE s.sequence = NEW.sequence;
+            END IF;
+        END IF;
+    END IF;
+    IF NEW.has_dependents AND NEW.status = 'done' THEN
+        -- Lock the dependents first, then look at their other dependencies in a statement
+        -- of its own: a concurrent finish of another of them has then committed, or waits.
+        PERFORM 1 FROM pgdrain.active_jobs AS d
+        WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting'
+        ORDER BY d.id
+        FOR UPDATE;
+        -- All dependencies done: none unfinished, none finished otherwise.
+        WITH promoted AS (
+            UPDATE pgdrain.active_jobs AS d
+            SET status = 'queued', run_at = greatest(d.run_at, now()), updated_at = now()
+            WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting'
+              AND NOT EXISTS (SELECT 1 FROM pgdrain.active_jobs AS x
+                              WHERE x.id = ANY(d.depends_on))
+              AND NOT EXISTS (SELECT 1 FROM pgdrain.finished_jobs AS x
+                              WHERE x.id = ANY(d.depends_on) AND x.status <> 'done')
+            RETURNING d.queue, d.run_at <= now() AS ready
+        )
+        SELECT made_ready || coalesce(array_agg(p.queue) FILTER (WHERE p.ready), '{}')
+        INTO made_ready
+        FROM promoted AS p;
+    ELSIF NEW.has_dependents THEN
+        WITH ended AS (
+            DELETE FROM pgdrain.active_jobs AS d
+            WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting'
+            RETURNING d.*
+        )
+        INSERT INTO pgdrain.finished_jobs
+            (id, queue, kind, payload, status, priority, run_at, attempts, max_attempts,
+             recovery_policy, reclaim_count, idempotency_key, last_error, created_at,
+             updated_at, finished_at, completed_token, errors, sequence, depends_on,
+             has_dependents, output, progress)
+        SELECT d.id, d.queue, d.kind, d.payload, 'cancelled', d.priority, d.run_at, d.attempts,
+               d.max_attempts, d.recovery_policy, d.reclaim_count, d.idempotency_key,
+               'cancelled: job ' || NEW.id || ', which it depends on, '
+               || CASE NEW.status WHEN 'failed' THEN 'failed' ELSE 'was cancelled' END,
+               d.created_at, now(), now(), d.completed_token, d.errors, d.sequence,
+               d.depends_on, d.has_dependents, d.output, d.progress
+        FROM ended AS d;
+    END IF;
+    IF cardinality(made_ready) > 0 THEN  -- DETAIL: their queues (a name holds no comma)
+        RAISE NOTICE 'pgdrain: jobs made ready'
+            USING DETAIL = array_to_string(ARRAY(SELECT DISTINCT q FROM unnest(made_ready) AS q
+                                                 ORDER BY q), ',');
+    END IF;
+    RETURN NULL;
+END
+$$;
+-- CREATE OR REPLACE sets the function's settings anew: the NOTICE still reaches the run.
+ALTER FUNCTION pgdrain.jobs_flow_finished() SET client_min_messages = 'notice';
