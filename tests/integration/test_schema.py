@@ -215,6 +215,8 @@ FINISHED_INDEXES = {
     "finished_jobs_queue_idx": "stats' bounded counts; lists of one finished status, by id",
     "finished_jobs_failed_finished_idx": "retention of failed and cancelled jobs, by age",
     "finished_jobs_done_finished_idx": "done jobs by age (BRIN: costs a completion nothing)",
+    # Partial: only the rows of jobs a cancel cut short (migration 0042).
+    "finished_jobs_cancelled_lease_idx": "leases of jobs cancelled while running (limits' slots)",
 }
 
 
