@@ -271,6 +271,16 @@ def _enqueue_function_without(conn: Conn, part: str, instead: str = "") -> None:
     conn.execute(text.replace(part, instead).encode())
 
 
+def _cancel_a_running_head(conn: Conn, sequence: str) -> dt.datetime:
+    """A sequence's only job, claimed then cancelled while it runs; its lease's end."""
+    head = enqueue(conn, "step", sequence=sequence)
+    [claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    assert claimed.id == head
+    lease_end: dt.datetime = job_row(conn, head)["lease_expires_at"]
+    store.job_cancel(conn, [head])
+    return lease_end
+
+
 LEASE_WAIT = (
     "(SELECT s.lease_until FROM pgdrain.sequences AS s\n"
     "                                                WHERE s.sequence = NEW.sequence)"
@@ -286,11 +296,7 @@ def test_a_job_enqueued_after_its_sequences_last_job_was_cancelled_running_waits
     Migration 0038 queues it for the end of that lease."""
     if not waits:  # jobs_flow_enqueued as before migration 0038
         _enqueue_function_without(conn, LEASE_WAIT, "NULL")
-    head = enqueue(conn, "step", sequence="s1")
-    [claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
-    assert claimed.id == head
-    lease_end = job_row(conn, head)["lease_expires_at"]
-    store.job_cancel(conn, [head])
+    lease_end = _cancel_a_running_head(conn, "s1")
     following = enqueue(conn, "step", sequence="s1")
     again = claim_batch(conn, ["default"], 1, "another-run", 300.0, None)
     if waits:
@@ -345,11 +351,7 @@ def test_a_sequences_kept_lease_outlives_a_cancel_of_the_job_behind_it(
         kept = "RETURNING s.lease_until INTO held_until;"
         assert text.count(kept) == 1
         conn.execute(text.replace(kept, ";").encode())
-    head = enqueue(conn, "step", sequence="s1")
-    [claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
-    assert claimed.id == head
-    lease_end = job_row(conn, head)["lease_expires_at"]
-    store.job_cancel(conn, [head])
+    lease_end = _cancel_a_running_head(conn, "s1")
     queued_behind = enqueue(conn, "step", sequence="s1")
     assert job_row(conn, queued_behind)["run_at"] == lease_end
     after_it = enqueue(conn, "step", sequence="s1")

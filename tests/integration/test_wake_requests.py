@@ -234,6 +234,13 @@ def test_control_without_the_cap_one_waker_creates_many(settings: Settings, sche
     assert _schedules(scheduler) == 5
 
 
+def _spied_function() -> tuple[InvokeSpy, Any]:
+    """The drain function, and a Lambda client whose invocations the spy keeps."""
+    create_function()
+    spy = InvokeSpy()
+    return spy, spy.attach(lambda_client(REGION))
+
+
 def _kick_a_delayed_job_whose_request_cannot_reach_the_database(
     conn: Conn, monkeypatch: pytest.MonkeyPatch, client: Any, spy: InvokeSpy
 ) -> None:
@@ -268,9 +275,7 @@ def test_a_request_that_never_took_up_its_wake_up_holds_the_next_kicks_briefly(
     """The reservation the request did not take up holds WAKE_HOLD_SECONDS (the database's
     clock moved past it here): the next kick makes the wake-up again, and its request creates
     the schedule."""
-    create_function()
-    spy = InvokeSpy()
-    client = spy.attach(lambda_client(REGION))
+    spy, client = _spied_function()
     _kick_a_delayed_job_whose_request_cannot_reach_the_database(conn, monkeypatch, client, spy)
     state = conn.execute("SELECT state FROM pgdrain.wakes").fetchone()
     assert state == ("creating",)
@@ -292,9 +297,7 @@ def test_control_a_wake_up_recorded_created_by_the_kick_strands_the_jobs(
     """The control: the same timeline with the kick's wake-up recorded created, as a kick did
     before: every later kick trusts it (`covered`), no schedule exists, and the jobs wait for
     the hourly schedule (a red team's finding)."""
-    create_function()
-    spy = InvokeSpy()
-    client = spy.attach(lambda_client(REGION))
+    spy, client = _spied_function()
     _kick_a_delayed_job_whose_request_cannot_reach_the_database(conn, monkeypatch, client, spy)
     conn.execute("UPDATE pgdrain.wakes SET state = 'created'")
     conn.execute("UPDATE pgdrain.wakes SET reserved_until = now() - interval '1 second'")
