@@ -647,6 +647,18 @@ def test_progress_is_written_with_the_heartbeat_while_the_job_runs(db_url: str, 
     assert job_row(conn, job_id)["status"] == "done"
 
 
+@pytest.mark.parametrize("bad", ["1", 1.0, True, None])
+def test_job_state_refuses_an_id_that_is_not_a_whole_number(conn: Conn, bad: object) -> None:
+    enqueue(conn, "nothing")  # job 1 exists: "1" read as "no such job" would mislead
+    with pytest.raises(BadInput, match="job_id must be a whole number"):
+        job_state(conn, bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("job_id", [0, -1, 2**63, 10**30])
+def test_job_state_of_an_id_no_job_can_have_is_none(conn: Conn, job_id: int) -> None:
+    assert job_state(conn, job_id) is None
+
+
 def test_a_job_without_output_records_none(db_url: str, conn: Conn) -> None:
     job_id = enqueue(conn, "nothing")
     assert run(db_url).done == 1

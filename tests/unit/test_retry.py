@@ -39,3 +39,18 @@ def test_policy_validates_itself() -> None:
         RetryPolicy(base_seconds=10, cap_seconds=5)
     with pytest.raises(ValueError, match="jitter"):
         RetryPolicy(jitter=2)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"base_seconds": float("nan")},
+        {"cap_seconds": float("nan")},
+        {"cap_seconds": float("inf")},
+        {"jitter": float("nan")},
+    ],
+)
+def test_policy_refuses_numbers_that_are_not_finite(fields: dict[str, float]) -> None:
+    # A NaN passes `<` checks as False: a NaN cap made every delay 0, an immediate retry.
+    with pytest.raises(ValueError, match="finite"):
+        RetryPolicy(**fields)

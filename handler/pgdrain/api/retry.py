@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ class RetryPolicy:
     jitter: float = JITTER_FRACTION
 
     def __post_init__(self) -> None:
+        # NaN passes every comparison below as False: a NaN cap made every delay 0.
+        if not all(math.isfinite(v) for v in (self.base_seconds, self.cap_seconds, self.jitter)):
+            raise ValueError("base_seconds, cap_seconds and jitter must be finite numbers")
         if self.base_seconds < 0:
             raise ValueError("base_seconds must not be negative")
         if self.cap_seconds < self.base_seconds:

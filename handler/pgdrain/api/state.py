@@ -7,6 +7,10 @@ from typing import Any
 
 from pgdrain.api.enqueue import check_connection
 from pgdrain.db import store
+from pgdrain.errors import BadInput
+
+# A job's id is a bigint (pgdrain.jobs.id).
+MAX_JOB_ID = 2**63 - 1
 
 
 def job_state(conn: store.Connection, job_id: int) -> dict[str, Any] | None:
@@ -16,4 +20,10 @@ def job_state(conn: store.Connection, job_id: int) -> dict[str, Any] | None:
     than 64 levels, an integer past 4300 digits) is its JSON text, and `undecoded` maps its
     field to why."""
     check_connection(conn, "job_state", "on another driver, open a psycopg 3 connection for it")
+    # "1" would be sent as text and match nothing: a caller passing a request's string would
+    # read "no such job" for a job that exists.
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise BadInput(f"job_id must be a whole number (got {type(job_id).__name__})")
+    if not 1 <= job_id <= MAX_JOB_ID:
+        return None  # no job has such an id
     return store.job_show(conn, job_id)
