@@ -725,3 +725,28 @@ def test_a_role_whose_triggers_do_not_fire_is_refused_in_one_line(
     assert run.code == EXIT_BAD_INPUT
     assert "session_replication_role is 'replica'" in only_line(run.err)
     assert _status(conn, job_id) == "queued"
+
+
+# -- a drain that leaves jobs at their queue's limits -------------------------------------------
+
+
+@pytest.mark.parametrize("limited", [True, False])
+def test_a_drain_names_the_ready_jobs_a_used_up_rate_holds_back(
+    conn: Conn, db_url: str, limited: bool
+) -> None:
+    ids = [enqueue(conn, "ok", queue="alpha") for _ in range(5)]
+    limits = {"PGDRAIN_QUEUE_LIMITS": "alpha=2/1h"} if limited else {}
+    run = pgdrain(db_url, "drain", "--budget", "30", **limits)
+    assert run.code == EXIT_OK, run.err
+    first, *rest = run.out.splitlines()
+    assert "stopped: empty" in first  # nothing more it may claim now
+    done = sum(_status(conn, i) == "done" for i in ids)
+    if limited:
+        assert done == 2
+        assert rest == [
+            "held by limits: 3 ready jobs in alpha (rate 2 per 3600s used up) "
+            "(PGDRAIN_QUEUE_LIMITS; the next run, or `pgdrain worker`, claims them when a slot "
+            "or window frees)"
+        ]
+    else:  # control: without the limit the same drain leaves nothing, and says nothing more
+        assert (done, rest) == (5, [])

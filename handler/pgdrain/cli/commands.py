@@ -30,6 +30,8 @@ from pgdrain.api.registry import Registry, load_registry
 from pgdrain.budget import Budget
 from pgdrain.cli import embedded
 from pgdrain.cli.report import (
+    at_limit,
+    format_held,
     format_job,
     format_jobs,
     format_kick,
@@ -56,6 +58,7 @@ from pgdrain.settings import (
     QUEUE_NAME,
     Settings,
     parse_queues,
+    serves,
 )
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
@@ -557,12 +560,33 @@ def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(result.as_dict()))
     else:
         print(format_result(result))
+        if result.stop_reason == "empty" and (held := _held_by_limits(settings)):
+            print(held)
     if (code := exit_code(stop)) is not None:
         return code
     if result.stop_reason != "error":
         return EXIT_OK
     # Settings that cannot work (credentials, host, sslmode...) are bad input, not an outage.
     return EXIT_BAD_INPUT if result.error_kind in CONFIG_ERROR_KINDS else EXIT_FAILURE
+
+
+def _held_by_limits(settings: Settings) -> str | None:
+    """After a drain that found nothing more to claim: the line naming the queues it serves
+    whose ready jobs a concurrency limit or a used-up rate window holds back ("empty" alone
+    would read as drained). None when there are none, or the database cannot be read now."""
+    try:
+        with _connect(settings) as conn:
+            limits = [
+                q
+                for q in store.queue_limit_list(conn)
+                if serves(settings.queues, q.queue) and q.paused_at is None and at_limit(q)
+            ]
+            if not limits:  # the common case: one read of the small queue_limits table
+                return None
+            ready = {r.queue: r.ready for r in store.queue_stats(conn)}
+    except (PgdrainError, psycopg.Error):
+        return None  # the summary above is the drain's answer; this line is a hint
+    return format_held(limits, ready)
 
 
 def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:

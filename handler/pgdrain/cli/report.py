@@ -130,6 +130,36 @@ def format_stats(
     return "\n".join(lines)
 
 
+def at_limit(limits: store.QueueLimitRow) -> bool:
+    """The queue's concurrency limit is reached, or its rate window's starts are used up."""
+    full = limits.max_running is not None and limits.running >= limits.max_running
+    used_up = limits.rate_limit is not None and limits.window_started >= limits.rate_limit
+    return full or used_up
+
+
+def format_held(limits: Sequence[store.QueueLimitRow], ready: Mapping[str, int]) -> str | None:
+    """The line a drain ends with when queues it serves hold ready jobs back at their limits:
+    "held by limits: 40 ready jobs in emails (rate 10 per 60s used up)". None if none do."""
+    parts = []
+    for q in limits:
+        if not ready.get(q.queue):
+            continue
+        why = []
+        if q.max_running is not None and q.running >= q.max_running:
+            why.append(f"{q.running} running of {q.max_running}")
+        if q.rate_limit is not None and q.window_started >= q.rate_limit:
+            why.append(f"rate {q.rate_limit} per {q.rate_seconds}s used up")
+        parts.append(
+            f"{plural(ready[q.queue], 'ready job')} in {printable(q.queue)} ({', '.join(why)})"
+        )
+    if not parts:
+        return None
+    return (
+        f"held by limits: {'; '.join(parts)} (PGDRAIN_QUEUE_LIMITS; the next run, or "
+        "`pgdrain worker`, claims them when a slot or window frees)"
+    )
+
+
 def format_paused(queues: Sequence[str]) -> str:
     """The line `stats`, `jobs` and a drain's summary end with while queues are paused."""
     return f"paused: {', '.join(queues)} (no run claims their jobs; `pgdrain resume QUEUE`)"
