@@ -4,8 +4,10 @@ its budget (beside the control without the limits)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -13,7 +15,7 @@ import pytest
 
 from helpers.fixtures import wait_for
 from helpers.history import day_partition_exists, finish_within_day, make_day_partition
-from helpers.lock_waits import named_waits_on_a_lock
+from helpers.lock_waits import named_waits_on_a_lock, on_a_connection_of_its_own, waits_on_a_lock
 from pgdrain import enqueue
 from pgdrain.budget import Budget
 from pgdrain.controls import Controls
@@ -342,3 +344,98 @@ def _utc_day(conn: Conn, days_from_today: int) -> str:
     ).fetchone()
     assert row is not None
     return str(row[0])
+
+
+MIGRATION_0043 = (
+    Path(sql.__file__).parent / "migrations" / "0043_partition_days_of_24_hours.sql"
+).read_text(encoding="utf-8")
+
+
+def _summer_time_since_yesterday(conn: Conn) -> str:
+    """A POSIX TimeZone (standard time UTC+0) whose summer time began at 00:00 of yesterday
+    (UTC), and ends 200 days on: its one change in a few days' window is that start."""
+    row = conn.execute(
+        "SELECT extract(doy FROM (now() AT TIME ZONE 'UTC')::date - 1)::int - 1"
+    ).fetchone()
+    assert row is not None
+    start = int(row[0])  # the zero-based day of the year, 29 February counted
+    return f"XST0XDT,{start}/0,{(start + 200) % 365}/0"
+
+
+@pytest.mark.parametrize("hours", [True, False], ids=["24-hour-days", "control-calendar-days"])
+def test_a_day_partition_is_kept_its_whole_age_across_a_change_to_summer_time(
+    conn: Conn, hours: bool
+) -> None:
+    """A red team's finding: the drop counted `done_days * interval '1 day'` in the session's
+    TimeZone, 23 hours for the day summer time begins, so a day went an hour before its last
+    jobs reached the age. The day three days ago ended two days ago at 00:00 UTC; the age is
+    30 minutes more than its end's: it stays. The control: 0043's function as 0018 had it."""
+    if not hours:
+        conn.execute(MIGRATION_0043.replace("interval '24 hours'", "interval '1 day'"))
+    make_day_partition(conn, -3)
+    row = conn.execute(
+        "SELECT (extract(epoch FROM now() - ((now() AT TIME ZONE 'UTC')::date - 2)::timestamp"
+        " AT TIME ZONE 'UTC') + 1800) / 86400"
+    ).fetchone()
+    assert row is not None
+    conn.execute("SELECT set_config('TimeZone', %s, false)", (_summer_time_since_yesterday(conn),))
+    conn.execute("SELECT pgdrain.finished_jobs_partition_drop(%s::float8)", (float(row[0]),))
+    assert day_partition_exists(conn, -3) is hours
+
+
+@pytest.mark.parametrize("caught", [True, False], ids=["day-skipped", "control-uncaught"])
+def test_a_completion_into_the_default_partition_meanwhile_skips_only_its_day(
+    db_url: str, conn: Conn, other: Conn, caught: bool
+) -> None:
+    """A red team's finding: today's partition missing, a completion not yet committed in the
+    default partition passed the check before the ATTACH, which waited for it, then found its
+    row and failed the whole call: `pgdrain migrate` exited 1, and no later day was made either.
+    The control: the function without its handler of that failure."""
+    if not caught:
+        without = re.sub(
+            r"EXCEPTION WHEN check_violation THEN.*?name;\n",
+            "",
+            MIGRATION_0043,
+            count=1,
+            flags=re.S,
+        )
+        assert without != MIGRATION_0043
+        conn.execute(without)
+    for day in (0, 1, 2):
+        name = f"pgdrain.finished_jobs_{_utc_day(conn, day)}"
+        conn.execute(f"ALTER TABLE pgdrain.finished_jobs_done DETACH PARTITION {name}")
+        conn.execute(f"DROP TABLE {name}")
+    pids: dict[str, int] = {}
+    outcome: list[object] = []
+    with other.transaction():  # a completion, not yet committed: into the default partition
+        other.execute(
+            "INSERT INTO pgdrain.jobs (kind, status, attempts, finished_at)"
+            " VALUES ('k', 'done', 1, now())"
+        )
+        ensure = on_a_connection_of_its_own(
+            db_url,
+            "ensure",
+            lambda c: outcome.append(_ensured_or_error(c)),
+            pids,
+        )
+        wait_for(lambda: waits_on_a_lock(conn, pids.get("ensure", 0)), what="the ATTACH waits")
+    ensure.join(10)
+    if caught:
+        assert outcome == [2]  # tomorrow's and the next day's
+        assert [day_partition_exists(conn, d) for d in (0, 1, 2)] == [False, True, True]
+    else:
+        [error] = outcome
+        assert isinstance(error, psycopg.errors.CheckViolation)
+        assert [day_partition_exists(conn, d) for d in (0, 1, 2)] == [False, False, False]
+
+
+def _ensured_or_error(conn: Conn) -> object:
+    try:
+        row = conn.execute(
+            "SELECT pgdrain.finished_jobs_partition_ensure(d, d + 2)"
+            " FROM (SELECT (now() AT TIME ZONE 'UTC')::date AS d) AS today"
+        ).fetchone()
+    except psycopg.Error as exc:
+        return exc
+    assert row is not None
+    return row[0]

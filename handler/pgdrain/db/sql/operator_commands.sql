@@ -136,7 +136,7 @@ WITH left_behind AS (
         SELECT id FROM pgdrain.active_jobs
         WHERE status IN ('done', 'failed', 'cancelled')
           AND status = ANY(%(statuses)s::text[])
-          AND finished_at < now() - %(days)s * interval '1 day'
+          AND finished_at < now() - %(days)s * interval '24 hours'
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
         LIMIT %(limit)s
     ))
@@ -147,12 +147,12 @@ WITH left_behind AS (
     WHERE id = ANY(ARRAY(
         SELECT id FROM pgdrain.finished_jobs
         WHERE status = ANY(%(statuses)s::text[])
-          AND finished_at < now() - %(days)s * interval '1 day'
+          AND finished_at < now() - %(days)s * interval '24 hours'
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
         LIMIT %(limit)s
     ))
       AND status = ANY(%(statuses)s::text[])
-      AND finished_at < now() - %(days)s * interval '1 day'
+      AND finished_at < now() - %(days)s * interval '24 hours'
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM left_behind) + (SELECT count(*) FROM finished) AS deleted;
@@ -173,7 +173,7 @@ SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout_ms)s::text, true),
 SELECT count(*) AS jobs
 FROM pgdrain.finished_jobs AS d
 WHERE d.status = 'done'
-  AND d.finished_at < (date_trunc('day', (now() - %(days)s * interval '1 day') AT TIME ZONE 'UTC')
+  AND d.finished_at < (date_trunc('day', (now() - %(days)s * interval '24 hours') AT TIME ZONE 'UTC')
                        AT TIME ZONE 'UTC')
   AND d.tableoid <> 'pgdrain.finished_jobs_done_default'::regclass;
 
@@ -553,7 +553,7 @@ SELECT count(*) AS jobs
 FROM pgdrain.jobs
 WHERE status IN ('done', 'failed', 'cancelled')
   AND status = ANY(%(statuses)s::text[])
-  AND finished_at < now() - %(days)s * interval '1 day'
+  AND finished_at < now() - %(days)s * interval '24 hours'
   AND (%(queue)s::text IS NULL OR queue = %(queue)s::text);
 
 -- name: job_queues :many
