@@ -716,6 +716,52 @@ def test_the_actions_role_changes_a_job_only_as_a_retry_or_a_cancel_does(
         assert (state()[0], state()[2]) == ("done", "queued")  # released, never run
 
 
+def _view_write_of_0033() -> str:
+    """jobs_view_write as migration 0033 made it, before 0044 kept a cancelled lease."""
+    text = (
+        resources.files("pgdrain.db")
+        .joinpath("sql/migrations/0033_cancelled_leases_and_dashboard_writes.sql")
+        .read_text()
+    )
+    start = text.index("CREATE OR REPLACE FUNCTION pgdrain.jobs_view_write()")
+    return text[start : text.index("$$;", start) + 3]
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["by-0044", "control-0033"])
+def test_a_retry_by_hand_of_a_job_cancelled_while_running_waits_for_its_lease(
+    granted: str, conn: Conn, operator: str, kept: bool
+) -> None:
+    """A security review: the actions role's own UPDATE, written as a retry, queued a job
+    cancelled while running for now, beside the attempt whose code may run until its lease
+    ends (`pgdrain retry` waits for it). The control: the view's trigger as 0033 made it."""
+    if not kept:
+        with psycopg.connect(granted, autocommit=True) as owner:
+            owner.execute(_view_write_of_0033().encode())
+    job_id = enqueue(conn, "k")
+    conn.execute(
+        "UPDATE pgdrain.jobs SET status = 'running', attempts = 1, leased_by = 'run-a',"
+        " lease_expires_at = now() + interval '10 minutes', attempt_token = gen_random_uuid(),"
+        " heartbeat_at = now() WHERE id = %s",
+        (job_id,),
+    )
+    with psycopg.connect(_as(granted, operator), autocommit=True) as as_operator:
+        as_operator.execute(
+            "UPDATE pgdrain.jobs SET status = 'cancelled', attempt_token = NULL,"
+            " lease_expires_at = NULL, leased_by = NULL, heartbeat_at = NULL WHERE id = %s",
+            (job_id,),
+        )
+        as_operator.execute(
+            "UPDATE pgdrain.jobs SET status = 'queued', attempts = 0, finished_at = NULL,"
+            " run_at = now() WHERE id = %s",
+            (job_id,),
+        )
+    row = conn.execute(
+        "SELECT status, run_at > now() + interval '9 minutes' FROM pgdrain.jobs WHERE id = %s",
+        (job_id,),
+    ).fetchone()
+    assert row == ("queued", kept)  # the control: claimable at once
+
+
 def test_a_pause_takes_only_a_queue_name_a_job_can_have(granted: str, operator: str) -> None:
     """A security review: a paused queue's name from queue_limits went into the path of the
     dashboard's Resume button, and a name like this one posted elsewhere."""
