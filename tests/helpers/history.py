@@ -5,6 +5,7 @@ whether it is there."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from importlib import resources
 from typing import Any
 
 import psycopg
@@ -39,3 +40,15 @@ def day_partition_exists(conn: Conn, days_from_today: int) -> bool:
         (days_from_today,),
     ).fetchone()
     return row == (True,)
+
+
+def view_write_of_0033() -> str:
+    """pgdrain.jobs_view_write as migration 0033 made it, before 0044 made a job cancelled
+    while running wait for that lease when queued again: the controls' trigger."""
+    text = (
+        resources.files("pgdrain.db")
+        .joinpath("sql/migrations/0033_cancelled_leases_and_dashboard_writes.sql")
+        .read_text()
+    )
+    start = text.index("CREATE OR REPLACE FUNCTION pgdrain.jobs_view_write()")
+    return text[start : text.index("$$;", start) + 3]

@@ -21,6 +21,7 @@ from psycopg import sql
 
 from helpers.dashboard import ADA, SECRET, dashboard_event, dashboard_function
 from helpers.fixtures import UNREADABLE_JSON, job_row, unreadable_job
+from helpers.history import view_write_of_0033
 from pgdrain import enqueue, pause_queue, resume_queue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
@@ -716,17 +717,6 @@ def test_the_actions_role_changes_a_job_only_as_a_retry_or_a_cancel_does(
         assert (state()[0], state()[2]) == ("done", "queued")  # released, never run
 
 
-def _view_write_of_0033() -> str:
-    """jobs_view_write as migration 0033 made it, before 0044 kept a cancelled lease."""
-    text = (
-        resources.files("pgdrain.db")
-        .joinpath("sql/migrations/0033_cancelled_leases_and_dashboard_writes.sql")
-        .read_text()
-    )
-    start = text.index("CREATE OR REPLACE FUNCTION pgdrain.jobs_view_write()")
-    return text[start : text.index("$$;", start) + 3]
-
-
 @pytest.mark.parametrize("kept", [True, False], ids=["by-0044", "control-0033"])
 def test_a_retry_by_hand_of_a_job_cancelled_while_running_waits_for_its_lease(
     granted: str, conn: Conn, operator: str, kept: bool
@@ -736,7 +726,7 @@ def test_a_retry_by_hand_of_a_job_cancelled_while_running_waits_for_its_lease(
     ends (`pgdrain retry` waits for it). The control: the view's trigger as 0033 made it."""
     if not kept:
         with psycopg.connect(granted, autocommit=True) as owner:
-            owner.execute(_view_write_of_0033().encode())
+            owner.execute(view_write_of_0033().encode())
     job_id = enqueue(conn, "k")
     conn.execute(
         "UPDATE pgdrain.jobs SET status = 'running', attempts = 1, leased_by = 'run-a',"
