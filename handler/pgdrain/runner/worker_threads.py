@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -185,9 +186,25 @@ class WorkerPool(Generic[T]):
 def outcome_of(run: Callable[[T], object], item: T) -> Outcome[T]:
     """Run one job and say what became of it: whatever it raises is its outcome, reported to
     the run, which records the failure."""
-    started = time.monotonic()
+    started, pid = time.monotonic(), os.getpid()
     try:
         run(item)
     except BaseException as exc:
+        _end_if_forked(pid, 1)
         return Outcome(item, exc, time.monotonic() - started)
+    _end_if_forked(pid, 0)
     return Outcome(item, None, time.monotonic() - started)
+
+
+def in_a_forked_child(pid: int) -> bool:
+    return os.getpid() != pid
+
+
+def _end_if_forked(pid: int, status: int) -> None:
+    """A child the job forked (os.fork) and let return lands here, in a copy of the run: it
+    would take the run's jobs waiting in memory and run them a second time, or claim on the
+    parent's connection, and then wait forever for work. It ends at once instead, as a
+    multiprocessing child does (os._exit: no cleanup of the parent's state it holds a copy of)."""
+    if in_a_forked_child(pid):
+        os.write(2, b"pgdrain: a process a job forked returned into the run; it exits here\n")
+        os._exit(status)
