@@ -33,6 +33,9 @@ class Controls(NamedTuple):
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
     reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
+    # A stop (SIGTERM, SIGINT) gives back the attempts it cuts short, of jobs whose policy is
+    # auto (runner/heartbeat.py): without it each stop spends one, and a job failed for good.
+    give_back_attempts_a_stop_cuts_short: bool = True
     # Jobs prefetched and still waiting for a thread are taken back when the run releases what
     # has not started (a stop, the reserve) or ends: never started after that.
     take_back_waiting_jobs: bool = True

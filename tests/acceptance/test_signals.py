@@ -1,6 +1,6 @@
 """SIGTERM and SIGINT during `pgdrain drain` and `pgdrain invoke`: the run stops claiming,
-gives running jobs a short grace, ends the leases of those still running (so another run can
-take them at once), prints its summary and exits 130/143, with no traceback.
+gives running jobs a short grace, queues those still running again at once with their attempt
+given back, prints its summary and exits 130/143, with no traceback.
 The control is the hard kill (SIGKILL, or a Lambda timeout): nothing runs, and the jobs stay
 held until their leases end."""
 
@@ -19,7 +19,7 @@ import pytest
 
 from helpers import ledger_jobs
 from helpers.cli import ROOT
-from helpers.fixtures import wait_for
+from helpers.fixtures import job_row, wait_for
 from pgdrain import enqueue
 from pgdrain.db import store
 
@@ -73,7 +73,7 @@ def started(conn: Conn) -> list[int]:
 @pytest.mark.parametrize(
     "signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["TERM", "INT", "KILL"]
 )
-def test_a_signal_stops_the_run_and_leaves_its_jobs_reclaimable_at_once(
+def test_a_signal_stops_the_run_and_gives_its_running_job_back_at_once(
     ledger_url: str, conn: Conn, tmp_path: Path, command: str, signum: int
 ) -> None:
     running = enqueue(conn, "slow", {"seconds": 60})  # outlives the grace
@@ -103,7 +103,10 @@ def test_a_signal_stops_the_run_and_leaves_its_jobs_reclaimable_at_once(
             1,
             1,
         )
-        assert reclaimed == [running]  # its lease ended with the run, not a lease later
+        # Queued again with the run's end, not a lease later, its attempt not counted.
+        assert reclaimed == []
+        assert job_row(conn, running)["status"] == "queued"
+        assert job_row(conn, running)["attempts"] == 0
     row = conn.execute(
         "SELECT status, attempts FROM pgdrain.jobs WHERE id = %s", (waiting,)
     ).fetchone()

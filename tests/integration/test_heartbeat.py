@@ -120,17 +120,45 @@ def test_a_beat_is_due_a_third_of_a_lease_after_the_start_or_at_once_after_a_rec
     assert _lease_ends(conn, attempt.id) > claimed_until
 
 
-def test_a_run_that_stops_ends_the_leases_of_its_running_jobs(
-    conn: Conn, run_state: RunState
+@pytest.mark.parametrize("given_back", [True, False], ids=["given-back", "control-spent"])
+def test_a_stop_gives_back_the_attempts_it_cuts_short(
+    conn: Conn, run_state: RunState, given_back: bool
 ) -> None:
-    """Another run may take them at once, instead of a lease later; safe to repeat."""
+    """A red team's finding: each stop of a worker (a rolling deploy) ended the running job's
+    lease, and the reclaim spent its attempt: after max_attempts stops the job failed for good,
+    "lease expired". Queued again at once, the attempt given back; safe to repeat. The control:
+    the lease ended as before, the attempt spent."""
     _enqueue(conn, 3)
     _held(conn, run_state, running=2, unstarted=1, finished=0)
     running = sorted(a.id for a in run_state.attempts.running.values())
-    heartbeat = Heartbeat(run_state, lease_seconds=LEASE)
+    controls = Controls(give_back_attempts_a_stop_cuts_short=given_back)
+    heartbeat = Heartbeat(run_state, lease_seconds=LEASE, controls=controls)
 
     heartbeat.end_running_leases()
     heartbeat.end_running_leases()
 
-    assert sorted(r.id for r in store.job_reclaim_expired(conn, 10)) == running
+    reclaimed = sorted(r.id for r in store.job_reclaim_expired(conn, 10))
+    rows = [job_row(conn, i) for i in running]
+    assert [r["status"] for r in rows] == ["queued", "queued"]
+    if given_back:
+        assert reclaimed == []
+        assert [r["attempts"] for r in rows] == [0, 0]
+        assert [r["errors"][-1]["type"] for r in rows] == ["Stopped", "Stopped"]
+    else:
+        assert reclaimed == running  # at once, not a lease later: but as an attempt lost
+        assert [r["attempts"] for r in rows] == [1, 1]
+        assert [r["errors"][-1]["type"] for r in rows] == ["LeaseExpired", "LeaseExpired"]
     assert run_state.counters.values["lease_lost"] == 0
+
+
+def test_a_stop_ends_the_lease_of_a_job_whose_recovery_is_manual(
+    conn: Conn, run_state: RunState
+) -> None:
+    """Its attempt's outcome is unknown, and a person decides: the reclaim parks it at once."""
+    _enqueue(conn, 1)
+    conn.execute("UPDATE pgdrain.jobs SET recovery_policy = 'manual'")
+    _held(conn, run_state, running=1, unstarted=0, finished=0)
+    [job_id] = [a.id for a in run_state.attempts.running.values()]
+    Heartbeat(run_state, lease_seconds=LEASE).end_running_leases()
+    assert [r.id for r in store.job_reclaim_expired(conn, 10)] == [job_id]
+    assert job_row(conn, job_id)["status"] == "parked"

@@ -1,7 +1,8 @@
 """The heartbeat: every lease/3, one statement extends the lease of every attempt the run
 holds. An attempt the statement does not return has lost its lease (reclaimed by another
 run): it is never started, and a running one is told through Job.lease_lost(). The same
-statement with a cap of 0 s ends the leases of the jobs still running when a run stops early."""
+statement with a cap of 0 s ends the leases of the jobs still running when a run stops early
+(those a stop gives back first: end_running_leases)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pgdrain.runner.attempts import RunState, leases_lost, say_lost
 log = logging.getLogger(__name__)
 
 BEATS_PER_LEASE = 3
+# In the error history of a job whose attempt a stop cut short (store.job_release_stopped).
+STOPPED_MESSAGE = "the run was stopped while this attempt ran (SIGTERM or SIGINT); not counted"
 
 
 class Heartbeat:
@@ -22,6 +25,7 @@ class Heartbeat:
         self._run = run
         self._lease_seconds = lease_seconds
         self._enabled = controls.heartbeat
+        self._give_back_when_stopped = controls.give_back_attempts_a_stop_cuts_short
         self.interval = lease_seconds / BEATS_PER_LEASE
         self.next_at = time.monotonic() + self.interval
 
@@ -77,13 +81,24 @@ class Heartbeat:
             run.session.run(store.job_record_many, pending)
 
     def end_running_leases(self) -> None:
-        """The run stops with jobs still running (a stop request's grace is over): end their
-        leases now, so another run may take them at once instead of a lease later. Fenced like
-        every beat; safe to repeat (ending a lease twice ends it once)."""
+        """The run stops with jobs still running (a stop request's grace is over). Those whose
+        policy is auto are queued again at once, the attempt given back: a stop (a deploy)
+        must not use up a job's attempts. The others' leases end now, so another run's reclaim
+        parks them at once instead of a lease later. Fenced like every beat; safe to repeat."""
         run = self._run
         held = [a.held for a in run.attempts.running.values()]
         if not held:
             return
+        if self._give_back_when_stopped:
+            given_back = run.session.run(store.job_release_stopped, held, STOPPED_MESSAGE)
+            if given_back.applied_attempts:
+                log.warning(
+                    "stopping: jobs still running are queued again, their attempt not counted",
+                    extra={"job_ids": sorted(h.id for h in given_back.applied_attempts)},
+                )
+            held = [h for h in held if h not in given_back.applied_attempts]
+            if not held:
+                return
         result = run.session.run(store.job_extend_leases, held, self._lease_seconds, 0.0)
         log.warning(
             "stopping: the leases of jobs still running end now; they are reclaimable",

@@ -614,6 +614,31 @@ WHERE j.id = ANY(%(ids)b::bigint[])
   AND CASE WHEN j.status = 'running' THEN j.attempt_token END = held.token
 RETURNING j.id, held.token;
 
+-- name: job_release_stopped :many
+-- The run stops on a stop request (SIGTERM, SIGINT) with these jobs still running, their grace
+-- over. Policy auto: queued again at once with the attempt given back, as job_release_many
+-- gives back an unstarted one, and the stop joins the error history: a stop is the operator's
+-- (a rolling deploy), not the job's, and must not use up its attempts. Policy manual: not
+-- here (the caller ends its lease; the reclaim parks it, its outcome unknown). Fenced by
+-- token: an attempt given back already matches nothing, so it is safe to repeat.
+UPDATE pgdrain.active_jobs AS j
+SET status = 'queued',
+    attempts = j.attempts - 1,
+    run_at = now(),
+    last_error = %(message)s::text,
+    errors = (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0 ELSE j.errors END)
+             || jsonb_build_array(jsonb_build_object(
+                    'message', %(message)s::text, 'type', 'Stopped', 'traceback', NULL,
+                    'attempt', j.attempts, 'at', now())),
+    lease_expires_at = NULL, leased_by = NULL, attempt_token = NULL, heartbeat_at = NULL,
+    updated_at = now()
+FROM unnest(%(ids)b::bigint[], %(tokens)b::uuid[]) AS held(id, token)
+WHERE j.id = ANY(%(ids)b::bigint[])
+  AND j.id = held.id
+  AND CASE WHEN j.status = 'running' THEN j.attempt_token END = held.token
+  AND j.recovery_policy = 'auto'
+RETURNING j.id, held.token;
+
 -- name: floors_raise :exec
 -- Raise the floors a run's scans start from: of running jobs' leases (migration 0024) to the
 -- least lease a running job holds, and of each queue (migration 0026) to its first queued job,
