@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,7 +56,7 @@ def _places_left(conn: Conn) -> int:
     """How many runs a spawner deciding now would start (its reservations rolled back)."""
     reserved: list[str] = []
     with conn.transaction() as tx:
-        reserved = store.run_spawn(conn, ["default"], 1, 100, MAX_RUNS, 60)
+        reserved = store.run_spawn(conn, str(uuid.uuid4()), ["default"], 1, 100, MAX_RUNS, 60)
         raise psycopg.Rollback(tx)
     return len(reserved)
 
@@ -121,7 +122,7 @@ def test_a_fanout_event_delivered_twice_keeps_the_cap_and_the_first_registration
     # Two live runs (the spawner and another) and the place the spawner reserved: 3 of 3.
     for name in ("spawner", "another"):
         store.run_register(conn, name, ["default"], 0, 300)
-    (reserved,) = store.run_spawn(conn, ["default"], 1, MAX_RUNS, MAX_RUNS, 60)
+    (reserved,) = store.run_spawn(conn, str(uuid.uuid4()), ["default"], 1, MAX_RUNS, MAX_RUNS, 60)
     with conn.transaction():
         first_job = enqueue(conn, "wait_at_gate", {})
         second_job = enqueue(conn, "wait_at_gate", {})
@@ -189,7 +190,7 @@ def test_a_kick_delivered_twice_never_ends_the_first_copys_registration(
 
 def test_a_fanout_run_takes_up_its_reservation_once(conn: Conn) -> None:
     store.run_register(conn, "spawner", ["default"], 0, 300)
-    (reserved,) = store.run_spawn(conn, ["default"], 1, 2, 2, 60)
+    (reserved,) = store.run_spawn(conn, str(uuid.uuid4()), ["default"], 1, 2, 2, 60)
 
     assert store.run_admit(conn, "first#a", reserved, ["default"], 1, 300, 2)
     assert _live_runs(conn) == ["first#a", "spawner"]  # the reservation became the run
@@ -205,7 +206,7 @@ def test_a_fanout_run_takes_up_its_reservation_once(conn: Conn) -> None:
 
 
 def test_a_lapsed_reservation_counts_for_nothing(conn: Conn) -> None:
-    (reserved,) = store.run_spawn(conn, ["default"], 1, 1, 1, 60)
+    (reserved,) = store.run_spawn(conn, str(uuid.uuid4()), ["default"], 1, 1, 1, 60)
     conn.execute("UPDATE pgdrain.runs SET deadline = now() - interval '1 second'")
     assert store.run_admit(conn, "late#a", reserved, ["default"], 1, 300, 1)
     assert not store.run_admit(conn, "late#b", reserved, ["default"], 1, 300, 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 
 import jobs as example_jobs
+from helpers import lossy_proxy
 from helpers.aws import (
     InvokeSpy,
     aws_environment,
@@ -23,6 +25,7 @@ from helpers.aws import (
 )
 from helpers.fixtures import wait_for
 from helpers.lock_waits import waits_on_a_lock
+from helpers.lossy_proxy import LossyProxy
 from pgdrain import Budget, Settings, enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.aws import events
@@ -53,6 +56,7 @@ def _live_runs(conn: Conn) -> int:
 
 def _spawn_params(runs_needed: int, max_runs: int) -> dict[str, Any]:
     return {
+        "spawn_id": str(uuid.uuid4()),
         "queues": ["default"],
         "chain": 1,
         "runs_needed": runs_needed,
@@ -142,7 +146,7 @@ def test_many_runs_deciding_at_once_never_exceed_the_cap(db_url: str, conn: Conn
             try:
                 session.run(store.run_register, f"run-{i}", ["default"], 0, 300)
                 barrier.wait()
-                ids = session.run(store.run_spawn, ["default"], 1, 100, cap, 60)
+                ids = session.run(store.run_spawn, str(uuid.uuid4()), ["default"], 1, 100, cap, 60)
                 reserved.append(len(ids))
             finally:
                 session.close()
@@ -159,10 +163,39 @@ def test_many_runs_deciding_at_once_never_exceed_the_cap(db_url: str, conn: Conn
     assert sum(reserved) <= cap - runs
 
 
+@pytest.mark.parametrize("same_id", [True, False], ids=["found-again", "control-new-id"])
+def test_a_spawn_whose_reply_is_lost_returns_its_reservations_when_sent_again(
+    conn: Conn, proxy: LossyProxy, same_id: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's finding: the reservations committed, their reply lost, the session sent
+    the spawn again, which counted them as live runs, reserved nothing and invoked nobody: the
+    cap stayed full for a minute with no run behind it. The control: each try a new id, as the
+    spawn was before it had one."""
+    # The spawn is a transaction of its own (BEGIN, the statement, COMMIT): the reply lost is
+    # the COMMIT's, not the one after the statement's Sync, which the client waits for.
+    monkeypatch.setattr(lossy_proxy, "SYNC", b"no Sync ends this transaction")
+    session = Session(proxy.url, Settings(), Budget.seconds(60))
+    session.open()
+    try:
+        spawn = (
+            store.run_spawn
+            if same_id
+            else lambda c, _id, *rest: store.run_spawn(c, str(uuid.uuid4()), *rest)
+        )
+        proxy.drop_commit_reply(b"generate_series(")
+        reserved = session.run(spawn, str(uuid.uuid4()), ["default"], 1, 4, 4, 60)
+    finally:
+        session.close()
+    assert proxy.dropped.is_set()
+    live = [r[0] for r in conn.execute("SELECT run_id FROM pgdrain.runs WHERE deadline > now()")]
+    assert len(live) == 4  # the first try's, committed
+    assert sorted(reserved) == (sorted(live) if same_id else [])
+
+
 def test_a_run_past_its_deadline_does_not_count(conn: Conn) -> None:
     store.run_register(conn, "killed", ["default"], 0, 300)
     conn.execute("UPDATE pgdrain.runs SET deadline = now() - interval '1 second'")
-    assert len(store.run_spawn(conn, ["default"], 1, 3, 3, 60)) == 3
+    assert len(store.run_spawn(conn, str(uuid.uuid4()), ["default"], 1, 3, 3, 60)) == 3
 
 
 # -- through the handler --------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -150,8 +151,10 @@ class Spawner:
         needed = min(needed, self._useful_runs)
         if needed <= 1:
             return
+        # One id for the decision: a repeat after a lost reply finds what it reserved.
         reserved = session.run(
             store.run_spawn,
+            str(uuid.uuid4()),
             self._trigger.queues,
             self._trigger.chain + 1,
             needed,

@@ -367,18 +367,28 @@ SELECT id FROM pgdrain.run_gate FOR UPDATE;
 
 -- name: run_spawn :many
 -- Reserve new runs until the live runs (deadline not passed) number %(runs_needed)s, and never
--- more than %(max_runs)s; returns the ids reserved. Each reservation lasts %(reserve_seconds)s, until the
--- spawned run registers with its own deadline; a spawn that never starts stops counting then.
--- Run after run_gate_lock in the same transaction.
-INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
-SELECT gen_random_uuid()::text, coalesce(%(queues)s::text[], '{*}'), %(chain)s::int,
-       now() + make_interval(secs => %(reserve_seconds)s::float8)
-FROM generate_series(
-    1,
-    least(%(runs_needed)s::int, %(max_runs)s::int)
-        - (SELECT count(*) FROM pgdrain.runs WHERE deadline > now())::int
+-- more than %(max_runs)s; returns the ids reserved, %(spawn_id)s:1, :2... Each reservation lasts
+-- %(reserve_seconds)s, until the spawned run registers with its own deadline; a spawn that never
+-- starts stops counting then. Run after run_gate_lock in the same transaction. Safe to repeat
+-- (a reply lost after the commit): the spawn's id, chosen by the caller, finds the reservations
+-- it made, returned again instead of counted against the cap and reserved for nobody.
+WITH made AS (
+    SELECT run_id FROM pgdrain.runs WHERE starts_with(run_id, %(spawn_id)s::text || ':')
+), reserved AS (
+    INSERT INTO pgdrain.runs (run_id, queues, chain, deadline)
+    SELECT %(spawn_id)s::text || ':' || n, coalesce(%(queues)s::text[], '{*}'), %(chain)s::int,
+           now() + make_interval(secs => %(reserve_seconds)s::float8)
+    FROM generate_series(
+        1,
+        least(%(runs_needed)s::int, %(max_runs)s::int)
+            - (SELECT count(*) FROM pgdrain.runs WHERE deadline > now())::int
+    ) AS n
+    WHERE NOT EXISTS (SELECT 1 FROM made)
+    RETURNING run_id
 )
-RETURNING run_id;
+SELECT run_id FROM made
+UNION ALL
+SELECT run_id FROM reserved;
 
 -- name: run_admit :one
 -- Whether a fan-out run may drain: it takes up the place its spawner reserved for it

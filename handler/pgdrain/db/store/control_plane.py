@@ -231,6 +231,7 @@ def run_gate_lock(conn: Connection) -> None:
 
 def run_spawn(
     conn: Connection,
+    spawn_id: str,
     queues: Sequence[str] | None,
     chain: int,
     runs_needed: int,
@@ -238,12 +239,14 @@ def run_spawn(
     reserve_seconds: float,
 ) -> list[str]:
     """Reserve new runs until `runs_needed` are live, never more than `max_runs`; returns the
-    reserved run ids. Decisions serialise on the gate, so concurrent spawners keep the cap."""
+    reserved run ids. Decisions serialise on the gate, so concurrent spawners keep the cap.
+    Sent again with the same `spawn_id` (after a lost reply), it returns what it reserved."""
     with conn.transaction():
         run_gate_lock(conn)
         rows = conn.execute(
             query("run_spawn"),
             {
+                "spawn_id": spawn_id,
                 "queues": queue_names(queues),
                 "chain": chain,
                 "runs_needed": runs_needed,
