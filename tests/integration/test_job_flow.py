@@ -360,6 +360,40 @@ def test_a_sequences_kept_lease_outlives_a_cancel_of_the_job_behind_it(
     assert (run_at == lease_end) is carried
 
 
+KEPT_ONLY_WHEN_NONE_RELEASED = "IF held_until > now() THEN"
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "control-0042"])
+def test_a_cancelled_heads_lease_outlives_a_cancel_of_the_job_it_released(
+    conn: Conn, kept: bool
+) -> None:
+    """A red team's finding: the running head of a sequence cancelled released the next job
+    for the end of its lease, but cancelling that job released the third at once, beside the
+    head's code: the lease was kept on the sequence only when no job was released. Migration
+    0045 keeps it whenever it has not ended. The control: jobs_flow_finished as 0042 made it."""
+    if not kept:
+        text = _function_text(conn)
+        assert text.count(KEPT_ONLY_WHEN_NONE_RELEASED) == 1
+        conn.execute(
+            text.replace(
+                KEPT_ONLY_WHEN_NONE_RELEASED, "IF n = 0 AND held_until > now() THEN"
+            ).encode()
+        )
+    head = enqueue(conn, "step", sequence="acct")
+    released, third = (enqueue(conn, "step", sequence="acct") for _ in range(2))
+    [claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    assert claimed.id == head
+    lease_end = job_row(conn, head)["lease_expires_at"]
+    store.job_cancel(conn, [head])
+    assert job_row(conn, released)["run_at"] == lease_end
+    store.job_cancel(conn, [released])
+    again = claim_batch(conn, ["default"], 1, "another-run", 300.0, None)
+    if kept:
+        assert (again, job_row(conn, third)["run_at"]) == ([], lease_end)
+    else:
+        assert [j.id for j in again] == [third]  # beside the head's cancelled attempt
+
+
 RETRY_IN_ID_ORDER = (
     "IF current_setting('pgdrain.queued_again', true) = 'on' THEN\n                -- Queued again"
 )
