@@ -18,7 +18,9 @@ from helpers.aws import (
     FUNCTION_NAME,
     InvokeSpy,
 )
+from helpers.fixtures import wait_for
 from helpers.ledger_jobs import jobs as registry
+from helpers.lock_waits import someone_here_waits_on_a_lock
 from pgdrain import Budget, Settings, drain, enqueue
 from pgdrain.aws import events
 from pgdrain.aws.control import RunControl
@@ -374,3 +376,51 @@ def test_the_hold_comes_from_a_third_of_a_lease() -> None:
     from pgdrain.aws.kick import kick_hold_seconds
 
     assert kick_hold_seconds(Settings(lease_seconds=30)) == 10
+
+
+@pytest.mark.parametrize("woken", [True, False], ids=["wakes-for-the-kick", "control-ready-only"])
+def test_a_run_stopped_for_time_wakes_for_a_kick_it_held_back(
+    db_url: str,
+    conn: Conn,
+    other: Conn,
+    lambda_api: Any,
+    spy: InvokeSpy,
+    woken: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A red team's finding: a run stopped for time holds its queues' kicks; a job enqueued and
+    kicked while its exit waits for the lock on another queue's kick row is not ready in the
+    exit's snapshot, and its kick invoked nothing (the run held it). The exit says `kicked`,
+    which the end of a run stopped for time did not read: no wake-up, the job left to the
+    hourly schedule. The control reads `ready` alone, as before."""
+    if not woken:
+        real = store.run_exit
+        monkeypatch.setattr(
+            store,
+            "run_exit",
+            lambda *a, **k: dataclasses.replace(real(*a, **k), kicked=False),
+        )
+    conn.execute(
+        "INSERT INTO pgdrain.kicks (queue, kicked_at, requested_at, run_until)"
+        " VALUES ('a', now(), now(), now() + interval '1 hour'),"
+        " ('b', now(), now(), now() + interval '1 hour')"  # the run holds both
+    )
+    budget = Budget.seconds(TIMEOUT)
+    control = _control("run-under-test", budget, ("a", "b"))
+    session = Session(db_url, dataclasses.replace(RUN_SETTINGS, queues=("a", "b")), budget)
+    session.open()
+    try:
+        ended = threading.Thread(target=control.after_budget, args=(session, False))
+        with other.transaction():  # another kick of `a`, not yet committed: the exit waits
+            other.execute("SELECT 1 FROM pgdrain.kicks WHERE queue = 'a' FOR UPDATE")
+            ended.start()
+            wait_for(lambda: someone_here_waits_on_a_lock(conn), TIMEOUT, "the exit waits")
+            with conn.transaction():
+                job_id = enqueue(conn, "noop", {}, queue="b")
+            assert kick(conn, ["b"], settings=KICK_SETTINGS, client=lambda_api) == ()  # held
+        ended.join(TIMEOUT)
+    finally:
+        session.close()
+    assert spy.calls == [] and _status(conn, job_id) == "queued"
+    # Waker(…, None) makes no schedule: "reported" is the wake-up it would make.
+    assert control.wake.action == ("reported" if woken else "none")

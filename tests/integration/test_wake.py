@@ -27,6 +27,8 @@ from helpers.aws import (
 from helpers.fixtures import complete_and_claim
 from pgdrain import Budget, Settings, enqueue
 from pgdrain.aws import events
+from pgdrain.aws import run as lambda_run
+from pgdrain.aws.run import DEPTH_MIN_REMAINING_SECONDS
 from pgdrain.aws.wake import (
     WAKE_FAILED_METRIC,
     Waker,
@@ -339,6 +341,31 @@ def test_a_run_that_stops_for_time_also_schedules_its_wake_up(
     assert (result["result"]["done"], result["continued"]) == (1, False)
     assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
     assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)  # unregistered
+
+
+@pytest.mark.parametrize("ends", [True, False], ids=["ends-its-run", "control-skips-it"])
+def test_a_run_stopped_for_time_with_under_2_5_s_left_still_schedules_its_wake_up(
+    db_url: str, conn: Conn, scheduler: Any, monkeypatch: pytest.MonkeyPatch, ends: bool
+) -> None:
+    """A red team's finding: a job ran past the reserve and ended with less than the 2.5 s the
+    queue depth's connection needs; the run's end (its wake-up, its kick window) was skipped
+    with the depth, and a job due in 10 minutes waited for the hourly schedule. The control:
+    the end skipped below the depth's threshold, as before."""
+    if not ends:
+        monkeypatch.setattr(lambda_run, "EXIT_MIN_REMAINING_SECONDS", DEPTH_MIN_REMAINING_SECONDS)
+    _handler_env(monkeypatch, db_url, PGDRAIN_RESERVE_SECONDS="3", PGDRAIN_MAX_RUNS="1")
+    with conn.transaction():
+        enqueue(conn, "sleep", {"seconds": 4.2}, queue="emails")  # ends about 1.7 s before
+    run_at = _delayed(conn, "emails", 600)
+
+    result = invoke_handler(ENQUEUE_EMAILS, remaining_s=6.0)
+
+    assert result["result"]["stop_reason"] == "budget", result
+    if ends:
+        assert (result["wake"], result["wake_at"]) == ("created", wake_time(run_at, 60).isoformat())
+        assert conn.execute("SELECT count(*) FROM pgdrain.runs").fetchone() == (0,)
+    else:
+        assert (result["wake"], _schedules(scheduler)) == ("none", [])
 
 
 def _kicker(monkeypatch: pytest.MonkeyPatch, db_url: str) -> tuple[Any, Any, Settings]:

@@ -315,7 +315,9 @@ class RunControl:
         hop) instead of leaving the work to the hourly safety net."""
         decision = session.run(self._exit_or_again, False, "budget", continued)
         due_at = decision.check.due_at
-        if decision.check.ready and not continued:
+        # `kicked`: a kick this run held back (its window) committed after the check's snapshot:
+        # its job is not counted ready, and no run was invoked for it.
+        if (decision.check.ready or decision.check.kicked) and not continued:
             now = dt.datetime.now(dt.UTC)
             due_at = now if due_at is None else min(due_at, now)
         due_at = self._with_periodic_slot(due_at)

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 # Measuring the backlog opens one more connection; skip it when the run is about to be killed
 # (connection.MIN_CONNECT_TIMEOUT_SECONDS plus a query).
 DEPTH_MIN_REMAINING_SECONDS = 2.5
+# Ending a run stopped for time (its wake-up, the kick window) needs that connection too, but
+# is worth the risk of the timeout down to here: without it, work due later waits for the
+# safety net. A local connect and one statement take milliseconds.
+EXIT_MIN_REMAINING_SECONDS = 1.0
 SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain invoke`
 # A scheduled run keeps this share of its budget (at most retention.MAX_SECONDS) from the
 # drain for retention afterwards, when the database is awake: a queue busy enough to use every
@@ -514,7 +518,14 @@ def _after_drain(
         # Nothing was claimable, yet a queue at its concurrency limit may hold ready jobs back:
         # counted with the exit check, so that a full queue's backlog still raises the alarms.
         return control.exit_depth or store.QueueDepth(ready=0, oldest_ready_age_s=0.0)
-    if result.stop_reason != "budget" or budget.remaining() < DEPTH_MIN_REMAINING_SECONDS:
+    if result.stop_reason != "budget":
+        return None
+    if budget.remaining() < EXIT_MIN_REMAINING_SECONDS:
+        log.warning(
+            "too little time left to end the run and make its wake-up: work due later waits "
+            "for the next kick or the safety net",
+            extra={"remaining_s": round(budget.remaining(), 3)},
+        )
         return None
     quick = dataclasses.replace(
         settings, connect_timeout=max(0.5, min(settings.connect_timeout, budget.remaining() - 1))
@@ -522,9 +533,10 @@ def _after_drain(
     session = Session(conninfo, quick, budget)
     try:
         session.open()
-        depth = session.run(store.queue_depth, trigger.queues)
-        control.after_budget(session, continued)
-        return depth
+        control.after_budget(session, continued)  # first: the wake-up matters more
+        if budget.remaining() < DEPTH_MIN_REMAINING_SECONDS:
+            return None
+        return session.run(store.queue_depth, trigger.queues)
     except (PgdrainError, psycopg.Error) as exc:
         log.warning("could not measure the queue depth: %s", exc)
         return None
