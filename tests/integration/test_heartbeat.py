@@ -151,6 +151,19 @@ def test_a_stop_gives_back_the_attempts_it_cuts_short(
     assert run_state.counters.values["lease_lost"] == 0
 
 
+def test_a_job_cut_short_by_every_stop_still_ends(conn: Conn, run_state: RunState) -> None:
+    """A review's finding: a job longer than every deploy's interval was given back at each
+    stop, for ever. Once its reclaims reach its attempts, a stop ends its lease, and the
+    reclaim spends the attempt (here its last: failed)."""
+    enqueue_many(conn, [build_job("k", max_attempts=1)])
+    conn.execute("UPDATE pgdrain.jobs SET reclaim_count = 1")  # one stop given back already
+    _held(conn, run_state, running=1, unstarted=0, finished=0)
+    [job_id] = [a.id for a in run_state.attempts.running.values()]
+    Heartbeat(run_state, lease_seconds=LEASE).end_running_leases()
+    assert [r.id for r in store.job_reclaim_expired(conn, 10)] == [job_id]
+    assert job_row(conn, job_id)["status"] == "failed"
+
+
 def test_a_stop_ends_the_lease_of_a_job_whose_recovery_is_manual(
     conn: Conn, run_state: RunState
 ) -> None:

@@ -617,15 +617,18 @@ RETURNING j.id, held.token;
 -- name: job_release_stopped :many
 -- The run stops on a stop request (SIGTERM, SIGINT) with these jobs still running, their grace
 -- over. Policy auto: queued again at once with the attempt given back, as job_release_many
--- gives back an unstarted one, and the stop joins the error history: a stop is the operator's
--- (a rolling deploy), not the job's, and must not use up its attempts. Policy manual: not
--- here (the caller ends its lease; the reclaim parks it, its outcome unknown). Fenced by
--- token: an attempt given back already matches nothing, so it is safe to repeat.
+-- gives back an unstarted one, and the stop joins the error history (last_error keeps the last
+-- real error, as a snooze does): a stop is the operator's (a rolling deploy), not the job's,
+-- and must not use up its attempts. It counts as a reclaim, and only while the job's reclaims
+-- are fewer than its attempts: a job cut short every time (longer than every deploy's
+-- interval, evicted for its memory) must still end. Not here: policy manual, or past that
+-- bound (the caller ends the lease; the reclaim spends the attempt, or parks the job). Fenced
+-- by token: an attempt given back already matches nothing, so it is safe to repeat.
 UPDATE pgdrain.active_jobs AS j
 SET status = 'queued',
     attempts = j.attempts - 1,
+    reclaim_count = j.reclaim_count + 1,
     run_at = now(),
-    last_error = %(message)s::text,
     errors = (CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0 ELSE j.errors END)
              || jsonb_build_array(jsonb_build_object(
                     'message', %(message)s::text, 'type', 'Stopped', 'traceback', NULL,
@@ -637,6 +640,7 @@ WHERE j.id = ANY(%(ids)b::bigint[])
   AND j.id = held.id
   AND CASE WHEN j.status = 'running' THEN j.attempt_token END = held.token
   AND j.recovery_policy = 'auto'
+  AND j.reclaim_count < j.max_attempts
 RETURNING j.id, held.token;
 
 -- name: floors_raise :exec

@@ -366,9 +366,10 @@ def job_release_many(conn: Connection, held: Sequence[Held]) -> Fenced:
 
 @one_statement
 def job_release_stopped(conn: Connection, held: Sequence[Held], message: str) -> Fenced:
-    """Give back the attempts a stop cut short, of jobs whose policy is auto: queued again at
-    once, the attempt not spent, `message` in their error history. Those not applied are
-    manual (or no longer this run's)."""
+    """Give back the attempts a stop cut short, of jobs whose policy is auto and whose reclaims
+    are fewer than their attempts: queued again at once, the attempt not spent, `message` in
+    their error history. Those not applied are manual, past that bound, or no longer this
+    run's."""
     return _fenced(conn, query("job_release_stopped"), held, message=message)
 
 
