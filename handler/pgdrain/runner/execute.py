@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
@@ -123,7 +124,13 @@ def _call(
 def _invoke(registered: Registered, job: Job, timeout: float | None) -> object:
     if registered.is_async:
         return _run_async(registered.function(job), timeout)
-    result = registered.function(job)
+    pid = os.getpid()
+    try:
+        result = registered.function(job)
+    except BaseException as exc:
+        worker_threads.end_if_forked(pid, exc)  # a child it forked: ends here, before anything
+        raise
+    worker_threads.end_if_forked(pid)
     if result is not None and inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # never started: close it, so no "never awaited" warning

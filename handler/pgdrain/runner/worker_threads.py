@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -190,9 +191,9 @@ def outcome_of(run: Callable[[T], object], item: T) -> Outcome[T]:
     try:
         run(item)
     except BaseException as exc:
-        _end_if_forked(pid, 1)
+        end_if_forked(pid, exc)
         return Outcome(item, exc, time.monotonic() - started)
-    _end_if_forked(pid, 0)
+    end_if_forked(pid)
     return Outcome(item, None, time.monotonic() - started)
 
 
@@ -200,11 +201,23 @@ def in_a_forked_child(pid: int) -> bool:
     return os.getpid() != pid
 
 
-def _end_if_forked(pid: int, status: int) -> None:
+def end_if_forked(pid: int, raised: BaseException | None = None) -> None:
     """A child the job forked (os.fork) and let return lands here, in a copy of the run: it
     would take the run's jobs waiting in memory and run them a second time, or claim on the
     parent's connection, and then wait forever for work. It ends at once instead, as a
-    multiprocessing child does (os._exit: no cleanup of the parent's state it holds a copy of)."""
-    if in_a_forked_child(pid):
-        os.write(2, b"pgdrain: a process a job forked returned into the run; it exits here\n")
-        os._exit(status)
+    multiprocessing child does: its output flushed, then os._exit (no cleanup of the parent's
+    state it holds a copy of, no lock of it taken), with the status its SystemExit gives, 1
+    for another exception, 0 for a return. Called as the job's function returns (execute.py),
+    before the middleware, and again here for whatever forked after it."""
+    if not in_a_forked_child(pid):
+        return
+    status = 0 if raised is None else 1
+    if isinstance(raised, SystemExit):
+        status = raised.code if isinstance(raised.code, int) else 0 if raised.code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing more to save
+            pass
+    os.write(2, b"pgdrain: a process a job forked returned into the run; it exits here\n")
+    os._exit(status)
