@@ -735,7 +735,8 @@ def test_a_drain_names_the_ready_jobs_a_used_up_rate_holds_back(
     conn: Conn, db_url: str, limited: bool
 ) -> None:
     ids = [enqueue(conn, "ok", queue="alpha") for _ in range(5)]
-    limits = {"PGDRAIN_QUEUE_LIMITS": "alpha=2/1h"} if limited else {}
+    # A day's window: a drain that crossed an hour's edge would claim two more.
+    limits = {"PGDRAIN_QUEUE_LIMITS": "alpha=2/1d"} if limited else {}
     run = pgdrain(db_url, "drain", "--budget", "30", **limits)
     assert run.code == EXIT_OK, run.err
     first, *rest = run.out.splitlines()
@@ -744,7 +745,7 @@ def test_a_drain_names_the_ready_jobs_a_used_up_rate_holds_back(
     if limited:
         assert done == 2
         assert rest == [
-            "held by limits: 3 ready jobs in alpha (rate 2 per 3600s used up) "
+            "held by limits: 3 ready jobs in alpha (rate 2 per 86400s used up) "
             "(PGDRAIN_QUEUE_LIMITS; the next run, or `pgdrain worker`, claims them when a slot "
             "or window frees)"
         ]

@@ -3,6 +3,7 @@ dependencies (docs/jobs.md)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from pgdrain.api.enqueue import check_connection
@@ -22,8 +23,12 @@ def job_state(conn: store.Connection, job_id: int) -> dict[str, Any] | None:
     check_connection(conn, "job_state", "on another driver, open a psycopg 3 connection for it")
     # "1" would be sent as text and match nothing: a caller passing a request's string would
     # read "no such job" for a job that exists.
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise BadInput(f"job_id must be a whole number (got {type(job_id).__name__})")
+    try:  # an int, or an integer type of another library (numpy.int64): not "1", 1.0, True
+        if isinstance(job_id, bool):
+            raise TypeError
+        job_id = operator.index(job_id)
+    except TypeError:
+        raise BadInput(f"job_id must be a whole number (got {type(job_id).__name__})") from None
     if not 1 <= job_id <= MAX_JOB_ID:
         return None  # no job has such an id
     return store.job_show(conn, job_id)

@@ -539,6 +539,10 @@ def _run_drain(settings: Settings, budget_seconds: float, *, queues_given: bool)
     return drain(settings, Budget.seconds(budget_seconds), registry, conninfo)
 
 
+# How long the hint a drain ends with (_held_by_limits) may read.
+HINT_READ_TIMEOUT_MS = 2000
+
+
 def _check_budget(budget: float, settings: Settings) -> None:
     """A budget the reserve would swallow claims nothing: bad input, not an empty queue."""
     if budget <= settings.reserve_seconds:
@@ -583,10 +587,12 @@ def _held_by_limits(settings: Settings) -> str | None:
             ]
             if not limits:  # the common case: one read of the small queue_limits table
                 return None
-            ready = {r.queue: r.ready for r in store.queue_stats(conn)}
-    except (PgdrainError, psycopg.Error):
+            with conn.transaction():  # bounded: a hint must not hold the command up
+                store.operator_read_timeout(conn, HINT_READ_TIMEOUT_MS)
+                held = store.queue_depth_held_statement([q.queue for q in limits]).run(conn)
+    except (PgdrainError, psycopg.Error, KeyboardInterrupt):
         return None  # the summary above is the drain's answer; this line is a hint
-    return format_held(limits, ready)
+    return format_held(limits, held.ready)
 
 
 def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:

@@ -137,26 +137,23 @@ def at_limit(limits: store.QueueLimitRow) -> bool:
     return full or used_up
 
 
-def format_held(limits: Sequence[store.QueueLimitRow], ready: Mapping[str, int]) -> str | None:
-    """The line a drain ends with when queues it serves hold ready jobs back at their limits:
-    "held by limits: 40 ready jobs in emails (rate 10 per 60s used up)". None if none do."""
+def format_held(limits: Sequence[store.QueueLimitRow], ready: int) -> str | None:
+    """The line a drain ends with when queues it serves hold `ready` jobs back at their
+    limits: "held by limits: 40 ready jobs in emails (rate 10 per 60s used up)". None if none."""
+    if not ready:
+        return None
     parts = []
     for q in limits:
-        if not ready.get(q.queue):
-            continue
         why = []
         if q.max_running is not None and q.running >= q.max_running:
-            why.append(f"{q.running} running of {q.max_running}")
+            why.append(f"concurrency limit {q.max_running} reached")
         if q.rate_limit is not None and q.window_started >= q.rate_limit:
             why.append(f"rate {q.rate_limit} per {q.rate_seconds}s used up")
-        parts.append(
-            f"{plural(ready[q.queue], 'ready job')} in {printable(q.queue)} ({', '.join(why)})"
-        )
-    if not parts:
-        return None
+        parts.append(f"{printable(q.queue)} ({', '.join(why)})")
     return (
-        f"held by limits: {'; '.join(parts)} (PGDRAIN_QUEUE_LIMITS; the next run, or "
-        "`pgdrain worker`, claims them when a slot or window frees)"
+        f"held by limits: {plural(ready, 'ready job')} in {', '.join(parts)} "
+        "(PGDRAIN_QUEUE_LIMITS; the next run, or `pgdrain worker`, claims them when a slot or "
+        "window frees)"
     )
 
 
