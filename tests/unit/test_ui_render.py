@@ -326,3 +326,25 @@ def test_the_function_reads_only_unless_actions_are_on() -> None:
         {"PGDRAIN_UI_ACTIONS": "true", "PGDRAIN_UI_SECRET": "s" * 32, "PGDRAIN_UI_ORIGINS": "a, b/"}
     )
     assert on.actions and on.origins == {"a", "b"}
+
+
+@pytest.mark.parametrize("cut_at_minutes_ago", [10, 120], ids=["within-the-hour", "before-it"])
+def test_the_last_hours_column_says_when_the_count_stopped_within_the_hour(
+    cut_at_minutes_ago: int,
+) -> None:
+    """A red team's finding: 60,000 jobs done in the last hour read "50,000 / 0", as exact,
+    when the count stopped at its bound. Past the bound within the hour, the sums are lower
+    bounds, marked +; the control, a count whole for the hour, is exact."""
+    now = dt.datetime(2026, 12, 7, 12, 0, 30, tzinfo=dt.UTC)
+    since = now - dt.timedelta(days=1)
+    cut = now.replace(second=0) - dt.timedelta(minutes=cut_at_minutes_ago)
+    minutes = [  # within the hour, after the cut
+        store.MinuteCount(now.replace(second=0) - dt.timedelta(minutes=i), "emails", 100, 1, 0)
+        for i in range(2, 6)
+    ]
+    stats = store.QueueStats("emails", 0, 0, 0, 0, 400, 4, 0, 0, 0.0, 0)
+    page = pages.queues_page([stats], [], store.Throughput(since, cut, minutes), now)
+    within = cut_at_minutes_ago < 60
+    assert ("400+ / 4+" in page) is within
+    assert ("400 / 4<" in page) is not within
+    assert "(grey; + in the column)" in page

@@ -124,6 +124,8 @@ def queues_page(
     limit_of = {limit.queue: limit for limit in limits}
     kick_of = {kick.queue: kick for kick in kicks}
     last_hour: dict[str, tuple[int, int]] = {}
+    # The count stopped at its bound within the hour: the hour's sums are lower bounds.
+    hour_cut = "+" if throughput.counted_from > hour else ""
     for m in throughput.minutes:
         if m.minute >= hour:
             done, failed = last_hour.get(m.queue, (0, 0))
@@ -146,7 +148,7 @@ def queues_page(
                 f'<a href="{url("/jobs", {"queue": r.queue, "status": "parked"})}">'
                 f"{_history(r.parked)}</a>",
                 duration(r.oldest_ready_age_s) if r.ready else "-",
-                f"{done_h:,} / {failed_h:,}",
+                f"{done_h:,}{hour_cut} / {failed_h:,}{hour_cut}",
                 _history(r.done),
                 _history(r.cancelled),
                 _num(r.expired_leases),
@@ -164,8 +166,9 @@ def queues_page(
     bound = ""
     if throughput.counted_from > throughput.since:
         bound = (
-            f'<p class="muted">The charts count the newest {store.THROUGHPUT_BOUND:,} finished '
-            f"jobs: before {moment(throughput.counted_from)} (grey) they are not counted.</p>"
+            f'<p class="muted">The charts and the last hour\'s column count the newest '
+            f"{store.THROUGHPUT_BOUND:,} finished jobs: before {moment(throughput.counted_from)} "
+            "(grey; + in the column) they are not counted.</p>"
         )
     # With done jobs not kept (the runs' PGDRAIN_RETAIN_DONE=0, as they record it), the done
     # column and the charts' green leave them out: said above the table, not found out later.
