@@ -556,8 +556,8 @@ def _check_budget(budget: float, settings: Settings) -> None:
 def cmd_drain(args: argparse.Namespace, settings: Settings) -> int:
     settings = _drain_settings(args, settings)
     _check_budget(args.budget, settings)
-    # SIGINT/SIGTERM: stop claiming, let running jobs finish for a short grace, end the leases
-    # of the rest (reclaimable at once), print the summary and exit 130/143 (pgdrain.runner.stop).
+    # SIGINT/SIGTERM: stop claiming, let running jobs finish for a short grace, give the rest
+    # back (queued at once), print the summary and exit 130/143 (pgdrain.runner.stop).
     with stop_on_signals() as stop:
         result = _run_drain(settings, args.budget, queues_given=args.queues is not None)
     if args.json:

@@ -4,11 +4,12 @@
 
 Either way the run stops claiming and gives back what it claimed and did not start. At the
 reserve, running jobs may go on until the final margin before the deadline. At a request, they
-get a short grace, then the leases of those still running end at once (reclaimable now, not a
-lease later) and the run returns. request() may be called from a signal handler, which runs in
-the main thread between any two bytecodes: it takes no lock (a lock the main thread holds there
-would be waited for ever), only sets a flag and calls wakers that put an item on a SimpleQueue
-(reentrant) or write to a pipe."""
+get a short grace, then those still running are queued again at once with their attempt given
+back (a job whose recovery is manual, or reclaimed as often as its attempts, has its lease ended
+instead: runner/heartbeat.py) and the run returns. request() may be called from a signal
+handler, which runs in the main thread between any two bytecodes: it takes no lock (a lock the
+main thread holds there would be waited for ever), only sets a flag and calls wakers that put an
+item on a SimpleQueue (reentrant) or write to a pipe."""
 
 from __future__ import annotations
 

@@ -24,10 +24,10 @@ and dropped past their age. Otherwise a worker that runs for weeks, with nobody 
 partitions run out, done jobs go to the default partition, deleted by rows.
 
 A stop (SIGINT, SIGTERM: runner/stop.py) ends the wait at once, or makes the drain stop
-claiming, give running jobs the grace, release what has not started and end the leases of
-jobs still running (reclaimable at once). A listening connection that breaks is opened again,
-with backoff while the database is down, and the worker drains then: a kick sent meanwhile is
-lost, its job is not."""
+claiming, give running jobs the grace, release what has not started and give back the jobs still
+running (queued again at once, the attempt not counted: runner/heartbeat.py). A listening
+connection that breaks is opened again, with backoff while the database is down, and the worker
+drains then: a kick sent meanwhile is lost, its job is not."""
 
 from __future__ import annotations
 
