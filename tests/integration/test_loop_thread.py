@@ -82,7 +82,11 @@ def test_a_stop_that_ends_the_run_while_its_one_job_runs_leaves_its_thread_nothi
     job_id = enqueue(conn, "gate")
     stop = StopRequest(grace_seconds=0.2)
     results: list[DrainResult] = []
-    switches = Controls(end_the_loop_thread_with_the_run=ends)
+    # The stop ends the job's lease rather than queueing it again (its attempt given back), so
+    # that the control's late completion still finds the attempt's token to write under.
+    switches = Controls(
+        end_the_loop_thread_with_the_run=ends, give_back_attempts_a_stop_cuts_short=False
+    )
     run = threading.Thread(
         target=lambda: results.append(
             drain_with(switches, ONE_SLOT, Budget.seconds(60), registry, db_url, stop=stop)

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers.fixtures import wait_for
+from helpers.fixtures import claim_batch, wait_for
 from helpers.history import day_partition_exists, finish_within_day, make_day_partition
 from helpers.lock_waits import named_waits_on_a_lock, on_a_connection_of_its_own, waits_on_a_lock
 from pgdrain import enqueue
@@ -439,3 +439,51 @@ def _ensured_or_error(conn: Conn) -> object:
         return exc
     assert row is not None
     return row[0]
+
+
+LEASE_KEPT = "AND NOT coalesce(cancelled_lease_expires_at > now(), false)"
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept-while-its-lease-runs", "control-purged"])
+def test_a_job_cancelled_while_running_is_not_purged_before_its_lease_ends(
+    conn: Conn, kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A red team's finding: `pgdrain purge --older-than-days 0` deleted a job cancelled while
+    it ran, whose row holds its queue's concurrency slot until the lease ends (migration 0040):
+    the next run recounted the slot free and started a second job beside the cancelled one's
+    code. The control: the statement without its condition on the lease."""
+    if not kept:
+        real = sql.query
+        purge = real("job_purge_finished").replace(LEASE_KEPT, "")
+        assert purge != real("job_purge_finished")
+        monkeypatch.setattr(
+            store.operator_commands,
+            "query",
+            lambda name: purge if name == "job_purge_finished" else real(name),
+        )
+    conn.execute("INSERT INTO pgdrain.queue_limits (queue, max_running) VALUES ('lim', 1)")
+    job_id = enqueue(conn, "noop", queue="lim")
+    [claimed] = claim_batch(conn, ["lim"], 1, "a-run", 300.0, None)
+    assert claimed.id == job_id
+    store.job_cancel(conn, [job_id])
+    assert store.job_purge_finished(conn, 0.0) == (0 if kept else 1)
+    row = conn.execute("SELECT pgdrain.queue_running('lim')").fetchone()
+    assert row == ((1,) if kept else (0,))  # the control: the slot free beside the attempt
+
+
+def test_retention_keeps_a_cancelled_jobs_row_until_its_lease_ends(conn: Conn) -> None:
+    """The same condition in the scheduled retention's batch (PGDRAIN_RETAIN_FAILED=0)."""
+    job_id = enqueue(conn, "noop")
+    claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    store.job_cancel(conn, [job_id])
+    batch = store.job_retention_batch(
+        conn, done_days=0, failed_days=0, done_limit=100, failed_limit=100
+    )
+    assert batch.failed == 0 and job_id in _ids(conn)
+    conn.execute(
+        "UPDATE pgdrain.finished_jobs SET cancelled_lease_expires_at = now() - interval '1 s'"
+    )
+    batch = store.job_retention_batch(
+        conn, done_days=0, failed_days=0, done_limit=100, failed_limit=100
+    )
+    assert batch.failed == 1 and job_id not in _ids(conn)

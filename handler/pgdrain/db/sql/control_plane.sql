@@ -57,13 +57,16 @@ WITH done_left AS (
       AND status IN ('failed', 'cancelled')
     RETURNING 1
 ), failed AS (
+    -- Not a job cancelled while it ran whose lease has not ended (job_purge_finished says why).
     DELETE FROM pgdrain.finished_jobs_failed
     WHERE id = ANY(ARRAY(
         SELECT id FROM pgdrain.finished_jobs_failed
         WHERE finished_at < now() - %(failed_days)s * interval '24 hours'
+          AND NOT coalesce(cancelled_lease_expires_at > now(), false)
         LIMIT %(failed_limit)s
     ))
       AND finished_at < now() - %(failed_days)s * interval '24 hours'
+      AND NOT coalesce(cancelled_lease_expires_at > now(), false)
     RETURNING 1
 ), runs AS (
     DELETE FROM pgdrain.run_history

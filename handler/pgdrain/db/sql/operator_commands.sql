@@ -143,16 +143,21 @@ WITH left_behind AS (
       AND status IN ('done', 'failed', 'cancelled')
     RETURNING 1
 ), finished AS (
+    -- Not a job cancelled while it ran whose lease has not ended: its row holds the queue's
+    -- concurrency slot while the attempt's code may run (migration 0040), and tells that run
+    -- the job was cancelled, not its lease lost.
     DELETE FROM pgdrain.finished_jobs
     WHERE id = ANY(ARRAY(
         SELECT id FROM pgdrain.finished_jobs
         WHERE status = ANY(%(statuses)s::text[])
           AND finished_at < now() - %(days)s * interval '24 hours'
           AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+          AND NOT coalesce(cancelled_lease_expires_at > now(), false)
         LIMIT %(limit)s
     ))
       AND status = ANY(%(statuses)s::text[])
       AND finished_at < now() - %(days)s * interval '24 hours'
+      AND NOT coalesce(cancelled_lease_expires_at > now(), false)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM left_behind) + (SELECT count(*) FROM finished) AS deleted;
@@ -550,11 +555,13 @@ LEFT JOIN cancelled AS c ON c.id = t.id;
 -- name: job_count_finished :one
 -- What job_purge_finished would delete, counted (purge --dry-run): the same conditions.
 SELECT count(*) AS jobs
-FROM pgdrain.jobs
-WHERE status IN ('done', 'failed', 'cancelled')
-  AND status = ANY(%(statuses)s::text[])
-  AND finished_at < now() - %(days)s * interval '24 hours'
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text);
+FROM pgdrain.jobs AS j
+WHERE j.status IN ('done', 'failed', 'cancelled')
+  AND j.status = ANY(%(statuses)s::text[])
+  AND j.finished_at < now() - %(days)s * interval '24 hours'
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+  AND NOT EXISTS (SELECT 1 FROM pgdrain.finished_jobs AS f
+                  WHERE f.id = j.id AND f.cancelled_lease_expires_at > now());
 
 -- name: job_queues :many
 -- The queues of these jobs, once each: the queues `pgdrain retry` kicks after its commit.
