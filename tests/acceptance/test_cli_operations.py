@@ -751,3 +751,22 @@ def test_a_drain_names_the_ready_jobs_a_used_up_rate_holds_back(
         ]
     else:  # control: without the limit the same drain leaves nothing, and says nothing more
         assert (done, rest) == (5, [])
+
+
+def test_a_retry_run_again_finds_its_jobs_pending_and_says_so(conn: Conn, db_url: str) -> None:
+    """A red team's finding: a retry whose reply was lost had queued its jobs; run again, it
+    called them "not failed, parked or cancelled (or unknown)" with exit 1. It now says they
+    are already queued, and exits 0; an unknown id is still an error."""
+    failed, done = enqueue(conn, "ok"), enqueue(conn, "ok")
+    _finish(conn, failed, "failed")
+    _finish(conn, done, "done")
+    first = pgdrain(db_url, "retry", str(failed), PGDRAIN_KICK="off")
+    assert first.code == EXIT_OK, first.err
+    again = pgdrain(db_url, "retry", str(failed), PGDRAIN_KICK="off")
+    assert (again.code, again.err) == (EXIT_OK, "")
+    assert f"job {failed} is already queued: nothing to retry" in again.out
+    as_json = pgdrain(db_url, "retry", str(failed), "--json", PGDRAIN_KICK="off")
+    assert json.loads(as_json.out)["already_pending"] == {str(failed): "queued"}
+    wrong = pgdrain(db_url, "retry", str(done), "999999", PGDRAIN_KICK="off")
+    assert wrong.code == EXIT_FAILURE
+    assert f"(or unknown): [{done}, 999999]" in wrong.err

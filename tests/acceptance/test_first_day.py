@@ -550,6 +550,7 @@ def test_retry_and_purge_speak_json(project: Project, conn: Conn) -> None:
         "key_held": {},
         "dependency_ended": {},
         "not_queued_again": [],
+        "already_pending": {},
         "waits_for_lease": {},
     }
     purge = json.loads(project.run("purge", "--dry-run", "--json").out)

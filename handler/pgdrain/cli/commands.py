@@ -1046,6 +1046,11 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
         if retried and not args.dry_run:
             kicked = _kick(conn, settings, store.job_queues(conn, [r.id for r in retried]))
         missing = sorted(set(args.ids) - {r.id for r in (*retried, *refused)})
+        # Of those, the ones that will run anyway (queued, running, waiting: a retry whose
+        # reply was lost, run again, finds its jobs so): said, not an error.
+        now = store.job_status_many(conn, missing) if missing else {}
+        pending = {i: now[i] for i in missing if now.get(i) in ("queued", "running", "waiting")}
+        missing = [i for i in missing if i not in pending]
         gone = _gone(conn, settings) if missing else ""
     if args.json:
         print(
@@ -1064,6 +1069,7 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
                         if r.dependency is not None
                     },
                     "not_queued_again": missing,
+                    "already_pending": {str(i): status for i, status in pending.items()},
                     "waits_for_lease": {
                         str(r.id): r.lease_wait_until.isoformat()
                         for r in retried
@@ -1088,6 +1094,8 @@ def cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
             for r in refused:
                 print(f"{r.id:>8} {printable(r.queue):<12} {printable(r.kind)} ({r.why_not()})")
     if not args.json:
+        for job_id, status in pending.items():
+            print(f"job {job_id} is already {status}: nothing to retry")
         for line in kicked:
             print(line)
     if missing:
