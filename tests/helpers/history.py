@@ -52,3 +52,20 @@ def view_write_of_0033() -> str:
     )
     start = text.index("CREATE OR REPLACE FUNCTION pgdrain.jobs_view_write()")
     return text[start : text.index("$$;", start) + 3]
+
+
+def enqueued_as_0041(conn: Conn) -> None:
+    """jobs_flow_enqueued and its trigger as migration 0041 left them: the controls."""
+    text = (
+        resources.files("pgdrain.db")
+        .joinpath("sql/migrations/0041_retried_sequence_jobs_in_id_order.sql")
+        .read_text(encoding="utf-8")
+    )
+    start = text.index("CREATE OR REPLACE FUNCTION pgdrain.jobs_flow_enqueued()")
+    conn.execute(text[start : text.index("$$;", start) + 3].encode())
+    conn.execute(
+        "DROP TRIGGER jobs_flow_enqueued ON pgdrain.active_jobs;"
+        " CREATE TRIGGER jobs_flow_enqueued BEFORE INSERT ON pgdrain.active_jobs FOR EACH ROW"
+        " WHEN (NEW.sequence IS NOT NULL OR NEW.depends_on IS NOT NULL)"
+        " EXECUTE FUNCTION pgdrain.jobs_flow_enqueued()"
+    )

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
 from helpers.fixtures import claim_batch, complete_one, job_row
+from helpers.history import enqueued_as_0041
 from pgdrain import enqueue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
@@ -110,3 +112,54 @@ def test_migration_0004_keeps_existing_rows_and_frees_finished_keys(empty_db_url
         assert sorted(after) == sorted(before)
         assert enqueue(conn, "noop", idempotency_key="queued-key") == queued
         assert enqueue(conn, "noop", idempotency_key="done-key") not in (done, queued)
+
+
+def _count(conn: Conn, statement: str) -> int:
+    row = conn.execute(statement.encode()).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("found", [True, False], ids=["the-holder", "control-0041"])
+def test_a_held_key_enqueued_with_flow_returns_its_holder_and_writes_nothing(
+    conn: Conn, found: bool
+) -> None:
+    """A red team's finding: a held key enqueued again `after=` a cancelled job inserted a new
+    cancelled job and returned its id; with a sequence, it made the sequence's row."""
+    if not found:
+        enqueued_as_0041(conn)
+    ended = enqueue(conn, "k")
+    store.job_cancel(conn, [ended])
+    holder = enqueue(conn, "k", idempotency_key="order-7")
+    jobs_before = _count(conn, "SELECT count(*) FROM pgdrain.jobs")
+    again = enqueue(conn, "k", idempotency_key="order-7", after=[ended])
+    in_sequence = enqueue(conn, "k", idempotency_key="order-7", sequence="never-used")
+    made = _count(conn, "SELECT count(*) FROM pgdrain.sequences WHERE sequence = 'never-used'")
+    if found:
+        assert (again, in_sequence) == (holder, holder)
+        assert (_count(conn, "SELECT count(*) FROM pgdrain.jobs"), made) == (jobs_before, 0)
+    else:  # a cancelled job of the key, its id returned; the sequence's row made
+        assert again != holder and job_row(conn, again)["status"] == "cancelled"
+        assert (in_sequence, made) == (holder, 1)
+
+
+@pytest.mark.parametrize("waits", [True, False], ids=["waits-for-the-lease", "control-0041"])
+def test_a_key_whose_job_was_cancelled_running_starts_its_next_job_after_the_lease(
+    conn: Conn, waits: bool
+) -> None:
+    """A red team's finding: cancelling a running job freed its key at once, and the next job
+    of the key ran beside the cancelled attempt's code, which may run until its lease ends."""
+    if not waits:
+        enqueued_as_0041(conn)
+    first = enqueue(conn, "k", idempotency_key="charge-7")
+    [claimed] = claim_batch(conn, ["default"], 1, "run-a", 300.0, None)
+    assert claimed.id == first
+    lease_end = job_row(conn, first)["lease_expires_at"]
+    store.job_cancel(conn, [first])
+    second = enqueue(conn, "k", idempotency_key="charge-7")
+    assert second != first  # the key is free: a new job
+    again = claim_batch(conn, ["default"], 1, "run-b", 300.0, None)
+    if waits:
+        assert (again, job_row(conn, second)["run_at"]) == ([], lease_end)
+    else:
+        assert [j.id for j in again] == [second]  # beside the cancelled attempt

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from helpers.fixtures import claim_batch, job_row, wait_for, without_line
+from helpers.history import enqueued_as_0041
 from helpers.lock_waits import waits_on_a_lock
 from pgdrain import enqueue
 from pgdrain.db import store
@@ -179,6 +180,7 @@ def test_a_parked_job_holds_its_key_until_a_person_decides(conn: Conn, held: boo
     not be retried at all."""
     if not held:
         _the_0004_index(conn)
+        enqueued_as_0041(conn)  # nor does the enqueue's trigger look at the key (0046)
     parked = _parked(conn)
     again = enqueue(conn, "noop", idempotency_key=KEY)
     if held:
