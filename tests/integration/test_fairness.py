@@ -5,6 +5,7 @@ priority-then-age order across queues, as before."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any, LiteralString
 
@@ -96,3 +97,40 @@ def test_a_claim_naming_many_queues_locks_a_share_of_the_batch_in_each(
     assert free is not None
     locked_unclaimed = len(queues) * BATCH - BATCH - free[0]
     assert locked_unclaimed == (len(queues) - BATCH if shared else len(queues) * BATCH - BATCH)
+
+
+SPIN = "f.priority, md5(f.queue || %(claim_id)s::uuid::text), f.run_at, f.id"
+
+
+@pytest.mark.parametrize("spun", [True, False], ids=["queues-drawn-anew", "control-oldest-heads"])
+def test_a_new_job_is_claimed_soon_behind_more_busy_queues_than_a_claim_takes(
+    db_url: str, conn: Conn, spun: bool
+) -> None:
+    """A red team's finding: with more busy queues than a claim takes (5 at the defaults), a
+    turn went to the queues with the oldest heads, every claim: a new job in another queue
+    waited behind the whole of every older backlog. The claims here take 5 of 12 busy queues
+    each time; drawn anew, the new job's queue is missed by 30 claims in a row about once in
+    ten million. The control orders a turn by age, as before: 30 claims never reach it."""
+    with conn.transaction():
+        enqueue_many(
+            conn,
+            [build_job("noop", queue_name=f"bulk{q}") for q in range(11) for _ in range(30)],
+        )
+    conn.execute("UPDATE pgdrain.jobs SET run_at = now() - interval '1 hour'")  # older
+    with conn.transaction():
+        (email,) = enqueue_many(conn, [build_job("noop", {}, queue_name="emails")])
+    statement = query("job_complete_and_claim")
+    if not spun:
+        statement = statement.replace(SPIN, "f.priority, f.run_at, f.id")
+        assert statement != query("job_complete_and_claim")
+    queues = [f"bulk{q}" for q in range(11)] + ["emails"]
+    claimed: list[int] = []
+    with psycopg.connect(db_url, autocommit=True) as claimer:
+        for _ in range(30):
+            params = store.job_complete_and_claim_statement(
+                [], queues, 5, "fairness-test", 300, None, uuid.uuid4()
+            ).params
+            rows = claimer.execute(statement, params).fetchall()
+            claimed += [int(r[1]) for r in rows if r[0] is False]
+    assert len(claimed) == 150
+    assert (email in claimed) is spun

@@ -388,15 +388,19 @@ WITH ended AS (
         ) AS from_start
     ) AS candidate
 ), candidates AS (
-    SELECT f.id, f.priority, f.run_at, f.bytes, row_number() OVER turns AS turn
+    SELECT f.id, f.priority, f.run_at, f.bytes, row_number() OVER turns AS turn,
+           md5(f.queue || %(claim_id)s::uuid::text) AS spin
     FROM found AS f
     WINDOW turns AS (PARTITION BY f.queue ORDER BY f.priority, f.run_at, f.id)
     -- Fair across queues (round-robin): every queue's first candidate comes before any queue's
     -- second, so a backlog in one queue cannot make a new job in another wait behind all of it;
-    -- priority orders the jobs within a turn.
+    -- priority orders the jobs within a turn, then the queues in an order each claim draws
+    -- anew (its claim id, hashed with the queue's name): a turn of more queues than the claim
+    -- takes picks some of them, not those with the oldest heads every time (by age, a new job
+    -- waited behind every busy queue's whole backlog, a red team's finding).
     ORDER BY
         row_number() OVER (PARTITION BY f.queue ORDER BY f.priority, f.run_at, f.id),
-        f.priority, f.run_at, f.id
+        f.priority, md5(f.queue || %(claim_id)s::uuid::text), f.run_at, f.id
     LIMIT %(limit)s
 ), ready AS (
     -- One claim brings at most 4 MiB of payload text (as stored) into the run, and always its
@@ -404,7 +408,9 @@ WITH ended AS (
     -- (store.MAX_CLAIM_PAYLOAD_BYTES; a row holds at most 1 MiB, jobs_payload_size_chk). A
     -- claim cut short makes the run claim again as its jobs finish.
     SELECT c.id
-    FROM (SELECT c.id, sum(c.bytes) OVER (ORDER BY c.turn, c.priority, c.run_at, c.id) - c.bytes AS before
+    FROM (SELECT c.id,
+                 sum(c.bytes) OVER (ORDER BY c.turn, c.priority, c.spin, c.run_at, c.id)
+                     - c.bytes AS before
           FROM candidates AS c) AS c
     WHERE c.before < 4194304  -- the claim's payload bound
 ), claimed AS (
