@@ -18,6 +18,7 @@ import pgdrain.db.sql
 from helpers.fixtures import (
     UNREADABLE_JSON,
     claim_batch,
+    complete_one,
     job_row,
     unfenced,
     unreadable_job,
@@ -226,12 +227,15 @@ def _function_text(conn: Conn) -> str:
 def _released_at_now(conn: Conn) -> None:
     """jobs_flow_finished as it was before migration 0031: the job it releases queued at now()."""
     text = _function_text(conn)
-    for kept in (
-        "greatest(j.run_at, now(), held_until)",  # migrations 0034, 0042
-        "greatest(d.run_at, now())",
+    for kept, at_now in (
+        ("run_at = greatest(j.run_at, held_until),", "run_at = now(),"),  # 0034, 0042, 0047
+        (
+            "SET status = 'queued', updated_at = now()",
+            "SET status = 'queued', run_at = now(), updated_at = now()",
+        ),
     ):
-        assert text.count(kept) == 1
-        text = text.replace(kept, "now()")
+        assert text.count(kept) == 1, kept
+        text = text.replace(kept, at_now)
     conn.execute(text.encode())
 
 
@@ -439,6 +443,46 @@ def test_a_delayed_job_released_by_its_flow_keeps_its_delay(
         )
     else:  # run at once
         assert ran == [first, delayed]
+
+
+def _released_at_now_or_later(conn: Conn) -> None:
+    """jobs_flow_finished as 0045 left it: the job it releases queued at now() or later."""
+    text = _function_text(conn)
+    for kept, as_0045 in (
+        (
+            "run_at = greatest(j.run_at, held_until),",
+            "run_at = greatest(j.run_at, now(), held_until),",
+        ),
+        (
+            "SET status = 'queued', updated_at = now()",
+            "SET status = 'queued', run_at = greatest(d.run_at, now()), updated_at = now()",
+        ),
+    ):
+        assert text.count(kept) == 1, kept
+        text = text.replace(kept, as_0045)
+    conn.execute(text.encode())
+
+
+@pytest.mark.parametrize("flow", ["sequence", "after"])
+@pytest.mark.parametrize("kept", [True, False], ids=["keeps-its-place", "control-at-now"])
+def test_a_released_job_keeps_its_place_ahead_of_a_later_backlog(
+    conn: Conn, flow: str, kept: bool
+) -> None:
+    """A red team's finding: a job released by its sequence or dependencies was queued at
+    now(), behind every job enqueued since, and each step of a chain waited for the queue's
+    whole backlog. The control: the release as 0045 made it."""
+    if not kept:
+        _released_at_now_or_later(conn)
+    first = enqueue(conn, "step", sequence="s1" if flow == "sequence" else None)
+    held = {"sequence": "s1"} if flow == "sequence" else {"after": [first]}
+    second = enqueue(conn, "step", **held)
+    with conn.transaction():
+        enqueue_many(conn, [build_job("step") for _ in range(20)])  # the backlog, later
+    [head] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    assert head.id == first
+    assert complete_one(conn, head.held)
+    [next_claimed] = claim_batch(conn, ["default"], 1, "a-run", 300.0, None)
+    assert (next_claimed.id == second) is kept  # the control: a job of the backlog first
 
 
 def test_a_missing_dependency_is_refused_and_nothing_is_written(conn: Conn) -> None:
