@@ -254,18 +254,7 @@ WITH ended AS (
     -- the same list in every statement that takes NULL for every queue (a unit test keeps them
     -- in step).
     SELECT coalesce(%(queues)s::text[],
-                    ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)) AS names,
-           -- Of the queues named, those with jobs: what the share below divides the batch
-           -- among (dividing among every queue named cut a claim of PGDRAIN_QUEUES=q0,...,q39
-           -- with jobs in one to 1 job). Those the run holds a position in, where it claimed
-           -- jobs lately; with none, those with queued jobs (a floor's mark, one index probe
-           -- each), read only then: behind a held snapshot the marks keep dead versions.
-           CASE WHEN cardinality(%(position_queue)s::text[]) > 0
-                THEN (SELECT count(*) FROM unnest(%(queues)s::text[]) AS n(queue)
-                      WHERE n.queue = ANY(%(position_queue)s::text[]))::int
-                ELSE (SELECT count(*) FROM unnest(%(queues)s::text[]) AS n(queue)
-                      WHERE EXISTS (SELECT 1 FROM pgdrain.queue_floor_marks AS m
-                                    WHERE m.queue = n.queue))::int END AS busy
+                    ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)) AS names
 ), limits AS MATERIALIZED (
     -- Per-queue settings across all runs (pgdrain.queue_limits; most queues have none, and
     -- then nothing is locked): a concurrency limit (free: NULL when none), a rate limit
@@ -297,8 +286,8 @@ WITH ended AS (
                -- every queue (NULL) finds the queues itself and takes no share: named queues
                -- left empty would make its claims short (decision 0020).
                CASE WHEN %(queues)s::text[] IS NULL THEN %(limit)s ELSE greatest(
-                   ceil(4.0 * %(limit)s / greatest(1, (SELECT busy FROM served)))::int,
-                   %(limit)s - (SELECT busy FROM served) + 1) END) END AS n,
+                   ceil(4.0 * %(limit)s / greatest(1, cardinality(%(queues)s::text[])))::int,
+                   %(limit)s - cardinality(%(queues)s::text[]) + 1) END) END AS n,
            pos.priority AS after_priority,
            -- The position's run_at as the claim's reply gave it, microseconds since the epoch
            -- (no session setting reads a bigint), made a timestamptz again exactly: whole
