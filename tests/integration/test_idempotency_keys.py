@@ -163,3 +163,42 @@ def test_a_key_whose_job_was_cancelled_running_starts_its_next_job_after_the_lea
         assert (again, job_row(conn, second)["run_at"]) == ([], lease_end)
     else:
         assert [j.id for j in again] == [second]  # beside the cancelled attempt
+
+
+@pytest.mark.parametrize("locked", [True, False], ids=["serialization-failure", "control-read"])
+def test_a_held_key_whose_holder_finished_after_the_snapshot_is_never_dropped(
+    db_url: str, conn: Conn, locked: bool
+) -> None:
+    """A review's finding: the holder read, not locked, from a REPEATABLE READ snapshot older
+    than its finish: the enqueue returned the finished holder and inserted nothing, its work
+    lost. Locked, it is a serialization failure, and the transaction run again makes the job.
+    The control reads the holder without the lock."""
+    if not locked:
+        text = _function_text(conn, "jobs_flow_enqueued")
+        assert text.count("FOR KEY SHARE;") == 1
+        conn.execute(text.replace("FOR KEY SHARE;", ";").encode())
+    holder = enqueue(conn, "k", idempotency_key="K")
+    [claimed] = claim_batch(conn, ["default"], 1, "run-a", 300.0, None)
+    with psycopg.connect(db_url) as app:
+        app.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        app.execute("SELECT count(*) FROM pgdrain.jobs")  # the snapshot: the holder unfinished
+        assert complete_one(conn, claimed.held)  # the holder finishes, the key is free
+        if locked:
+            with pytest.raises(psycopg.errors.SerializationFailure):
+                enqueue(app, "k", idempotency_key="K", sequence="s")
+            app.rollback()
+            again = enqueue(app, "k", idempotency_key="K", sequence="s")  # run again
+            app.commit()
+            assert again != holder and job_row(conn, again)["status"] == "queued"
+        else:
+            assert enqueue(app, "k", idempotency_key="K", sequence="s") == holder
+            app.commit()
+            assert _count(conn, "SELECT count(*) FROM pgdrain.jobs") == 1  # dropped
+
+
+def _function_text(conn: Conn, name: str) -> str:
+    row = conn.execute(
+        "SELECT pg_get_functiondef(%s::regprocedure)", (f"pgdrain.{name}()",)
+    ).fetchone()
+    assert row is not None
+    return str(row[0])

@@ -10,6 +10,8 @@
 --   starts after that lease, as a sequence's next job does.
 -- The trigger now fires for a row with a key too (its WHEN), and returns at once for a row
 -- with none of a key, a sequence or dependencies. One function replaced, its trigger made again.
+-- Left as they were: a held key enqueued with flow through the view by hand (the trigger's
+-- second level, as a retry's move is), or beside the holder's insert not yet committed.
 
 CREATE OR REPLACE FUNCTION pgdrain.jobs_flow_enqueued() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -21,20 +23,29 @@ DECLARE
     missing bigint;
     made boolean;
     demoted bigint;
+    holders bigint;
 BEGIN
     IF NEW.status <> 'queued' THEN
         RETURN NEW;
     END IF;
     IF NEW.idempotency_key IS NOT NULL THEN
-        -- An enqueue (not the move of a retried job, which arrives through the view's trigger)
-        -- whose key an unfinished job of its queue holds inserts nothing (ON CONFLICT's
-        -- answer, reached first): no sequence row, no dependency marked, and no cancelled job
-        -- made for a dependency that ended. The caller then finds the holder by its key.
-        IF pg_trigger_depth() = 1
-           AND EXISTS (SELECT 1 FROM pgdrain.active_jobs AS k
-                       WHERE k.queue = NEW.queue AND k.idempotency_key = NEW.idempotency_key
-                         AND k.status IN ('queued', 'running', 'parked', 'waiting')) THEN
-            RETURN NULL;
+        -- An enqueue with a sequence or dependencies (not the move of a retried job, which
+        -- arrives through the view's trigger) whose key an unfinished job of its queue holds
+        -- inserts nothing, ON CONFLICT's answer reached first: no sequence row, no dependency
+        -- marked, and no cancelled job made for a dependency that ended. The caller then finds
+        -- the holder by its key. The holder is locked, not only read: a finish in progress is
+        -- waited for and the key then found free (READ COMMITTED), or is a serialization
+        -- failure to run again (a snapshot older than that finish), never a drop.
+        IF pg_trigger_depth() = 1 AND (NEW.sequence IS NOT NULL OR NEW.depends_on IS NOT NULL) THEN
+            PERFORM 1 FROM pgdrain.active_jobs AS k
+            WHERE k.queue = NEW.queue AND k.idempotency_key = NEW.idempotency_key
+              AND k.status IN ('queued', 'running', 'parked', 'waiting')
+            FOR KEY SHARE;
+            -- Not FOUND: this function's variable `found` hides it.
+            GET DIAGNOSTICS holders = ROW_COUNT;
+            IF holders > 0 THEN
+                RETURN NULL;
+            END IF;
         END IF;
         -- A job of its key cancelled while it ran may run until its lease ends: a new job of
         -- the key starts after that, as the next job of a sequence does (migration 0034).
