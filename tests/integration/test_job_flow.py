@@ -228,7 +228,7 @@ def _released_at_now(conn: Conn) -> None:
     """jobs_flow_finished as it was before migration 0031: the job it releases queued at now()."""
     text = _function_text(conn)
     for kept, at_now in (
-        ("run_at = greatest(j.run_at, held_until),", "run_at = now(),"),  # 0034, 0042, 0047
+        ("run_at = greatest(j.run_at, held_until),", "run_at = now(),"),  # 0034, 0042, 0045
         (
             "SET status = 'queued', updated_at = now()",
             "SET status = 'queued', run_at = now(), updated_at = now()",

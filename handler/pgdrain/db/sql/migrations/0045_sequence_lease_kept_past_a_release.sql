@@ -1,10 +1,17 @@
--- pgdrain 0045: a sequence keeps a cancelled attempt's lease past the job it released.
+-- pgdrain 0045: a job a sequence or its dependencies release, as a red team found it.
 --
 -- A sequence's running head cancelled releases the job behind it for the end of the head's
 -- lease (0034); 0042 kept that lease on the sequence's row only when no job was released. So
 -- when the released job was cancelled in turn, before the lease ended, the one behind it was
 -- queued for now, and a run took it beside the head's code. The lease is now kept whenever it
--- has not ended, and read by the next finish (a red team's finding). One function replaced.
+-- has not ended, and read by the next finish.
+--
+-- A released job was queued at now() (or its own delay's end): it sorted after every job
+-- enqueued into its queue meanwhile, so each step of a sequence or a workflow waited behind the
+-- queue's whole backlog, and an N-step chain took N backlogs. It now keeps the run_at it was
+-- enqueued with (or its delay's end, or a cancelled attempt's lease, as before): a run finds
+-- it from its queue's floor, which the release marks below it, within a position's age
+-- (runner/positions.py). One function replaced.
 
 CREATE OR REPLACE FUNCTION pgdrain.jobs_flow_finished() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -27,7 +34,10 @@ BEGIN
             WITH promoted AS (
                 UPDATE pgdrain.active_jobs AS j
                 SET status = 'queued',
-                    run_at = greatest(j.run_at, now(), held_until),
+                    -- Its place as enqueued (or later: its delay, the lease), not now(): at
+                    -- now() it sorted after every job enqueued meanwhile, and each step of a
+                    -- sequence waited behind the whole backlog of its queue.
+                    run_at = greatest(j.run_at, held_until),
                     updated_at = now()
                 WHERE j.id = (SELECT w.id FROM pgdrain.active_jobs AS w
                               WHERE w.sequence = NEW.sequence AND w.status = 'waiting'
@@ -59,7 +69,7 @@ BEGIN
         -- All dependencies done: none unfinished, none finished otherwise.
         WITH promoted AS (
             UPDATE pgdrain.active_jobs AS d
-            SET status = 'queued', run_at = greatest(d.run_at, now()), updated_at = now()
+            SET status = 'queued', updated_at = now()  -- run_at as enqueued, as above
             WHERE d.depends_on @> ARRAY[NEW.id] AND d.status = 'waiting'
               AND NOT EXISTS (SELECT 1 FROM pgdrain.active_jobs AS x
                               WHERE x.id = ANY(d.depends_on))
