@@ -134,3 +134,33 @@ def test_a_new_job_is_claimed_soon_behind_more_busy_queues_than_a_claim_takes(
             claimed += [int(r[1]) for r in rows if r[0] is False]
     assert len(claimed) == 150
     assert (email in claimed) is spun
+
+
+POSITIONED_SHARE = "WHEN pos.queue IS NOT NULL THEN greatest("
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["its-share-grows", "control-one-a-claim"])
+def test_a_restricted_run_with_jobs_in_one_of_many_queues_claims_full_batches(
+    conn: Conn, kept: bool
+) -> None:
+    """A red team's finding: PGDRAIN_QUEUES naming 40 queues, jobs in one: every claim divided
+    its batch among the 40, 1 job each time, and the run drained 5-9 times slower. The first
+    claim (no position) still takes 1; from its position on, the queue shares the batch only
+    with the queues the run holds a position in. The control shares among all 40, as before."""
+    queues = [f"q{n}" for n in range(40)]
+    with conn.transaction():
+        enqueue_many(conn, [build_job("noop", queue_name="q0") for _ in range(100)])
+    statement = query("job_complete_and_claim")
+    if not kept:
+        statement = statement.replace(POSITIONED_SHARE, "WHEN false THEN greatest(")
+        assert statement != query("job_complete_and_claim")
+
+    def claim(positions: dict[str, store.ClaimPosition] | None) -> list[store.ClaimedJob]:
+        claim = store.job_complete_and_claim_statement(
+            [], queues, BATCH, "w", 30, None, uuid.uuid4(), positions
+        )
+        return claim.read(conn.execute(statement, claim.params))[1]
+
+    [first] = claim(None)
+    last = claim({"q0": store.ClaimPosition(first.priority, first.run_at_us, first.id)})
+    assert len(last) == (BATCH if kept else 1)

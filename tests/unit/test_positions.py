@@ -1,5 +1,5 @@
 """A run's claim positions (runner/positions.py), without a database: what each claim's reply
-leaves for the next claim, and when they are dropped (a short claim, their age, a reconnect).
+leaves for the next claim, and when they are dropped (their age, a reconnect, a claim of none).
 The statement that reads from them is tested in tests/integration/test_claim_position.py."""
 
 from __future__ import annotations
@@ -47,13 +47,16 @@ def test_each_queue_starts_after_the_last_job_the_run_claimed_there() -> None:
     assert start.served == ("a", "b", "c")  # the queues that claim found, named by the next
 
 
-def test_a_short_claim_drops_every_position() -> None:
-    """Fewer jobs than asked: every queue it read ran out, so what comes next (a more urgent
-    job, one committed late) is read from the start."""
+def test_a_short_claim_keeps_the_positions_it_took_and_finds_the_queues_again() -> None:
+    """Fewer jobs than asked: the queues it read ran out, or a share of the batch held them
+    back (a claim naming many queues). A queue it took jobs from keeps its position (a range
+    that ran out is read from the floor by the same statement); the queues found are found
+    again. A claim that took nothing leaves none."""
     positions = Positions(clock=Clock())
-    _full_claim(positions, [_job(1), _job(2)])
-    positions.received(positions.start(), [_job(3)], 2, None)
-    assert dict(positions.start().positions) == {}
+    positions.received(positions.start(), [_job(1, "a"), _job(2, "b")], 2, ("a", "b"))
+    positions.received(positions.start(), [_job(3, "a")], 2, None)
+    start = positions.start()
+    assert (dict(start.positions), start.served) == ({"a": ClaimPosition(0, RUN_AT_US, 3)}, None)
     positions.received(positions.start(), [], 2, None)  # nothing at all
     assert dict(positions.start().positions) == {}
 

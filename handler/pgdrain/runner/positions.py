@@ -69,18 +69,24 @@ class Positions:
         served: tuple[str, ...] | None,
     ) -> None:
         """A claim's reply: each queue's position is the last job it claimed there (`claimed`
-        is in the claim's order); a queue it took nothing from has none. A short claim drops
-        them all: every queue it read ran out. A claim made before the last reconnect changes
+        is in the claim's order); a queue it took nothing from has none. A short claim keeps
+        those and drops the queues found. A claim made before the last reconnect changes
         nothing (its reply was asked for after a lost one: the reconnect dropped them).
         `served`: the queues the claim found itself, if it did."""
         if not self._enabled or start.connection != self._connection:
             return
-        if len(claimed) < limit:
-            self.drop()
-            return
         self._at = {
             job.queue: ClaimPosition(job.priority, job.run_at_us, job.id) for job in claimed
         }
+        if len(claimed) < limit:
+            # Short: the queues it read ran out, or their share of the batch did (a claim
+            # naming many queues: hot_path.sql). The next finds the queues again (a run of
+            # every queue); those it took jobs from keep their positions, so a queue whose
+            # share held it back is claimed from its position, with a larger share. With none
+            # taken, as at the start.
+            self._served = None
+            self._since = start.since if self._at else None
+            return
         self._served = start.served if served is None else served
         self._since = start.since
 

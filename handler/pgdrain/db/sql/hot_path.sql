@@ -254,7 +254,11 @@ WITH ended AS (
     -- the same list in every statement that takes NULL for every queue (a unit test keeps them
     -- in step).
     SELECT coalesce(%(queues)s::text[],
-                    ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)) AS names
+                    ARRAY(SELECT f.queue FROM pgdrain.queue_floors AS f ORDER BY f.queue)) AS names,
+           -- Of the queues named, those the run holds a position in (it claimed there lately):
+           -- the share below divides the batch among them for them.
+           (SELECT count(*) FROM unnest(%(queues)s::text[]) AS n(queue)
+            WHERE n.queue = ANY(%(position_queue)s::text[]))::int AS positioned
 ), limits AS MATERIALIZED (
     -- Per-queue settings across all runs (pgdrain.queue_limits; most queues have none, and
     -- then nothing is locked): a concurrency limit (free: NULL when none), a rate limit
@@ -285,7 +289,15 @@ WITH ended AS (
                -- whenever each queue named has a job ready (share + R - 1 >= batch). A run of
                -- every queue (NULL) finds the queues itself and takes no share: named queues
                -- left empty would make its claims short (decision 0020).
-               CASE WHEN %(queues)s::text[] IS NULL THEN %(limit)s ELSE greatest(
+               -- A queue the run holds a position in shares the batch among those it holds
+               -- one in only: with PGDRAIN_QUEUES naming 40 queues and jobs in one, a share
+               -- among all 40 claimed 1 job at a time, for good. The others keep the share
+               -- among all named: the locks stay a few batches at most.
+               CASE WHEN %(queues)s::text[] IS NULL THEN %(limit)s
+                    WHEN pos.queue IS NOT NULL THEN greatest(
+                   ceil(4.0 * %(limit)s / greatest(1, (SELECT positioned FROM served)))::int,
+                   %(limit)s - (SELECT positioned FROM served) + 1)
+                    ELSE greatest(
                    ceil(4.0 * %(limit)s / greatest(1, cardinality(%(queues)s::text[])))::int,
                    %(limit)s - cardinality(%(queues)s::text[]) + 1) END) END AS n,
            pos.priority AS after_priority,
