@@ -13,12 +13,17 @@ from helpers.fixtures import without_line
 Conn = psycopg.Connection[Any]
 
 
+def function_text(conn: Conn, function: str) -> str:
+    """The definition of `function` ('pgdrain.f()') as the database holds it."""
+    row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (function,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 def function_copy(conn: Conn, function: str, name: str, change: Callable[[str], str]) -> None:
     """Create `name`, a copy of `function` ('pgdrain.f()') with its text passed through
     `change`."""
-    row = conn.execute("SELECT pg_get_functiondef(%s::regprocedure)", (function,)).fetchone()
-    assert row is not None
-    text = change(str(row[0]))
+    text = change(function_text(conn, function))
     original = function.removesuffix("()")
     assert original in text
     conn.execute(text.replace(original, name, 1).encode())

@@ -13,6 +13,7 @@ import pytest
 
 from helpers.fixtures import claim_batch, complete_one, job_row
 from helpers.history import enqueued_as_0041
+from helpers.sql_functions import function_text
 from pgdrain import enqueue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
@@ -174,7 +175,7 @@ def test_a_held_key_whose_holder_finished_after_the_snapshot_is_never_dropped(
     lost. Locked, it is a serialization failure, and the transaction run again makes the job.
     The control reads the holder without the lock."""
     if not locked:
-        text = _function_text(conn, "jobs_flow_enqueued")
+        text = function_text(conn, "pgdrain.jobs_flow_enqueued()")
         assert text.count("FOR KEY SHARE;") == 1
         conn.execute(text.replace("FOR KEY SHARE;", ";").encode())
     holder = enqueue(conn, "k", idempotency_key="K")
@@ -194,11 +195,3 @@ def test_a_held_key_whose_holder_finished_after_the_snapshot_is_never_dropped(
             assert enqueue(app, "k", idempotency_key="K", sequence="s") == holder
             app.commit()
             assert _count(conn, "SELECT count(*) FROM pgdrain.jobs") == 1  # dropped
-
-
-def _function_text(conn: Conn, name: str) -> str:
-    row = conn.execute(
-        "SELECT pg_get_functiondef(%s::regprocedure)", (f"pgdrain.{name}()",)
-    ).fetchone()
-    assert row is not None
-    return str(row[0])

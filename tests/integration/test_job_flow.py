@@ -24,6 +24,7 @@ from helpers.fixtures import (
     unreadable_job,
     wait_for,
 )
+from helpers.sql_functions import function_text
 from pgdrain import (
     BadInput,
     Budget,
@@ -215,18 +216,9 @@ def test_depending_on_a_done_job_is_queued_at_once(db_url: str, conn: Conn) -> N
     assert job_row(conn, b)["status"] == "queued"
 
 
-def _function_text(conn: Conn) -> str:
-    """jobs_flow_finished's definition, as the database holds it."""
-    row = conn.execute(
-        "SELECT pg_get_functiondef('pgdrain.jobs_flow_finished()'::regprocedure)"
-    ).fetchone()
-    assert row is not None
-    return str(row[0])
-
-
 def _released_at_now(conn: Conn) -> None:
     """jobs_flow_finished as it was before migration 0031: the job it releases queued at now()."""
-    text = _function_text(conn)
+    text = function_text(conn, "pgdrain.jobs_flow_finished()")
     for kept, at_now in (
         ("run_at = greatest(j.run_at, held_until),", "run_at = now(),"),  # 0034, 0042, 0045
         (
@@ -246,7 +238,7 @@ def test_the_next_job_of_a_sequence_waits_for_a_cancelled_heads_lease(
     """A red team's report: the running head of a sequence cancelled, its code still running
     until its next heartbeat, and the next job of the sequence released beside it."""
     if not waits:  # jobs_flow_finished as before migration 0034
-        text = _function_text(conn)
+        text = function_text(conn, "pgdrain.jobs_flow_finished()")
         lease = ", NEW.cancelled_lease_expires_at"
         assert text.count(lease) == 1
         conn.execute(text.replace(lease, "").encode())
@@ -266,11 +258,7 @@ def test_the_next_job_of_a_sequence_waits_for_a_cancelled_heads_lease(
 
 def _enqueue_function_without(conn: Conn, part: str, instead: str = "") -> None:
     """jobs_flow_enqueued with `part` of its definition (there once) replaced: as it was."""
-    row = conn.execute(
-        "SELECT pg_get_functiondef('pgdrain.jobs_flow_enqueued()'::regprocedure)"
-    ).fetchone()
-    assert row is not None
-    text = str(row[0])
+    text = function_text(conn, "pgdrain.jobs_flow_enqueued()")
     assert text.count(part) == 1, part
     conn.execute(text.replace(part, instead).encode())
 
@@ -351,7 +339,7 @@ def test_a_sequences_kept_lease_outlives_a_cancel_of_the_job_behind_it(
     for the next job enqueued (0038), but cancelling that job released the one behind it at
     once, beside the cancelled job's code. Migration 0042 carries the kept lease on."""
     if not carried:  # jobs_flow_finished as 0038 made it: the row's lease not read
-        text = _function_text(conn)
+        text = function_text(conn, "pgdrain.jobs_flow_finished()")
         kept = "RETURNING s.lease_until INTO held_until;"
         assert text.count(kept) == 1
         conn.execute(text.replace(kept, ";").encode())
@@ -376,7 +364,7 @@ def test_a_cancelled_heads_lease_outlives_a_cancel_of_the_job_it_released(
     head's code: the lease was kept on the sequence only when no job was released. Migration
     0045 keeps it whenever it has not ended. The control: jobs_flow_finished as 0042 made it."""
     if not kept:
-        text = _function_text(conn)
+        text = function_text(conn, "pgdrain.jobs_flow_finished()")
         assert text.count(KEPT_ONLY_WHEN_NONE_RELEASED) == 1
         conn.execute(
             text.replace(
@@ -447,7 +435,7 @@ def test_a_delayed_job_released_by_its_flow_keeps_its_delay(
 
 def _released_at_now_or_later(conn: Conn) -> None:
     """jobs_flow_finished as 0045 left it: the job it releases queued at now() or later."""
-    text = _function_text(conn)
+    text = function_text(conn, "pgdrain.jobs_flow_finished()")
     for kept, as_0045 in (
         (
             "run_at = greatest(j.run_at, held_until),",

@@ -30,7 +30,6 @@ from pgdrain.api.registry import Registry, load_registry
 from pgdrain.budget import Budget
 from pgdrain.cli import embedded
 from pgdrain.cli.report import (
-    at_limit,
     format_held,
     format_job,
     format_jobs,
@@ -41,6 +40,7 @@ from pgdrain.cli.report import (
     format_runs,
     format_stats,
     job_as_dict,
+    limits_reached,
     plural,
     printable,
     run_as_dict,
@@ -583,7 +583,7 @@ def _held_by_limits(settings: Settings) -> str | None:
             limits = [
                 q
                 for q in store.queue_limit_list(conn)
-                if serves(settings.queues, q.queue) and q.paused_at is None and at_limit(q)
+                if serves(settings.queues, q.queue) and q.paused_at is None and limits_reached(q)
             ]
             if not limits:  # the common case: one read of the small queue_limits table
                 return None

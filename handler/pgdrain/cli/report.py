@@ -130,11 +130,15 @@ def format_stats(
     return "\n".join(lines)
 
 
-def at_limit(limits: store.QueueLimitRow) -> bool:
-    """The queue's concurrency limit is reached, or its rate window's starts are used up."""
-    full = limits.max_running is not None and limits.running >= limits.max_running
-    used_up = limits.rate_limit is not None and limits.window_started >= limits.rate_limit
-    return full or used_up
+def limits_reached(q: store.QueueLimitRow) -> list[str]:
+    """Which of the queue's limits hold its ready jobs back now: its concurrency limit reached,
+    its rate window's starts used up; none when neither."""
+    why = []
+    if q.max_running is not None and q.running >= q.max_running:
+        why.append(f"concurrency limit {q.max_running} reached")
+    if q.rate_limit is not None and q.window_started >= q.rate_limit:
+        why.append(f"rate {q.rate_limit} per {q.rate_seconds}s used up")
+    return why
 
 
 def format_held(limits: Sequence[store.QueueLimitRow], ready: int) -> str | None:
@@ -142,14 +146,7 @@ def format_held(limits: Sequence[store.QueueLimitRow], ready: int) -> str | None
     limits: "held by limits: 40 ready jobs in emails (rate 10 per 60s used up)". None if none."""
     if not ready:
         return None
-    parts = []
-    for q in limits:
-        why = []
-        if q.max_running is not None and q.running >= q.max_running:
-            why.append(f"concurrency limit {q.max_running} reached")
-        if q.rate_limit is not None and q.window_started >= q.rate_limit:
-            why.append(f"rate {q.rate_limit} per {q.rate_seconds}s used up")
-        parts.append(f"{printable(q.queue)} ({', '.join(why)})")
+    parts = [f"{printable(q.queue)} ({', '.join(limits_reached(q))})" for q in limits]
     return (
         f"held by limits: {plural(ready, 'ready job')} in {', '.join(parts)} "
         "(PGDRAIN_QUEUE_LIMITS; the next run, or `pgdrain worker`, claims them when a slot or "
