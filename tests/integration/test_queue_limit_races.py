@@ -25,6 +25,7 @@ import pytest
 
 from helpers.fixtures import claim_batch, complete_one, wait_for, without_line
 from helpers.lock_waits import waits_on_a_lock
+from helpers.sql_functions import function_text
 from pgdrain import Budget, Settings, enqueue_many, pause_queue, resume_queue
 from pgdrain.api.enqueue import build_job
 from pgdrain.api.registry import Registry
@@ -240,6 +241,35 @@ def test_a_creation_that_cannot_get_its_lock_in_time_leaves_the_row_to_the_next_
         assert _counts(conn) == (1, None)  # not created
     _sync(conn)
     assert _counts(conn) == (0, 0)
+
+
+SYNC = "pgdrain.queue_limits_sync(text[],text[],integer[],integer[],integer[],integer)"
+
+
+@pytest.mark.parametrize("rechecked", [True, False], ids=["rechecked", "control-no-recheck"])
+def test_a_resume_committed_while_the_sync_waits_leaves_the_limit_in_place(
+    db_url: str, conn: Conn, rechecked: bool
+) -> None:
+    """A queue paused without a limit has a row, which a resume deletes. A run's sync that
+    found the row waits for the resume's commit, reads again, and creates the row under its
+    lock (migration 0047). The control takes out the lock on the rows it found, after which
+    the sync reads before the resume commits: its update passes over the deleted row, and
+    the queue claims with no limit."""
+    if not rechecked:
+        conn.execute(without_line(function_text(conn, SYNC), "FOR KEY SHARE"))
+    pause_queue(conn, QUEUE)
+    _enqueue(conn, 3)
+    held = Held(db_url)
+    try:
+        with held.holder.transaction():
+            assert resume_queue(held.holder, QUEUE)
+            held.start(_sync)
+            _wait_until(lambda: waits_on_a_lock(conn, held.other.info.backend_pid))
+        held.join()
+    finally:
+        held.close()
+    claims = [len(_claim(conn)) for _ in range(2)]
+    assert claims == ([LIMIT, 0] if rechecked else [3, 0])
 
 
 def _drift_high(conn: Conn) -> None:

@@ -1,0 +1,89 @@
+-- pgdrain 0047: a limit kept through a resume, as a red team found it.
+--
+-- A run's sync read from its snapshot that a queue's row existed (a pause without a limit), so
+-- it took no lock and only updated the row. A `resume` committed while that update waited for
+-- the row deletes it: the update passed over it, no row was left, and the run claimed with no
+-- limit at all until the next run's sync. Now the sync first locks the rows it found (FOR KEY
+-- SHARE: a delete waits for it, a claim's count does not) and reads again; a row gone by then
+-- is created under the lock, as a missing one always was. One function replaced.
+
+CREATE OR REPLACE FUNCTION pgdrain.queue_limits_sync(queues text[], limited text[], limits integer[], rates integer[], periods integer[], wait_ms integer)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    missing boolean;
+    kept text;
+    kept_ms integer;
+BEGIN
+    missing := EXISTS (
+        SELECT 1 FROM unnest(limited) AS w(queue)
+        WHERE NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l WHERE l.queue = w.queue)
+    );
+    IF NOT missing THEN
+        -- A subtransaction: if a row went while this waited for it, undoing it lets go of the
+        -- other rows' locks before the table lock below is asked for (else a claim waiting
+        -- on one of them, holding the table, would deadlock with it).
+        BEGIN
+            PERFORM 1 FROM pgdrain.queue_limits AS l WHERE l.queue = ANY(limited) FOR KEY SHARE;
+            missing := EXISTS (
+                SELECT 1 FROM unnest(limited) AS w(queue)
+                WHERE NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l WHERE l.queue = w.queue)
+            );
+            IF missing THEN
+                RAISE EXCEPTION USING ERRCODE = 'no_data_found';
+            END IF;
+        EXCEPTION WHEN no_data_found THEN
+            NULL;  -- missing stays true: plpgsql variables are not undone
+        END;
+    END IF;
+    IF missing THEN
+        kept := current_setting('lock_timeout');
+        kept_ms := (SELECT s.setting::integer FROM pg_catalog.pg_settings AS s
+                    WHERE s.name = 'lock_timeout');
+        BEGIN
+            IF kept_ms = 0 OR kept_ms > wait_ms THEN
+                PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+            END IF;
+            LOCK TABLE pgdrain.queue_limits IN EXCLUSIVE MODE;
+        EXCEPTION WHEN lock_not_available THEN
+            missing := false;
+            RAISE WARNING 'pgdrain: the limits of queues % were not created: the lock on '
+                'pgdrain.queue_limits was not granted within % ms; the next run tries again',
+                limited, least(wait_ms, nullif(kept_ms, 0));
+        END;
+        PERFORM set_config('lock_timeout', kept, true);
+    END IF;
+    DELETE FROM pgdrain.queue_limits AS l
+    WHERE l.queue = ANY(queues) AND l.queue <> ALL(limited) AND l.paused_at IS NULL;
+    UPDATE pgdrain.queue_limits AS l
+    SET max_running = NULL, rate_limit = NULL, rate_seconds = NULL
+    WHERE l.queue = ANY(queues) AND l.queue <> ALL(limited)
+      AND (l.max_running IS NOT NULL OR l.rate_limit IS NOT NULL);
+    IF missing THEN
+        INSERT INTO pgdrain.queue_limits AS l (queue, max_running, rate_limit, rate_seconds, running)
+        SELECT w.queue, w.max_running, w.rate_limit, w.rate_seconds,
+               pgdrain.queue_running(w.queue)
+        FROM unnest(limited, limits, rates, periods)
+             AS w(queue, max_running, rate_limit, rate_seconds)
+        ON CONFLICT (queue) DO UPDATE
+        SET max_running = excluded.max_running, rate_limit = excluded.rate_limit,
+            rate_seconds = excluded.rate_seconds,
+            window_start = CASE WHEN l.rate_seconds IS DISTINCT FROM excluded.rate_seconds
+                                THEN NULL ELSE l.window_start END
+        WHERE (l.max_running, l.rate_limit, l.rate_seconds)
+              IS DISTINCT FROM (excluded.max_running, excluded.rate_limit, excluded.rate_seconds);
+    ELSE
+        -- The rows are there (locked above), or the lock was not granted: nothing is created.
+        UPDATE pgdrain.queue_limits AS l
+        SET max_running = w.max_running, rate_limit = w.rate_limit, rate_seconds = w.rate_seconds,
+            window_start = CASE WHEN l.rate_seconds IS DISTINCT FROM w.rate_seconds
+                                THEN NULL ELSE l.window_start END
+        FROM unnest(limited, limits, rates, periods)
+             AS w(queue, max_running, rate_limit, rate_seconds)
+        WHERE l.queue = w.queue
+          AND (l.max_running, l.rate_limit, l.rate_seconds)
+              IS DISTINCT FROM (w.max_running, w.rate_limit, w.rate_seconds);
+    END IF;
+END
+$function$;
