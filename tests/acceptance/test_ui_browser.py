@@ -126,7 +126,7 @@ class Dashboard:
 
         self.tokens = csrf.Tokens(os.urandom(32))
         config = ui_app.UiConfig(actions=actions, tokens=self.tokens)
-        self.httpd = local.Server(ui_app.build(connect, config), 0)
+        self.httpd = local.Server(lambda: ui_app.build(connect, config), 0)
         self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()

@@ -20,8 +20,9 @@ import pytest
 from psycopg import sql
 
 from helpers.dashboard import ADA, SECRET, dashboard_event, dashboard_function
-from helpers.fixtures import UNREADABLE_JSON, job_row, unreadable_job
+from helpers.fixtures import UNREADABLE_JSON, job_row, unreadable_job, wait_for
 from helpers.history import view_write_of_0033
+from helpers.lock_waits import someone_here_waits_on_a_lock
 from pgdrain import enqueue, pause_queue, resume_queue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
@@ -893,3 +894,35 @@ def test_control_without_the_timeout_the_read_waits_as_long_as_it_takes(
         conn.execute("ROLLBACK")
     thread.join(timeout=30)
     assert answers[0]["statusCode"] == 200
+
+
+@pytest.mark.parametrize("bounded", [True, False], ids=["bounded", "control-unbounded"])
+def test_an_action_on_a_job_locked_elsewhere_gives_up_and_changes_nothing(
+    db_url: str, conn: Conn, bounded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction left open on a job's row: the dashboard's cancel, seen waiting for it,
+    gives up after ACTION_LOCK_TIMEOUT_MS with a 503 that says so, and nothing changes. The
+    control (no bound) waits as long as the row is held, and cancels once it is let go."""
+    monkeypatch.setattr(ui_app, "ACTION_LOCK_TIMEOUT_MS", 1000 if bounded else 0)
+    job_id = enqueue(conn, "k")
+    function = dashboard_function(db_url)
+    form = f"confirm=1&token={_token(function, job_id)}"
+    answers: list[dict[str, Any]] = []
+
+    def cancel() -> None:
+        event = dashboard_event("POST", f"/jobs/{job_id}/cancel", form)
+        answers.append(function.resolve(event, None))
+
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SELECT 1 FROM pgdrain.active_jobs WHERE id = %s FOR UPDATE", (job_id,))
+        thread = threading.Thread(target=cancel)
+        thread.start()
+        wait_for(lambda: someone_here_waits_on_a_lock(conn), what="the cancel to wait on the row")
+        if bounded:
+            thread.join(30)
+            assert answers[0]["statusCode"] == 503
+            assert f"job {job_id} is locked by another transaction" in answers[0]["body"]
+        holder.rollback()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert store.job_status_many(conn, [job_id])[job_id] == ("queued" if bounded else "cancelled")

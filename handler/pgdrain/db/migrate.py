@@ -95,7 +95,7 @@ def _apply_pending(
     pending_names: list[str] = []
     with conn.transaction():
         if lock_ms is not None:
-            store.migration_lock_timeout(conn, lock_ms)
+            store.lock_timeout(conn, lock_ms)
         store.migration_lock(conn)
         done = store.migration_applied(conn)
         for migration in migrations():
@@ -134,7 +134,7 @@ def after_migrations(conn: psycopg.Connection[Any], lock_timeout_s: float | None
                 # partition, and while it waits for a reader (a long report, a pg_dump) every
                 # read of the history queues behind it. Not made now, the next run makes them.
                 limit_ms = min(max(1, int(lock_timeout_s * 1000)), PARTITION_LOCK_MS)
-                store.migration_lock_timeout(conn, limit_ms)
+                store.lock_timeout(conn, limit_ms)
             store.finished_jobs_partition_keep(conn, done_days=None)
     except psycopg.errors.LockNotAvailable:
         log.warning(

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 50
 # A page's reads give up after this long (a filter that no index serves, on a long history).
 READ_TIMEOUT_MS = 5000
+# An action on one job or queue waits this long for its row (a transaction left open on it):
+# then nothing changes, and the page says so.
+ACTION_LOCK_TIMEOUT_MS = 5000
 # What an action on Lambda leaves of the invocation's time to roll back and answer.
 ACTION_MARGIN_MS = 2000
 MAX_BODY_BYTES = 64 * 1024  # a form's fields: ids and filters
@@ -280,6 +283,21 @@ class _Dashboard:
             store.operator_read_timeout(conn, READ_TIMEOUT_MS)
             yield conn
 
+    @contextlib.contextmanager
+    def _acting_on(self, conn: store.Connection, what: str) -> Iterator[None]:
+        """One transaction for an action on `what` (a job, a queue), whose lock waits give up
+        after ACTION_LOCK_TIMEOUT_MS: rolled back, and a 503 that says so."""
+        try:
+            with conn.transaction():
+                store.lock_timeout(conn, ACTION_LOCK_TIMEOUT_MS)
+                yield
+        except psycopg.errors.LockNotAvailable:
+            raise Refused(
+                503,
+                f"{what} is locked by another transaction, still open after "
+                f"{ACTION_LOCK_TIMEOUT_MS / 1000:g} s: nothing was changed; try again",
+            ) from None
+
     def _request(self) -> Request:
         return Request.from_event(self._app.current_event.raw_event)
 
@@ -358,10 +376,12 @@ class _Dashboard:
             return html_response(200, title, pages.confirm_queue_page(queue, verb, token))
         with self._connect() as conn:
             if verb == "pause":
-                store.queue_pause(conn, queue)
+                with self._acting_on(conn, f"queue {queue}"):
+                    store.queue_pause(conn, queue)
                 key = "paused"
             else:
-                was_paused = store.queue_resume(conn, queue)
+                with self._acting_on(conn, f"queue {queue}"):
+                    was_paused = store.queue_resume(conn, queue)
                 kicked = store.queue_has_ready(conn, [queue]) and _kick(conn, queue)
                 key = ("resumed-kicked" if kicked else "resumed") if was_paused else "not-paused"
         log.info("dashboard %s", verb, extra={"queue": queue, "by": request.identity, "key": key})
@@ -440,15 +460,16 @@ class _Dashboard:
             # Each try of a retry or a cancel reads a snapshot of its own (store.job_retry,
             # store.job_cancel), whatever the server's default isolation.
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            if verb == "retry":
-                outcome = store.job_retry(conn, [found["id"]])
-                done = any(r.retried for r in outcome)
-                key = _retried(outcome) if done else _not_retried(outcome)
-            else:
-                done = bool(store.job_cancel(conn, [found["id"]]))
-                key = "cancelled" if done else "not-cancelled"
-                if not done and status == "cancelled":
-                    key = "already-cancelled"
+            with self._acting_on(conn, f"job {found['id']}"):
+                if verb == "retry":
+                    outcome = store.job_retry(conn, [found["id"]])
+                    done = any(r.retried for r in outcome)
+                    key = _retried(outcome) if done else _not_retried(outcome)
+                else:
+                    done = bool(store.job_cancel(conn, [found["id"]]))
+                    key = "cancelled" if done else "not-cancelled"
+                    if not done and status == "cancelled":
+                        key = "already-cancelled"
         log.info(
             "dashboard %s",
             verb,

@@ -11,9 +11,8 @@ import http.server
 import logging
 import secrets
 import signal
-import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -70,17 +69,17 @@ def to_event(
 
 
 class Server(http.server.ThreadingHTTPServer):
-    """Serves the dashboard's resolver on 127.0.0.1, to requests addressed to 127.0.0.1 or
-    localhost only. A thread per connection, so that one left idle (a browser opens sockets
-    ahead) holds up no other; the resolver answers one request at a time (it keeps the current
-    request on itself)."""
+    """Serves the dashboard on 127.0.0.1, to requests addressed to 127.0.0.1 or localhost
+    only. A thread per connection, and a resolver of its own per request (a resolver keeps the
+    current request on itself; `build` takes a fraction of a millisecond): a connection left
+    idle (a browser opens sockets ahead) or a request waiting on the database (a row locked
+    elsewhere, a database gone) holds up no other."""
 
     daemon_threads = True
 
-    def __init__(self, app: LambdaFunctionUrlResolver, port: int) -> None:
+    def __init__(self, build_app: Callable[[], LambdaFunctionUrlResolver], port: int) -> None:
         super().__init__((HOST, port), _Handler)
-        self.app = app
-        self.resolving = threading.Lock()
+        self.build_app = build_app
         self.allowed_hosts = allowed_hosts(self.server_address[1])
 
 
@@ -120,8 +119,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         headers = dict(self.headers.items())
         event = to_event(self.command, self.path, headers, body, self.client_address[0])
-        with self.server.resolving:
-            result = self.server.app.resolve(event, cast(LambdaContext, None))
+        result = self.server.build_app().resolve(event, cast(LambdaContext, None))
         payload = result.get("body") or ""
         data = base64.b64decode(payload) if result.get("isBase64Encoded") else payload.encode()
         self.send_response(int(result.get("statusCode", 200)))
@@ -162,7 +160,7 @@ def run(conninfo: str, settings: Settings, port: int, *, actions: bool) -> int:
     # Tokens are this process's own: a restarted `pgdrain ui` asks for a reload before acting.
     config = UiConfig(actions=actions, tokens=Tokens(secrets.token_bytes(32)))
     try:
-        httpd = Server(build(connect, config), port)
+        httpd = Server(lambda: build(connect, config), port)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {HOST}:{port}: {exc.strerror}") from None
     # Ctrl-C stops it even when it was started with SIGINT ignored (a script's background job

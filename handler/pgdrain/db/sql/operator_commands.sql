@@ -9,9 +9,10 @@
 -- Every statement after the claim is fenced by attempt_token: a fence condition stands on
 -- a line of its own so that tests can derive the unfenced control from the real statement.
 
--- name: migration_lock_timeout :exec
--- How long the migration waits for any lock (its own advisory lock, or a table a session
--- holds), for this transaction only (is_local = true: pooler-safe).
+-- name: lock_timeout :exec
+-- How long a migration (its own advisory lock, or a table a session holds) or a dashboard's
+-- action (a job or a queue's row another transaction holds) waits for any lock, for this
+-- transaction only (is_local = true: pooler-safe).
 SELECT set_config('lock_timeout', %(timeout)s, true);
 
 -- name: migration_lock :exec

@@ -332,9 +332,9 @@ def _decoded(row: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
 # -- migrations: run by pgdrain.db.migrate inside one transaction ------------------------------
 
 
-def migration_lock_timeout(conn: Connection, timeout_ms: int) -> None:
+def lock_timeout(conn: Connection, timeout_ms: int) -> None:
     """Wait at most this long for any lock, until the transaction ends."""
-    conn.execute(query("migration_lock_timeout"), {"timeout": f"{timeout_ms}ms"})
+    conn.execute(query("lock_timeout"), {"timeout": f"{timeout_ms}ms"})
 
 
 def migration_lock(conn: Connection) -> None:
