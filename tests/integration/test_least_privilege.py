@@ -211,6 +211,29 @@ def test_retention_makes_and_drops_partitions_as_the_worker(worker_url: str, gra
             worker.execute(f"DROP TABLE pgdrain.finished_jobs_{dt.datetime.now(dt.UTC):%Y%m%d}")
 
 
+@pytest.mark.parametrize("bounded", [True, False], ids=["the-days-ahead", "control-any-range"])
+def test_the_worker_makes_no_day_partition_of_a_range_it_chooses(
+    worker_url: str, granted: str, bounded: bool
+) -> None:
+    """The worker may have the owner make the day partitions of today to the day after
+    tomorrow, and no others: with a range of its choosing, a job's code made a table a day,
+    for centuries (migration 0048). The control grants the function with a range, as before."""
+    if not bounded:
+        with psycopg.connect(granted, autocommit=True) as owner:
+            owner.execute(
+                "GRANT EXECUTE ON FUNCTION pgdrain.finished_jobs_partition_ensure(date, date)"
+                " TO pgdrain_worker"
+            )
+    far = "SELECT pgdrain.finished_jobs_partition_ensure('3000-01-01', '3000-01-10')"
+    with psycopg.connect(worker_url, autocommit=True) as worker:
+        worker.execute("SELECT pgdrain.finished_jobs_partition_ensure_ahead()")
+        if bounded:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                worker.execute(far)
+        else:
+            assert worker.execute(far).fetchone() == (10,)
+
+
 def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
     """Registration, the fan-out gate, queue limits, the exit check and a wake-up reservation:
     every statement a run's control plane makes, under the worker's grants."""

@@ -115,8 +115,7 @@ SELECT pg_catalog.set_config('lock_timeout', %(lock_timeout_ms)s::text, true),
 -- tomorrow (UTC) that are missing, and drop those whose every job finished more than
 -- %(done_days)s days ago (NULL: drop none; `pgdrain migrate`). Safe to run twice and concurrently (the functions serialise on one
 -- advisory lock, and find made what is made, gone what is gone). Returns how many of each.
-SELECT pgdrain.finished_jobs_partition_ensure((now() AT TIME ZONE 'UTC')::date,
-                                              (now() AT TIME ZONE 'UTC')::date + 2) AS made,
+SELECT pgdrain.finished_jobs_partition_ensure_ahead() AS made,
        CASE WHEN %(done_days)s::float8 IS NULL THEN 0
             ELSE pgdrain.finished_jobs_partition_drop(%(done_days)s::float8) END AS dropped;
 

@@ -4,8 +4,9 @@
 -- UPDATE, DELETE on pgdrain.active_jobs, pgdrain.finished_jobs, the view pgdrain.jobs,
 -- pgdrain.kicks and the control plane's tables (runs, wakes, queue_limits); SELECT, DELETE on
 -- the history partitions retention deletes rows from (finished_jobs_failed,
--- finished_jobs_done_default); EXECUTE on the functions that make and drop the day partitions
--- (they run as the schema's owner: the worker creates and drops no table itself); SELECT,
+-- finished_jobs_done_default); EXECUTE on the functions that make (today to the day after
+-- tomorrow) and drop the day partitions (they run as the schema's owner: the worker creates
+-- and drops no table itself); SELECT,
 -- UPDATE on pgdrain.run_gate (its row lock); SELECT, INSERT, UPDATE on pgdrain.periodic_slots;
 -- SELECT, INSERT, DELETE on pgdrain.run_history; SELECT on pgdrain.lease_floor, the view
 -- pgdrain.queue_floors and its marks, EXECUTE on pgdrain.lease_floor_raise and
@@ -58,7 +59,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE
 -- Retention deletes the rows of these partitions by name (migration 0018).
 GRANT SELECT, DELETE ON pgdrain.finished_jobs_failed, pgdrain.finished_jobs_done_default
     TO pgdrain_worker;
-GRANT EXECUTE ON FUNCTION pgdrain.finished_jobs_partition_ensure(date, date),
+-- The partitions of today to the day after tomorrow, no other range (migration 0048).
+GRANT EXECUTE ON FUNCTION pgdrain.finished_jobs_partition_ensure_ahead(),
                           pgdrain.finished_jobs_partition_drop(float8)
     TO pgdrain_worker;
 -- Periodic jobs: a run records each slot it enqueued, once (migration 0008).
