@@ -431,8 +431,21 @@ def test_an_unusable_secret_is_named_in_one_line(
 
     assert result["ok"] is False
     assert expected in result["error"]
+    # Secrets Manager's refusals (not found, access denied, throttled) are told apart by
+    # their text only: unavailable; a secret that cannot work is a configuration error.
+    assert result["error_kind"] == ("unavailable" if value is None else "configuration")
     assert "\n" not in result["error"]
     assert SECRET_PASSWORD not in _everything_printed(function, capsys, caplog)
+
+
+def test_no_database_configured_is_a_configuration_error(function: Function) -> None:
+    function.configure(DATABASE_URL="", PGDRAIN_DB_SECRET_ARN="")
+
+    result = function.invoke(SCHEDULED_EVENT)
+
+    assert result["ok"] is False
+    assert result["error"].startswith("no database configured")
+    assert result["error_kind"] == "configuration"
 
 
 def test_a_rotated_secret_is_read_again_when_the_database_refuses_the_cached_one(

@@ -35,6 +35,7 @@ from pgdrain.db import retention, store
 from pgdrain.db.session import Session
 from pgdrain.errors import BadEvent, BadInput, PgdrainError
 from pgdrain.runner.drain import DrainResult, Observer, drain
+from pgdrain.runner.summary import error_kind
 from pgdrain.settings import Settings, describe_queues
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,13 @@ def handle(
             )
         except PgdrainError as exc:  # no database configured, or its secret unreadable
             logger.error("run failed: %s", exc)
-            return {"ok": False, "error": str(exc), "trigger": run.trigger.reason}
+            kind = error_kind(exc)  # configuration, or unavailable (Secrets Manager unreached)
+            return {
+                "ok": False,
+                "error": str(exc),
+                "error_kind": kind,
+                "trigger": run.trigger.reason,
+            }
         finally:
             control.close()
         progress.flush()
