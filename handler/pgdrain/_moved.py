@@ -14,7 +14,6 @@ from types import ModuleType
 MOVED = {
     "pgdrain.registry": "pgdrain.api.registry",
     "pgdrain.enqueue": "pgdrain.api.enqueue",
-    "pgdrain.outcomes": "pgdrain.api.outcomes",
     "pgdrain.retry": "pgdrain.api.retry",
     "pgdrain.periodic": "pgdrain.api.periodic",
     "pgdrain.jsonbound": "pgdrain.api.jsonbound",

@@ -48,6 +48,7 @@ EXPORTED = [
     "job_state",
     "kick",
     "next_periodic_slot",
+    "outcomes",
     "pause_queue",
     "resume_queue",
     "workflow",
@@ -202,3 +203,21 @@ def test_an_old_module_name_leaves_the_functions_of_the_same_name() -> None:
         env={"PYTHONPATH": str(ROOT / "handler")},
     )
     assert done.stdout.split() == ["True", "True"]
+
+
+def test_the_outcomes_module_is_public_under_its_design_name() -> None:
+    """DESIGN.md names `outcomes` in the package's API: no warning, whichever way imported."""
+    code = (
+        "import pgdrain.outcomes\n"
+        "from pgdrain import outcomes\n"
+        "from pgdrain.outcomes import RetryIn\n"
+        "import pgdrain.api.outcomes as new\n"
+        "print(pgdrain.outcomes is outcomes is new, RetryIn is new.RetryIn)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "handler")},
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "True True\n", "")
