@@ -45,8 +45,8 @@ def test_a_kind_the_run_does_not_know_is_retried_as_deploy_lag() -> None:
     """Only the run's lookup of the claimed job's kind (runner/execute.py): default backoff."""
     decision = outcomes.decide_unregistered(UnknownJobKind("no function for 'k'"), 1)
     assert decision.message == (
-        "UnknownJobKind: no function for 'k' in this deployment "
-        "(retried: a deploy may not have reached every function yet)"
+        "UnknownJobKind: no function for 'k' in this deployment (a deploy may not have "
+        "reached every function yet, or the queue is another deployment's: see PGDRAIN_QUEUES)"
     )
     assert not decision.final and decision.spend_attempt and decision.delay_seconds > 0
 

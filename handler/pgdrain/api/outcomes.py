@@ -134,8 +134,8 @@ def decide_unregistered(error: BaseException, attempt: int) -> Decision:
     because a deploy may not have reached every function that drains the queue yet. Only the
     lookup: an UnknownJobKind a job's own code raises is an ordinary failure (decide)."""
     message = bounded(
-        f"{error_text(error)} in this deployment (retried: a deploy may not have reached "
-        "every function yet)",
+        f"{error_text(error)} in this deployment (a deploy may not have reached every "
+        "function yet, or the queue is another deployment's: see PGDRAIN_QUEUES)",
         MAX_ERROR_LENGTH,
     )
     error_type = safe_text(type(error).__name__, 200)

@@ -141,13 +141,7 @@ def handle(
             )
         except PgdrainError as exc:  # no database configured, or its secret unreadable
             logger.error("run failed: %s", exc)
-            kind = error_kind(exc)  # configuration, or unavailable (Secrets Manager unreached)
-            return {
-                "ok": False,
-                "error": str(exc),
-                "error_kind": kind,
-                "trigger": run.trigger.reason,
-            }
+            return _failed_before_connecting(run.trigger, exc)
         finally:
             control.close()
         progress.flush()
@@ -467,6 +461,17 @@ def _retention_ran(logger: Logger, settings: Settings, deleted: retention.Retent
     with _retention_lock:
         _retention_ran_at = time.monotonic()
     retention.log_result(logger, settings, deleted)
+
+
+def _failed_before_connecting(trigger: events.Trigger, exc: PgdrainError) -> dict[str, Any]:
+    """The answer of a run that found no database to reach: its error and its class,
+    configuration or unavailable (Secrets Manager unreached)."""
+    return {
+        "ok": False,
+        "error": str(exc),
+        "error_kind": error_kind(exc),
+        "trigger": trigger.reason,
+    }
 
 
 def _failed_before_work(result: DrainResult) -> bool:
