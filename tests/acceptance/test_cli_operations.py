@@ -673,7 +673,7 @@ def test_the_demo_prints_only_commands_that_run_as_printed(db_url: str) -> None:
     assert lines[0] == run_pgdrain("migrate", env=env).out.strip()
     commands = [line.removeprefix("drain: ") for line in lines if " invoke -e " in line]
     commands += [line.strip() for line in lines if line.startswith("  ")]
-    assert len(commands) == 6, demo.out
+    assert len(commands) == 7, demo.out
     explained = [line for line in lines if line.startswith("warnings: ")]
     assert explained == [
         "warnings: 1, as the demo intends: 1 job failed for good (the 'fail' kind; 'failed' below)"

@@ -10,6 +10,7 @@ import email.parser
 import json
 import re
 import shlex
+import subprocess
 import tomllib
 import zipfile
 from collections.abc import Iterator
@@ -206,13 +207,30 @@ def test_the_demo_runs_outside_a_project_with_its_own_jobs(
     assert done.code == 0, done.err
     lines = done.out.splitlines()
     assert lines[0].startswith("applied: 0001_")
-    assert "drain: pgdrain drain --queues demo --budget 60" in lines
+    drain = "PGDRAIN_JOBS=pgdrain.cli.demo_kinds pgdrain drain --queues demo"
+    assert f"drain: {drain} --budget 60" in lines
     assert any(
         line.startswith("drain: claimed 21, done 20, retried 0, failed 1,") for line in lines
     )
     with psycopg.connect(empty_db_url) as conn:
         greeted = conn.execute("SELECT count(*) FROM public.pgdrain_demo_greetings").fetchone()
     assert greeted == (2,)  # the greet jobs ran: jobs 0 and 10 of 20
+    # Each command it prints runs as printed, in the user's shell (a red team's report: the
+    # drain it printed found no jobs module).
+    printed = [line.strip().split("    # ")[0] for line in lines if line.startswith("  ")]
+    assert len(printed) == 6 and f"{drain} --budget 30" in printed, done.out
+    for command in printed:
+        shell = subprocess.run(
+            command,
+            shell=True,
+            cwd=installed.workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert shell.returncode == 0, (command, shell.stderr)
 
 
 @pytest.fixture(autouse=True)

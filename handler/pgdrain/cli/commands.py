@@ -301,7 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_int_between(0, 65535), default=8080, help="0: any free port")
     p.add_argument("--read-only", action="store_true", help="offer no action (retry, cancel)")
 
-    p = commands.add_parser("demo", help="migrate, enqueue demo jobs, drain them, print stats")
+    p = commands.add_parser(
+        "demo",
+        help="migrate, enqueue demo jobs into queue demo (and a table "
+        "public.pgdrain_demo_greetings) of the database, drain them, print stats",
+    )
     p.add_argument("--count", type=_positive_int, default=300)
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
     return parser

@@ -107,6 +107,7 @@ def run(
         )
 
     pgdrain = program()
+    drain_with = f"{_own_kinds_setting(registry)}{pgdrain} drain --queues {DEMO_QUEUE}"
     if through_invoke():
         print(
             f"drain: {pgdrain} invoke -e {SCHEDULE_EVENT} --env-vars {DEMO_ENV}"
@@ -114,7 +115,7 @@ def run(
         )
         result, warnings = _drain_through_invoke()
     else:  # run outside the repository: no template to invoke
-        print(f"drain: {pgdrain} drain --queues {DEMO_QUEUE} --budget {budget:g}")
+        print(f"drain: {drain_with} --budget {budget:g}")
         settings = dataclasses.replace(settings, queues=(DEMO_QUEUE,))
         result = drain(settings, Budget.seconds(budget), registry, conninfo)
         warnings = result.retried + result.failed  # one warning line each (pgdrain.runner.claiming)
@@ -125,19 +126,34 @@ def run(
         print(format_stats(store.queue_stats(conn)))
     print("look further:")
     for command, why in (
-        (f"jobs --queue {DEMO_QUEUE} --status failed", "the job that failed, and why"),
-        (f"jobs show {failed_id}", "every field of it"),
-        (f"retry --failed --queue {DEMO_QUEUE} --dry-run", "what a retry would queue again"),
-        (f"drain --queues {DEMO_QUEUE} --budget 30", "once the retries' backoff has passed"),
-        ("stats", "the counts again"),
+        (f"{pgdrain} jobs --queue {DEMO_QUEUE} --status failed", "the job that failed, and why"),
+        (f"{pgdrain} jobs show {failed_id}", "every field of it"),
+        (
+            f"{pgdrain} retry --failed --queue {DEMO_QUEUE} --dry-run",
+            "what a retry would queue again",
+        ),
+        (f"{drain_with} --budget 30", "once the retries' backoff has passed"),
+        (f"{pgdrain} stats", "the counts again"),
+        (
+            f"{pgdrain} cancel --queued --queue {DEMO_QUEUE}",
+            "done with it: a drain of your own jobs here serves every queue, the demo's too",
+        ),
     ):
-        print(f"  {pgdrain} {command}    # {why}")
+        print(f"  {command}    # {why}")
     if embedded_dir is not None:
         print(
             f"The embedded PostgreSQL (data in {embedded_dir}) keeps running for these "
             f"commands; stop it with: {pgdrain} server stop"
         )
     return 0 if result.stop_reason != "error" else 1
+
+
+def _own_kinds_setting(registry: Registry) -> str:
+    """What a printed drain needs before it to run the demo's own kinds (no jobs module of the
+    user's names them); nothing when the jobs module that ran them is the one a drain finds."""
+    from pgdrain.cli import demo_kinds
+
+    return "PGDRAIN_JOBS=pgdrain.cli.demo_kinds " if registry is demo_kinds.jobs else ""
 
 
 def explain_warnings(warnings: int, *, retried: int, failed: int) -> str:
