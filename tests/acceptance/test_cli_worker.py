@@ -212,3 +212,57 @@ def test_the_worker_refuses_a_transaction_pooler(db_url: str) -> None:
     assert done.code == 2
     assert done.err.strip().startswith("pgdrain: error: pgdrain worker LISTENs for kicks")
     assert len(done.err.strip().splitlines()) == 1
+
+
+def test_a_worker_of_some_queues_says_what_it_leaves_and_what_it_is_kicked_for(
+    db_url: str, conn: Conn
+) -> None:
+    """A red team's report: `pgdrain worker --queues default` printed nothing of the ready job
+    it left in `emails` (its text output showed only drains that claimed), and a kick for
+    `emails` was dropped without a word. Now its first drain's line names the queue it leaves,
+    and the kick is said, once."""
+    with conn.transaction():
+        job_id = enqueue(conn, "ok", {}, queue="emails")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGDRAIN_", "AWS_"))}
+    env.update(
+        {
+            "DATABASE_URL": db_url,
+            "PGDRAIN_JOBS": "helpers.worker_jobs",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "handler")]),
+        }
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pgdrain.cli", "worker", "--queues", "default"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=lambda p=pipe, into=into: into.extend(p), daemon=True)
+        for pipe, into in ((process.stdout, out), (process.stderr, err))
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        wait_for(lambda: any("emails (1 ready)" in line for line in out), what="the unserved line")
+        for _ in range(2):  # said once however often kicked
+            assert kick(conn, ["emails"], settings=Settings(kick="worker")) == ("emails",)
+        said = "kicked for emails, which this worker does not serve (default)"
+        wait_for(lambda: any(said in line for line in err), what="the kick to be said")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=TIMEOUT) == 0
+    finally:
+        process.kill()
+        process.wait(timeout=TIMEOUT)
+        for reader in readers:
+            reader.join(timeout=TIMEOUT)
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert sum(said in line for line in err) == 1, err
+    assert out[0].startswith("start: claimed 0"), out
+    assert status(conn, job_id) == ("queued", 0)

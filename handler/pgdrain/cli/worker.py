@@ -1,6 +1,7 @@
 """`pgdrain worker`: the long-running worker (pgdrain.runner.worker) in a terminal or a
-container. A line per drain that did something (or, with --json, a JSON object per drain),
-and one when it stops; exit 0 after a stop by SIGINT or SIGTERM."""
+container. A line per drain that did something or found ready jobs in queues it does not serve
+(or, with --json, a JSON object per drain), and one when it stops; exit 0 after a stop by
+SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -30,11 +31,22 @@ def check(settings: Settings) -> None:
 def run(
     settings: Settings, registry: Registry, conninfo: str, *, grace_s: float, as_json: bool
 ) -> int:
+    unserved_said: list[set[str]] = [set()]  # the queues the last line said it leaves
+
     def report(result: DrainResult, reason: str) -> None:
+        unserved = set(result.unserved)
         if as_json:
             print(json.dumps({"event": "drain", "woken_by": reason, **result.as_dict()}))
-        elif result.claimed or result.reclaimed or result.stop_reason == "error":
+        elif (
+            result.claimed
+            or result.reclaimed
+            or result.stop_reason == "error"
+            or not unserved <= unserved_said[0]  # ready jobs it leaves: said when they change
+        ):
             print(f"{reason}: {format_result(result)}")
+            unserved_said[0] = unserved
+        else:  # a queue served elsewhere meanwhile is said again when it fills again
+            unserved_said[0] &= unserved
         sys.stdout.flush()
 
     queues = describe_queues(settings.queues)

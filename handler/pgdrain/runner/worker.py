@@ -57,7 +57,7 @@ from pgdrain.runner.drain import default_worker_id, drain_with, drained_periodic
 from pgdrain.runner.limits import send_configured_limits
 from pgdrain.runner.stop import StopRequest
 from pgdrain.runner.summary import COUNTERS, Counter, DrainResult
-from pgdrain.settings import Settings
+from pgdrain.settings import QUEUE_NAME, Settings, describe_queues
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +335,7 @@ class Listener:
         self._listen = listen
         self._signals_wake = signals_wake
         self._queues = None if queues is None else frozenset(queues)
+        self._said_unserved: set[str] = set()  # the kicked queues it said it does not serve
         self._conn: psycopg.Connection[Any] | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -422,9 +423,25 @@ class Listener:
         for notify in conn.notifies(timeout=0):
             queues = kicked_queues(notify.payload)
             kicked = kicked or queues is None or self._queues is None or bool(queues & self._queues)
+            if queues is not None and self._queues is not None:
+                self._say_unserved(queues - self._queues)
         if conn.broken:
             raise psycopg.OperationalError("the connection is broken")
         return kicked
+
+    def _say_unserved(self, queues: frozenset[str]) -> None:
+        """A kick for queues this worker does not serve wakes it for nothing: said once each,
+        as the application's kick() cannot tell which worker serves what."""
+        # Any client may NOTIFY: only names a queue can have reach the log.
+        new = sorted(q for q in queues - self._said_unserved if QUEUE_NAME.match(q))
+        if new:
+            self._said_unserved.update(new)
+            log.warning(
+                "kicked for %s, which this worker does not serve (%s): their jobs wait for a "
+                "worker or a function that does",
+                ", ".join(new),
+                describe_queues(self._settings.queues),
+            )
 
     def _sleep(self, seconds: float) -> bool:
         """Wait, unless a stop comes first (True then)."""
