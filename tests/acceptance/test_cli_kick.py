@@ -48,6 +48,7 @@ def pgdrain(
     function: str | None = FUNCTION_NAME,
     control_no_kick: bool = False,
     lambda_endpoint: str | None = None,
+    queues: str | None = None,
 ) -> tuple[Run, list[dict[str, Any]]]:
     """The command, with the function `function` configured (None: PGDRAIN_FUNCTION_NAME
     unset), and the Invoke calls it made."""
@@ -60,6 +61,8 @@ def pgdrain(
     }
     if function is not None:
         env["PGDRAIN_FUNCTION_NAME"] = function
+    if queues is not None:
+        env["PGDRAIN_QUEUES"] = queues
     options = ["--control-no-kick"] if control_no_kick else []
     if lambda_endpoint is not None:
         options += ["--lambda-endpoint", lambda_endpoint]
@@ -290,3 +293,26 @@ def test_resume_kicks_a_paused_queue_whose_jobs_are_ready(
         assert _status(conn, job_id) == "queued"
     twice, calls = pgdrain(db_url, tmp_path, "resume", "emails")
     assert twice.out.splitlines()[0] == "not paused: nothing changed for emails"
+
+
+@pytest.mark.parametrize("function", [FUNCTION_NAME, None], ids=["function", "workers"])
+def test_an_enqueue_into_a_queue_these_settings_do_not_drain_says_so(
+    conn: Conn, db_url: str, tmp_path: Path, function: str | None
+) -> None:
+    """A red team's report: with PGDRAIN_QUEUES=default, `pgdrain enqueue` of a job in `emails`
+    said only `enqueued job N`, though nothing these settings start drains it (and with a
+    function configured, the kick's refusal failed the command after its commit)."""
+    run, calls = pgdrain(
+        db_url,
+        tmp_path,
+        "enqueue",
+        "noop",
+        "--queue",
+        "emails",
+        function=function,
+        queues="default",
+    )
+    assert (run.code, run.err, calls) == (EXIT_OK, "", [])
+    first, second = run.out.splitlines()
+    assert second.startswith("not kicked for emails: not among PGDRAIN_QUEUES (default)"), run.out
+    assert _status(conn, int(first.split()[-1])) == "queued"

@@ -57,6 +57,7 @@ from pgdrain.settings import (
     DEFAULT_JOBS_MODULE,
     QUEUE_NAME,
     Settings,
+    describe_queues,
     parse_queues,
     serves,
 )
@@ -453,19 +454,30 @@ def _kick(conn: store.Connection, settings: Settings, queues: Sequence[str]) -> 
     committed."""
     if not queues or settings.kick == "off":
         return []
+    lines = []
+    unserved = [q for q in queues if not serves(settings.queues, q)]
+    if unserved:  # kick() refuses these in an application; here the write is committed
+        lines.append(
+            f"not kicked for {', '.join(unserved)}: not among PGDRAIN_QUEUES "
+            f"({describe_queues(settings.queues)}), so no drain of these settings serves it; "
+            "its jobs wait for a drain, worker or function that does"
+        )
+        queues = [q for q in queues if q not in unserved]
+        if not queues:
+            return lines
     if not settings.function_name:
         try:
             store.kick_notify(conn, notify_payload(queues), LISTENER_APPLICATION_NAME)
         except psycopg.Error as exc:
             log.warning("could not wake the workers: %s", connection.describe(exc))
-        return []
+        return lines
     from pgdrain.aws.kick import KickOutcome, kick_outcome
 
     try:
         outcome = kick_outcome(conn, queues, settings=settings)
     except psycopg.Error as exc:  # the kick's own bookkeeping (pgdrain.kicks) failed
         outcome = KickOutcome(settings.function_name, error=connection.describe(exc))
-    return format_kick(outcome)
+    return lines + format_kick(outcome)
 
 
 def _enqueue_registry(settings: Settings) -> Registry:
