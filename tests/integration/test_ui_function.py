@@ -27,6 +27,7 @@ from pgdrain import enqueue, pause_queue, resume_queue
 from pgdrain.db import store
 from pgdrain.db.migrate import migrate
 from pgdrain.db.store import operator_commands
+from pgdrain.errors import PgdrainError
 from pgdrain.ui import app as ui_app
 from pgdrain.ui import lambda_entry
 from pgdrain.ui.pages import DONE_NOT_KEPT_GONE, NOTICES
@@ -926,3 +927,33 @@ def test_an_action_on_a_job_locked_elsewhere_gives_up_and_changes_nothing(
     thread.join(30)
     assert not thread.is_alive()
     assert store.job_status_many(conn, [job_id])[job_id] == ("queued" if bounded else "cancelled")
+
+
+@pytest.mark.parametrize("secret", ["stored", "missing"])
+def test_the_token_key_is_read_from_its_secret_at_cold_start(
+    monkeypatch: pytest.MonkeyPatch, secret: str
+) -> None:
+    """The template gives the secret's ARN, not the key (a red team's report: the key, in the
+    function's configuration, let whoever may read that configuration mint tokens). A form
+    token issued by one execution environment holds in another, as with the key given; a
+    secret that cannot be read is one line at cold start, without its value."""
+    import boto3
+
+    from helpers.aws import REGION, aws_environment, mocked_aws
+
+    aws_environment(monkeypatch)
+    key = "k" * 48
+    with mocked_aws():
+        arn = f"arn:aws:secretsmanager:{REGION}:123456789012:secret:pgdrain/ui-AbCdEf"
+        if secret == "stored":
+            client = boto3.client("secretsmanager", region_name=REGION)
+            arn = client.create_secret(Name="pgdrain/ui", SecretString=key)["ARN"]
+        env = {"PGDRAIN_UI_ACTIONS": "true", "PGDRAIN_UI_SECRET_ARN": arn}
+        if secret == "missing":
+            with pytest.raises(PgdrainError) as raised:
+                lambda_entry.config_from_env(env)
+            assert str(raised.value).startswith("PGDRAIN_UI_SECRET_ARN: could not read the secret")
+            return
+        from_secret = lambda_entry.config_from_env(env)
+    given = lambda_entry.config_from_env({"PGDRAIN_UI_ACTIONS": "true", "PGDRAIN_UI_SECRET": key})
+    assert given.tokens.valid(from_secret.tokens.issue(ADA), ADA)

@@ -196,9 +196,10 @@ def test_the_function_may_invoke_itself_by_its_explicit_name(template: dict[str,
         for s in _statements(template)
         if s["Action"] == "secretsmanager:GetSecretValue"
     }
-    assert secrets == {  # the dashboard reads its own role's credentials
+    assert secrets == {  # the dashboard reads its own role's credentials, and its token key
         "ReadDatabaseSecret": {"Ref": "DatabaseSecretArn"},
         "ReadWebDashboardDatabaseSecret": {"Ref": "WebDashboardDatabaseSecretArn"},
+        "ReadWebDashboardTokenSecret": {"Ref": "WebDashboardTokenSecret"},
     }
 
 
@@ -433,7 +434,18 @@ def test_the_dashboard_is_off_unless_asked_for_and_behind_iam(template: dict[str
     assert env["PGDRAIN_DB_SECRET_ARN"] == {"Ref": "WebDashboardDatabaseSecretArn"}
     assert env["PGDRAIN_UI_ACTIONS"] == {"Ref": "WebDashboardActions"}
     assert template["Parameters"]["WebDashboardActions"]["Default"] == "false"
-    assert "WebDashboardTokenSecret" in env["PGDRAIN_UI_SECRET"]["Fn::Sub"]
+    # The token key is read at cold start, not put in the configuration that
+    # lambda:GetFunctionConfiguration shows (a red team's report): no dynamic reference.
+    assert env["PGDRAIN_UI_SECRET_ARN"] == {"Ref": "WebDashboardTokenSecret"}
+    assert "resolve:secretsmanager" not in json.dumps(props)
+    statements = resources["WebDashboardFunctionRole"]["Properties"]["Policies"][0][
+        "PolicyDocument"
+    ]["Statement"]
+    (reads_key,) = [s for s in statements if s.get("Sid") == "ReadWebDashboardTokenSecret"]
+    assert (reads_key["Action"], reads_key["Resource"]) == (
+        "secretsmanager:GetSecretValue",
+        {"Ref": "WebDashboardTokenSecret"},
+    )
     (opener,) = resources["WebDashboardInvokePolicy"]["Properties"]["PolicyDocument"]["Statement"]
     assert opener["Action"] == "lambda:InvokeFunctionUrl"
     assert opener["Resource"] == {"Fn::GetAtt": ["WebDashboardFunction", "Arn"]}

@@ -18,6 +18,7 @@ from pgdrain.settings import Settings
 SECRET_MAX_AGE_SECONDS = 300  # Powertools' default cache age, stated
 DEFAULT_PORT = 5432
 DEFAULT_DBNAME = "postgres"
+DB_SECRET_VARIABLE = "PGDRAIN_DB_SECRET_ARN"
 SECRET_SHAPE = "an RDS secret: a JSON object with host, port, username, password, dbname"
 _SECRET_ARN = re.compile(r"^arn:aws[a-z-]*:secretsmanager:([a-z0-9-]+):\d{12}:secret:.+")
 
@@ -42,7 +43,7 @@ def clear_cache() -> None:
         _providers.clear()
 
 
-def secret_region(arn: str, env: Mapping[str, str]) -> str:
+def secret_region(arn: str, env: Mapping[str, str], variable: str = DB_SECRET_VARIABLE) -> str:
     """The region of the secret: the ARN's own (a secret lives in one region, whatever
     AWS_REGION says), else AWS_REGION / AWS_DEFAULT_REGION for a secret given by name."""
     match = _SECRET_ARN.match(arn)
@@ -52,39 +53,53 @@ def secret_region(arn: str, env: Mapping[str, str]) -> str:
     if region:
         return region
     raise ConfigError(
-        "PGDRAIN_DB_SECRET_ARN is not an ARN with a region "
+        f"{variable} is not an ARN with a region "
         "(arn:aws:secretsmanager:REGION:ACCOUNT:secret:NAME) and AWS_REGION is not set"
     )
 
 
-def conninfo_from_secret(
-    arn: str, *, force_fetch: bool = False, env: Mapping[str, str] = os.environ
-) -> str:
-    """A libpq connection string built from the secret `arn` (boto3 is imported only here)."""
+def secret_value(
+    arn: str,
+    variable: str,
+    *,
+    parse_json: bool = False,
+    force_fetch: bool = False,
+    env: Mapping[str, str] = os.environ,
+) -> Any:
+    """The value of the secret `arn` that the setting `variable` names (parsed as JSON or not),
+    through Powertools' cache (boto3 is imported only here). Errors name the variable, never
+    the value."""
     from aws_lambda_powertools.utilities.parameters.exceptions import (
         GetParameterError,
         TransformParameterError,
     )
     from botocore.exceptions import BotoCoreError
 
-    region = secret_region(arn, env)
+    region = secret_region(arn, env, variable)
     try:
-        value = _provider(region).get(
-            arn, transform="json", force_fetch=force_fetch, max_age=SECRET_MAX_AGE_SECONDS
+        return _provider(region).get(
+            arn,
+            transform="json" if parse_json else None,
+            force_fetch=force_fetch,
+            max_age=SECRET_MAX_AGE_SECONDS,
         )
     except BotoCoreError as exc:  # no credentials, an unreachable endpoint: its class, one line
         raise DatabaseUnavailable(
-            f"PGDRAIN_DB_SECRET_ARN: could not read the secret: {type(exc).__name__}: "
-            f"{_first_line(exc)}"
+            f"{variable}: could not read the secret: {type(exc).__name__}: {_first_line(exc)}"
         ) from None
     except TransformParameterError:
-        raise ConfigError(
-            f"PGDRAIN_DB_SECRET_ARN: the secret is not JSON; expected {SECRET_SHAPE}"
-        ) from None
+        raise ConfigError(f"{variable}: the secret is not JSON; expected {SECRET_SHAPE}") from None
     except GetParameterError as exc:
         raise DatabaseUnavailable(
-            f"PGDRAIN_DB_SECRET_ARN: could not read the secret: {_first_line(exc)}"
+            f"{variable}: could not read the secret: {_first_line(exc)}"
         ) from None
+
+
+def conninfo_from_secret(
+    arn: str, *, force_fetch: bool = False, env: Mapping[str, str] = os.environ
+) -> str:
+    """A libpq connection string built from the secret `arn`."""
+    value = secret_value(arn, DB_SECRET_VARIABLE, parse_json=True, force_fetch=force_fetch, env=env)
     return conninfo_from_value(value)
 
 

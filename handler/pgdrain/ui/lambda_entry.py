@@ -2,9 +2,10 @@
 `WebDashboard=true`). Handler: `pgdrain.ui.lambda_entry.lambda_handler`.
 
 PGDRAIN_UI_ACTIONS=true offers retry and cancel (its database role must allow them:
-dashboard_role.sql); PGDRAIN_UI_SECRET is the key of the forms' tokens, the same in every
-execution environment (the template generates one); PGDRAIN_UI_ORIGINS lists origins besides
-the Function URL's own whose POSTs are accepted (a signing proxy in front)."""
+dashboard_role.sql); PGDRAIN_UI_SECRET_ARN names the secret that holds the key of the forms'
+tokens, the same in every execution environment (the template generates one; PGDRAIN_UI_SECRET
+gives the key itself, where the configuration is private); PGDRAIN_UI_ORIGINS lists origins
+besides the Function URL's own whose POSTs are accepted (a signing proxy in front)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
 
-from pgdrain.aws.secrets import resolve_conninfo
+from pgdrain.aws.secrets import resolve_conninfo, secret_value
 from pgdrain.budget import Budget
 from pgdrain.db import connection, store
 from pgdrain.errors import ConfigError
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 ACTIONS_VARIABLE = "PGDRAIN_UI_ACTIONS"
 SECRET_VARIABLE = "PGDRAIN_UI_SECRET"
+SECRET_ARN_VARIABLE = "PGDRAIN_UI_SECRET_ARN"  # what the template sets: the key, read at start
 ORIGINS_VARIABLE = "PGDRAIN_UI_ORIGINS"
 MIN_SECRET_LENGTH = 32
 
@@ -38,8 +40,12 @@ def config_from_env(env: Mapping[str, str]) -> UiConfig:
     if actions not in ("true", "false"):
         raise ConfigError(f"{ACTIONS_VARIABLE} must be true or false, not {actions[:20]!r}")
     key = env.get(SECRET_VARIABLE, "")
+    if env.get(SECRET_ARN_VARIABLE):
+        # Read at cold start: a value in the environment is visible to whoever may read the
+        # function's configuration (lambda:GetFunctionConfiguration), and could mint tokens.
+        key = str(secret_value(env[SECRET_ARN_VARIABLE], SECRET_ARN_VARIABLE, env=env))
     if key and len(key) < MIN_SECRET_LENGTH:
-        raise ConfigError(f"{SECRET_VARIABLE} must be at least {MIN_SECRET_LENGTH} characters")
+        raise ConfigError(f"the forms' token key must be at least {MIN_SECRET_LENGTH} characters")
     if not key and actions == "true":
         # Each execution environment would draw its own: a form served by one is refused by
         # another. Said once per cold start; the actions still work within one environment.
