@@ -1,10 +1,8 @@
 """pgdrain: a serverless batch drain runner for PostgreSQL job queues."""
 
-import sys
 from typing import TYPE_CHECKING, Any
 
-from pgdrain import _moved
-from pgdrain.api import outcomes
+from pgdrain import _moved, outcomes
 from pgdrain.api.enqueue import (
     Workflow,
     build_job,
@@ -25,8 +23,6 @@ from pgdrain.runner.drain import DrainResult, drain
 from pgdrain.settings import Settings
 
 _moved.install()
-# DESIGN.md's public name for the outcomes module: `import pgdrain.outcomes` gives it, unwarned.
-sys.modules.setdefault("pgdrain.outcomes", outcomes)
 
 if TYPE_CHECKING:
     from pgdrain.aws.kick import kick

@@ -309,7 +309,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--count", type=_positive_int, default=300)
     p.add_argument("--budget", type=_non_negative_float, default=DEFAULT_CLI_BUDGET_SECONDS)
+    _verbose_after_the_command(parser)
     return parser
+
+
+def _verbose_after_the_command(parser: argparse.ArgumentParser) -> None:
+    """`-v` after the command too (`pgdrain worker -v`, as the docs write it), as before it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.add_argument(
+                    "-v",
+                    "--verbose",
+                    action="store_true",
+                    default=argparse.SUPPRESS,  # unset: `pgdrain -v CMD` keeps its own
+                    help="log progress (INFO), as `pgdrain -v`",
+                )
+                _verbose_after_the_command(command)
 
 
 def _kind_default(option: str, field: str | None = None) -> str:
@@ -816,7 +832,7 @@ def _add_operator_commands(commands: Any) -> None:
     actions.add_parser(
         "stop",
         help=f"stop it (its data, in ${embedded.DATA_DIR_VARIABLE} or "
-        f"{embedded.default_data_dir()}, is kept)",
+        "$XDG_DATA_HOME/pgdrain/pgdata, by default ~/.local/share/pgdrain/pgdata, is kept)",
     )
 
     p = commands.add_parser(
