@@ -252,11 +252,13 @@ def test_a_resume_committed_while_the_sync_waits_leaves_the_limit_in_place(
 ) -> None:
     """A queue paused without a limit has a row, which a resume deletes. A run's sync that
     found the row waits for the resume's commit, reads again, and creates the row under its
-    lock (migration 0047). The control takes out the lock on the rows it found, after which
-    the sync reads before the resume commits: its update passes over the deleted row, and
-    the queue claims with no limit."""
+    lock (migration 0047). The control takes out the second read: the sync's update passes
+    over the deleted row, and the queue claims with no limit."""
     if not rechecked:
-        conn.execute(without_line(function_text(conn, SYNC), "FOR KEY SHARE"))
+        read_again = "IF missing THEN  -- a row went while this waited for it"
+        text = function_text(conn, SYNC)
+        assert read_again in text
+        conn.execute(text.replace(read_again, "missing := false; IF false THEN"))
     pause_queue(conn, QUEUE)
     _enqueue(conn, 3)
     held = Held(db_url)
@@ -270,6 +272,45 @@ def test_a_resume_committed_while_the_sync_waits_leaves_the_limit_in_place(
         held.close()
     claims = [len(_claim(conn)) for _ in range(2)]
     assert claims == ([LIMIT, 0] if rechecked else [3, 0])
+
+
+@pytest.mark.parametrize("ordered", [True, False], ids=["claims-order", "control-reversed"])
+def test_a_sync_changing_limits_beside_a_claim_never_deadlocks(
+    db_url: str, conn: Conn, ordered: bool
+) -> None:
+    """A claim locks its queues' limit rows by queue (hot_path.sql); a sync that changes
+    limits locks the rows it changes in that order too (migration 0047), so it waits behind
+    the claim, which goes on to its next row. A review found 0047's first form locking every
+    row in scan order: a deadlock beside a claim. The control locks in the reverse order."""
+    if not ordered:
+        text = function_text(conn, SYNC)
+        assert text.count("ORDER BY l.queue\n") == 1
+        conn.execute(text.replace("ORDER BY l.queue\n", "ORDER BY l.queue DESC\n"))
+    store.queue_limit_sync(conn, ["a", "b"], [("a", 5), ("b", 5)])
+    held = Held(db_url)
+    try:
+        with held.holder.transaction():  # a claim, halfway through its rows: a locked
+            held.holder.execute(
+                "SELECT 1 FROM pgdrain.queue_limits WHERE queue = 'a' FOR UPDATE"
+            ).fetchall()
+            held.start(lambda c: store.queue_limit_sync(c, ["a", "b"], [("a", 6), ("b", 6)]))
+            _wait_until(lambda: waits_on_a_lock(conn, held.other.info.backend_pid))
+            try:  # its next row, then its commit lets the sync go on
+                held.holder.execute(
+                    "SELECT 1 FROM pgdrain.queue_limits WHERE queue = 'b' FOR UPDATE"
+                ).fetchall()
+            except psycopg.errors.DeadlockDetected as exc:
+                held.errors.append(exc)  # the claim was the one ended
+        assert held.thread is not None
+        held.thread.join(30)
+    finally:
+        held.close()
+    # The server ends one of the two (the one whose deadlock check runs first).
+    deadlocked = [type(e) for e in held.errors]
+    assert deadlocked == ([] if ordered else [psycopg.errors.DeadlockDetected]), held.errors
+    if ordered:
+        rows = conn.execute("SELECT queue, max_running FROM pgdrain.queue_limits ORDER BY 1")
+        assert rows.fetchall() == [("a", 6), ("b", 6)]
 
 
 def _drift_high(conn: Conn) -> None:

@@ -3,9 +3,12 @@
 -- A run's sync read from its snapshot that a queue's row existed (a pause without a limit), so
 -- it took no lock and only updated the row. A `resume` committed while that update waited for
 -- the row deletes it: the update passed over it, no row was left, and the run claimed with no
--- limit at all until the next run's sync. Now the sync first locks the rows it found (FOR KEY
--- SHARE: a delete waits for it, a claim's count does not) and reads again; a row gone by then
--- is created under the lock, as a missing one always was. One function replaced.
+-- limit at all until the next run's sync. Now the sync reads again after its update, and a row
+-- gone by then is created under the table lock, as a missing one always was; the update is
+-- undone first (a subtransaction), so that no row lock of it is held while the table lock is
+-- asked for. The rows it changes are locked in the claims' order (by queue), as a claim locks
+-- them. A sync whose table lock is not granted in time now changes nothing (the next run does
+-- it all). One function replaced.
 
 CREATE OR REPLACE FUNCTION pgdrain.queue_limits_sync(queues text[], limited text[], limits integer[], rates integer[], periods integer[], wait_ms integer)
  RETURNS void
@@ -21,20 +24,37 @@ BEGIN
         WHERE NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l WHERE l.queue = w.queue)
     );
     IF NOT missing THEN
-        -- A subtransaction: if a row went while this waited for it, undoing it lets go of the
-        -- other rows' locks before the table lock below is asked for (else a claim waiting
-        -- on one of them, holding the table, would deadlock with it).
+        -- Every row is there: change in place those whose limits differ, without the lock.
         BEGIN
-            PERFORM 1 FROM pgdrain.queue_limits AS l WHERE l.queue = ANY(limited) FOR KEY SHARE;
+            PERFORM 1
+            FROM pgdrain.queue_limits AS l
+            JOIN unnest(limited, limits, rates, periods)
+                 AS w(queue, max_running, rate_limit, rate_seconds) ON w.queue = l.queue
+            WHERE (l.max_running, l.rate_limit, l.rate_seconds)
+                  IS DISTINCT FROM (w.max_running, w.rate_limit, w.rate_seconds)
+            ORDER BY l.queue
+            FOR UPDATE OF l;
+            UPDATE pgdrain.queue_limits AS l
+            SET max_running = w.max_running, rate_limit = w.rate_limit,
+                rate_seconds = w.rate_seconds,
+                window_start = CASE WHEN l.rate_seconds IS DISTINCT FROM w.rate_seconds
+                                    THEN NULL ELSE l.window_start END
+            FROM unnest(limited, limits, rates, periods)
+                 AS w(queue, max_running, rate_limit, rate_seconds)
+            WHERE l.queue = w.queue
+              AND (l.max_running, l.rate_limit, l.rate_seconds)
+                  IS DISTINCT FROM (w.max_running, w.rate_limit, w.rate_seconds);
+            -- Read again: each statement reads a snapshot of its own (READ COMMITTED), and sees
+            -- a row deleted while the lock above waited for it.
             missing := EXISTS (
                 SELECT 1 FROM unnest(limited) AS w(queue)
                 WHERE NOT EXISTS (SELECT 1 FROM pgdrain.queue_limits AS l WHERE l.queue = w.queue)
             );
-            IF missing THEN
+            IF missing THEN  -- a row went while this waited for it
                 RAISE EXCEPTION USING ERRCODE = 'no_data_found';
             END IF;
         EXCEPTION WHEN no_data_found THEN
-            NULL;  -- missing stays true: plpgsql variables are not undone
+            NULL;  -- undone, its row locks with it; missing stays true (variables are not undone)
         END;
     END IF;
     IF missing THEN
@@ -47,10 +67,11 @@ BEGIN
             END IF;
             LOCK TABLE pgdrain.queue_limits IN EXCLUSIVE MODE;
         EXCEPTION WHEN lock_not_available THEN
-            missing := false;
-            RAISE WARNING 'pgdrain: the limits of queues % were not created: the lock on '
+            -- (The subtransaction's lock_timeout is undone with it.)
+            RAISE WARNING 'pgdrain: the limits of queues % were not set: the lock on '
                 'pgdrain.queue_limits was not granted within % ms; the next run tries again',
                 limited, least(wait_ms, nullif(kept_ms, 0));
+            RETURN;
         END;
         PERFORM set_config('lock_timeout', kept, true);
     END IF;
@@ -60,7 +81,7 @@ BEGIN
     SET max_running = NULL, rate_limit = NULL, rate_seconds = NULL
     WHERE l.queue = ANY(queues) AND l.queue <> ALL(limited)
       AND (l.max_running IS NOT NULL OR l.rate_limit IS NOT NULL);
-    IF missing THEN
+    IF missing THEN  -- under the lock: new rows counted exactly, the others changed as above
         INSERT INTO pgdrain.queue_limits AS l (queue, max_running, rate_limit, rate_seconds, running)
         SELECT w.queue, w.max_running, w.rate_limit, w.rate_seconds,
                pgdrain.queue_running(w.queue)
@@ -73,17 +94,6 @@ BEGIN
                                 THEN NULL ELSE l.window_start END
         WHERE (l.max_running, l.rate_limit, l.rate_seconds)
               IS DISTINCT FROM (excluded.max_running, excluded.rate_limit, excluded.rate_seconds);
-    ELSE
-        -- The rows are there (locked above), or the lock was not granted: nothing is created.
-        UPDATE pgdrain.queue_limits AS l
-        SET max_running = w.max_running, rate_limit = w.rate_limit, rate_seconds = w.rate_seconds,
-            window_start = CASE WHEN l.rate_seconds IS DISTINCT FROM w.rate_seconds
-                                THEN NULL ELSE l.window_start END
-        FROM unnest(limited, limits, rates, periods)
-             AS w(queue, max_running, rate_limit, rate_seconds)
-        WHERE l.queue = w.queue
-          AND (l.max_running, l.rate_limit, l.rate_seconds)
-              IS DISTINCT FROM (w.max_running, w.rate_limit, w.rate_seconds);
     END IF;
 END
 $function$;
