@@ -953,6 +953,17 @@ def test_the_token_key_is_read_from_its_secret_at_cold_start(
             with pytest.raises(PgdrainError) as raised:
                 lambda_entry.config_from_env(env)
             assert str(raised.value).startswith("PGDRAIN_UI_SECRET_ARN: could not read the secret")
+            # A dashboard that only reads needs no key, so it reads no secret.
+            assert not lambda_entry.config_from_env({**env, "PGDRAIN_UI_ACTIONS": "false"}).actions
+            # The function answers each request with the one line (503), and tries again.
+            for name, value in {**env, "DATABASE_URL": "postgresql://unused"}.items():
+                monkeypatch.setenv(name, value)
+            monkeypatch.setattr(lambda_entry, "_app", None)
+            for _ in range(2):
+                answer = lambda_entry.lambda_handler(dashboard_event("GET", "/"), None)
+                assert answer["statusCode"] == 503, answer
+                assert "PGDRAIN_UI_SECRET_ARN: could not read the secret" in answer["body"]
+            assert lambda_entry._app is None
             return
         from_secret = lambda_entry.config_from_env(env)
     given = lambda_entry.config_from_env({"PGDRAIN_UI_ACTIONS": "true", "PGDRAIN_UI_SECRET": key})

@@ -80,11 +80,10 @@ def template_says(value: Any, template: dict[str, Any]) -> str:
         return f"`{name}`" if name in template["Parameters"] else f"the `{name}`"
     if "Fn::GetAtt" in value:
         return f"the `{value['Fn::GetAtt'][0]}`"
+    if "Fn::If" in value and value["Fn::If"][2] == {"Ref": "AWS::NoValue"}:
+        return template_says(value["Fn::If"][1], template)  # set only when its condition holds
     if "Fn::Sub" in value:
         text = str(value["Fn::Sub"])
-        secret = re.fullmatch(r"\{\{resolve:secretsmanager:\$\{(\w+)\}:SecretString\}\}", text)
-        if secret:
-            return f"the `{secret.group(1)}`"
         return "`" + text.replace("${AWS::StackName}", "<stack>") + "`"
     raise AssertionError(f"no wording for {value!r}")
 

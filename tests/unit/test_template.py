@@ -436,12 +436,24 @@ def test_the_dashboard_is_off_unless_asked_for_and_behind_iam(template: dict[str
     assert template["Parameters"]["WebDashboardActions"]["Default"] == "false"
     # The token key is read at cold start, not put in the configuration that
     # lambda:GetFunctionConfiguration shows (a red team's report): no dynamic reference.
-    assert env["PGDRAIN_UI_SECRET_ARN"] == {"Ref": "WebDashboardTokenSecret"}
+    assert env["PGDRAIN_UI_SECRET_ARN"] == {
+        "Fn::If": [
+            "HasWebDashboardActions",
+            {"Ref": "WebDashboardTokenSecret"},
+            {"Ref": "AWS::NoValue"},
+        ]
+    }
     assert "resolve:secretsmanager" not in json.dumps(props)
     statements = resources["WebDashboardFunctionRole"]["Properties"]["Policies"][0][
         "PolicyDocument"
     ]["Statement"]
-    (reads_key,) = [s for s in statements if s.get("Sid") == "ReadWebDashboardTokenSecret"]
+    (only_with_actions,) = [
+        s["Fn::If"]
+        for s in statements
+        if "Fn::If" in s and s["Fn::If"][1].get("Sid") == "ReadWebDashboardTokenSecret"
+    ]
+    assert only_with_actions[0] == "HasWebDashboardActions"
+    reads_key = only_with_actions[1]
     assert (reads_key["Action"], reads_key["Resource"]) == (
         "secretsmanager:GetSecretValue",
         {"Ref": "WebDashboardTokenSecret"},

@@ -181,8 +181,10 @@ def test_the_dashboard_may_do_what_its_settings_need_and_nothing_else(
     role = resources["WebDashboardFunctionRole"]
     assert "ManagedPolicyArns" not in role["Properties"]
     sids = {s["Sid"] for s in role_statements(role)}
-    expected = {"WriteOwnLogs", "ReadWebDashboardTokenSecret"}
-    expected |= {"KickDrainFunction"} if setting == "actions" else set()
+    expected = {"WriteOwnLogs"}
+    expected |= (
+        {"KickDrainFunction", "ReadWebDashboardTokenSecret"} if setting == "actions" else set()
+    )
     expected |= {"ReadWebDashboardDatabaseSecret"} if setting == "secret" else set()
     expected |= {"ManageVpcNetworkInterfaces"} if setting == "vpc" else set()
     assert sids == expected

@@ -21,7 +21,7 @@ from aws_lambda_powertools.event_handler import LambdaFunctionUrlResolver
 from pgdrain.aws.secrets import resolve_conninfo, secret_value
 from pgdrain.budget import Budget
 from pgdrain.db import connection, store
-from pgdrain.errors import ConfigError
+from pgdrain.errors import ConfigError, PgdrainError
 from pgdrain.settings import Settings
 from pgdrain.ui.app import UiConfig, build
 from pgdrain.ui.csrf import Tokens
@@ -40,7 +40,7 @@ def config_from_env(env: Mapping[str, str]) -> UiConfig:
     if actions not in ("true", "false"):
         raise ConfigError(f"{ACTIONS_VARIABLE} must be true or false, not {actions[:20]!r}")
     key = env.get(SECRET_VARIABLE, "")
-    if env.get(SECRET_ARN_VARIABLE):
+    if env.get(SECRET_ARN_VARIABLE) and actions == "true":  # only forms need it
         # Read at cold start: a value in the environment is visible to whoever may read the
         # function's configuration (lambda:GetFunctionConfiguration), and could mint tokens.
         key = str(secret_value(env[SECRET_ARN_VARIABLE], SECRET_ARN_VARIABLE, env=env))
@@ -80,5 +80,13 @@ _app: LambdaFunctionUrlResolver | None = None
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     global _app
     if _app is None:
-        _app = _build(os.environ)
+        try:
+            _app = _build(os.environ)
+        except PgdrainError as exc:  # a bad setting, its secret unreadable: said, tried again
+            log.error("the dashboard cannot start: %s", exc)
+            return {
+                "statusCode": 503,
+                "headers": {"Content-Type": "text/plain; charset=utf-8"},
+                "body": f"the dashboard cannot start: {exc}\n",
+            }
     return _app.resolve(event, context)
