@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+import pytest
+
 from pgdrain.cli.commands import build_parser
 from pgdrain.settings import DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY
 
@@ -100,3 +102,17 @@ def test_control_a_plain_formatter_would_not_show_them() -> None:
     parser = argparse.ArgumentParser(prog="x")
     parser.add_argument("--limit", type=int, default=20)
     assert "20" not in parser.format_help()
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbose"),
+    [
+        (["worker"], False),
+        (["-v", "worker"], True),
+        (["worker", "-v"], True),  # as docs/worker.md writes it (a red team's report: exit 2)
+        (["jobs", "show", "1", "-v"], True),
+        (["-v", "drain", "--budget", "30"], True),
+    ],
+)
+def test_verbose_is_taken_before_or_after_the_command(argv: list[str], verbose: bool) -> None:
+    assert build_parser().parse_args(argv).verbose is verbose
