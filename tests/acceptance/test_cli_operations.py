@@ -560,6 +560,7 @@ BAD_INPUT: list[tuple[str, Sequence[str], str]] = [
     ("cancel: not an id", ["cancel", "x1"], "ids"),
     ("purge: bad queue", ["purge", "--dry-run", "--queue", "a b"], "--queue"),
     ("purge: negative days", ["purge", "--older-than-days", "-1"], "--older-than-days"),
+    ("purge: too many days", ["purge", "--older-than-days", "1e308"], "at most 36500 days"),
     ("server: no action", ["server"], "stop"),
     ("server: unknown action", ["server", "start"], "start"),
 ]
@@ -746,8 +747,8 @@ def test_a_drain_names_the_ready_jobs_a_used_up_rate_holds_back(
         assert done == 2
         assert rest == [
             "held by limits: 3 ready jobs in alpha (rate 2 per 86400s used up) "
-            "(PGDRAIN_QUEUE_LIMITS; the next run, or `pgdrain worker`, claims them when a slot "
-            "or window frees)"
+            "(pgdrain.queue_limits, as a run's PGDRAIN_QUEUE_LIMITS wrote it; the next run, or "
+            "`pgdrain worker`, claims them when a slot or window frees)"
         ]
     else:  # control: without the limit the same drain leaves nothing, and says nothing more
         assert (done, rest) == (5, [])

@@ -75,6 +75,9 @@ def test_a_rate_has_slots_every_interval_since_the_epoch() -> None:
     assert every.latest_at_or_before(at("2026-12-01 04:12")) == at("2026-12-01 04:10")
     with pytest.raises(ValueError, match="one minute"):
         Every(dt.timedelta(seconds=30))
+    # A red team's report: every=3600 raised a TypeError comparing an int with a timedelta.
+    with pytest.raises(ValueError, match=r"takes a datetime\.timedelta"):
+        Every(3600)  # type: ignore[arg-type]
 
 
 def test_naive_times_are_refused() -> None:

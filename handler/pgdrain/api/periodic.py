@@ -127,6 +127,11 @@ class Every:
     interval: dt.timedelta
 
     def __post_init__(self) -> None:
+        if not isinstance(self.interval, dt.timedelta):  # every=3600: seconds, or minutes?
+            raise ValueError(
+                f"every= takes a datetime.timedelta (timedelta(hours=1)), not "
+                f"{type(self.interval).__name__}"
+            )
         if self.interval < dt.timedelta(minutes=1):
             raise ValueError("every= must be at least one minute")
 

@@ -182,6 +182,17 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _purge_days(text: str) -> float:
+    """--older-than-days: at most what retention may keep (PGDRAIN_RETAIN_*), said as such."""
+    try:
+        too_many = float(text) > MAX_PURGE_DAYS
+    except ValueError:
+        too_many = False  # not a number: said below
+    if too_many:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most {MAX_PURGE_DAYS:g} days")
+    return _non_negative_float(text)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -838,7 +849,7 @@ def _add_operator_commands(commands: Any) -> None:
     p = commands.add_parser(
         "purge", help="delete done, failed and cancelled jobs older than N days"
     )
-    p.add_argument("--older-than-days", type=_non_negative_float, default=7.0)
+    p.add_argument("--older-than-days", type=_purge_days, default=7.0)
     p.add_argument("--queue", type=_queue_name, help="only this queue (default: every queue)")
     p.add_argument("--dry-run", action="store_true", help="count what would go; delete nothing")
     p.add_argument("--json", action="store_true", help="one JSON object (documented fields)")
@@ -1292,8 +1303,6 @@ PURGE_BATCH = 5000
 
 
 def cmd_purge(args: argparse.Namespace, settings: Settings) -> int:
-    if args.older_than_days > MAX_PURGE_DAYS:
-        raise BadInput(f"--older-than-days must be at most {MAX_PURGE_DAYS:g}")
     where = f" in queue {args.queue!r}" if args.queue else ""
     with _connect(settings) as conn:
         if args.dry_run:

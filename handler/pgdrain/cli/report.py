@@ -149,8 +149,8 @@ def format_held(limits: Sequence[store.QueueLimitRow], ready: int) -> str | None
     parts = [f"{printable(q.queue)} ({', '.join(limits_reached(q))})" for q in limits]
     return (
         f"held by limits: {plural(ready, 'ready job')} in {', '.join(parts)} "
-        "(PGDRAIN_QUEUE_LIMITS; the next run, or `pgdrain worker`, claims them when a slot or "
-        "window frees)"
+        "(pgdrain.queue_limits, as a run's PGDRAIN_QUEUE_LIMITS wrote it; the next run, or "
+        "`pgdrain worker`, claims them when a slot or window frees)"
     )
 
 
