@@ -274,26 +274,37 @@ def test_a_resume_committed_while_the_sync_waits_leaves_the_limit_in_place(
     assert claims == ([LIMIT, 0] if rechecked else [3, 0])
 
 
+CHANGE = "pgdrain.queue_limits_change(text[],text[],integer[],integer[],integer[])"
+# (the new limits, and the queues whose limits the sync manages: None, every one with a row)
+SYNCS = {
+    "change": ([("a", 6), ("b", 6)], ["a", "b"]),
+    "change-and-drop": ([("b", 6)], None),  # a's limit taken out, as a deploy does
+}
+
+
+@pytest.mark.parametrize("sync", SYNCS)
 @pytest.mark.parametrize("ordered", [True, False], ids=["claims-order", "control-reversed"])
 def test_a_sync_changing_limits_beside_a_claim_never_deadlocks(
-    db_url: str, conn: Conn, ordered: bool
+    db_url: str, conn: Conn, ordered: bool, sync: str
 ) -> None:
-    """A claim locks its queues' limit rows by queue (hot_path.sql); a sync that changes
-    limits locks the rows it changes in that order too (migration 0047), so it waits behind
-    the claim, which goes on to its next row. A review found 0047's first form locking every
-    row in scan order: a deadlock beside a claim. The control locks in the reverse order."""
+    """A claim locks its queues' limit rows by queue (hot_path.sql); a sync locks every row it
+    changes, deletes or clears in that order too (migration 0047), so it waits behind the
+    claim, which goes on to its next row. Two reviews found 0047's first forms deadlocking
+    beside a claim: every row locked in scan order, then a row dropped after the rows changed.
+    The control locks in the reverse order."""
     if not ordered:
-        text = function_text(conn, SYNC)
+        text = function_text(conn, CHANGE)
         assert text.count("ORDER BY l.queue\n") == 1
         conn.execute(text.replace("ORDER BY l.queue\n", "ORDER BY l.queue DESC\n"))
     store.queue_limit_sync(conn, ["a", "b"], [("a", 5), ("b", 5)])
+    limits, queues = SYNCS[sync]
     held = Held(db_url)
     try:
         with held.holder.transaction():  # a claim, halfway through its rows: a locked
             held.holder.execute(
                 "SELECT 1 FROM pgdrain.queue_limits WHERE queue = 'a' FOR UPDATE"
             ).fetchall()
-            held.start(lambda c: store.queue_limit_sync(c, ["a", "b"], [("a", 6), ("b", 6)]))
+            held.start(lambda c: store.queue_limit_sync(c, queues, limits))
             _wait_until(lambda: waits_on_a_lock(conn, held.other.info.backend_pid))
             try:  # its next row, then its commit lets the sync go on
                 held.holder.execute(
@@ -310,7 +321,24 @@ def test_a_sync_changing_limits_beside_a_claim_never_deadlocks(
     assert deadlocked == ([] if ordered else [psycopg.errors.DeadlockDetected]), held.errors
     if ordered:
         rows = conn.execute("SELECT queue, max_running FROM pgdrain.queue_limits ORDER BY 1")
-        assert rows.fetchall() == [("a", 6), ("b", 6)]
+        assert rows.fetchall() == sorted(limits)
+
+
+def test_a_sync_without_its_table_lock_still_changes_the_rows_there(
+    db_url: str, conn: Conn
+) -> None:
+    """A review's report: when the table lock a new queue's row needs was not granted in time,
+    0047's first form also left a lowered limit of an existing row as it was."""
+    store.queue_limit_sync(conn, ["other"], [("other", 5)])
+    _enqueue(conn, 1)
+    [job] = _claim(conn, 1)
+    with psycopg.connect(db_url, autocommit=True) as holder, holder.transaction():
+        assert complete_one(holder, job.held)  # holds ROW SHARE on pgdrain.queue_limits
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '200ms'")
+            store.queue_limit_sync(conn, [QUEUE, "other"], [(QUEUE, 1), ("other", 2)])
+    rows = conn.execute("SELECT queue, max_running FROM pgdrain.queue_limits ORDER BY 1")
+    assert rows.fetchall() == [("other", 2)]  # QUEUE's row waits for the next run
 
 
 def _drift_high(conn: Conn) -> None:
