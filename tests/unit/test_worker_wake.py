@@ -20,7 +20,13 @@ from pgdrain.api.kick_target import (
 from pgdrain.db.store import ExitCheck
 from pgdrain.errors import ConfigError
 from pgdrain.runner.stop import StopRequest
-from pgdrain.runner.worker import DEFAULT_SAFETY_NET_SECONDS, MIN_WAIT_SECONDS, Listener, Worker
+from pgdrain.runner.worker import (
+    DEFAULT_SAFETY_NET_SECONDS,
+    MAX_UNSERVED_SAID,
+    MIN_WAIT_SECONDS,
+    Listener,
+    Worker,
+)
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, 500000, tzinfo=dt.UTC)
 LAMBDA_ENV = {"AWS_LAMBDA_FUNCTION_NAME": "app-api"}
@@ -157,3 +163,28 @@ def test_an_idle_worker_waits_as_long_as_the_database_says_whatever_its_own_cloc
     worker.next_due.before_exit(_ExitSession(check))  # type: ignore[arg-type]
     wait_s, reason = worker.next_wake(dt.datetime.now(dt.UTC))
     assert reason == "due" and 41.0 <= wait_s <= 42.0
+
+
+def test_kicks_for_queues_it_does_not_serve_are_said_within_a_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A review's report: any client may NOTIFY, and each made-up queue name was said and kept,
+    without end (2 MB of log from 300 NOTIFYs). Said once each, up to MAX_UNSERVED_SAID in all,
+    names no queue can have never."""
+    settings = Settings(queues=("a",))
+    listener = Listener(
+        "", settings, StopRequest(), listen=False, queues=("a",), signals_wake=False
+    )
+    try:
+        with caplog.at_level("WARNING", logger="pgdrain.runner.worker"):
+            listener._say_unserved(frozenset({"emails", "a b\x1b[2J"}))
+            listener._say_unserved(frozenset({"emails"}))  # said already
+            listener._say_unserved(frozenset(f"q{n:03}" for n in range(500)))
+            listener._say_unserved(frozenset({"later"}))  # past the bound
+    finally:
+        listener.shut()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("kicked for emails, which this worker does not serve (a)")
+    said = lines[1].removeprefix("kicked for ").split(", which")[0].split(", ")
+    assert len(said) == MAX_UNSERVED_SAID - 1 and lines[1].endswith("are not said")

@@ -61,6 +61,10 @@ from pgdrain.settings import QUEUE_NAME, Settings, describe_queues
 
 log = logging.getLogger(__name__)
 
+# How many queues a worker says it was kicked for and does not serve, in all (a NOTIFY is any
+# client's: without a bound, names made up by the thousand would fill its log and memory).
+MAX_UNSERVED_SAID = 20
+
 # A worker's drain has no deadline: what Budget.remaining() says until a stop. Statements are
 # limited to it (a day: no real limit, as without pgdrain) and leases never reach it. After a
 # stop, what is left is the grace and the reserve: a connect that cannot succeed gives up then.
@@ -431,16 +435,21 @@ class Listener:
 
     def _say_unserved(self, queues: frozenset[str]) -> None:
         """A kick for queues this worker does not serve wakes it for nothing: said once each,
-        as the application's kick() cannot tell which worker serves what."""
-        # Any client may NOTIFY: only names a queue can have reach the log.
-        new = sorted(q for q in queues - self._said_unserved if QUEUE_NAME.match(q))
+        as the application's kick() cannot tell which worker serves what. Any client may
+        NOTIFY: only names a queue can have reach the log, and at most MAX_UNSERVED_SAID."""
+        room = MAX_UNSERVED_SAID - len(self._said_unserved)
+        if room <= 0:
+            return
+        new = sorted(q for q in queues - self._said_unserved if QUEUE_NAME.match(q))[:room]
         if new:
             self._said_unserved.update(new)
+            full = len(self._said_unserved) == MAX_UNSERVED_SAID
             log.warning(
                 "kicked for %s, which this worker does not serve (%s): their jobs wait for a "
-                "worker or a function that does",
+                "worker or a function that does%s",
                 ", ".join(new),
                 describe_queues(self._settings.queues),
+                "; kicks for other queues it does not serve are not said" if full else "",
             )
 
     def _sleep(self, seconds: float) -> bool:
