@@ -92,7 +92,18 @@ def parse_queues(raw: str, source: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in raw.split(",") if part.strip())
     if not names:
         raise ConfigError(f"{source} names no queue")
-    return tuple(dict.fromkeys(check_queue_name(n, source) for n in names))
+    queues = tuple(dict.fromkeys(check_queue_name(n, source) for n in names))
+    if len(queues) > MAX_QUEUES:  # else the function refuses its own continue and wake events
+        raise ConfigError(
+            f"{source} names {len(queues)} queues; at most {MAX_QUEUES} (the events that carry "
+            "them are bounded): unset, a run drains every queue"
+        )
+    return queues
+
+
+# The most queues a run may be restricted to: its continue, wake and fan-out events carry
+# them, and an event naming more is refused (pgdrain.aws.events).
+MAX_QUEUES = 100
 
 
 def describe_queues(queues: tuple[str, ...] | None) -> str:

@@ -226,3 +226,17 @@ def test_retention_is_a_number_of_days_with_defaults() -> None:
     assert (s.retain_done_days, s.retain_failed_days) == (0.5, 0.0)
     s = Settings.from_env({"PGDRAIN_RETAIN_FAILED": "36500"})
     assert s.retain_failed_days == 36500.0
+
+
+def test_a_run_is_restricted_to_at_most_as_many_queues_as_its_events_carry() -> None:
+    """A red team's report: PGDRAIN_QUEUES naming 101 queues was accepted, and the function
+    then refused its own continue and wake events (at most 100 queues): the backlog waited for
+    the hourly safety net, the summary saying `continued: true`."""
+    from pgdrain.aws import events
+
+    hundred = ",".join(f"q{n}" for n in range(100))
+    assert len(Settings.from_env({"PGDRAIN_QUEUES": hundred}).queues or ()) == 100
+    event = {"pgdrain": {"reason": "continue", "chain": 1, "queues": hundred.split(",")}}
+    assert events.parse(event, Settings.from_env({"PGDRAIN_QUEUES": hundred})).chain == 1
+    with pytest.raises(ConfigError, match="names 101 queues; at most 100"):
+        Settings.from_env({"PGDRAIN_QUEUES": hundred + ",q100"})

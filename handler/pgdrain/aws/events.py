@@ -42,7 +42,7 @@ from typing import Any, Literal, NamedTuple
 
 from pgdrain.api import jsonbound
 from pgdrain.errors import BadEvent, BadInput, ConfigError
-from pgdrain.settings import Settings, check_queue_name, describe_queues, serves
+from pgdrain.settings import MAX_QUEUES, Settings, check_queue_name, describe_queues, serves
 
 TriggerReason = Literal["schedule", "safety", "enqueue", "continue", "wake", "fanout", "later"]
 SCHEDULE: TriggerReason = "schedule"
@@ -57,7 +57,6 @@ SCHEDULE_SOURCES = ("aws.events", "aws.scheduler")
 SCHEDULE_DETAIL_TYPE = "Scheduled Event"
 # A real event is a few hundred bytes; an async invoke may carry up to 1 MB.
 MAX_EVENT_BYTES = 16 * 1024
-MAX_QUEUES = 100
 MAX_CHAIN = 10_000  # a sanity bound on the field; PGDRAIN_MAX_CHAIN decides what continues
 MAX_ID_LENGTH = 128
 RUN_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}\Z")
