@@ -316,3 +316,19 @@ def test_an_enqueue_into_a_queue_these_settings_do_not_drain_says_so(
     first, second = run.out.splitlines()
     assert second.startswith("not kicked for emails: not among PGDRAIN_QUEUES (default)"), run.out
     assert _status(conn, int(first.split()[-1])) == "queued"
+
+
+def test_resume_asks_for_a_wake_up_when_the_queues_jobs_are_due_later(
+    conn: Conn, db_url: str, tmp_path: Path, function: None
+) -> None:
+    """A red team's report: `pgdrain resume` kicked only a queue with a job ready, and the kick
+    held while it was paused had set no wake-up: a job due in two minutes waited for the hourly
+    safety net. The resume now kicks as an enqueue does."""
+    pgdrain(db_url, tmp_path, "pause", "emails")
+    pgdrain(db_url, tmp_path, "enqueue", "noop", "--queue", "emails", "--delay", "120")
+    resumed, calls = pgdrain(db_url, tmp_path, "resume", "emails")
+    assert (resumed.code, resumed.err) == (EXIT_OK, "")
+    assert resumed.out.splitlines()[1].startswith(
+        f"not kicked for emails: nothing is ready yet; {FUNCTION_NAME} will wake up at "
+    ), resumed.out
+    assert [c["event"]["pgdrain"]["reason"] for c in calls] == ["later"]

@@ -1258,12 +1258,13 @@ def cmd_pause(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_resume(args: argparse.Namespace, settings: Settings) -> int:
-    """Resume, then (committed) kick the function when a job of the queue is ready: each is a
-    statement of its own, so a second resume finds it resumed and kicks again at worst."""
+    """Resume, then (committed) kick the queue as an enqueue does: a run when a job is ready, a
+    wake-up when one is due later (a kick held while paused set none). Each is a statement of
+    its own, so a second resume finds it resumed and kicks again at worst."""
     with _connect(settings) as conn:
         was_paused = resume_queue(conn, args.queue)
         ready = store.queue_has_ready(conn, [args.queue])
-        kicked = _kick(conn, settings, [args.queue]) if ready else []
+        kicked = _kick(conn, settings, [args.queue])
     if args.json:
         print(json.dumps({"queue": args.queue, "was_paused": was_paused, "ready": ready}))
     else:

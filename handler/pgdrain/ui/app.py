@@ -382,7 +382,8 @@ class _Dashboard:
             else:
                 with self._acting_on(conn, f"queue {queue}"):
                     was_paused = store.queue_resume(conn, queue)
-                kicked = store.queue_has_ready(conn, [queue]) and _kick(conn, queue)
+                # A run when a job is ready, else a wake-up for the next one due (kick()).
+                kicked = _kick(conn, queue)
                 key = ("resumed-kicked" if kicked else "resumed") if was_paused else "not-paused"
         log.info("dashboard %s", verb, extra={"queue": queue, "by": request.identity, "key": key})
         return redirect(self._after("/", request, {"notice": key}))
