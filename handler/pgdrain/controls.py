@@ -31,6 +31,9 @@ class Controls(NamedTuple):
     resend_a_deadlocked_statement: bool = True
     pin_read_committed: bool = True
     mark_abandoned_lost: bool = True  # a job the run gives up on sees lease_lost() at once
+    # A job sees lease_lost() while the run's lease may have run out unrenewed (a heartbeat's
+    # reply later than a lease: a pooler's queue, a stalled server), not only once found gone.
+    tell_jobs_of_a_lapsed_lease: bool = True
     recover_lost_replies: bool = True  # a claim retried after a reconnect asks what it took
     reconnect_within_leases: bool = True  # a reconnect gives up before the leases it holds end
     # A stop (SIGTERM, SIGINT) gives back the attempts it cuts short, of jobs whose policy is

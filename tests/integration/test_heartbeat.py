@@ -6,18 +6,21 @@ run that stops with jobs running ends their leases, so they are reclaimable at o
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from helpers.fixtures import RUN_WORKER, claim_batch, db_now, job_row
-from pgdrain import enqueue_many
+from helpers.fixtures import RUN_WORKER, claim_batch, db_now, job_row, wait_for
+from pgdrain import Budget, Job, Registry, Settings, enqueue_many
 from pgdrain.api.enqueue import build_job
 from pgdrain.controls import Controls
 from pgdrain.db import store
 from pgdrain.db.store import ClaimedJob
 from pgdrain.runner.attempts import RunState
+from pgdrain.runner.drain import drain_with
 from pgdrain.runner.heartbeat import Heartbeat
 
 Conn = psycopg.Connection[Any]
@@ -175,3 +178,51 @@ def test_a_stop_ends_the_lease_of_a_job_whose_recovery_is_manual(
     Heartbeat(run_state, lease_seconds=LEASE).end_running_leases()
     assert [r.id for r in store.job_reclaim_expired(conn, 10)] == [job_id]
     assert job_row(conn, job_id)["status"] == "parked"
+
+
+@pytest.mark.parametrize("told", [True, False], ids=["told", "control-not-told"])
+def test_a_job_is_told_while_its_lease_may_have_run_out_unrenewed(
+    db_url: str, conn: Conn, told: bool
+) -> None:
+    """A pooler's red team: behind a busy transaction pooler the heartbeat's statement waited
+    in the pooler's queue past the lease; another run reclaimed the job and ran it, while the
+    first attempt's lease_lost() said False. Here the beat waits on the job's row, locked by a
+    transaction held open (as a queue would hold it), for longer than a lease: the job sees
+    lease_lost() once a lease has passed since the last renewal was sent. The control tells it
+    only what a beat found."""
+    lease = 2.0
+    started = threading.Event()
+    done = threading.Event()
+    seen: list[bool] = []
+    registry = Registry()
+
+    @registry.job("watch")
+    def watch(job: Job) -> None:
+        started.set()
+        while not done.is_set():
+            seen.append(job.lease_lost())
+            time.sleep(0.05)
+
+    [job_id] = enqueue_many(conn, [build_job("watch")])
+    settings = Settings(lease_seconds=lease, concurrency=2, reserve_seconds=1.0)
+    controls = Controls(tell_jobs_of_a_lapsed_lease=told)
+    results: list[Any] = []
+    run = threading.Thread(
+        target=lambda: results.append(
+            drain_with(controls, settings, Budget.seconds(30), registry, db_url)
+        )
+    )
+    run.start()
+    try:
+        assert started.wait(20)
+        with psycopg.connect(db_url) as holder:
+            holder.execute("SELECT 1 FROM pgdrain.active_jobs WHERE id = %s FOR UPDATE", (job_id,))
+            held_at = time.monotonic()
+            wait_for(lambda: time.monotonic() > held_at + 2 * lease, what="two leases to pass")
+            during = list(seen)
+            holder.rollback()  # the beat goes through: nobody took the job
+    finally:
+        done.set()
+        run.join(30)
+    assert any(during) is told
+    assert results[0].done == 1 and job_row(conn, job_id)["status"] == "done"

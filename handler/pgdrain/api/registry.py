@@ -50,6 +50,8 @@ class Job:
     _progress: MutableMapping[store.Held, str] | None = field(
         default=None, repr=False, compare=False
     )
+    # Whether the run's leases may have run out unrenewed (Attempts.lease_lapsed).
+    _lease_lapsed: Callable[[], bool] = field(default=lambda: False, repr=False, compare=False)
 
     def remaining(self) -> float:
         """Seconds left of the run's budget, or of the kind's timeout if that ends first."""
@@ -57,8 +59,10 @@ class Job:
 
     def lease_lost(self) -> bool:
         """True once a heartbeat found this attempt's lease gone: another attempt may own the
-        job now, and nothing this one returns will be recorded. Long jobs should stop."""
-        return self.attempt_token in self._lost_tokens
+        job now, and nothing this one returns will be recorded. Long jobs should stop. True
+        also while the lease may have run out unrenewed (the heartbeat's reply has not come
+        within a lease: a pooler's queue, a stalled server): another run may take the job."""
+        return self.attempt_token in self._lost_tokens or self._lease_lapsed()
 
     def record_progress(self, value: Any) -> None:
         """Record how far the job is: a number or a small JSON value (at most

@@ -77,6 +77,13 @@ class Attempts:
             return None
         return self._renewed_at + lease_seconds - time.monotonic()
 
+    def lease_lapsed(self, lease_seconds: float) -> bool:
+        """The oldest lease held may have run out: no renewal sent in the last lease (a
+        heartbeat still waiting for its reply: a pooler's queue, a stalled server). Another
+        run may own its job by now. Read by job threads: one read of a float, no lock."""
+        renewed_at = self._renewed_at
+        return renewed_at is not None and time.monotonic() > renewed_at + lease_seconds
+
     def busy(self) -> bool:
         return bool(self.running or self.unstarted)
 

@@ -50,6 +50,8 @@ def run_job(
     remaining: Callable[[], float],
     lost_tokens: Collection[uuid.UUID],
     recorded: Recorded | None = None,
+    *,
+    lease_lapsed: Callable[[], bool] = lambda: False,
 ) -> None:
     """Run the job. What it returns (not None) is its output: put in `recorded.outputs` as
     JSON text for the run to write; an output that cannot be stored (over MAX_OUTPUT_BYTES,
@@ -60,7 +62,9 @@ def run_job(
         raise outcomes.AttemptFailed(outcomes.decide_unregistered(exc, claimed.attempt)) from exc
     try:
         progress = None if recorded is None else recorded.progress
-        result = _call(registry, registered, claimed, remaining, lost_tokens, progress)
+        result = _call(
+            registry, registered, claimed, remaining, lost_tokens, progress, lease_lapsed
+        )
         if result is not None and recorded is not None:
             try:
                 text = bounded_json(result, "output", MAX_OUTPUT_BYTES)
@@ -79,6 +83,7 @@ def _call(
     remaining: Callable[[], float],
     lost_tokens: Collection[uuid.UUID],
     progress: MutableMapping[Held, str] | None = None,
+    lease_lapsed: Callable[[], bool] = lambda: False,
 ) -> object:
     timeout = registered.options.timeout
     started = 0.0
@@ -101,6 +106,7 @@ def _call(
         _remaining=remaining,
         _lost_tokens=lost_tokens,
         _progress=progress,
+        _lease_lapsed=lease_lapsed,
     )
     middlewares = registry.middlewares
     if middlewares:
