@@ -152,6 +152,34 @@ def connection_kwargs(settings: Settings, timeout: float) -> dict[str, Any]:
     return kwargs
 
 
+# Host names of transaction poolers: Neon's pooled endpoint (ep-...-pooler.REGION...), an RDS
+# Proxy's endpoint (NAME.proxy-ID.REGION.rds.amazonaws.com).
+POOLER_HOST = re.compile(r"-pooler\.|\.proxy-[a-z0-9]+\.")
+_warned_of_pooler: set[str] = set()
+
+
+def warn_of_a_pooler_in_session_mode(conninfo: str, settings: Settings) -> None:
+    """A transaction pooler's host with PGDRAIN_POOLER=session (the default): the run's
+    session settings and prepared statements would stay on a server connection the pooler
+    then hands to another client. Said once per host and process (a guess from the name)."""
+    if settings.pooler != "session":
+        return
+    try:
+        hosts = str(conninfo_to_dict(conninfo).get("host") or "")
+    except psycopg.ProgrammingError:
+        return  # malformed: said by the connect
+    for host in hosts.split(","):
+        if POOLER_HOST.search(host) and host not in _warned_of_pooler:
+            _warned_of_pooler.add(host)
+            log.warning(
+                "the database host %s looks like a transaction pooler (Neon's -pooler "
+                "endpoint, an RDS Proxy) while PGDRAIN_POOLER is session: set "
+                "PGDRAIN_POOLER=transaction (Pooler in the template), or the run's session "
+                "settings reach the pooler's other clients",
+                host,
+            )
+
+
 def connect(
     conninfo: str,
     settings: Settings,
@@ -172,6 +200,7 @@ def connect(
     pg_stat_activity (a worker's listening connection has a name of its own)."""
     ceiling = FIRST_RETRY_DELAY_SECONDS
     attempt = 0
+    warn_of_a_pooler_in_session_mode(conninfo, settings)
     addresses = _addresses(conninfo)
     while True:
         attempt += 1
