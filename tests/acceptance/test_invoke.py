@@ -185,3 +185,22 @@ def test_bad_arguments_exit_2_with_one_line(
     assert run.code == 2
     assert run.out == ""
     assert run.err.strip().splitlines()[-1] == f"pgdrain: error: {message}"
+
+
+def test_a_shell_variable_the_template_sets_otherwise_is_said_unused(db_url: str) -> None:
+    """A pooler's red team: PGDRAIN_POOLER=transaction exported in the shell was dropped
+    without a word (the template's Pooler, session, wins, as the stack's would): the run left
+    its session settings on a pooled connection. Now it is said, and --env-vars gives it."""
+    run = run_pgdrain(
+        "invoke",
+        "-e",
+        "infra/events/schedule.json",
+        env={"DATABASE_URL": _with_sslmode(db_url, "prefer"), "PGDRAIN_POOLER": "transaction"},
+        drop=("PGDRAIN_", "POWERTOOLS_"),
+    )
+    assert run.code == 0, run.err
+    said = "set in your shell, but the template gives its own value"
+    assert [line for line in run.err.splitlines() if said in line] == [
+        "pgdrain: set in your shell, but the template gives its own value, which the function "
+        "got (give yours with --env-vars): PGDRAIN_POOLER"
+    ]

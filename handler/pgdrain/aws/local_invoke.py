@@ -67,6 +67,8 @@ class InvokeResult:
     payload: Any  # what the handler returned, or Lambda's error shape if it raised
     failed: bool  # it raised or timed out, or it returned {"ok": false}
     ignored_overrides: tuple[str, ...] = ()
+    # Set in the shell, but the template gives a value of its own (as the stack would): unused.
+    shell_unused: tuple[str, ...] = ()
 
 
 def local_context(
@@ -377,6 +379,21 @@ def read_overrides(path: Path, spec: FunctionSpec) -> tuple[dict[str, str], tupl
     return overrides, tuple(sorted(ignored))
 
 
+def shell_unused(
+    spec: FunctionSpec, overrides: Mapping[str, str], shell: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The template's variables the shell sets to another value than the template's own,
+    which wins (only an empty one takes the shell's): said, so that a setting is not lost
+    without a word (--env-vars gives it)."""
+    return tuple(
+        sorted(
+            name
+            for name, value in spec.environment.items()
+            if value and name not in overrides and shell.get(name) not in (None, "", value)
+        )
+    )
+
+
 def function_environment(
     spec: FunctionSpec,
     overrides: Mapping[str, str],
@@ -453,6 +470,7 @@ def invoke(
     overrides, ignored = read_overrides(Path(env_vars_path), spec) if env_vars_path else ({}, ())
     region = local_region()
     env = function_environment(spec, overrides, os.environ, region)
+    unused = shell_unused(spec, overrides, os.environ)
     if not any(env.get(name) for name in DATABASE_VARIABLES):
         env["DATABASE_URL"] = resolve_database()
     module_name, _, attribute = spec.handler.rpartition(".")
@@ -467,12 +485,16 @@ def invoke(
                 "errorType": "Runtime.ImportModuleError",
                 "errorMessage": f"Unable to import module {module_name!r}: {exc}",
             }
-            return InvokeResult(payload=error, failed=True, ignored_overrides=ignored)
+            return InvokeResult(
+                payload=error, failed=True, ignored_overrides=ignored, shell_unused=unused
+            )
         context = local_context(spec, region)
         payload, failed = _call(handler, event, context, spec.timeout)
     if not failed and isinstance(payload, dict) and payload.get("ok") is False:
         failed = True
-    return InvokeResult(payload=payload, failed=failed, ignored_overrides=ignored)
+    return InvokeResult(
+        payload=payload, failed=failed, ignored_overrides=ignored, shell_unused=unused
+    )
 
 
 def _call(

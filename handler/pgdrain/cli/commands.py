@@ -655,6 +655,12 @@ def cmd_invoke(args: argparse.Namespace, settings: Settings) -> int:
             + ", ".join(result.ignored_overrides),
             file=sys.stderr,
         )
+    if result.shell_unused:
+        print(
+            "pgdrain: set in your shell, but the template gives its own value, which the "
+            "function got (give yours with --env-vars): " + ", ".join(result.shell_unused),
+            file=sys.stderr,
+        )
     print(json.dumps(result.payload))
     if (code := exit_code(stop)) is not None:
         return code
