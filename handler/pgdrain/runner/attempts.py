@@ -25,7 +25,10 @@ from pgdrain.runner.summary import Counters
 
 
 class Attempts:
-    def __init__(self) -> None:
+    def __init__(self, lease_seconds: float | None = None, told_of_lapses: bool = True) -> None:
+        # The lease a claim and a beat take: a job hears lease_lost() once that long has
+        # passed since the last renewal was sent (lease_lapsed); None: only when found gone.
+        self._lease_seconds = lease_seconds if told_of_lapses else None
         self.unstarted: deque[ClaimedJob] = deque()
         # Handed to the worker pool: running, or (claimed ahead) waiting there for a thread.
         self.running: dict[Held, ClaimedJob] = {}
@@ -45,9 +48,10 @@ class Attempts:
         # Outputs and progress that job threads recorded, not written yet (execute.Recorded).
         self.recorded = Recorded({}, {})
 
-    def job_view(self) -> tuple[set[uuid.UUID], Recorded]:
-        """What a job thread reads and writes: the lost tokens, and where it records."""
-        return self.lost_tokens, self.recorded
+    def job_view(self) -> tuple[set[uuid.UUID], Recorded, Callable[[], bool]]:
+        """What a job thread reads and writes: the lost tokens, where it records, and whether
+        the leases may have lapsed unrenewed."""
+        return self.lost_tokens, self.recorded, self.lease_lapsed
 
     def held(self) -> list[Held]:
         """Every attempt whose lease is ours to keep, finished ones waiting for their write
@@ -77,12 +81,14 @@ class Attempts:
             return None
         return self._renewed_at + lease_seconds - time.monotonic()
 
-    def lease_lapsed(self, lease_seconds: float) -> bool:
+    def lease_lapsed(self) -> bool:
         """The oldest lease held may have run out: no renewal sent in the last lease (a
         heartbeat still waiting for its reply: a pooler's queue, a stalled server). Another
         run may own its job by now. Read by job threads: one read of a float, no lock."""
-        renewed_at = self._renewed_at
-        return renewed_at is not None and time.monotonic() > renewed_at + lease_seconds
+        renewed_at, lease = self._renewed_at, self._lease_seconds
+        if renewed_at is None or lease is None:
+            return False
+        return time.monotonic() > renewed_at + lease
 
     def busy(self) -> bool:
         return bool(self.running or self.unstarted)

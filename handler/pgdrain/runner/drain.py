@@ -261,7 +261,7 @@ class _Run:
         self.worker_id = worker_id
         self.started = time.monotonic()
         self.counters = Counters(observer)
-        self.attempts = Attempts()
+        self.attempts = Attempts(settings.lease_seconds, controls.tell_jobs_of_a_lapsed_lease)
         self.deadline = Deadline(budget, settings.reserve_seconds, controls=controls)
         self.stopping = Stopping(stop, self.deadline, worker_id)
         self.session = _session(conninfo, settings, budget, controls, self.attempts)
@@ -389,22 +389,13 @@ class _Run:
         )
         return max(0.0, wake_at - now)
 
-    def _lease_lapsed(self) -> bool:
-        return self.controls.tell_jobs_of_a_lapsed_lease and self.attempts.lease_lapsed(
-            self.settings.lease_seconds
-        )
-
     def run_job(self, claimed: store.ClaimedJob) -> None:
         """In a worker thread: call the job's function, watched in case the run gives up."""
         self.attempts.started(claimed.held)
         self.threads.run(
             claimed.held,
             lambda: execute.run_job(
-                self.registry,
-                claimed,
-                self.deadline.remaining,
-                *self.attempts.job_view(),
-                lease_lapsed=self._lease_lapsed,
+                self.registry, claimed, self.deadline.remaining, *self.attempts.job_view()
             ),
         )
 

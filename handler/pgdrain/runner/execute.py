@@ -50,7 +50,6 @@ def run_job(
     remaining: Callable[[], float],
     lost_tokens: Collection[uuid.UUID],
     recorded: Recorded | None = None,
-    *,
     lease_lapsed: Callable[[], bool] = lambda: False,
 ) -> None:
     """Run the job. What it returns (not None) is its output: put in `recorded.outputs` as
