@@ -47,6 +47,9 @@ DEPTH_MIN_REMAINING_SECONDS = 2.5
 # is worth the risk of the timeout down to here: without it, work due later waits for the
 # safety net. A local connect and one statement take milliseconds.
 EXIT_MIN_REMAINING_SECONDS = 1.0
+# The least reserve that leaves a run stopped for time EXIT_MIN_REMAINING_SECONDS after its
+# last jobs' final margin (the template's ReserveSeconds MinValue).
+MIN_FUNCTION_RESERVE_SECONDS = 2.0
 SAM_LOCAL_VARIABLE = "AWS_SAM_LOCAL"  # set by `sam local invoke` and `pgdrain invoke`
 # A scheduled run keeps this share of its budget (at most retention.MAX_SECONDS) from the
 # drain for retention afterwards, when the database is awake: a queue busy enough to use every
@@ -76,6 +79,14 @@ def cold_start(env: Mapping[str, str]) -> ColdStart:
         log.error("configuration error: %s", exc)
         return ColdStart(error=str(exc))
     periodic.warn_of_undrained(registry.periodics, settings.queues)
+    if settings.reserve_seconds < MIN_FUNCTION_RESERVE_SECONDS:
+        log.warning(
+            "PGDRAIN_RESERVE_SECONDS is %g: a run stopped for time then has too little left "
+            "to end its state and make its wake-up (work due later waits for the safety net); "
+            "keep at least %g",
+            settings.reserve_seconds,
+            MIN_FUNCTION_RESERVE_SECONDS,
+        )
     return ColdStart(settings=settings, registry=registry)
 
 
