@@ -869,3 +869,20 @@ def test_a_queue_at_its_limit_reports_the_jobs_it_holds_back(
         assert totals["OldestReadyAgeSeconds"] >= 120
     else:
         assert (totals["QueueDepth"], totals["OldestReadyAgeSeconds"]) == (0, 0)
+
+
+@pytest.mark.parametrize(("reserve", "warned"), [("1", True), ("2", False)])
+def test_a_reserve_too_short_to_end_a_run_is_warned_of_at_cold_start(
+    caplog: pytest.LogCaptureFixture, reserve: str, warned: bool
+) -> None:
+    """A red team's report: with a reserve of 1 s, a run stopped for time had under 1 s left
+    and ended none of its state (no wake-up, no history line, its registration left)."""
+    from pgdrain.aws import run
+
+    with caplog.at_level("WARNING", logger="pgdrain.aws.run"):
+        started = run.cold_start({"PGDRAIN_RESERVE_SECONDS": reserve, "PGDRAIN_JOBS": "jobs"})
+    assert started.settings is not None
+    said = [
+        r.getMessage() for r in caplog.records if "PGDRAIN_RESERVE_SECONDS is" in r.getMessage()
+    ]
+    assert bool(said) is warned, said
