@@ -68,8 +68,9 @@ class Attempts:
         self._renewed_at = at
 
     def leases_claimed(self, at: float) -> None:
-        """A claim sent at `at` took new leases; older ones keep their own renewal time."""
-        if self._renewed_at is None:
+        """A claim sent at `at` took new leases; older ones keep their own renewal time (with
+        none held, nothing older: a beat skipped while the run was idle renewed nothing)."""
+        if self._renewed_at is None or not (self.running or self.unstarted or self.finished):
             self._renewed_at = at
 
     def lease_seconds_left(self, lease_seconds: float) -> float | None:
