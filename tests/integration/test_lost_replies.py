@@ -100,7 +100,8 @@ def test_a_reconnect_that_would_outlast_the_leases_tells_the_jobs_before_another
 
     results: list[DrainResult] = []
     settings = Settings(lease_seconds=3, reserve_seconds=0.5, connect_timeout=2)
-    switches = Controls(reconnect_within_leases=bounded)
+    # The lease lapse, the other way a job hears of it, is off in both: this is the reconnect's.
+    switches = Controls(reconnect_within_leases=bounded, tell_jobs_of_a_lapsed_lease=False)
     thread = threading.Thread(
         target=lambda: results.append(
             drain_with(switches, settings, Budget.seconds(40), held_registry, proxy.url)
