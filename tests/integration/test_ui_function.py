@@ -968,3 +968,37 @@ def test_the_token_key_is_read_from_its_secret_at_cold_start(
         from_secret = lambda_entry.config_from_env(env)
     given = lambda_entry.config_from_env({"PGDRAIN_UI_ACTIONS": "true", "PGDRAIN_UI_SECRET": key})
     assert given.tokens.valid(from_secret.tokens.issue(ADA), ADA)
+
+
+@pytest.mark.parametrize("granted_wakes", [True, False], ids=["by-0049", "control-not-granted"])
+def test_a_resume_of_a_queue_whose_jobs_are_due_later_reserves_their_wake_up(
+    granted: str,
+    conn: Conn,
+    operator: str,
+    monkeypatch: pytest.MonkeyPatch,
+    granted_wakes: bool,
+) -> None:
+    """A red team's report: Resume kicked only a queue with a job ready, and the kick held
+    while it was paused set no wake-up: a job due in two minutes waited for the hourly safety
+    net. Resumed as the actions role, the kick reserves the wake-up (migration 0049 lets the
+    role write pgdrain.wakes). The control takes that grant back: the kick fails, said."""
+    from helpers.aws import FUNCTION_NAME, aws_environment, create_function, mocked_aws
+
+    with psycopg.connect(granted, autocommit=True) as owner:
+        # A role granted before 0049, then `pgdrain migrate` (the control: not migrated).
+        owner.execute("REVOKE ALL ON pgdrain.wakes FROM pgdrain_dashboard_actions")
+        if granted_wakes:
+            owner.execute("DELETE FROM pgdrain.migrations WHERE version = '0049'")
+            assert [m.split("_")[0] for m in migrate(owner).applied] == ["0049"]
+    aws_environment(monkeypatch)
+    monkeypatch.setenv("PGDRAIN_FUNCTION_NAME", FUNCTION_NAME)
+    enqueue(conn, "k", delay=120)
+    store.queue_pause(conn, "default")
+    with mocked_aws():
+        create_function()
+        function = dashboard_function(_as(granted, operator))
+        form = f"confirm=1&token={_token(function, enqueue(conn, 'k', delay=120))}"
+        answer = function.resolve(dashboard_event("POST", "/queues/default/resume", form), None)
+    assert answer["statusCode"] == 303, answer["body"][-300:]
+    wakes = conn.execute("SELECT count(*) FROM pgdrain.wakes").fetchone()
+    assert wakes == ((1,) if granted_wakes else (0,))

@@ -366,7 +366,8 @@ class _Dashboard:
 
     def queue_act(self, queue: str, verb: str) -> Response[str]:
         """Pause or resume a queue: a confirmation page first, then (confirm=1) the action. A
-        resume kicks the drain function when a job of the queue is ready, as `pgdrain resume`."""
+        resume kicks the drain function as `pgdrain resume` does: a run when a job of the queue
+        is ready, a wake-up when one is due later."""
         request = self._request()
         if verb not in ("pause", "resume") or not QUEUE_NAME.match(queue):
             raise Refused(404, "No such action.")
@@ -382,8 +383,9 @@ class _Dashboard:
             else:
                 with self._acting_on(conn, f"queue {queue}"):
                     was_paused = store.queue_resume(conn, queue)
-                # A run when a job is ready, else a wake-up for the next one due (kick()).
-                kicked = _kick(conn, queue)
+                ready = store.queue_has_ready(conn, [queue])
+                # A run when a job is ready, else a wake-up for the next one due (as kick()).
+                kicked = _kick(conn, queue) and ready
                 key = ("resumed-kicked" if kicked else "resumed") if was_paused else "not-paused"
         log.info("dashboard %s", verb, extra={"queue": queue, "by": request.identity, "key": key})
         return redirect(self._after("/", request, {"notice": key}))

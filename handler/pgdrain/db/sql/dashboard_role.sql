@@ -76,6 +76,9 @@ REVOKE INSERT, UPDATE, DELETE ON pgdrain.queue_limits FROM pgdrain_dashboard_act
 GRANT EXECUTE ON FUNCTION pgdrain.queue_pause(text), pgdrain.queue_resume(text)
     TO pgdrain_dashboard_actions;
 GRANT INSERT, UPDATE ON pgdrain.kicks TO pgdrain_dashboard_actions;
+-- A resume of a queue whose jobs are due later reserves their wake-up, as an enqueue's kick
+-- does (migration 0049).
+GRANT SELECT, INSERT, UPDATE, DELETE ON pgdrain.wakes TO pgdrain_dashboard_actions;
 
 DO $$
 BEGIN
