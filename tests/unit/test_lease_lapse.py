@@ -1,6 +1,7 @@
 """When a running job hears lease_lost() without a beat having found the lease gone: once a
 lease has passed since the last renewal was sent (Attempts.lease_lapsed), on the run's clock.
-A claim after an idle spell starts the count afresh: a beat skips a run that holds nothing."""
+A claim after an idle spell, or beside attempts all found lost, starts the count afresh: a
+beat renews only the leases held."""
 
 from __future__ import annotations
 
@@ -53,4 +54,19 @@ def test_control_not_told_of_lapses_it_never_says_so(clock: list[float]) -> None
     attempts.leases_claimed(clock[0])
     attempts.unstarted.append(_claimed())
     clock[0] += 10 * LEASE
+    assert not attempts.lease_lapsed()
+
+
+def test_a_claim_beside_only_lost_attempts_starts_the_count_afresh(clock: list[float]) -> None:
+    """A review's report: a job cancelled while it ran (its lease found lost) runs on; the
+    beat renews nothing while no lease is held; a job claimed later heard lease_lost() at its
+    start, its lease fresh."""
+    attempts = Attempts(LEASE)
+    attempts.leases_claimed(clock[0])
+    cancelled = _claimed()
+    attempts.running[cancelled.held] = cancelled
+    attempts.lost_tokens.add(cancelled.attempt_token)  # found lost by a beat; runs on
+    clock[0] += 10 * LEASE
+    attempts.leases_claimed(clock[0])
+    attempts.unstarted.append(_claimed())
     assert not attempts.lease_lapsed()

@@ -68,9 +68,10 @@ class Attempts:
         self._renewed_at = at
 
     def leases_claimed(self, at: float) -> None:
-        """A claim sent at `at` took new leases; older ones keep their own renewal time (with
-        none held, nothing older: a beat skipped while the run was idle renewed nothing)."""
-        if self._renewed_at is None or not (self.running or self.unstarted or self.finished):
+        """A claim sent at `at` took new leases; older ones keep their own renewal time. With
+        none held (the run idle, or every attempt still running found lost: a beat renews
+        only the leases held), there is no older one, and the count starts at `at`."""
+        if self._renewed_at is None or not self.held():
             self._renewed_at = at
 
     def lease_seconds_left(self, lease_seconds: float) -> float | None:
