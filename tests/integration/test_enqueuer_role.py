@@ -165,7 +165,7 @@ def test_every_way_to_enqueue_and_kick_works_as_the_enqueuer(app_url: str, grant
         assert len(client.events) == 1
         store.kick_clear(app, ["default"])
         at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
-        assert store.wake_reserve(app, "later", at, "kick:x", 30) is True
+        assert store.wake_reserve(app, "later", at, "kick:x", 30) is not None
         store.wake_created(app, "later", at, "kick:x")
         store.wake_release(app, "later", at, "kick:x")
     with psycopg.connect(granted, autocommit=True) as owner:

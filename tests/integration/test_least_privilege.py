@@ -263,7 +263,7 @@ def test_the_control_plane_works_as_the_worker(worker_url: str) -> None:
         assert store.job_retention_batch(worker, 0, 0, 0, 0, 10).runs == 1
         assert store.run_spawn(worker, str(uuid.uuid4()), ["default"], 1, 3, 3, 60) != []
         at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
-        assert store.wake_reserve(worker, "default", at, "worker-run", 30) is True
+        assert store.wake_reserve(worker, "default", at, "worker-run", 30) is not None
         store.wake_created(worker, "default", at, "worker-run")
         store.kick_clear(worker, ["default"])
         # A limit's count that drifted high is recounted, and what it held back counted.

@@ -278,11 +278,11 @@ def test_a_failed_creation_is_logged_and_suppresses_no_later_attempt(
 
 def test_a_reservation_whose_run_died_holds_only_briefly(conn: Conn) -> None:
     at = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=10)
-    assert store.wake_reserve(conn, "emails", at, "run-a", 30) is True
-    assert store.wake_reserve(conn, "emails", at, "run-b", 30) is False  # held by run-a
-    assert store.wake_reserve(conn, "emails", at, "run-a", 30) is True  # run-a's retry
+    assert store.wake_reserve(conn, "emails", at, "run-a", 30) is not None
+    assert store.wake_reserve(conn, "emails", at, "run-b", 30) is None  # held by run-a
+    assert store.wake_reserve(conn, "emails", at, "run-a", 30) is not None  # run-a's retry
     conn.execute("UPDATE pgdrain.wakes SET reserved_until = now() - interval '1 second'")
-    assert store.wake_reserve(conn, "emails", at, "run-b", 30) is True  # run-a died: expired
+    assert store.wake_reserve(conn, "emails", at, "run-b", 30) is not None  # run-a died
 
 
 # -- runs ending at once ------------------------------------------------------------------------
@@ -600,3 +600,22 @@ def _next_window(conn: Conn, lead_s: float = 0.0) -> dt.datetime:
     ).fetchone()
     assert row is not None
     return row[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("restored", [True, False], ids=["put-back", "control-dropped"])
+def test_a_wake_up_whose_request_failed_puts_back_the_later_one_it_replaced(
+    conn: Conn, restored: bool
+) -> None:
+    """A red team's report: kick 1 reserved a wake-up 10 minutes out and sent its request; kick
+    2 reserved an earlier one in its place, and its request failed (throttled): it dropped its
+    row, kick 1's request was refused, and neither job had a wake-up until the safety net. The
+    failed reservation now puts back the one it replaced. The control drops it, as before."""
+    now = dt.datetime.now(dt.UTC)
+    later, sooner = now + dt.timedelta(minutes=10), now + dt.timedelta(minutes=3)
+    assert store.wake_reserve(conn, "emails", later, "kick:1", 30) is not None
+    second = store.wake_reserve(conn, "emails", sooner, "kick:2", 30)
+    assert second is not None and second.replaced is not None
+    assert (second.replaced.wake_at, second.replaced.reserved_by) == (later, "kick:1")
+    store.wake_release(conn, "emails", sooner, "kick:2", second.replaced if restored else None)
+    store.wake_release(conn, "emails", sooner, "kick:2", second.replaced)  # sent again: no-op
+    assert store.wake_confirm(conn, "emails", later, "kick:1", 3600) is restored

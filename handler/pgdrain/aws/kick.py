@@ -149,8 +149,8 @@ def kick_outcome(
         wakes = _record_wakes(conn, decision.later, settings, reserved_by)
     requested: list[tuple[tuple[str, ...], dt.datetime]] = []
     errors: list[str] = []
-    for queues, wake_at in wakes:
-        error = _request_wake(conn, function, queues, wake_at, reserved_by, client)
+    for queues, wake_at, replaced in wakes:
+        error = _request_wake(conn, function, queues, wake_at, reserved_by, client, replaced)
         if error is None:
             requested.append((tuple(queues), wake_at))
         else:
@@ -167,7 +167,7 @@ def kick_outcome(
             with conn.transaction():
                 store.kick_clear(conn, due)
     # Neither invoked for nor given a wake-up of its own: a run or a pending wake-up has it.
-    asked = set(due) | {q for queues, _ in wakes for q in queues} | set(decision.paused)
+    asked = set(due) | {q for queues, _, _ in wakes for q in queues} | set(decision.paused)
     covered = tuple(q for q in names if q not in asked)
     return KickOutcome(
         function,
@@ -184,11 +184,12 @@ def _record_wakes(
     later: dict[str, dt.datetime],
     settings: Settings,
     reserved_by: str,
-) -> list[tuple[list[str], dt.datetime]]:
+) -> list[tuple[list[str], dt.datetime, store.Replaced | None]]:
     """Reserve a wake-up for each queue whose next job is due later, one per wake-up moment
     (the queues due in the same minute share it): kicks and runs after this one make none of
     their own while it holds. The function this kick invokes takes it up (created) and drops
-    it if it cannot create the schedule; untaken, it holds WAKE_HOLD_SECONDS (wake_confirm)."""
+    it if it cannot create the schedule; untaken, it holds WAKE_HOLD_SECONDS (wake_confirm).
+    Each comes with the later wake-up it replaced, put back if the request cannot be sent."""
     by_moment: dict[dt.datetime, list[str]] = {}
     for queue, due_at in sorted(later.items()):
         moment = wake_moment(due_at, settings.wake_precision_seconds)
@@ -196,8 +197,9 @@ def _record_wakes(
     wakes = []
     for moment, queues in sorted(by_moment.items()):
         key = queue_set(queues)
-        if store.wake_reserve(conn, key, moment, reserved_by, WAKE_HOLD_SECONDS):
-            wakes.append((queues, moment))
+        reserved = store.wake_reserve(conn, key, moment, reserved_by, WAKE_HOLD_SECONDS)
+        if reserved is not None:
+            wakes.append((queues, moment, reserved.replaced))
     return wakes
 
 
@@ -208,6 +210,7 @@ def _request_wake(
     wake_at: dt.datetime,
     reserved_by: str,
     client: LambdaClient | None,
+    replaced: store.Replaced | None = None,
 ) -> str | None:
     """Invoke the function with a wake-up request; None, or what the failure was."""
     try:
@@ -227,9 +230,10 @@ def _request_wake(
         "kick: the wake-up request failed; the next kick or run asks again",
         extra={"queues": queues, "function": function, "error": error},
     )
-    # Safe to repeat: it deletes only this kick's own reservation of the wake-up.
+    # Safe to repeat: it changes only this kick's own reservation of the wake-up. The later
+    # wake-up it replaced (another kick's request on its way, a schedule made) is put back.
     with conn.transaction():
-        store.wake_release(conn, queue_set(queues), wake_at, reserved_by)
+        store.wake_release(conn, queue_set(queues), wake_at, reserved_by, replaced)
     return error
 
 

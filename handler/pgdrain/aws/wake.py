@@ -200,12 +200,13 @@ class Waker(Scheduling):
             return WakeOutcome(wake_at, "reported")
         name = schedule_name(queues, wake_at)
         key = queue_set(queues)
-        if not session.run(store.wake_reserve, key, wake_at, run_id, WAKE_HOLD_SECONDS):
+        reserved = session.run(store.wake_reserve, key, wake_at, run_id, WAKE_HOLD_SECONDS)
+        if reserved is None:
             log.info("wake-up already pending", extra={"wake_at": wake_at.isoformat()})
             return WakeOutcome(wake_at, "pending")
         action = self._try_create(name, queues, wake_at)
-        if action == "failed":
-            session.run(store.wake_release, key, wake_at, run_id)
+        if action == "failed":  # the later wake-up it replaced, if any, stands again
+            session.run(store.wake_release, key, wake_at, run_id, reserved.replaced)
             return WakeOutcome(wake_at, "failed", name)
         session.run(store.wake_created, key, wake_at, run_id)
         return WakeOutcome(wake_at, action, name)

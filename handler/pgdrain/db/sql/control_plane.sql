@@ -565,7 +565,13 @@ FROM seen AS s, decided AS d;
 -- Claim the right to create the one-shot schedule for %(wake_at)s, unless an earlier or equal
 -- wake-up of the same queues is pending (created, or being created and reserved_until not
 -- passed). The same run may reserve again (a retried statement). Returns a row when the
--- caller must create the schedule.
+-- caller must create the schedule, with the wake-up it replaced (its columns NULL when none),
+-- which wake_release puts back if the schedule cannot be made.
+WITH replaced AS (  -- as the statement's snapshot saw it (wake_release checks it is still ours)
+    SELECT r.wake_at, r.state, r.reserved_by, r.reserved_until
+    FROM pgdrain.wakes AS r
+    WHERE r.queue_set = %(queue_set)s::text AND r.reserved_by <> %(run_id)s::text
+)
 INSERT INTO pgdrain.wakes AS w (queue_set, wake_at, state, reserved_by, reserved_until)
 VALUES (%(queue_set)s::text, %(wake_at)s::timestamptz, 'creating', %(run_id)s::text,
         now() + make_interval(secs => %(hold_seconds)s::float8))
@@ -577,7 +583,11 @@ WHERE w.wake_at <= now()
    OR (w.state = 'creating' AND w.reserved_until <= now())
    OR (w.state = 'creating' AND w.reserved_by = excluded.reserved_by
        AND w.wake_at = excluded.wake_at)
-RETURNING w.wake_at;
+RETURNING w.wake_at,
+          (SELECT r.wake_at FROM replaced AS r) AS replaced_wake_at,
+          (SELECT r.state FROM replaced AS r) AS replaced_state,
+          (SELECT r.reserved_by FROM replaced AS r) AS replaced_reserved_by,
+          (SELECT r.reserved_until FROM replaced AS r) AS replaced_reserved_until;
 
 -- name: wake_confirm :one
 -- A wake-up request ({"reason": "later"}) takes up the wake-up its kick reserved: only one the
@@ -602,9 +612,22 @@ WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(ru
 -- name: wake_release :exec
 -- Creating the schedule failed: drop the reservation, so the next run that ends tries again.
 -- (Whatever its state: a wake-up request confirms its kick's reservation before it creates the
--- schedule, and drops it if it cannot.)
+-- schedule, and drops it if it cannot.) A reservation that replaced another wake-up (a later
+-- one: its schedule made, or its kick's request on its way) puts that one back instead of
+-- leaving none: the replaced wake-up still runs, or its request is still taken up. Only while
+-- the row is still this caller's: safe to repeat.
+WITH restored AS (
+    UPDATE pgdrain.wakes
+    SET wake_at = %(replaced_wake_at)s::timestamptz, state = %(replaced_state)s::text,
+        reserved_by = %(replaced_reserved_by)s::text,
+        reserved_until = %(replaced_reserved_until)s::timestamptz
+    WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
+      AND %(replaced_wake_at)s::timestamptz IS NOT NULL
+    RETURNING 1
+)
 DELETE FROM pgdrain.wakes
-WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s;
+WHERE queue_set = %(queue_set)s AND wake_at = %(wake_at)s AND reserved_by = %(run_id)s
+  AND %(replaced_wake_at)s::timestamptz IS NULL;
 
 -- name: queue_limit_sync :exec
 -- Make pgdrain.queue_limits say what PGDRAIN_QUEUE_LIMITS says for these queues (NULL: every

@@ -436,12 +436,29 @@ def queue_limit_recount_statement(
     return Statement(query("queue_limit_recount"), {"queues": queue_names(queues)}, corrected)
 
 
+class Replaced(NamedTuple):
+    """A wake-up a reservation replaced: put back if the new one's schedule cannot be made."""
+
+    wake_at: dt.datetime
+    state: str
+    reserved_by: str
+    reserved_until: dt.datetime
+
+
+class WakeReserved(NamedTuple):
+    """A reservation made: the caller creates the schedule."""
+
+    wake_at: dt.datetime
+    replaced: Replaced | None
+
+
 @one_statement
 def wake_reserve(
     conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str, hold_seconds: float
-) -> bool:
-    """True when the caller must create the schedule for `wake_at` (no earlier or equal wake-up
-    of these queues is pending); the reservation holds for hold_seconds."""
+) -> WakeReserved | None:
+    """The reservation when the caller must create the schedule for `wake_at` (no earlier or
+    equal wake-up of these queues is pending), with the wake-up it replaced; it holds for
+    hold_seconds. None: a wake-up is pending."""
     row = conn.execute(
         query("wake_reserve"),
         {
@@ -451,7 +468,10 @@ def wake_reserve(
             "hold_seconds": hold_seconds,
         },
     ).fetchone()
-    return row is not None
+    if row is None:
+        return None
+    replaced = None if row[1] is None else Replaced(row[1], row[2], row[3], row[4])
+    return WakeReserved(row[0], replaced)
 
 
 @one_statement
@@ -480,7 +500,23 @@ def wake_created(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id:
 
 
 @one_statement
-def wake_release(conn: Connection, queue_set: str, wake_at: dt.datetime, run_id: str) -> None:
+def wake_release(
+    conn: Connection,
+    queue_set: str,
+    wake_at: dt.datetime,
+    run_id: str,
+    replaced: Replaced | None = None,
+) -> None:
+    """Drop `run_id`'s reservation, or put back the wake-up it replaced."""
     conn.execute(
-        query("wake_release"), {"queue_set": queue_set, "wake_at": wake_at, "run_id": run_id}
+        query("wake_release"),
+        {
+            "queue_set": queue_set,
+            "wake_at": wake_at,
+            "run_id": run_id,
+            "replaced_wake_at": replaced.wake_at if replaced else None,
+            "replaced_state": replaced.state if replaced else None,
+            "replaced_reserved_by": replaced.reserved_by if replaced else None,
+            "replaced_reserved_until": replaced.reserved_until if replaced else None,
+        },
     )
