@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from itertools import chain
 from typing import NamedTuple
 
 from pgdrain.db import store
@@ -56,12 +57,13 @@ class Attempts:
     def held(self) -> list[Held]:
         """Every attempt whose lease is ours to keep, finished ones waiting for their write
         included; not a running one whose lease was found gone (it is not ours any more)."""
+        return [a.held for a in self._holding()]
+
+    def _holding(self) -> Iterator[ClaimedJob]:
         lost = self.lost_tokens
-        return [
-            a.held
-            for a in (*self.running.values(), *self.unstarted, *self.finished)
-            if not lost or a.attempt_token not in lost
-        ]
+        for attempt in chain(self.running.values(), self.unstarted, self.finished):
+            if not lost or attempt.attempt_token not in lost:
+                yield attempt
 
     def leases_renewed(self, at: float) -> None:
         """A heartbeat sent at `at` extended every lease the run holds."""
@@ -71,7 +73,7 @@ class Attempts:
         """A claim sent at `at` took new leases; older ones keep their own renewal time. With
         none held (the run idle, or every attempt still running found lost: a beat renews
         only the leases held), there is no older one, and the count starts at `at`."""
-        if self._renewed_at is None or not self.held():
+        if self._renewed_at is None or next(self._holding(), None) is None:
             self._renewed_at = at
 
     def lease_seconds_left(self, lease_seconds: float) -> float | None:
